@@ -1,0 +1,299 @@
+/*
+ * regroup.h: the C ABI of libregroup, Regroup's decision engine.
+ *
+ * The Volcano scheduler loads this library through cgo, so this header is plain C11 and is
+ * the library's whole public surface. Compatibility: a program built against ABI major M works
+ * with any library of the same major M and an equal or newer minor. Within a major version no
+ * signature changes and no struct field moves; new behaviour gets a new function, and option
+ * structs only grow at their end (their first field is `version`).
+ *
+ * Conventions (after libgit2, SQLite and wasmtime):
+ *  - Every fallible function returns a regroup_status. Its last parameter, `err`, may be NULL;
+ *    otherwise, on failure, *err receives an error object that the caller frees with
+ *    regroup_error_free(). There is no per-thread "last error": cgo calls hop threads.
+ *  - Results are written through out-parameters named `out`. A `char *` result is owned by the
+ *    caller and freed with regroup_string_free(); it is NUL-terminated UTF-8 JSON unless stated.
+ *  - Handles are opaque and created and destroyed in pairs (_new/_free); every _free accepts NULL.
+ *  - Time is never read inside the library: every call that can decide takes `now_ms`, the
+ *    caller's clock in milliseconds (any epoch, but one epoch per engine). Decisions are
+ *    reproducible from their inputs.
+ *  - All functions of one engine may be called from many threads at once.
+ *  - Nothing a caller passes can crash the library: malformed JSON, wrong types, huge values and
+ *    NULL pointers give REGROUP_INVALID_ARGUMENT with a message naming what was wrong. No C++
+ *    exception crosses this boundary.
+ *
+ * The JSON shapes (job specs, events, decisions, states) are documented in README.md, section
+ * "The engine's JSON".
+ */
+#ifndef REGROUP_H
+#define REGROUP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define REGROUP_EXTERN __declspec(dllexport)
+#elif defined(__GNUC__)
+#define REGROUP_EXTERN __attribute__((visibility("default")))
+#else
+#define REGROUP_EXTERN
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ABI version. Since 1.0. */
+#define REGROUP_ABI_VERSION_MAJOR 1
+#define REGROUP_ABI_VERSION_MINOR 0
+/* (major << 16) | minor of this header; compare with regroup_abi_version(). */
+#define REGROUP_ABI_VERSION ((REGROUP_ABI_VERSION_MAJOR << 16) | REGROUP_ABI_VERSION_MINOR)
+
+/* The library's ABI version as (major << 16) | minor. A caller refuses a library whose major
+ * differs from REGROUP_ABI_VERSION_MAJOR or whose minor is older than the one it was built with.
+ * Since 1.0. */
+REGROUP_EXTERN uint32_t regroup_abi_version(void);
+
+/* The library's release, for example "0.1.0". Static storage: do not free. Since 1.0. */
+REGROUP_EXTERN const char *regroup_version_string(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes: one table generates the enum, the names and the messages. Values never change.
+ * ------------------------------------------------------------------------------------------- */
+#define REGROUP_STATUS_TABLE(X)                                                                  \
+  X(OK, 0, "success")                                                                            \
+  X(INVALID_ARGUMENT, 1, "an argument is invalid: a NULL pointer, malformed JSON or a bad value") \
+  X(NOT_FOUND, 2, "no job with that id is known to the engine")                                  \
+  X(VALIDATION_FAILED, 3, "the job's configuration is invalid; the report names every problem")  \
+  X(FAILED_PRECONDITION, 4, "the call does not fit the engine's current state")                  \
+  X(VERSION_MISMATCH, 5, "an options struct or state document has an unsupported version")       \
+  X(RESOURCE_EXHAUSTED, 6, "a size limit was reached: too many jobs or an input too large")      \
+  X(INTERNAL, 7, "an internal error; please report it with the message")
+
+#define REGROUP_STATUS_ENUM_ITEM_(name, value, message) REGROUP_##name = value,
+/* Since 1.0. */
+typedef enum regroup_status { REGROUP_STATUS_TABLE(REGROUP_STATUS_ENUM_ITEM_) } regroup_status;
+
+/* "REGROUP_OK", "REGROUP_INVALID_ARGUMENT", ...; "REGROUP_UNKNOWN_STATUS" for any other value.
+ * Static storage. Since 1.0. */
+REGROUP_EXTERN const char *regroup_status_name(regroup_status status);
+/* A one-line description of the status. Static storage. Since 1.0. */
+REGROUP_EXTERN const char *regroup_status_message(regroup_status status);
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------------------------- */
+/* An error: a status and a message that says what happened, to what, and what to do. */
+typedef struct regroup_error regroup_error;
+
+/* The error's status; REGROUP_INVALID_ARGUMENT for a NULL error. Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_error_status(const regroup_error *error);
+/* The error's message, valid until regroup_error_free(); "" for a NULL error. Since 1.0. */
+REGROUP_EXTERN const char *regroup_error_message(const regroup_error *error);
+/* Frees an error; NULL is allowed. Since 1.0. */
+REGROUP_EXTERN void regroup_error_free(regroup_error *error);
+
+/* Frees a string returned by the library; NULL is allowed. Since 1.0. */
+REGROUP_EXTERN void regroup_string_free(char *string);
+
+/* ---------------------------------------------------------------------------------------------
+ * Validation without an engine
+ * ------------------------------------------------------------------------------------------- */
+/* Validates a job spec (JSON, `len` bytes; need not be NUL-terminated). *out (optional, may be
+ * NULL) receives the report: {"ok": bool, "problems": [{"severity": "warning"|"error", "key",
+ * "value", "message"}], "config": {...resolved values...}}. Returns REGROUP_OK when the job has
+ * no errors (it may have warnings), REGROUP_VALIDATION_FAILED when it has errors (the report is
+ * still written), REGROUP_INVALID_ARGUMENT when the input is not a job spec at all. Thread-safe.
+ * Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_validate_job(char **out, const char *job_json, size_t len,
+                                                   regroup_error **err);
+
+/* ---------------------------------------------------------------------------------------------
+ * The engine
+ * ------------------------------------------------------------------------------------------- */
+/* The decision engine: jobs, nodes, their faults and the decisions. Thread-safe. */
+typedef struct regroup_engine regroup_engine;
+
+#define REGROUP_ENGINE_OPTIONS_VERSION 1
+/* Engine options. Zero means "the default" for every field but `version`. Since 1.0. */
+typedef struct regroup_engine_options {
+  uint32_t version;         /* REGROUP_ENGINE_OPTIONS_VERSION */
+  uint32_t max_jobs;        /* jobs the engine accepts; default 100000 */
+  uint32_t max_input_bytes; /* largest JSON document accepted; default 4 MiB (a snapshot:
+                               64 times this) */
+  uint32_t history_length;  /* decisions kept per job for the timeline; default 64 */
+} regroup_engine_options;
+#define REGROUP_ENGINE_OPTIONS_INIT {REGROUP_ENGINE_OPTIONS_VERSION, 0, 0, 0}
+
+/* Creates an engine. `options` may be NULL for the defaults. Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_new(regroup_engine **out,
+                                                 const regroup_engine_options *options,
+                                                 regroup_error **err);
+/* Frees an engine; NULL is allowed. No other call on it may be running. Since 1.0. */
+REGROUP_EXTERN void regroup_engine_free(regroup_engine *engine);
+
+/* Adds a job or updates its spec (JSON). The spec is validated first: on errors the call
+ * returns REGROUP_VALIDATION_FAILED and the engine keeps what it had (a job already accepted is
+ * neither changed nor removed). *out (optional) receives the validation report, as
+ * regroup_validate_job writes it. Updating a running job keeps its state (pods, phase, history)
+ * and applies the new configuration from the next decision on. Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_upsert_job(regroup_engine *engine, char **out,
+                                                        const char *job_json, size_t len,
+                                                        int64_t now_ms, regroup_error **err);
+
+/* Removes a job and its state. REGROUP_NOT_FOUND if unknown. Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_remove_job(regroup_engine *engine, const char *job_id,
+                                                        regroup_error **err);
+
+/* Applies one event or a JSON array of events. Kinds (field "type"): "node", "pod", "fault",
+ * "replacement_registered", "manager_status". Events of an array are applied in order; on the
+ * first bad one the call stops with REGROUP_INVALID_ARGUMENT naming its index, and the events
+ * before it stay applied. Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_apply_events(regroup_engine *engine,
+                                                          const char *events_json, size_t len,
+                                                          int64_t now_ms, regroup_error **err);
+
+/* Node health, for the typed fast path. Since 1.0. */
+typedef enum regroup_node_health {
+  REGROUP_NODE_HEALTHY = 0,
+  REGROUP_NODE_FAULTY = 1,
+  REGROUP_NODE_UNKNOWN = 2
+} regroup_node_health;
+
+/* Sets one node's health (typed fast path for the per-node loop of a scheduling session).
+ * `reason` may be NULL. Setting the health a node already has is cheap and changes nothing.
+ * Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_set_node_health(regroup_engine *engine,
+                                                             const char *node,
+                                                             regroup_node_health health,
+                                                             const char *reason, int64_t now_ms,
+                                                             regroup_error **err);
+
+/* Pod phases, for the typed fast path. Since 1.0. */
+typedef enum regroup_pod_phase {
+  REGROUP_POD_PENDING = 0,
+  REGROUP_POD_BOUND = 1,
+  REGROUP_POD_RUNNING = 2,
+  REGROUP_POD_FAILED = 3,
+  REGROUP_POD_DELETED = 4
+} regroup_pod_phase;
+
+/* Reports one pod of a job: its index in the job (node rank), uid, phase and node (NULL or ""
+ * when not bound). A uid the engine has not seen for that index is a replacement pod. Setting
+ * the state a pod already has is cheap and changes nothing. Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_set_pod_state(regroup_engine *engine,
+                                                           const char *job_id, uint32_t pod_index,
+                                                           const char *pod_uid,
+                                                           regroup_pod_phase phase,
+                                                           const char *node, int64_t now_ms,
+                                                           regroup_error **err);
+
+/* Advances every job to `now_ms`: closes report windows, decides, expires deadlines, starts
+ * scale-outs. *changed_out (optional) receives how many jobs got a new directive. Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_tick(regroup_engine *engine, int64_t now_ms,
+                                                  uint32_t *changed_out, regroup_error **err);
+
+/* A job's phase. Since 1.0. */
+typedef enum regroup_phase {
+  REGROUP_PHASE_RUNNING = 0,     /* training at full size */
+  REGROUP_PHASE_RECOVERING = 1,  /* retry or in-place restart in progress */
+  REGROUP_PHASE_WAITING = 2,     /* waiting for replacements until deadline_ms */
+  REGROUP_PHASE_SCALED_IN = 3,   /* training on fewer replicas (dp) */
+  REGROUP_PHASE_SCALING_OUT = 4, /* a larger generation is being formed */
+  REGROUP_PHASE_PAUSED = 5,      /* process-recover-enable=pause: faults held */
+  REGROUP_PHASE_DUMPING = 6,     /* survivors write a checkpoint, then exit */
+  REGROUP_PHASE_EXITING = 7,     /* the job stops with a reason */
+  REGROUP_PHASE_RESTARTING = 8,  /* the whole job is being restarted (fault-retry-times) */
+  REGROUP_PHASE_FAILED = 9       /* the job's configuration was refused */
+} regroup_phase;
+
+/* The directive for the job's manager. Since 1.0. */
+typedef enum regroup_directive_kind {
+  REGROUP_DIRECTIVE_CONTINUE = 0,         /* nothing to do */
+  REGROUP_DIRECTIVE_RETRY = 1,            /* abort the step everywhere and do it again */
+  REGROUP_DIRECTIVE_RESTART_IN_PLACE = 2, /* restart these ranks' processes on their pods */
+  REGROUP_DIRECTIVE_WAIT = 3,             /* survivors wait for replacements until deadline_ms */
+  REGROUP_DIRECTIVE_RESUME = 4,           /* replacements arrived: form the generation at dp */
+  REGROUP_DIRECTIVE_SCALE_IN = 5,         /* continue at dp without the removed replicas */
+  REGROUP_DIRECTIVE_SCALE_OUT = 6,        /* grow to dp at the next step boundary */
+  REGROUP_DIRECTIVE_DUMP = 7,             /* survivors checkpoint and exit */
+  REGROUP_DIRECTIVE_EXIT = 8,             /* stop the job */
+  REGROUP_DIRECTIVE_RESTART_JOB = 9       /* restart every pod (fault-retry-times) */
+} regroup_directive_kind;
+
+#define REGROUP_DECISION_VERSION 1
+/* A job's current decision, typed. The caller sets `version`; the library fills what that
+ * version has. The full decision, with replica lists and the reason, is regroup_engine_decision
+ * _json(). Since 1.0. */
+typedef struct regroup_decision {
+  uint32_t version;               /* REGROUP_DECISION_VERSION */
+  regroup_phase phase;            /* the job's phase */
+  regroup_directive_kind kind;    /* the current directive */
+  uint64_t directive_id;          /* grows by one with every new directive of this job */
+  int64_t deadline_ms;            /* WAIT: until when; otherwise -1 */
+  uint32_t dp;                    /* data-parallel degree of the directive (current if none) */
+  uint32_t original_dp;           /* the job's full data-parallel degree */
+  uint32_t gang_min;              /* the job's gang minimum (pods) now */
+  uint32_t wants_pods;            /* 1 when the job wants replacement pods scheduled */
+  uint32_t evictions;             /* pods the scheduler should evict now */
+} regroup_decision;
+#define REGROUP_DECISION_INIT {REGROUP_DECISION_VERSION, REGROUP_PHASE_RUNNING, \
+  REGROUP_DIRECTIVE_CONTINUE, 0, -1, 0, 0, 0, 0, 0}
+
+/* Writes a job's decision into *out (typed). Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_decision(regroup_engine *engine, regroup_decision *out,
+                                                      const char *job_id, regroup_error **err);
+
+/* A job's decision as JSON: phase, directive (kind, id, dp, keep/remove replicas, standby pods,
+ * restart ranks, micro-batches per replica, deadline, reason), and the scheduler's part
+ * (evictions with their mode, nodes to avoid, gang minimum, wants pods). Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_decision_json(regroup_engine *engine, char **out,
+                                                           const char *job_id, regroup_error **err);
+
+/* A job's timeline: the decisions taken so far (the last history_length), oldest first, each
+ * with its time, phase, directive and reason. Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_history_json(regroup_engine *engine, char **out,
+                                                          const char *job_id, regroup_error **err);
+
+/* Predicate fast path: out[i] = 1 when the job's pods may run on nodes[i], 0 when the node is
+ * faulty, unknown or avoided by this job. Unknown nodes count as allowed (the scheduler knows
+ * them better). Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_filter_nodes(regroup_engine *engine, uint8_t *out,
+                                                          const char *job_id,
+                                                          const char *const *nodes, size_t count,
+                                                          regroup_error **err);
+
+/* Node-order fast path: out[i] = a score from 0 to 100 for placing the job's pod `pod_index` on
+ * nodes[i]: 100 for the pod's previous node, 50 for a node that hosts a pod of the same replica,
+ * 0 otherwise (and for nodes the job must avoid). Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_score_nodes(regroup_engine *engine, int32_t *out,
+                                                         const char *job_id, uint32_t pod_index,
+                                                         const char *const *nodes, size_t count,
+                                                         regroup_error **err);
+
+/* A job's compact state, to store in its PodGroup's annotations (JSON). Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_export_job_state(regroup_engine *engine, char **out,
+                                                              const char *job_id,
+                                                              regroup_error **err);
+/* Restores a job's state exported by regroup_engine_export_job_state(), for example after a
+ * scheduler restart. The job must have been upserted first; deadlines keep their times. A state
+ * of another job (id or uid differ) is refused with REGROUP_FAILED_PRECONDITION. Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_import_job_state(regroup_engine *engine,
+                                                              const char *job_id,
+                                                              const char *state_json, size_t len,
+                                                              regroup_error **err);
+
+/* The whole engine (jobs with their specs and states, nodes) as JSON. Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_snapshot(regroup_engine *engine, char **out,
+                                                      regroup_error **err);
+/* Replaces the engine's whole content by a snapshot. On any error the engine is unchanged.
+ * Since 1.0. */
+REGROUP_EXTERN regroup_status regroup_engine_restore(regroup_engine *engine,
+                                                     const char *snapshot_json, size_t len,
+                                                     regroup_error **err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* REGROUP_H */

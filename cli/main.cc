@@ -1,0 +1,143 @@
+// regroupctl: Regroup's command line.
+//
+//   regroupctl validate JOB.yaml          every problem of a Volcano Job, exit 1 if any
+//   regroupctl simulate JOB.yaml FAULTS   a fault script through the engine, as a timeline
+//   regroupctl keys                       the configuration keys (the README's table)
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli/fault_script.h"
+#include "cli/simulate.h"
+#include "cli/volcano_job.h"
+#include "plugin/config.h"
+
+namespace {
+
+using regroup::StatusOr;
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return regroup::InvalidArgument("cannot read " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A job file: a Volcano Job in YAML, or the engine's job spec in JSON (*.json).
+StatusOr<regroup::JobSpec> LoadJob(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  if (path.ends_with(".json")) return regroup::ParseJobSpec(std::string_view(*text));
+  return regroup::cli::JobSpecFromVolcanoYaml(*text);
+}
+
+int Validate(const std::string& path, bool json) {
+  auto spec = LoadJob(path);
+  if (!spec.ok()) {
+    std::cerr << path << ": error: " << spec.status().message() << "\n";
+    return 2;
+  }
+  regroup::ResolvedConfig resolved = spec->Resolve();
+  if (json) {
+    std::cout << regroup::ValidationReport(resolved).dump(2) << "\n";
+  } else {
+    for (const auto& p : resolved.problems)
+      std::cout << path << ": "
+                << (p.severity == regroup::Problem::Severity::kError ? "error" : "warning") << ": "
+                << p.message << "\n";
+    if (resolved.problems.empty())
+      std::cout << path << ": ok: job " << spec->id << ", " << spec->pods << " pods x "
+                << spec->processes_per_pod << " processes\n";
+  }
+  return resolved.problems.empty() ? 0 : 1;
+}
+
+int Simulate(const std::string& job_path, const std::string& script_path,
+             const regroup::cli::SimulateOptions& options, bool json) {
+  auto spec = LoadJob(job_path);
+  if (!spec.ok()) {
+    std::cerr << job_path << ": error: " << spec.status().message() << "\n";
+    return 2;
+  }
+  auto text = ReadFile(script_path);
+  if (!text.ok()) {
+    std::cerr << "error: " << text.status().message() << "\n";
+    return 2;
+  }
+  auto script = regroup::cli::ParseFaultScript(*text);
+  if (!script.ok()) {
+    std::cerr << script_path << ": error: " << script.status().message() << "\n";
+    return 2;
+  }
+  std::ostringstream timeline;
+  auto summary = regroup::cli::Simulate(*spec, *script, options, json ? timeline : std::cout);
+  if (!summary.ok()) {
+    std::cerr << "error: " << summary.status().message() << "\n";
+    return summary.status().code() == REGROUP_VALIDATION_FAILED ? 1 : 2;
+  }
+  if (json) std::cout << summary->history.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"regroupctl: validate and simulate elastic training jobs for Regroup"};
+  app.require_subcommand(1);
+
+  std::string job_path, script_path;
+  bool json = false;
+  auto* validate = app.add_subcommand(
+      "validate", "Report every problem of a job (Volcano Job YAML, or job spec JSON); exit 1 "
+                  "if there is any");
+  validate->add_option("job", job_path, "the job file")->required()->check(CLI::ExistingFile);
+  validate->add_flag("--json", json, "print the report as JSON");
+
+  regroup::cli::SimulateOptions options;
+  std::string step = "1s", register_delay = "5s", until;
+  auto* simulate = app.add_subcommand(
+      "simulate", "Run a fault script through the engine with a simulated clock and print the "
+                  "decision timeline");
+  simulate->add_option("job", job_path, "the job file")->required()->check(CLI::ExistingFile);
+  simulate->add_option("faults", script_path, "the fault script")
+      ->required()
+      ->check(CLI::ExistingFile);
+  simulate->add_option("--step-time", step, "simulated time per training step")
+      ->capture_default_str();
+  simulate->add_option("--register-delay", register_delay,
+                       "time from placing a replacement to its agent registering")
+      ->capture_default_str();
+  simulate->add_option("--until", until, "stop at this time (default: when the job settles)");
+  simulate->add_flag("--json", json, "print the engine's decisions as JSON instead");
+
+  bool markdown = false;
+  auto* keys = app.add_subcommand("keys", "Print the configuration keys a job may carry");
+  keys->add_flag("--markdown", markdown, "as the README's Markdown table");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (validate->parsed()) return Validate(job_path, json);
+  if (simulate->parsed()) {
+    for (auto [text, field] : {std::pair{&step, &options.step_ms},
+                               std::pair{&register_delay, &options.register_delay_ms},
+                               std::pair{&until, &options.until_ms}}) {
+      if (text->empty()) continue;
+      auto ms = regroup::cli::ParseDuration(*text);
+      if (!ms.ok()) {
+        std::cerr << "error: " << ms.status().message() << "\n";
+        return 2;
+      }
+      *field = *ms;
+    }
+    return Simulate(job_path, script_path, options, json);
+  }
+  if (keys->parsed()) {
+    std::cout << regroup::ConfigTableMarkdown();
+    return 0;
+  }
+  return 0;
+}

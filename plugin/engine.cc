@@ -1,0 +1,1218 @@
+#include "plugin/engine.h"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+
+#include <nlohmann/json.hpp>
+
+#include "plugin/json_util.h"
+
+namespace regroup {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr std::array<std::string_view, 10> kPhaseNames = {
+    "running", "recovering", "waiting", "scaled_in", "scaling_out",
+    "paused",  "dumping",    "exiting", "restarting", "failed"};
+constexpr std::array<std::string_view, 10> kDirectiveNames = {
+    "continue", "retry",    "restart_in_place", "wait", "resume",
+    "scale_in", "scale_out", "dump",            "exit", "restart_job"};
+constexpr std::array<std::string_view, 3> kHealthNames = {"healthy", "faulty", "unknown"};
+constexpr std::array<std::string_view, 5> kPodPhaseNames = {"pending", "bound", "running",
+                                                            "failed", "deleted"};
+constexpr std::array<std::string_view, 5> kFaultKindNames = {
+    "process_exit", "hang", "collective_error", "device_error", "pod_lost"};
+constexpr std::array<std::string_view, 3> kSlotStatusNames = {"active", "standby", "lost"};
+
+template <typename Enum, size_t N>
+std::optional<Enum> ParseName(const std::array<std::string_view, N>& names, std::string_view s) {
+  for (size_t i = 0; i < N; ++i)
+    if (names[i] == s) return static_cast<Enum>(i);
+  return std::nullopt;
+}
+
+template <size_t N>
+std::string_view NameOf(const std::array<std::string_view, N>& names, int value) {
+  return value >= 0 && static_cast<size_t>(value) < N ? names[static_cast<size_t>(value)]
+                                                      : std::string_view("unknown");
+}
+
+bool IsTerminal(Phase p) {
+  return p == REGROUP_PHASE_DUMPING || p == REGROUP_PHASE_EXITING || p == REGROUP_PHASE_FAILED;
+}
+
+std::string List(const std::vector<int64_t>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += ",";
+    out += std::to_string(items[i]);
+  }
+  return out + "]";
+}
+
+std::string Seconds(int64_t ms) {
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+  return std::to_string(ms) + " ms";
+}
+
+bool PodPresent(PodPhase p) {
+  return p == REGROUP_POD_PENDING || p == REGROUP_POD_BOUND || p == REGROUP_POD_RUNNING;
+}
+
+}  // namespace
+
+std::string_view PhaseName(Phase phase) { return NameOf(kPhaseNames, phase); }
+std::string_view DirectiveKindName(DirectiveKind kind) { return NameOf(kDirectiveNames, kind); }
+std::string_view NodeHealthName(NodeHealth health) { return NameOf(kHealthNames, health); }
+std::string_view PodPhaseName(PodPhase phase) { return NameOf(kPodPhaseNames, phase); }
+std::string_view FaultKindName(FaultKind kind) {
+  return NameOf(kFaultKindNames, static_cast<int>(kind));
+}
+std::optional<FaultKind> ParseFaultKind(std::string_view name) {
+  return ParseName<FaultKind>(kFaultKindNames, name);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job: events
+// ---------------------------------------------------------------------------------------------
+
+Job::Job(JobSpec spec, JobConfig config)
+    : spec_(std::move(spec)),
+      config_(config),
+      layout_(Layout::Of(config_, spec_.pods)),
+      slots_(static_cast<size_t>(spec_.pods)) {
+  dp_ = layout_.replicas();
+  for (int64_t r = 0; r < dp_; ++r) generation_replicas_.push_back(r);
+  directive_.dp = dp_;
+  directive_.keep_replicas = generation_replicas_;
+}
+
+void Job::UpdateSpec(JobSpec spec, JobConfig config) {
+  // The size of a job is fixed at submission; only its keys may change while it runs.
+  spec_ = std::move(spec);
+  config_ = config;
+}
+
+void Job::MarkLost(int64_t pod, std::string reason, int64_t now, bool avoid_node) {
+  PodSlot& slot = slots_[static_cast<size_t>(pod)];
+  if (slot.status == PodSlot::Status::kLost) return;
+  slot.status = PodSlot::Status::kLost;
+  slot.lost_uid = slot.uid;
+  slot.lost_reason = std::move(reason);
+  slot.replacement_seen = false;
+  if (!slot.node.empty()) slot.previous_node = slot.node;
+  if (avoid_node && !slot.node.empty() && config_.node_avoid_s > 0)
+    avoid_[slot.node] = now + config_.node_avoid_s * 1000;
+}
+
+void Job::OnNode(std::string_view node, NodeHealth health, std::string_view reason, int64_t now) {
+  if (health == REGROUP_NODE_HEALTHY) return;
+  PendingFault fault{FaultKind::kPodLost, {}, {}, -1, now, {}};
+  for (size_t p = 0; p < slots_.size(); ++p) {
+    PodSlot& slot = slots_[p];
+    if (slot.node != node || slot.status == PodSlot::Status::kLost) continue;
+    std::string why = "node " + std::string(node) + " is " +
+                      std::string(NodeHealthName(health)) +
+                      (reason.empty() ? "" : " (" + std::string(reason) + ")");
+    MarkLost(static_cast<int64_t>(p), why, now, true);
+    fault.pods.push_back(static_cast<int64_t>(p));
+    fault.detail = why;
+  }
+  if (!fault.pods.empty()) (void)OnFault(std::move(fault));
+}
+
+Status Job::OnPod(int64_t index, std::string_view uid, PodPhase phase, std::string_view node,
+                  int64_t now) {
+  if (index < 0 || index >= spec_.pods)
+    return InvalidArgument("job " + spec_.id + " has no pod " + std::to_string(index) +
+                           " (it has " + std::to_string(spec_.pods) + ")");
+  if (uid.empty()) return InvalidArgument("a pod event for job " + spec_.id + " has no uid");
+  PodSlot& slot = slots_[static_cast<size_t>(index)];
+  const bool gone = phase == REGROUP_POD_FAILED || phase == REGROUP_POD_DELETED;
+  if (slot.uid.empty()) slot.uid = std::string(uid);  // first sight: the original incarnation
+
+  if (uid == slot.uid) {
+    if (slot.phase == phase && (node.empty() || slot.node == node)) return Status::Ok();
+    slot.phase = phase;
+    if (!node.empty()) slot.node = std::string(node);
+    if (gone && slot.status != PodSlot::Status::kLost) {
+      const bool failed = phase == REGROUP_POD_FAILED;
+      MarkLost(index, failed ? "pod failed" : "pod deleted", now, failed);
+      (void)OnFault({FaultKind::kPodLost, {index}, {}, -1, now, slots_[index].lost_reason});
+    } else if (gone) {
+      slot.replacement_seen = false;
+    }
+    return Status::Ok();
+  }
+  if (!slot.lost_uid.empty() && uid == slot.lost_uid) return Status::Ok();  // the old one ending
+
+  // A new incarnation of the slot.
+  if (slot.status != PodSlot::Status::kLost) {
+    MarkLost(index, "pod replaced by a new incarnation", now, false);
+    (void)OnFault({FaultKind::kPodLost, {index}, {}, -1, now, slot.lost_reason});
+  }
+  slot.uid = std::string(uid);
+  slot.phase = phase;
+  slot.node = std::string(node);
+  slot.replacement_seen = !gone;
+  return Status::Ok();
+}
+
+int64_t Job::PodOfRank(int64_t rank) const {
+  const int64_t r = layout_.replica_ranks();
+  if (rank < 0) return -1;
+  const auto k = static_cast<size_t>(rank / r);
+  if (k >= generation_replicas_.size()) return -1;
+  return layout_.PodOfRank(generation_replicas_[k], rank % r);
+}
+
+Status Job::OnFault(PendingFault fault) {
+  for (int64_t p : fault.pods)
+    if (p < 0 || p >= spec_.pods)
+      return InvalidArgument("job " + spec_.id + " has no pod " + std::to_string(p));
+  if (fault.pods.empty()) {
+    for (int64_t rank : fault.ranks) {
+      const int64_t pod = PodOfRank(rank);
+      if (pod < 0)
+        return InvalidArgument("job " + spec_.id + " has no rank " + std::to_string(rank) +
+                               " in its current generation of " +
+                               std::to_string(dp_ * layout_.replica_ranks()) + " ranks");
+      fault.pods.push_back(pod);
+    }
+  }
+  if (fault.pods.empty() && fault.kind != FaultKind::kCollectiveError)
+    return InvalidArgument("a " + std::string(FaultKindName(fault.kind)) + " fault for job " +
+                           spec_.id + " names no pod and no rank");
+  if (fault.kind == FaultKind::kDeviceError || fault.kind == FaultKind::kPodLost) {
+    for (int64_t p : fault.pods)
+      MarkLost(p, fault.detail.empty() ? std::string(FaultKindName(fault.kind)) : fault.detail,
+               fault.at_ms, fault.kind == FaultKind::kDeviceError);
+  }
+  if (pending_.empty()) window_start_ms_ = fault.at_ms;
+  pending_.push_back(std::move(fault));
+  return Status::Ok();
+}
+
+Status Job::OnReplacementRegistered(int64_t index, std::string_view uid, int64_t now) {
+  (void)now;
+  if (index < 0 || index >= spec_.pods)
+    return InvalidArgument("job " + spec_.id + " has no pod " + std::to_string(index));
+  if (uid.empty()) return InvalidArgument("a replacement for job " + spec_.id + " has no uid");
+  PodSlot& slot = slots_[static_cast<size_t>(index)];
+  if (!slot.lost_uid.empty() && uid == slot.lost_uid)
+    return FailedPrecondition("pod " + std::to_string(index) + " of job " + spec_.id +
+                              " with uid " + std::string(uid) +
+                              " is the incarnation that was lost (a zombie); a replacement "
+                              "registers with its own new uid");
+  if (slot.status != PodSlot::Status::kLost) {
+    if (uid == slot.uid) return Status::Ok();  // already registered
+    return FailedPrecondition("pod " + std::to_string(index) + " of job " + spec_.id +
+                              " is not lost, so uid " + std::string(uid) +
+                              " cannot replace it (its uid is " + slot.uid + ")");
+  }
+  slot.uid = std::string(uid);
+  slot.status = PodSlot::Status::kStandby;
+  slot.replacement_seen = false;
+  slot.lost_reason.clear();
+  if (!PodPresent(slot.phase)) slot.phase = REGROUP_POD_RUNNING;
+  return Status::Ok();
+}
+
+void Job::OnManagerStatus(const ManagerStatus& status) {
+  if (status.epoch < manager_.epoch) return;  // a fenced manager's report
+  if (status.epoch == manager_.epoch && status.generation < manager_.generation) return;
+  manager_ = status;
+  for (auto it = step_failures_.begin(); it != step_failures_.end();) {
+    it = it->first <= status.committed_step ? step_failures_.erase(it) : std::next(it);
+  }
+  SettleProgress();
+}
+
+// A transition completes when the manager reports a newer generation that committed a step.
+void Job::SettleProgress() {
+  const bool in_transition = phase_ == REGROUP_PHASE_RECOVERING ||
+                             phase_ == REGROUP_PHASE_SCALING_OUT;
+  if (!in_transition) return;
+  const bool newer = manager_.epoch > manager_at_directive_.epoch ||
+                     manager_.generation > manager_at_directive_.generation;
+  if (!newer || manager_.committed_step <= manager_at_directive_.committed_step) return;
+  phase_ = dp_ < original_dp() ? REGROUP_PHASE_SCALED_IN : REGROUP_PHASE_RUNNING;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job: decisions
+// ---------------------------------------------------------------------------------------------
+
+std::vector<bool> Job::Available() const {
+  std::vector<bool> out(slots_.size());
+  for (size_t p = 0; p < slots_.size(); ++p) out[p] = slots_[p].status != PodSlot::Status::kLost;
+  return out;
+}
+
+bool Job::HasCompleteReplica() const {
+  const auto available = Available();
+  for (int64_t r : generation_replicas_) {
+    bool ok = true;
+    for (int64_t p : layout_.PodsOfReplica(r)) ok = ok && available[static_cast<size_t>(p)];
+    if (ok) return true;
+  }
+  return false;
+}
+
+int64_t Job::RecoveriesInWindow(int64_t now) const {
+  const int64_t since = now - config_.recovery_window_s * 1000;
+  return std::count_if(recoveries_ms_.begin(), recoveries_ms_.end(),
+                       [&](int64_t t) { return t > since; });
+}
+
+void Job::Issue(int64_t now, Phase phase, Directive d) {
+  d.id = next_directive_id_++;
+  d.at_ms = now;
+  d.committed_step = manager_.committed_step;
+  if (d.dp == 0) d.dp = dp_;
+  if (d.keep_replicas.empty()) d.keep_replicas = generation_replicas_;
+  phase_ = phase;
+  directive_ = std::move(d);
+  manager_at_directive_ = manager_;
+  history_.push_back({now, phase_, directive_});
+  while (history_.size() > history_limit_) history_.pop_front();
+}
+
+void Job::JobLevel(int64_t now, const std::string& why) {
+  Directive d;
+  if (config_.fault_scheduling_mode() != FaultScheduling::kOff &&
+      job_restarts_ < config_.fault_retry_times) {
+    ++job_restarts_;
+    for (size_t p = 0; p < slots_.size(); ++p)
+      MarkLost(static_cast<int64_t>(p), "job restart", now, false);
+    d.kind = REGROUP_DIRECTIVE_RESTART_JOB;
+    d.strategy = "fault-retry-times";
+    d.reason = why + "; restarting the whole job (fault-retry-times: restart " +
+               std::to_string(job_restarts_) + " of " + std::to_string(config_.fault_retry_times) +
+               ")";
+    Issue(now, REGROUP_PHASE_RESTARTING, std::move(d));
+    return;
+  }
+  d.kind = REGROUP_DIRECTIVE_EXIT;
+  d.strategy = "exit";
+  d.reason = why + "; exiting";
+  Issue(now, REGROUP_PHASE_EXITING, std::move(d));
+}
+
+void Job::Escalate(int64_t now, const std::string& why) {
+  if (config_.recovery_on() && config_.allows(Strategy::kDump) && HasCompleteReplica()) {
+    Directive d;
+    d.kind = REGROUP_DIRECTIVE_DUMP;
+    d.strategy = "dump";
+    d.reason = why + "; the survivors write a checkpoint and exit";
+    Issue(now, REGROUP_PHASE_DUMPING, std::move(d));
+    return;
+  }
+  JobLevel(now, why);
+}
+
+void Job::ScaleIn(int64_t now, const std::string& what, bool waited) {
+  if (!config_.allows(Strategy::kElasticTraining)) {
+    Escalate(now, what + (waited ? "; no replacement registered in time" : "") +
+                      "; elastic-training is not allowed");
+    return;
+  }
+  std::string why;
+  auto plan = PlanGeneration(config_, layout_, Available(), &why);
+  if (!plan) {
+    Escalate(now, what + "; cannot scale in: " + why);
+    return;
+  }
+  Directive d;
+  d.kind = REGROUP_DIRECTIVE_SCALE_IN;
+  d.strategy = "elastic-training";
+  d.dp = plan->dp;
+  d.keep_replicas = plan->keep_replicas;
+  for (int64_t r : generation_replicas_)
+    if (!std::count(plan->keep_replicas.begin(), plan->keep_replicas.end(), r))
+      d.remove_replicas.push_back(r);
+  d.standby_pods = plan->standby_pods;
+  d.microbatches = plan->microbatches;
+  d.reason = what + "; scaling in from dp=" + std::to_string(dp_) + " to dp=" +
+             std::to_string(plan->dp) + " (replicas " + List(d.remove_replicas) + " removed" +
+             (d.standby_pods.empty() ? "" : ", pods " + List(d.standby_pods) + " kept as standbys") +
+             ")";
+  generation_replicas_ = plan->keep_replicas;
+  dp_ = plan->dp;
+  for (auto& slot : slots_)
+    if (slot.status == PodSlot::Status::kActive) slot.status = PodSlot::Status::kStandby;
+  for (int64_t r : generation_replicas_)
+    for (int64_t p : layout_.PodsOfReplica(r))
+      slots_[static_cast<size_t>(p)].status = PodSlot::Status::kActive;
+  Issue(now, REGROUP_PHASE_SCALED_IN, std::move(d));
+}
+
+void Job::RecoverPods(int64_t now, const std::string& what, const std::vector<int64_t>& ranks) {
+  const auto wait = config_.replacement_wait_ms();
+  if (config_.prefer_elastic && config_.allows(Strategy::kElasticTraining)) {
+    ScaleIn(now, what + "; regroup.io/prefer-elastic: scaling in at once", false);
+    return;
+  }
+  std::vector<int64_t> lost;
+  for (size_t p = 0; p < slots_.size(); ++p)
+    if (slots_[p].status == PodSlot::Status::kLost) lost.push_back(static_cast<int64_t>(p));
+  Directive d;
+  d.kind = REGROUP_DIRECTIVE_WAIT;
+  d.restart_ranks = ranks;
+  if (config_.allows(Strategy::kRecover)) {
+    d.strategy = "recover";
+    d.deadline_ms = now + *wait;
+    d.reason = what + "; waiting up to " + Seconds(*wait) +
+               " (wait-reschedule-timeout) for replacements of pods " + List(lost);
+    Issue(now, REGROUP_PHASE_WAITING, std::move(d));
+    return;
+  }
+  if (config_.allows(Strategy::kElasticTraining)) {
+    if (wait && *wait > 0) {
+      d.strategy = "elastic-training";
+      d.deadline_ms = now + *wait;
+      d.reason = what + "; recover is not allowed: waiting MINDIO_WAIT_MINDX_TIME - 10 s = " +
+                 Seconds(*wait) + " for replacements of pods " + List(lost) +
+                 " before scaling in";
+      Issue(now, REGROUP_PHASE_WAITING, std::move(d));
+      return;
+    }
+    ScaleIn(now, what + "; MINDIO_WAIT_MINDX_TIME - 10 s leaves no wait: scaling in at once",
+            false);
+    return;
+  }
+  Escalate(now, what + "; neither recover nor elastic-training is allowed");
+}
+
+void Job::Decide(int64_t now) {
+  std::vector<PendingFault> batch = std::move(pending_);
+  pending_.clear();
+  window_start_ms_ = -1;
+  if (IsTerminal(phase_) || phase_ == REGROUP_PHASE_RESTARTING) return;
+  if (phase_ == REGROUP_PHASE_PAUSED) {
+    for (auto& f : batch) held_.push_back(std::move(f));
+    return;
+  }
+
+  // What happened, in one sentence.
+  std::string what;
+  std::vector<int64_t> dead_ranks;
+  std::vector<int64_t> collective_ranks;
+  bool collective = false;
+  std::optional<std::string> poison;
+  for (const auto& f : batch) {
+    if (!what.empty()) what += "; ";
+    what += std::string(FaultKindName(f.kind));
+    if (!f.ranks.empty()) what += " on ranks " + List(f.ranks);
+    if (!f.pods.empty()) what += " on pods " + List(f.pods);
+    if (f.step >= 0) what += " at step " + std::to_string(f.step);
+    if (!f.detail.empty()) what += " (" + f.detail + ")";
+    if (f.kind == FaultKind::kProcessExit || f.kind == FaultKind::kHang) {
+      for (int64_t p : f.pods)
+        if (slots_[static_cast<size_t>(p)].status != PodSlot::Status::kLost)
+          dead_ranks.insert(dead_ranks.end(), f.ranks.begin(), f.ranks.end());
+    }
+    if (f.kind == FaultKind::kCollectiveError) {
+      collective = true;
+      collective_ranks.insert(collective_ranks.end(), f.ranks.begin(), f.ranks.end());
+    }
+    if (f.step >= 0 && !poison) {
+      auto step = step_failures_.find(f.step);
+      if (step != step_failures_.end() && step->second.count(std::string(FaultKindName(f.kind))))
+        poison = "poison step " + std::to_string(f.step) + ": " +
+                 std::string(FaultKindName(f.kind)) + " twice at the same step";
+    }
+  }
+  std::sort(dead_ranks.begin(), dead_ranks.end());
+  dead_ranks.erase(std::unique(dead_ranks.begin(), dead_ranks.end()), dead_ranks.end());
+
+  bool broken = false;  // a replica of the current generation lost a pod
+  for (int64_t r : generation_replicas_)
+    for (int64_t p : layout_.PodsOfReplica(r))
+      broken = broken || slots_[static_cast<size_t>(p)].status == PodSlot::Status::kLost;
+  if (!broken && dead_ranks.empty() && !collective) {
+    // Only standbys were touched: nothing to recover; the lost pods are wanted back.
+    return;
+  }
+
+  if (poison) {
+    Escalate(now, *poison + " (" + what + ")");
+    return;
+  }
+  if (!config_.recovery_on()) {
+    JobLevel(now, what + "; process-level recovery is off (fault-scheduling=" +
+                      KeyValueText(*FindKey("fault-scheduling"), config_.fault_scheduling) +
+                      ", process-recover-enable=" +
+                      KeyValueText(*FindKey("process-recover-enable"), config_.process_recover) +
+                      ")");
+    return;
+  }
+  if (config_.process_recover_mode() == ProcessRecover::kPause) {
+    held_ = std::move(batch);
+    held_since_ms_ = now;
+    Directive d;
+    d.kind = REGROUP_DIRECTIVE_WAIT;
+    d.strategy = "pause";
+    d.deadline_ms = now + config_.mindio_wait_s * 1000;
+    d.reason = what + "; process-recover-enable=pause: the fault is held until it is on again "
+                      "or MINDIO_WAIT_MINDX_TIME (" + std::to_string(config_.mindio_wait_s) +
+               " s) runs out";
+    Issue(now, REGROUP_PHASE_PAUSED, std::move(d));
+    return;
+  }
+  // Counted only once a fault is decided on, so a fault held while paused counts once.
+  for (const auto& f : batch)
+    if (f.step >= 0) ++step_failures_[f.step][std::string(FaultKindName(f.kind))];
+  const int64_t recent = RecoveriesInWindow(now);
+  if (recent >= config_.recovery_budget) {
+    Escalate(now, what + "; recovery budget exhausted: " + std::to_string(recent) +
+                      " recoveries in the last " + std::to_string(config_.recovery_window_s) +
+                      " s (regroup.io/recovery-budget=" +
+                      std::to_string(config_.recovery_budget) + ")");
+    return;
+  }
+  recoveries_ms_.push_back(now);
+  last_recovery_ms_ = now;
+  const int64_t since = now - config_.recovery_window_s * 1000;
+  recoveries_ms_.erase(std::remove_if(recoveries_ms_.begin(), recoveries_ms_.end(),
+                                      [&](int64_t t) { return t <= since; }),
+                       recoveries_ms_.end());
+
+  if (broken) {
+    RecoverPods(now, what, dead_ranks);
+    return;
+  }
+  if (!dead_ranks.empty()) {
+    if (config_.allows(Strategy::kRecoverInPlace)) {
+      // The restarted ranks need a peer replica to receive state from.
+      std::vector<bool> dead_pod(slots_.size(), false);
+      for (int64_t rank : dead_ranks)
+        if (int64_t p = PodOfRank(rank); p >= 0) dead_pod[static_cast<size_t>(p)] = true;
+      bool has_peer = false;
+      for (int64_t r : generation_replicas_) {
+        bool clean = true;
+        for (int64_t p : layout_.PodsOfReplica(r)) clean = clean && !dead_pod[static_cast<size_t>(p)];
+        has_peer = has_peer || clean;
+      }
+      if (!has_peer) {
+        JobLevel(now, what + "; no healthy replica is left to give the restarted ranks their "
+                             "state: a checkpoint is needed");
+        return;
+      }
+      Directive d;
+      d.kind = REGROUP_DIRECTIVE_RESTART_IN_PLACE;
+      d.strategy = "recover-in-place";
+      d.restart_ranks = dead_ranks;
+      d.reason = what + "; restarting ranks " + List(dead_ranks) +
+                 " in place, state from a peer replica";
+      Issue(now, REGROUP_PHASE_RECOVERING, std::move(d));
+      return;
+    }
+    if (config_.allows(Strategy::kRecover) || config_.allows(Strategy::kElasticTraining)) {
+      for (int64_t rank : dead_ranks)
+        if (int64_t p = PodOfRank(rank); p >= 0)
+          MarkLost(p, "process of rank " + std::to_string(rank) + " died", now, false);
+      RecoverPods(now, what + "; recover-in-place is not allowed: replacing the pods", {});
+      return;
+    }
+    Escalate(now, what + "; no allowed strategy restarts a process");
+    return;
+  }
+  // A collective failed and no process is known dead.
+  if (config_.allows(Strategy::kRetry)) {
+    Directive d;
+    d.kind = REGROUP_DIRECTIVE_RETRY;
+    d.strategy = "retry";
+    d.reason = what + "; every rank aborts the step and does it again";
+    Issue(now, REGROUP_PHASE_RECOVERING, std::move(d));
+    return;
+  }
+  if (config_.allows(Strategy::kRecoverInPlace) && !collective_ranks.empty()) {
+    Directive d;
+    d.kind = REGROUP_DIRECTIVE_RESTART_IN_PLACE;
+    d.strategy = "recover-in-place";
+    d.restart_ranks = collective_ranks;
+    d.reason = what + "; retry is not allowed: restarting the reporting ranks in place";
+    Issue(now, REGROUP_PHASE_RECOVERING, std::move(d));
+    return;
+  }
+  Escalate(now, what + "; retry is not allowed");
+}
+
+void Job::DecideHeldWhilePaused(int64_t now) {
+  if (config_.process_recover_mode() == ProcessRecover::kOn) {
+    // Resumed: decide on the held faults as if they had just arrived.
+    phase_ = dp_ < original_dp() ? REGROUP_PHASE_SCALED_IN : REGROUP_PHASE_RUNNING;
+    for (auto& f : held_) pending_.push_back(std::move(f));
+    held_.clear();
+    held_since_ms_ = -1;
+    window_start_ms_ = now;
+    Decide(now);
+  } else if (config_.process_recover_mode() == ProcessRecover::kOff ||
+             now >= held_since_ms_ + config_.mindio_wait_s * 1000) {
+    held_.clear();
+    held_since_ms_ = -1;
+    JobLevel(now, config_.process_recover_mode() == ProcessRecover::kOff
+                      ? "process-recover-enable turned off while a fault was held"
+                      : "process-recover-enable stayed paused for MINDIO_WAIT_MINDX_TIME (" +
+                            std::to_string(config_.mindio_wait_s) + " s)");
+  }
+}
+
+bool Job::TryGrow(int64_t now) {
+  const bool waiting = phase_ == REGROUP_PHASE_WAITING || phase_ == REGROUP_PHASE_RESTARTING;
+  if (!waiting && phase_ != REGROUP_PHASE_SCALED_IN) return false;
+  auto plan = PlanGeneration(config_, layout_, Available(), nullptr);
+  if (!plan) return false;
+  const int64_t needed = phase_ == REGROUP_PHASE_RESTARTING ? original_dp() : dp_;
+  if (waiting && plan->dp < needed) return false;
+  if (!waiting && plan->dp <= dp_) return false;
+
+  const int64_t since = now - config_.recovery_window_s * 1000;
+  scale_outs_in_window_ = 0;
+  int64_t last_scale_in = -1;
+  for (const auto& h : history_) {
+    if (h.directive.kind == REGROUP_DIRECTIVE_SCALE_OUT && h.at_ms > since) ++scale_outs_in_window_;
+    if (h.directive.kind == REGROUP_DIRECTIVE_SCALE_IN) last_scale_in = h.at_ms;
+  }
+  if (!waiting && scale_outs_in_window_ > 0) {
+    const int64_t shift = std::min<int64_t>(scale_outs_in_window_ - 1, 16);
+    const int64_t backoff = std::min(config_.scale_out_backoff_s * 1000 * (int64_t{1} << shift),
+                                     config_.recovery_window_s * 1000);
+    if (now < last_scale_in + backoff) return false;
+  }
+
+  Directive d;
+  d.dp = plan->dp;
+  d.keep_replicas = plan->keep_replicas;
+  d.standby_pods = plan->standby_pods;
+  d.microbatches = plan->microbatches;
+  std::vector<int64_t> joined;
+  for (auto& slot : slots_)
+    if (slot.status == PodSlot::Status::kActive) slot.status = PodSlot::Status::kStandby;
+  for (int64_t r : plan->keep_replicas) {
+    for (int64_t p : layout_.PodsOfReplica(r)) {
+      auto& slot = slots_[static_cast<size_t>(p)];
+      slot.status = PodSlot::Status::kActive;
+    }
+    if (!std::count(generation_replicas_.begin(), generation_replicas_.end(), r))
+      joined.push_back(r);
+  }
+  const int64_t old_dp = dp_;
+  generation_replicas_ = plan->keep_replicas;
+  dp_ = plan->dp;
+  if (waiting) {
+    d.kind = REGROUP_DIRECTIVE_RESUME;
+    d.strategy = phase_ == REGROUP_PHASE_RESTARTING ? "fault-retry-times" : directive_.strategy;
+    d.reason = "replacements registered; resuming at dp=" + std::to_string(dp_) +
+               (phase_ == REGROUP_PHASE_RESTARTING ? " after the job restart"
+                                                   : " with the survivors' state");
+    Issue(now, dp_ < original_dp() ? REGROUP_PHASE_SCALED_IN : REGROUP_PHASE_RUNNING,
+          std::move(d));
+  } else {
+    d.kind = REGROUP_DIRECTIVE_SCALE_OUT;
+    d.strategy = "elastic-training";
+    d.reason = "replacements registered; scaling out from dp=" + std::to_string(old_dp) +
+               " to dp=" + std::to_string(dp_) + " (replicas " + List(joined) +
+               " join at the next step boundary)";
+    Issue(now, REGROUP_PHASE_SCALING_OUT, std::move(d));
+  }
+  return true;
+}
+
+bool Job::Tick(int64_t now) {
+  const uint64_t before = directive_.id;
+  for (auto it = avoid_.begin(); it != avoid_.end();)
+    it = it->second <= now ? avoid_.erase(it) : std::next(it);
+  if (IsTerminal(phase_)) {
+    pending_.clear();
+    return false;
+  }
+  if (!pending_.empty() && now >= window_start_ms_ + config_.report_window_ms) Decide(now);
+  if (phase_ == REGROUP_PHASE_PAUSED) DecideHeldWhilePaused(now);
+  if (!TryGrow(now) && phase_ == REGROUP_PHASE_WAITING && directive_.deadline_ms >= 0 &&
+      now >= directive_.deadline_ms) {
+    ScaleIn(now, "no replacement registered by the deadline (" + Seconds(directive_.deadline_ms -
+                                                                         directive_.at_ms) +
+                     ")",
+            true);
+  }
+  return directive_.id != before;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job: the scheduler's part
+// ---------------------------------------------------------------------------------------------
+
+std::vector<Eviction> Job::Evictions() const {
+  std::vector<Eviction> out;
+  if (config_.fault_scheduling_mode() == FaultScheduling::kOff) return out;
+  const bool force = config_.fault_scheduling_mode() == FaultScheduling::kForce;
+  for (size_t p = 0; p < slots_.size(); ++p) {
+    const PodSlot& s = slots_[p];
+    if (s.status == PodSlot::Status::kLost && !s.replacement_seen && s.uid == s.lost_uid &&
+        !s.uid.empty() && PodPresent(s.phase))
+      out.push_back({static_cast<int64_t>(p), s.uid, s.node, force});
+  }
+  return out;
+}
+
+uint32_t Job::GangMin() const {
+  const int64_t managers = spec_.volcano ? spec_.volcano->manager_pods : 0;
+  if (phase_ != REGROUP_PHASE_SCALED_IN && phase_ != REGROUP_PHASE_SCALING_OUT)
+    return static_cast<uint32_t>(spec_.pods + managers);
+  int64_t active = 0;
+  for (const auto& s : slots_) active += s.status == PodSlot::Status::kActive;
+  return static_cast<uint32_t>(active + managers);
+}
+
+bool Job::WantsPods() const {
+  if (!config_.recovery_on() || IsTerminal(phase_)) return false;
+  for (const auto& s : slots_)
+    if (s.status == PodSlot::Status::kLost) return true;
+  return false;
+}
+
+int32_t Job::Score(int64_t pod, std::string_view node) const {
+  if (pod < 0 || pod >= spec_.pods || Avoids(node)) return 0;
+  const PodSlot& slot = slots_[static_cast<size_t>(pod)];
+  if (slot.previous_node == node) return 100;
+  // A node that hosts another pod of the same replica keeps the replica close.
+  const int64_t replica = pod * spec_.processes_per_pod / layout_.replica_ranks();
+  if (replica < layout_.replicas()) {
+    for (int64_t p : layout_.PodsOfReplica(replica)) {
+      const PodSlot& peer = slots_[static_cast<size_t>(p)];
+      if (p != pod && peer.status != PodSlot::Status::kLost && peer.node == node) return 50;
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job: JSON
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+json DirectiveJson(const Directive& d) {
+  json j = {{"id", d.id},
+            {"kind", DirectiveKindName(d.kind)},
+            {"at_ms", d.at_ms},
+            {"strategy", d.strategy},
+            {"dp", d.dp},
+            {"keep_replicas", d.keep_replicas},
+            {"remove_replicas", d.remove_replicas},
+            {"standby_pods", d.standby_pods},
+            {"restart_ranks", d.restart_ranks},
+            {"microbatches", d.microbatches},
+            {"committed_step", d.committed_step},
+            {"reason", d.reason}};
+  if (d.deadline_ms >= 0) j["deadline_ms"] = d.deadline_ms;
+  return j;
+}
+
+json ManagerJson(const ManagerStatus& m) {
+  return {{"epoch", m.epoch},
+          {"generation", m.generation},
+          {"committed_step", m.committed_step},
+          {"live_ranks", m.live_ranks}};
+}
+
+json FaultJson(const PendingFault& f) {
+  return {{"kind", FaultKindName(f.kind)}, {"pods", f.pods}, {"ranks", f.ranks},
+          {"step", f.step},                {"at_ms", f.at_ms}, {"detail", f.detail}};
+}
+
+namespace ju = json_util;
+
+constexpr int64_t kMaxTime = int64_t{1} << 60;
+
+Status ReadDirective(const json& j, const std::string& where, Directive& d) {
+  if (!j.is_object()) return InvalidArgument(where + " must be an object");
+  int64_t id = 0;
+  std::string kind;
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "id", where, 0, kMaxTime, id));
+  d.id = static_cast<uint64_t>(id);
+  REGROUP_RETURN_IF_ERROR(ju::GetString(j, "kind", where, kind));
+  auto k = ParseName<DirectiveKind>(kDirectiveNames, kind);
+  if (!k) return InvalidArgument(where + " field \"kind\" is not a directive: " + kind);
+  d.kind = *k;
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "at_ms", where, -kMaxTime, kMaxTime, d.at_ms));
+  REGROUP_RETURN_IF_ERROR(
+      ju::GetInt(j, "deadline_ms", where, -kMaxTime, kMaxTime, d.deadline_ms, false));
+  REGROUP_RETURN_IF_ERROR(ju::GetString(j, "strategy", where, d.strategy, false));
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "dp", where, 0, kMaxPods * kMaxProcessesPerPod, d.dp));
+  for (auto [field, list] : {std::pair{"keep_replicas", &d.keep_replicas},
+                             std::pair{"remove_replicas", &d.remove_replicas},
+                             std::pair{"standby_pods", &d.standby_pods},
+                             std::pair{"restart_ranks", &d.restart_ranks},
+                             std::pair{"microbatches", &d.microbatches}}) {
+    list->clear();
+    REGROUP_RETURN_IF_ERROR(ju::GetIntList(j, field, where, 0, kMaxTime, *list));
+  }
+  REGROUP_RETURN_IF_ERROR(
+      ju::GetInt(j, "committed_step", where, -1, kMaxTime, d.committed_step, false));
+  REGROUP_RETURN_IF_ERROR(ju::GetString(j, "reason", where, d.reason, false));
+  return Status::Ok();
+}
+
+Status ReadManager(const json& j, const std::string& where, ManagerStatus& m) {
+  if (!j.is_object()) return InvalidArgument(where + " must be an object");
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "epoch", where, 0, kMaxTime, m.epoch, false));
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "generation", where, 0, kMaxTime, m.generation, false));
+  REGROUP_RETURN_IF_ERROR(
+      ju::GetInt(j, "committed_step", where, -1, kMaxTime, m.committed_step, false));
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "live_ranks", where, 0, kMaxTime, m.live_ranks, false));
+  return Status::Ok();
+}
+
+Status ReadFault(const json& j, const std::string& where, int64_t pods, PendingFault& f) {
+  if (!j.is_object()) return InvalidArgument(where + " must be an object");
+  std::string kind;
+  REGROUP_RETURN_IF_ERROR(ju::GetString(j, "kind", where, kind));
+  auto k = ParseFaultKind(kind);
+  if (!k) return InvalidArgument(where + " field \"kind\" is not a fault kind: " + kind);
+  f.kind = *k;
+  REGROUP_RETURN_IF_ERROR(ju::GetIntList(j, "pods", where, 0, pods - 1, f.pods));
+  REGROUP_RETURN_IF_ERROR(ju::GetIntList(j, "ranks", where, 0, kMaxTime, f.ranks));
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "step", where, -1, kMaxTime, f.step, false));
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "at_ms", where, -kMaxTime, kMaxTime, f.at_ms, false));
+  REGROUP_RETURN_IF_ERROR(ju::GetString(j, "detail", where, f.detail, false));
+  return Status::Ok();
+}
+
+Status ReadFaults(const json& j, std::string_view field, int64_t pods,
+                  std::vector<PendingFault>& out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_array() || it->size() > 100000)
+    return InvalidArgument("job state field \"" + std::string(field) + "\" must be an array");
+  for (size_t i = 0; i < it->size(); ++i) {
+    PendingFault f;
+    REGROUP_RETURN_IF_ERROR(ReadFault((*it)[i], "job state " + std::string(field) + "[" +
+                                                    std::to_string(i) + "]",
+                                      pods, f));
+    out.push_back(std::move(f));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+json Job::DecisionJson() const {
+  json evictions = json::array();
+  for (const auto& e : Evictions())
+    evictions.push_back({{"pod", e.pod}, {"uid", e.uid}, {"node", e.node},
+                         {"mode", e.force ? "force" : "grace"}});
+  json avoid = json::array();
+  for (const auto& [node, until] : avoid_) avoid.push_back({{"node", node}, {"until_ms", until}});
+  return {{"job", spec_.id},
+          {"phase", PhaseName(phase_)},
+          {"dp", dp_},
+          {"original_dp", original_dp()},
+          {"directive", DirectiveJson(directive_)},
+          {"scheduler",
+           {{"evict", evictions},
+            {"avoid_nodes", avoid},
+            {"gang_min", GangMin()},
+            {"wants_pods", WantsPods()}}}};
+}
+
+json Job::HistoryJson() const {
+  json out = json::array();
+  for (const auto& h : history_) {
+    json entry = DirectiveJson(h.directive);
+    entry["phase"] = PhaseName(h.phase);
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+json Job::StateJson() const {
+  json slots = json::array();
+  for (const auto& s : slots_) {
+    slots.push_back({{"status", NameOf(kSlotStatusNames, static_cast<int>(s.status))},
+                     {"uid", s.uid},
+                     {"lost_uid", s.lost_uid},
+                     {"node", s.node},
+                     {"previous_node", s.previous_node},
+                     {"phase", PodPhaseName(s.phase)},
+                     {"replacement_seen", s.replacement_seen},
+                     {"lost_reason", s.lost_reason}});
+  }
+  json pending = json::array(), held = json::array();
+  for (const auto& f : pending_) pending.push_back(FaultJson(f));
+  for (const auto& f : held_) held.push_back(FaultJson(f));
+  json failures = json::object();
+  for (const auto& [step, kinds] : step_failures_) failures[std::to_string(step)] = kinds;
+  return {{"version", 1},
+          {"job", spec_.id},
+          {"uid", spec_.uid},
+          {"phase", PhaseName(phase_)},
+          {"directive", DirectiveJson(directive_)},
+          {"next_directive_id", next_directive_id_},
+          {"dp", dp_},
+          {"generation_replicas", generation_replicas_},
+          {"slots", slots},
+          {"pending", pending},
+          {"window_start_ms", window_start_ms_},
+          {"held", held},
+          {"held_since_ms", held_since_ms_},
+          {"avoid", avoid_},
+          {"recoveries_ms", recoveries_ms_},
+          {"step_failures", failures},
+          {"job_restarts", job_restarts_},
+          {"manager", ManagerJson(manager_)},
+          {"manager_at_directive", ManagerJson(manager_at_directive_)}};
+}
+
+Status Job::LoadState(const json& j) {
+  const std::string where = "job state";
+  if (!j.is_object()) return InvalidArgument("the job state must be a JSON object");
+  int64_t version = 0;
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "version", where, 0, 1000, version));
+  if (version != 1)
+    return {REGROUP_VERSION_MISMATCH,
+            "job state version " + std::to_string(version) + " is not supported (this library "
+                                                              "reads version 1)"};
+  std::string id, uid, phase;
+  REGROUP_RETURN_IF_ERROR(ju::GetString(j, "job", where, id));
+  REGROUP_RETURN_IF_ERROR(ju::GetString(j, "uid", where, uid, false));
+  if (id != spec_.id || uid != spec_.uid)
+    return FailedPrecondition("the job state is of job " + id + " (uid " + uid + "), not of " +
+                              spec_.id + " (uid " + spec_.uid + ")");
+
+  Job next(spec_, config_);
+  next.history_limit_ = history_limit_;
+  next.history_ = history_;
+  REGROUP_RETURN_IF_ERROR(ju::GetString(j, "phase", where, phase));
+  auto p = ParseName<Phase>(kPhaseNames, phase);
+  if (!p) return InvalidArgument("job state field \"phase\" is not a phase: " + phase);
+  next.phase_ = *p;
+  if (auto it = j.find("directive"); it != j.end())
+    REGROUP_RETURN_IF_ERROR(ReadDirective(*it, "job state directive", next.directive_));
+  int64_t next_id = 1;
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "next_directive_id", where, 1, kMaxTime, next_id));
+  next.next_directive_id_ = static_cast<uint64_t>(next_id);
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "dp", where, 0, layout_.replicas(), next.dp_));
+  next.generation_replicas_.clear();
+  REGROUP_RETURN_IF_ERROR(ju::GetIntList(j, "generation_replicas", where, 0,
+                                         layout_.replicas() - 1, next.generation_replicas_));
+  if (static_cast<int64_t>(next.generation_replicas_.size()) != next.dp_)
+    return InvalidArgument("job state: " + std::to_string(next.generation_replicas_.size()) +
+                           " generation replicas for dp " + std::to_string(next.dp_));
+
+  auto slots = j.find("slots");
+  if (slots == j.end() || !slots->is_array() ||
+      slots->size() != static_cast<size_t>(spec_.pods))
+    return InvalidArgument("job state field \"slots\" must be an array of " +
+                           std::to_string(spec_.pods) + " pods");
+  for (size_t i = 0; i < slots->size(); ++i) {
+    const json& s = (*slots)[i];
+    const std::string sw = "job state slots[" + std::to_string(i) + "]";
+    if (!s.is_object()) return InvalidArgument(sw + " must be an object");
+    PodSlot& slot = next.slots_[i];
+    std::string status, pod_phase;
+    REGROUP_RETURN_IF_ERROR(ju::GetString(s, "status", sw, status));
+    auto st = ParseName<PodSlot::Status>(kSlotStatusNames, status);
+    if (!st) return InvalidArgument(sw + " field \"status\" is not a pod status: " + status);
+    slot.status = *st;
+    REGROUP_RETURN_IF_ERROR(ju::GetString(s, "uid", sw, slot.uid, false));
+    REGROUP_RETURN_IF_ERROR(ju::GetString(s, "lost_uid", sw, slot.lost_uid, false));
+    REGROUP_RETURN_IF_ERROR(ju::GetString(s, "node", sw, slot.node, false));
+    REGROUP_RETURN_IF_ERROR(ju::GetString(s, "previous_node", sw, slot.previous_node, false));
+    REGROUP_RETURN_IF_ERROR(ju::GetString(s, "phase", sw, pod_phase));
+    auto pp = ParseName<PodPhase>(kPodPhaseNames, pod_phase);
+    if (!pp) return InvalidArgument(sw + " field \"phase\" is not a pod phase: " + pod_phase);
+    slot.phase = *pp;
+    if (auto it = s.find("replacement_seen"); it != s.end()) {
+      if (!it->is_boolean()) return InvalidArgument(sw + " field \"replacement_seen\" must be a bool");
+      slot.replacement_seen = it->get<bool>();
+    }
+    REGROUP_RETURN_IF_ERROR(ju::GetString(s, "lost_reason", sw, slot.lost_reason, false));
+  }
+  REGROUP_RETURN_IF_ERROR(ReadFaults(j, "pending", spec_.pods, next.pending_));
+  REGROUP_RETURN_IF_ERROR(ReadFaults(j, "held", spec_.pods, next.held_));
+  REGROUP_RETURN_IF_ERROR(
+      ju::GetInt(j, "window_start_ms", where, -kMaxTime, kMaxTime, next.window_start_ms_, false));
+  REGROUP_RETURN_IF_ERROR(
+      ju::GetInt(j, "held_since_ms", where, -kMaxTime, kMaxTime, next.held_since_ms_, false));
+  if (auto it = j.find("avoid"); it != j.end() && !it->is_null()) {
+    if (!it->is_object() || it->size() > 100000)
+      return InvalidArgument("job state field \"avoid\" must be an object of node -> time");
+    for (const auto& [node, until] : it->items()) {
+      if (!until.is_number_integer())
+        return InvalidArgument("job state avoid[\"" + node + "\"] must be an integer time");
+      next.avoid_[node] = until.get<int64_t>();
+    }
+  }
+  REGROUP_RETURN_IF_ERROR(
+      ju::GetIntList(j, "recoveries_ms", where, -kMaxTime, kMaxTime, next.recoveries_ms_));
+  if (auto it = j.find("step_failures"); it != j.end() && !it->is_null()) {
+    if (!it->is_object() || it->size() > 100000)
+      return InvalidArgument("job state field \"step_failures\" must be an object");
+    for (const auto& [step, kinds] : it->items()) {
+      int64_t s = 0;
+      auto [ptr, ec] = std::from_chars(step.data(), step.data() + step.size(), s);
+      if (ec != std::errc() || ptr != step.data() + step.size() || !kinds.is_object())
+        return InvalidArgument("job state step_failures entry \"" + step + "\" is malformed");
+      for (const auto& [kind, count] : kinds.items()) {
+        if (!ParseFaultKind(kind) || !count.is_number_integer())
+          return InvalidArgument("job state step_failures[" + step + "] entry \"" + kind +
+                                 "\" is malformed");
+        next.step_failures_[s][kind] = count.get<int64_t>();
+      }
+    }
+  }
+  REGROUP_RETURN_IF_ERROR(
+      ju::GetInt(j, "job_restarts", where, 0, kMaxTime, next.job_restarts_, false));
+  if (auto it = j.find("manager"); it != j.end())
+    REGROUP_RETURN_IF_ERROR(ReadManager(*it, "job state manager", next.manager_));
+  if (auto it = j.find("manager_at_directive"); it != j.end())
+    REGROUP_RETURN_IF_ERROR(
+        ReadManager(*it, "job state manager_at_directive", next.manager_at_directive_));
+  *this = std::move(next);
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine
+// ---------------------------------------------------------------------------------------------
+
+Status Engine::UpsertJob(JobSpec spec, ResolvedConfig* report, int64_t now) {
+  (void)now;
+  ResolvedConfig resolved = spec.Resolve();
+  if (report) *report = resolved;
+  if (!resolved.ok()) {
+    std::string first;
+    for (const auto& p : resolved.problems)
+      if (p.severity == Problem::Severity::kError) {
+        first = p.message;
+        break;
+      }
+    return {REGROUP_VALIDATION_FAILED, "job " + spec.id + " is invalid: " + first};
+  }
+  auto it = jobs_.find(spec.id);
+  if (it != jobs_.end()) {
+    Job& job = *it->second;
+    if (job.spec().uid != spec.uid || job.spec().pods != spec.pods ||
+        job.spec().processes_per_pod != spec.processes_per_pod ||
+        job.config().replica_ranks() != resolved.config.replica_ranks()) {
+      // A different incarnation or shape: a new job under the same name.
+      it->second = std::make_unique<Job>(std::move(spec), resolved.config);
+      it->second->history_limit_ = options_.history_length;
+    } else {
+      job.UpdateSpec(std::move(spec), resolved.config);
+    }
+    return Status::Ok();
+  }
+  if (jobs_.size() >= options_.max_jobs)
+    return {REGROUP_RESOURCE_EXHAUSTED,
+            "the engine already holds " + std::to_string(jobs_.size()) +
+                " jobs, its limit (regroup_engine_options.max_jobs)"};
+  std::string id = spec.id;
+  auto job = std::make_unique<Job>(std::move(spec), resolved.config);
+  job->history_limit_ = options_.history_length;
+  jobs_.emplace(std::move(id), std::move(job));
+  return Status::Ok();
+}
+
+Status Engine::RemoveJob(std::string_view id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return NotFound("no job " + std::string(id) + " in the engine");
+  jobs_.erase(it);
+  return Status::Ok();
+}
+
+Job* Engine::FindJob(std::string_view id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+Status Engine::SetNodeHealth(std::string_view node, NodeHealth health, std::string_view reason,
+                             int64_t now) {
+  if (node.empty() || node.size() > 512)
+    return InvalidArgument("a node name must be 1 to 512 characters");
+  if (health < REGROUP_NODE_HEALTHY || health > REGROUP_NODE_UNKNOWN)
+    return InvalidArgument("node health " + std::to_string(static_cast<int>(health)) +
+                           " is not healthy (0), faulty (1) or unknown (2)");
+  auto [it, inserted] = nodes_.try_emplace(std::string(node));
+  NodeState& state = it->second;
+  if (!inserted && state.health == health) return Status::Ok();
+  state.health = health;
+  state.reason = std::string(reason);
+  state.since_ms = now;
+  if (health != REGROUP_NODE_HEALTHY)
+    for (auto& [id, job] : jobs_) job->OnNode(node, health, reason, now);
+  return Status::Ok();
+}
+
+Status Engine::SetPodState(std::string_view job_id, int64_t index, std::string_view uid,
+                           PodPhase phase, std::string_view node, int64_t now) {
+  Job* job = FindJob(job_id);
+  if (!job) return NotFound("no job " + std::string(job_id) + " in the engine");
+  if (phase < REGROUP_POD_PENDING || phase > REGROUP_POD_DELETED)
+    return InvalidArgument("pod phase " + std::to_string(static_cast<int>(phase)) +
+                           " is not one of pending, bound, running, failed, deleted");
+  if (node.size() > 512) return InvalidArgument("a node name must be at most 512 characters");
+  REGROUP_RETURN_IF_ERROR(job->OnPod(index, uid, phase, node, now));
+  // A pod bound to a node already known faulty is lost at once.
+  auto it = node.empty() ? nodes_.end() : nodes_.find(std::string(node));
+  if (it != nodes_.end() && it->second.health != REGROUP_NODE_HEALTHY &&
+      (phase == REGROUP_POD_BOUND || phase == REGROUP_POD_RUNNING))
+    job->OnNode(node, it->second.health, it->second.reason, now);
+  return Status::Ok();
+}
+
+Status Engine::ApplyEvent(const json& e, int64_t now, const std::string& where) {
+  if (!e.is_object()) return InvalidArgument(where + " must be a JSON object");
+  std::string type;
+  REGROUP_RETURN_IF_ERROR(ju::GetString(e, "type", where, type));
+  if (type == "node") {
+    std::string node, health, reason;
+    REGROUP_RETURN_IF_ERROR(ju::GetString(e, "node", where, node));
+    REGROUP_RETURN_IF_ERROR(ju::GetString(e, "health", where, health));
+    REGROUP_RETURN_IF_ERROR(ju::GetString(e, "reason", where, reason, false));
+    auto h = ParseName<NodeHealth>(kHealthNames, health);
+    if (!h) return InvalidArgument(where + ": health \"" + health +
+                                   "\" is not healthy, faulty or unknown");
+    return SetNodeHealth(node, *h, reason, now);
+  }
+  std::string job_id;
+  REGROUP_RETURN_IF_ERROR(ju::GetString(e, "job", where, job_id));
+  Job* job = FindJob(job_id);
+  if (!job) return NotFound(where + ": no job " + job_id + " in the engine");
+  if (type == "pod") {
+    std::string uid, phase, node;
+    int64_t index = 0;
+    REGROUP_RETURN_IF_ERROR(ju::GetInt(e, "index", where, 0, kMaxPods - 1, index));
+    REGROUP_RETURN_IF_ERROR(ju::GetString(e, "uid", where, uid));
+    REGROUP_RETURN_IF_ERROR(ju::GetString(e, "phase", where, phase));
+    REGROUP_RETURN_IF_ERROR(ju::GetString(e, "node", where, node, false));
+    auto p = ParseName<PodPhase>(kPodPhaseNames, phase);
+    if (!p) return InvalidArgument(where + ": pod phase \"" + phase +
+                                   "\" is not pending, bound, running, failed or deleted");
+    return SetPodState(job_id, index, uid, *p, node, now);
+  }
+  if (type == "fault") {
+    PendingFault f;
+    REGROUP_RETURN_IF_ERROR(ReadFault(e, where, job->spec().pods, f));
+    f.at_ms = now;
+    return job->OnFault(std::move(f));
+  }
+  if (type == "replacement_registered") {
+    std::string uid;
+    int64_t index = 0;
+    REGROUP_RETURN_IF_ERROR(ju::GetInt(e, "index", where, 0, kMaxPods - 1, index));
+    REGROUP_RETURN_IF_ERROR(ju::GetString(e, "uid", where, uid));
+    return job->OnReplacementRegistered(index, uid, now);
+  }
+  if (type == "manager_status") {
+    ManagerStatus m;
+    REGROUP_RETURN_IF_ERROR(ReadManager(e, where, m));
+    job->OnManagerStatus(m);
+    return Status::Ok();
+  }
+  return InvalidArgument(where + ": type \"" + type +
+                         "\" is not node, pod, fault, replacement_registered or manager_status");
+}
+
+Status Engine::ApplyEvents(const json& events, int64_t now) {
+  if (events.is_object()) return ApplyEvent(events, now, "the event");
+  if (!events.is_array())
+    return InvalidArgument("events must be a JSON object or an array of objects");
+  for (size_t i = 0; i < events.size(); ++i)
+    REGROUP_RETURN_IF_ERROR(ApplyEvent(events[i], now, "event " + std::to_string(i)));
+  return Status::Ok();
+}
+
+uint32_t Engine::Tick(int64_t now) {
+  uint32_t changed = 0;
+  for (auto& [id, job] : jobs_) changed += job->Tick(now);
+  return changed;
+}
+
+bool Engine::NodeAllowed(const Job* job, std::string_view node) const {
+  if (!nodes_.empty()) {
+    auto it = nodes_.find(std::string(node));
+    if (it != nodes_.end() && it->second.health != REGROUP_NODE_HEALTHY) return false;
+  }
+  return !job || !job->Avoids(node);
+}
+
+json Engine::Snapshot() const {
+  json nodes = json::object();
+  for (const auto& [name, n] : nodes_)
+    nodes[name] = {{"health", NodeHealthName(n.health)}, {"reason", n.reason},
+                   {"since_ms", n.since_ms}};
+  json jobs = json::array();
+  for (const auto& [id, job] : jobs_)
+    jobs.push_back({{"spec", JobSpecToJson(job->spec())},
+                    {"state", job->StateJson()},
+                    {"history", job->HistoryJson()}});
+  return {{"version", 1}, {"nodes", nodes}, {"jobs", jobs}};
+}
+
+Status Engine::Restore(const json& s) {
+  if (!s.is_object()) return InvalidArgument("the snapshot must be a JSON object");
+  int64_t version = 0;
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(s, "version", "snapshot", 0, 1000, version));
+  if (version != 1)
+    return {REGROUP_VERSION_MISMATCH,
+            "snapshot version " + std::to_string(version) + " is not supported (this library "
+                                                             "reads version 1)"};
+  Engine next(options_);
+  if (auto it = s.find("nodes"); it != s.end() && !it->is_null()) {
+    if (!it->is_object()) return InvalidArgument("snapshot field \"nodes\" must be an object");
+    for (const auto& [name, n] : it->items()) {
+      const std::string where = "snapshot node " + name;
+      std::string health, reason;
+      int64_t since = 0;
+      if (!n.is_object()) return InvalidArgument(where + " must be an object");
+      REGROUP_RETURN_IF_ERROR(ju::GetString(n, "health", where, health));
+      REGROUP_RETURN_IF_ERROR(ju::GetString(n, "reason", where, reason, false));
+      REGROUP_RETURN_IF_ERROR(ju::GetInt(n, "since_ms", where, -kMaxTime, kMaxTime, since, false));
+      auto h = ParseName<NodeHealth>(kHealthNames, health);
+      if (!h || name.empty()) return InvalidArgument(where + " has a bad name or health");
+      next.nodes_[name] = {*h, reason, since};
+    }
+  }
+  auto jobs = s.find("jobs");
+  if (jobs != s.end() && !jobs->is_null()) {
+    if (!jobs->is_array()) return InvalidArgument("snapshot field \"jobs\" must be an array");
+    for (size_t i = 0; i < jobs->size(); ++i) {
+      const json& entry = (*jobs)[i];
+      const std::string where = "snapshot jobs[" + std::to_string(i) + "]";
+      if (!entry.is_object() || !entry.contains("spec") || !entry.contains("state"))
+        return InvalidArgument(where + " must hold \"spec\" and \"state\"");
+      auto spec = ParseJobSpec(entry["spec"]);
+      if (!spec.ok()) return InvalidArgument(where + ": " + spec.status().message());
+      const std::string id = spec->id;
+      Status st = next.UpsertJob(std::move(*spec), nullptr, 0);
+      if (!st.ok()) return {st.code(), where + ": " + st.message()};
+      Job* job = next.FindJob(id);
+      st = job->LoadState(entry["state"]);
+      if (!st.ok()) return {st.code(), where + ": " + st.message()};
+      if (auto h = entry.find("history"); h != entry.end() && h->is_array()) {
+        for (size_t k = 0; k < h->size() && k < options_.history_length; ++k) {
+          Directive d;
+          REGROUP_RETURN_IF_ERROR(
+              ReadDirective((*h)[k], where + " history[" + std::to_string(k) + "]", d));
+          std::string phase;
+          REGROUP_RETURN_IF_ERROR(ju::GetString((*h)[k], "phase", where + " history", phase));
+          auto p = ParseName<Phase>(kPhaseNames, phase);
+          if (!p) return InvalidArgument(where + " history has a bad phase: " + phase);
+          job->history_.push_back({d.at_ms, *p, std::move(d)});
+        }
+      }
+    }
+  }
+  jobs_ = std::move(next.jobs_);
+  nodes_ = std::move(next.nodes_);
+  return Status::Ok();
+}
+
+}  // namespace regroup

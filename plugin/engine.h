@@ -1,0 +1,249 @@
+// The decision engine: a per-job state machine driven by events and an explicit clock.
+//
+// Events (node health, pod states, fault reports, replacements registered, manager status)
+// update facts at once; decisions are taken only in Tick(now), after a fault's report window,
+// so one fault seen from several sides leads to one decision. No function reads the time.
+// The engine is not thread-safe by itself; the C ABI serialises calls on one engine.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "abi/regroup.h"
+#include "plugin/config.h"
+#include "plugin/job_spec.h"
+#include "plugin/sizing.h"
+#include "plugin/status.h"
+
+namespace regroup {
+
+using Phase = regroup_phase;
+using DirectiveKind = regroup_directive_kind;
+using NodeHealth = regroup_node_health;
+using PodPhase = regroup_pod_phase;
+
+std::string_view PhaseName(Phase phase);
+std::string_view DirectiveKindName(DirectiveKind kind);
+std::string_view NodeHealthName(NodeHealth health);
+std::string_view PodPhaseName(PodPhase phase);
+
+enum class FaultKind : uint8_t {
+  kProcessExit,      // a trainer process exited (agent, at once)
+  kHang,             // a frozen process or a stalled step
+  kCollectiveError,  // a collective failed; no process known dead
+  kDeviceError,      // the pod's device failed: the pod must be replaced
+  kPodLost,          // the pod is gone: failed, deleted, its node faulty, or its agent lost
+};
+std::string_view FaultKindName(FaultKind kind);
+std::optional<FaultKind> ParseFaultKind(std::string_view name);
+
+// What the manager is told to do.
+struct Directive {
+  DirectiveKind kind = REGROUP_DIRECTIVE_CONTINUE;
+  uint64_t id = 0;
+  int64_t at_ms = 0;
+  int64_t deadline_ms = -1;
+  std::string strategy;  // the ladder step this directive carries out, "" for continue
+  int64_t dp = 0;
+  std::vector<int64_t> keep_replicas;
+  std::vector<int64_t> remove_replicas;
+  std::vector<int64_t> standby_pods;
+  std::vector<int64_t> restart_ranks;
+  std::vector<int64_t> microbatches;
+  int64_t committed_step = -1;
+  std::string reason;
+};
+
+// One pod of a job, by its index (node rank).
+struct PodSlot {
+  enum class Status : uint8_t {
+    kActive,   // holds ranks of the current generation
+    kStandby,  // healthy and registered, not in the generation
+    kLost,     // gone; a replacement is wanted
+  };
+  Status status = Status::kActive;
+  std::string uid;           // the current incarnation ("" until first seen)
+  std::string lost_uid;      // the incarnation that was lost (a zombie if it comes back)
+  std::string node;          // where the current incarnation is bound
+  std::string previous_node; // where the slot last ran, preferred for its replacement
+  PodPhase phase = REGROUP_POD_RUNNING;
+  bool replacement_seen = false;  // a new incarnation exists (not yet registered)
+  std::string lost_reason;
+};
+
+struct ManagerStatus {
+  int64_t epoch = 0;
+  int64_t generation = 0;
+  int64_t committed_step = -1;
+  int64_t live_ranks = 0;
+};
+
+// A fault not yet decided on (inside the report window or held while paused).
+struct PendingFault {
+  FaultKind kind;
+  std::vector<int64_t> pods;
+  std::vector<int64_t> ranks;
+  int64_t step = -1;
+  int64_t at_ms = 0;
+  std::string detail;
+};
+
+struct HistoryEntry {
+  int64_t at_ms;
+  Phase phase;
+  Directive directive;
+};
+
+// The scheduler's view of one job's decision.
+struct Eviction {
+  int64_t pod;
+  std::string uid;
+  std::string node;
+  bool force;
+};
+
+class Engine;
+
+// One job's state. Everything here is exported to the PodGroup annotations except the spec
+// (which the scheduler has) and the config (resolved from it).
+class Job {
+ public:
+  Job(JobSpec spec, JobConfig config);
+
+  const JobSpec& spec() const { return spec_; }
+  const JobConfig& config() const { return config_; }
+  Phase phase() const { return phase_; }
+  const Directive& directive() const { return directive_; }
+  const std::vector<PodSlot>& slots() const { return slots_; }
+  const std::deque<HistoryEntry>& history() const { return history_; }
+  int64_t original_dp() const { return layout_.replicas(); }
+  int64_t current_dp() const { return dp_; }
+  const Layout& layout() const { return layout_; }
+
+  // The scheduler's part.
+  std::vector<Eviction> Evictions() const;
+  uint32_t GangMin() const;
+  bool WantsPods() const;
+  bool Avoids(std::string_view node) const { return avoid_.count(std::string(node)) > 0; }
+  const std::map<std::string, int64_t, std::less<>>& avoided_nodes() const { return avoid_; }
+  int32_t Score(int64_t pod, std::string_view node) const;
+
+  nlohmann::json DecisionJson() const;
+  nlohmann::json HistoryJson() const;
+  nlohmann::json StateJson() const;
+  Status LoadState(const nlohmann::json& state);
+
+ private:
+  friend class Engine;
+
+  // Event handlers: update facts and queue faults. Return an error for an event that names a
+  // pod or rank the job does not have, or a zombie incarnation.
+  void OnNode(std::string_view node, NodeHealth health, std::string_view reason, int64_t now);
+  Status OnPod(int64_t index, std::string_view uid, PodPhase phase, std::string_view node,
+               int64_t now);
+  Status OnFault(PendingFault fault);
+  Status OnReplacementRegistered(int64_t index, std::string_view uid, int64_t now);
+  void OnManagerStatus(const ManagerStatus& status);
+  void UpdateSpec(JobSpec spec, JobConfig config);
+
+  // Advances to `now`; returns true when a new directive was issued.
+  bool Tick(int64_t now);
+
+  void MarkLost(int64_t pod, std::string reason, int64_t now, bool avoid_node);
+  void Decide(int64_t now);
+  void DecideHeldWhilePaused(int64_t now);
+  void RecoverPods(int64_t now, const std::string& what, const std::vector<int64_t>& ranks);
+  void ScaleIn(int64_t now, const std::string& what, bool waited);
+  bool TryGrow(int64_t now);
+  void Escalate(int64_t now, const std::string& why);
+  void JobLevel(int64_t now, const std::string& why);
+  void Issue(int64_t now, Phase phase, Directive d);
+  std::vector<bool> Available() const;
+  bool HasCompleteReplica() const;
+  int64_t RecoveriesInWindow(int64_t now) const;
+  int64_t PodOfRank(int64_t rank) const;
+  void SettleProgress();
+
+  JobSpec spec_;
+  JobConfig config_;
+  Layout layout_;
+  size_t history_limit_ = 64;
+
+  Phase phase_ = REGROUP_PHASE_RUNNING;
+  Directive directive_;
+  uint64_t next_directive_id_ = 1;
+  int64_t dp_ = 0;                              // degree of the current generation
+  std::vector<int64_t> generation_replicas_;    // kept replicas, in order
+  std::vector<PodSlot> slots_;
+  std::vector<PendingFault> pending_;           // inside the report window
+  int64_t window_start_ms_ = -1;
+  std::vector<PendingFault> held_;              // held while process-recover-enable=pause
+  int64_t held_since_ms_ = -1;
+  std::map<std::string, int64_t, std::less<>> avoid_;  // node -> until (ms)
+  std::vector<int64_t> recoveries_ms_;          // when each recovery started
+  int64_t scale_outs_in_window_ = 0;
+  int64_t last_recovery_ms_ = -1;
+  std::map<int64_t, std::map<std::string, int64_t>> step_failures_;  // step -> kind -> count
+  int64_t job_restarts_ = 0;
+  ManagerStatus manager_;
+  ManagerStatus manager_at_directive_;
+  std::deque<HistoryEntry> history_;
+};
+
+struct EngineOptions {
+  uint32_t max_jobs = 100000;
+  uint32_t max_input_bytes = 4u << 20;
+  uint32_t history_length = 64;
+};
+
+class Engine {
+ public:
+  explicit Engine(EngineOptions options = {}) : options_(options) {}
+
+  const EngineOptions& options() const { return options_; }
+
+  // Validates and adds or updates a job. On validation errors the engine is unchanged.
+  Status UpsertJob(JobSpec spec, ResolvedConfig* report, int64_t now);
+  Status RemoveJob(std::string_view id);
+  Job* FindJob(std::string_view id);
+  const std::map<std::string, std::unique_ptr<Job>, std::less<>>& jobs() const { return jobs_; }
+
+  Status SetNodeHealth(std::string_view node, NodeHealth health, std::string_view reason,
+                       int64_t now);
+  Status SetPodState(std::string_view job, int64_t index, std::string_view uid, PodPhase phase,
+                     std::string_view node, int64_t now);
+  // Applies one event or an array of events (JSON). Stops at the first bad one.
+  Status ApplyEvents(const nlohmann::json& events, int64_t now);
+  uint32_t Tick(int64_t now);
+
+  // False when the node is faulty or unknown, or the job avoids it.
+  bool NodeAllowed(const Job* job, std::string_view node) const;
+
+  nlohmann::json Snapshot() const;
+  // Replaces everything; on error the engine is unchanged.
+  Status Restore(const nlohmann::json& snapshot);
+
+ private:
+  struct NodeState {
+    NodeHealth health = REGROUP_NODE_HEALTHY;
+    std::string reason;
+    int64_t since_ms = 0;
+  };
+  Status ApplyEvent(const nlohmann::json& event, int64_t now, const std::string& where);
+
+  EngineOptions options_;
+  std::map<std::string, std::unique_ptr<Job>, std::less<>> jobs_;
+  std::unordered_map<std::string, NodeState> nodes_;
+};
+
+}  // namespace regroup

@@ -1,0 +1,107 @@
+#include "plugin/job_spec.h"
+
+#include <nlohmann/json.hpp>
+
+#include "plugin/json_util.h"
+
+namespace regroup {
+
+namespace ju = json_util;
+using nlohmann::json;
+
+namespace {
+
+constexpr size_t kMaxIdLength = 512;
+
+StatusOr<VolcanoFacts> ParseVolcano(const json& v) {
+  if (!v.is_object()) return InvalidArgument("job spec field \"volcano\" must be an object");
+  VolcanoFacts facts;
+  int64_t min_available = -1;
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(v, "min_available", "job spec volcano", 0, kMaxPods * 2,
+                             min_available, false));
+  if (min_available >= 0) facts.min_available = min_available;
+  REGROUP_RETURN_IF_ERROR(
+      ju::GetInt(v, "manager_pods", "job spec volcano", 0, kMaxPods, facts.manager_pods, false));
+  auto it = v.find("policies");
+  if (it != v.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() > 1000)
+      return InvalidArgument("job spec volcano field \"policies\" must be an array of at most 1000");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& p = (*it)[i];
+      std::string where = "job spec volcano.policies[" + std::to_string(i) + "]";
+      if (!p.is_object()) return InvalidArgument(where + " must be an object");
+      VolcanoFacts::Policy policy;
+      REGROUP_RETURN_IF_ERROR(ju::GetString(p, "event", where, policy.event));
+      REGROUP_RETURN_IF_ERROR(ju::GetString(p, "action", where, policy.action));
+      policy.where = "spec.policies[" + std::to_string(i) + "]";
+      REGROUP_RETURN_IF_ERROR(ju::GetString(p, "where", where, policy.where, false));
+      facts.policies.push_back(std::move(policy));
+    }
+  }
+  return facts;
+}
+
+}  // namespace
+
+StatusOr<JobSpec> ParseJobSpec(const json& j) {
+  if (!j.is_object()) return InvalidArgument("the job spec must be a JSON object");
+  JobSpec spec;
+  REGROUP_RETURN_IF_ERROR(ju::GetString(j, "id", "job spec", spec.id));
+  if (spec.id.empty() || spec.id.size() > kMaxIdLength)
+    return InvalidArgument("job spec field \"id\" must be 1 to 512 characters");
+  REGROUP_RETURN_IF_ERROR(ju::GetString(j, "uid", "job spec", spec.uid, false));
+  REGROUP_RETURN_IF_ERROR(ju::GetStringMap(j, "labels", "job spec", spec.labels));
+  REGROUP_RETURN_IF_ERROR(ju::GetStringMap(j, "annotations", "job spec", spec.annotations));
+  REGROUP_RETURN_IF_ERROR(ju::GetStringMap(j, "env", "job spec", spec.env));
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "pods", "job spec", 1, kMaxPods, spec.pods));
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "processes_per_pod", "job spec", 1, kMaxProcessesPerPod,
+                             spec.processes_per_pod, false));
+  if (auto it = j.find("volcano"); it != j.end() && !it->is_null()) {
+    auto volcano = ParseVolcano(*it);
+    if (!volcano.ok()) return volcano.status();
+    spec.volcano = std::move(*volcano);
+  }
+  return spec;
+}
+
+StatusOr<JobSpec> ParseJobSpec(std::string_view text) {
+  auto parsed = ju::Parse(text, "the job spec");
+  if (!parsed.ok()) return parsed.status();
+  return ParseJobSpec(*parsed);
+}
+
+json JobSpecToJson(const JobSpec& spec) {
+  json j = {{"id", spec.id},
+            {"uid", spec.uid},
+            {"labels", spec.labels},
+            {"annotations", spec.annotations},
+            {"env", spec.env},
+            {"pods", spec.pods},
+            {"processes_per_pod", spec.processes_per_pod}};
+  if (spec.volcano) {
+    json policies = json::array();
+    for (const auto& p : spec.volcano->policies)
+      policies.push_back({{"event", p.event}, {"action", p.action}, {"where", p.where}});
+    j["volcano"] = {{"manager_pods", spec.volcano->manager_pods}, {"policies", policies}};
+    if (spec.volcano->min_available) j["volcano"]["min_available"] = *spec.volcano->min_available;
+  }
+  return j;
+}
+
+json ValidationReport(const ResolvedConfig& resolved) {
+  json problems = json::array();
+  for (const auto& p : resolved.problems) {
+    problems.push_back({{"severity", p.severity == Problem::Severity::kError ? "error" : "warning"},
+                        {"key", p.key},
+                        {"value", p.value},
+                        {"message", p.message}});
+  }
+  json config = json::object();
+  const JobConfig& c = resolved.config;
+  for (const auto& key : ConfigKeys())
+    config[std::string(key.name)] = KeyValueText(key, c.*key.field);
+  config["processes_per_pod"] = c.processes_per_pod;
+  return {{"ok", resolved.ok()}, {"problems", problems}, {"config", config}};
+}
+
+}  // namespace regroup

@@ -1,0 +1,44 @@
+// A job as the engine sees it: identity, keys, size. Parsed from the JSON the C ABI accepts;
+// `regroupctl` builds it from a Volcano Job (cli/volcano_job.h).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "plugin/config.h"
+#include "plugin/status.h"
+
+namespace regroup {
+
+inline constexpr int64_t kMaxPods = 100000;
+inline constexpr int64_t kMaxProcessesPerPod = 1024;
+
+struct JobSpec {
+  std::string id;
+  std::string uid;
+  std::map<std::string, std::string> labels;
+  std::map<std::string, std::string> annotations;
+  std::map<std::string, std::string> env;  // of the rank-0 pod: MINDIO_WAIT_MINDX_TIME
+  int64_t pods = 0;                        // training pods
+  int64_t processes_per_pod = 1;
+  std::optional<VolcanoFacts> volcano;
+
+  ResolvedConfig Resolve() const {
+    return ResolveConfig(labels, annotations, env, pods, processes_per_pod, volcano);
+  }
+};
+
+// Parses a job spec. Errors name the field and what it must be.
+StatusOr<JobSpec> ParseJobSpec(const nlohmann::json& json);
+StatusOr<JobSpec> ParseJobSpec(std::string_view text);
+nlohmann::json JobSpecToJson(const JobSpec& spec);
+
+// The validation report of regroup_validate_job: {"ok", "problems", "config"}.
+nlohmann::json ValidationReport(const ResolvedConfig& resolved);
+
+}  // namespace regroup

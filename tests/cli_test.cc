@@ -1,0 +1,162 @@
+// regroupctl's parts: the Volcano Job reader, the fault script and the simulation.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "cli/fault_script.h"
+#include "cli/simulate.h"
+#include "cli/volcano_job.h"
+
+namespace regroup::cli {
+namespace {
+
+std::string Read(const std::string& rel) {
+  std::ifstream in(std::string(REGROUP_SOURCE_DIR) + "/" + rel);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+constexpr char kJob[] = R"(
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata:
+  name: llama
+  namespace: ml
+  labels:
+    fault-scheduling: force
+  annotations:
+    recover-strategy: recover,elastic-training
+    wait-reschedule-timeout: "60"
+spec:
+  minAvailable: 3
+  policies:
+    - event: PodEvicted
+      action: RestartTask
+  tasks:
+    - name: manager
+      replicas: 1
+      template:
+        spec:
+          containers:
+            - name: manager
+              command: [regroup-manager]
+    - name: worker
+      replicas: 4
+      template:
+        spec:
+          containers:
+            - name: trainer
+              command: [regroup-agent, --nproc-per-node=8, train.py]
+              env:
+                - name: MINDIO_WAIT_MINDX_TIME
+                  value: "40"
+)";
+
+TEST(VolcanoJob, ReadsKeysSizesAndPolicies) {
+  auto spec = JobSpecFromVolcanoYaml(kJob);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->id, "ml/llama");
+  EXPECT_EQ(spec->pods, 4);
+  EXPECT_EQ(spec->processes_per_pod, 8);
+  EXPECT_EQ(spec->labels.at("fault-scheduling"), "force");
+  EXPECT_EQ(spec->annotations.at("wait-reschedule-timeout"), "60");
+  EXPECT_EQ(spec->env.at("MINDIO_WAIT_MINDX_TIME"), "40");
+  ASSERT_TRUE(spec->volcano);
+  EXPECT_EQ(spec->volcano->manager_pods, 1);
+  EXPECT_EQ(spec->volcano->min_available, 3);
+  ASSERT_EQ(spec->volcano->policies.size(), 1u);
+  EXPECT_EQ(spec->volcano->policies[0].action, "RestartTask");
+}
+
+TEST(VolcanoJob, AcceleratorRequestGivesProcessesPerPod) {
+  std::string yaml = R"(
+kind: Job
+metadata: {name: j}
+spec:
+  tasks:
+    - name: worker
+      replicas: 2
+      template: {spec: {containers: [{name: t, resources: {limits: {nvidia.com/gpu: 4}}}]}}
+)";
+  auto spec = JobSpecFromVolcanoYaml(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->id, "default/j");
+  EXPECT_EQ(spec->processes_per_pod, 4);
+}
+
+TEST(VolcanoJob, BadDocumentsGiveClearErrors) {
+  EXPECT_EQ(JobSpecFromVolcanoYaml("kind: AscendJob\nmetadata: {name: a}\n").status().message(),
+            "kind is \"AscendJob\"; expected a Volcano Job (kind: Job); convert it with "
+            "`regroupctl convert`");
+  EXPECT_EQ(JobSpecFromVolcanoYaml("kind: Job\nmetadata: {name: a}\nspec: {tasks: []}\n")
+                .status()
+                .message(),
+            "spec.tasks must be a non-empty list");
+  EXPECT_EQ(JobSpecFromVolcanoYaml(
+                "kind: Job\nmetadata: {name: a}\nspec: {tasks: [{replicas: many}]}\n")
+                .status()
+                .message(),
+            "spec.tasks[0].replicas must be an integer from 0 to 100000");
+  EXPECT_FALSE(JobSpecFromVolcanoYaml("kind: [Job").ok());
+  EXPECT_FALSE(JobSpecFromVolcanoYaml(std::string(5000, '[')).ok());
+}
+
+TEST(FaultScript, ParsesTimesSubjectsAndVerbs) {
+  auto s = ParseFaultScript(
+      "# a comment\n200s node node-8 joins\n10s node node-3 fails NPU lost\n1.5s rank 5 exits\n"
+      "250ms pod 2 fails\n2m rank 1 hangs\n");
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_EQ(s->size(), 5u);
+  EXPECT_EQ((*s)[0].at_ms, 250);
+  EXPECT_EQ((*s)[1].at_ms, 1500);
+  EXPECT_EQ((*s)[2].detail, "NPU lost");
+  EXPECT_EQ((*s)[4].at_ms, 200000);
+  EXPECT_EQ((*s)[3].kind, ScriptEvent::Kind::kRankHangs);
+}
+
+TEST(FaultScript, ErrorsNameTheLine) {
+  EXPECT_EQ(ParseFaultScript("10s node a fails\nsoon node b fails\n").status().message(),
+            "fault script line 2: \"soon\" is not a duration; write it like 250ms, 10s, 1.5s or 2m");
+  EXPECT_EQ(ParseFaultScript("10s node a explodes\n").status().message(),
+            "fault script line 1: a node fails, recovers or joins, not \"explodes\"");
+  EXPECT_EQ(ParseFaultScript("10s rank x exits\n").status().message(),
+            "fault script line 1: \"x\" is not a rank number");
+  EXPECT_EQ(ParseFaultScript("10s node\n").status().message(),
+            "fault script line 1: expected TIME SUBJECT ID VERB, as in \"10s node node-3 fails\"");
+}
+
+TEST(Simulate, TheExampleShowsWaitScaleInAndScaleOut) {
+  auto spec = JobSpecFromVolcanoYaml(Read("examples/jobs/elastic-job.yaml"));
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  auto script = ParseFaultScript(Read("examples/faults/node-loss.txt"));
+  ASSERT_TRUE(script.ok()) << script.status().message();
+  std::ostringstream out;
+  auto summary = Simulate(*spec, *script, {}, out);
+  ASSERT_TRUE(summary.ok()) << summary.status().message();
+  std::vector<std::string> kinds;
+  for (const auto& h : summary->history) kinds.push_back(h["kind"]);
+  EXPECT_EQ(kinds, (std::vector<std::string>{"restart_in_place", "wait", "scale_in", "scale_out"}))
+      << out.str();
+  EXPECT_EQ(summary->final_phase, REGROUP_PHASE_RUNNING) << out.str();
+  EXPECT_EQ(summary->final_dp, summary->original_dp);
+  EXPECT_GT(summary->ms_scaled_in, 0);
+  EXPECT_NE(out.str().find("scheduler: replacement for pod 3 bound to node-8"), std::string::npos)
+      << out.str();
+}
+
+TEST(Simulate, ScriptNamingAMissingRankIsRefused) {
+  auto spec = JobSpecFromVolcanoYaml(Read("examples/jobs/elastic-job.yaml"));
+  auto script = ParseFaultScript("5s rank 999 exits\n");
+  std::ostringstream out;
+  auto summary = Simulate(*spec, *script, {}, out);
+  ASSERT_FALSE(summary.ok());
+  EXPECT_NE(summary.status().message().find("fault script line 1: job default/llama-elastic has "
+                                            "no rank 999"),
+            std::string::npos)
+      << summary.status().message();
+}
+
+}  // namespace
+}  // namespace regroup::cli

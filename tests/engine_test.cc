@@ -1,0 +1,545 @@
+// The recovery ladder with the clock injected: every strategy, fallback and guard.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "plugin/engine.h"
+
+namespace regroup {
+namespace {
+
+using Map = std::map<std::string, std::string>;
+using nlohmann::json;
+
+constexpr char kJob[] = "default/train";
+
+class EngineTest : public ::testing::Test {
+ protected:
+  // A job of `pods` pods x `ppp` processes (tensor-parallel 2 unless set: one replica a pod),
+  // its pods running on node-0.. from t=0.
+  Job& Submit(Map labels, Map annotations, Map env = {}, int64_t pods = 4, int64_t ppp = 2) {
+    annotations.try_emplace("regroup.io/tensor-parallel", "2");
+    JobSpec spec;
+    spec.id = kJob;
+    spec.uid = "job-uid";
+    spec.labels = std::move(labels);
+    spec.annotations = std::move(annotations);
+    spec.env = std::move(env);
+    spec.pods = pods;
+    spec.processes_per_pod = ppp;
+    ResolvedConfig report;
+    Status st = engine_.UpsertJob(spec, &report, 0);
+    EXPECT_TRUE(st.ok()) << st.message();
+    for (int64_t i = 0; i < pods; ++i) {
+      EXPECT_TRUE(engine_.SetNodeHealth(Node(i), REGROUP_NODE_HEALTHY, "", 0).ok());
+      EXPECT_TRUE(engine_.SetPodState(kJob, i, Uid(i), REGROUP_POD_RUNNING, Node(i), 0).ok());
+    }
+    return *engine_.FindJob(kJob);
+  }
+  Job& job() { return *engine_.FindJob(kJob); }
+  static std::string Node(int64_t i) { return "node-" + std::to_string(i); }
+  static std::string Uid(int64_t i) { return "uid-" + std::to_string(i); }
+
+  void NodeFails(int64_t i, int64_t t) {
+    ASSERT_TRUE(engine_.SetNodeHealth(Node(i), REGROUP_NODE_FAULTY, "NotReady", t).ok());
+  }
+  void Fault(const std::string& kind, std::vector<int64_t> ranks, int64_t step, int64_t t) {
+    json e = {{"type", "fault"}, {"job", kJob}, {"kind", kind}, {"ranks", ranks}, {"step", step}};
+    Status st = engine_.ApplyEvents(e, t);
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
+  // A replacement for pod i is placed on a spare node and its agent registers.
+  void Replace(int64_t i, int64_t t, const std::string& node = "") {
+    const std::string uid = Uid(i) + "-r" + std::to_string(t);
+    const std::string where = node.empty() ? "spare-" + std::to_string(i) : node;
+    ASSERT_TRUE(engine_.SetPodState(kJob, i, uid, REGROUP_POD_RUNNING, where, t).ok());
+    json reg = {{"type", "replacement_registered"}, {"job", kJob}, {"index", i}, {"uid", uid}};
+    Status st = engine_.ApplyEvents(reg, t);
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
+  void Progress(int64_t generation, int64_t step, int64_t t) {
+    json e = {{"type", "manager_status"}, {"job", kJob}, {"epoch", 1},
+              {"generation", generation}, {"committed_step", step}, {"live_ranks", 8}};
+    ASSERT_TRUE(engine_.ApplyEvents(e, t).ok());
+  }
+  const Directive& Tick(int64_t t) {
+    engine_.Tick(t);
+    return job().directive();
+  }
+
+  Engine engine_;
+};
+
+const Map kForce = {{"fault-scheduling", "force"}};
+
+TEST_F(EngineTest, NodeLossWithRecoverWaitsUntilTheDeadlineThenScalesIn) {
+  Submit(kForce, {{"recover-strategy", "recover,elastic-training"},
+                  {"wait-reschedule-timeout", "30"}});
+  NodeFails(3, 1000);
+  EXPECT_EQ(Tick(1199).kind, REGROUP_DIRECTIVE_CONTINUE) << "still inside the report window";
+  const Directive& wait = Tick(1200);
+  EXPECT_EQ(wait.kind, REGROUP_DIRECTIVE_WAIT);
+  EXPECT_EQ(wait.strategy, "recover");
+  EXPECT_EQ(wait.deadline_ms, 31200);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_WAITING);
+  EXPECT_EQ(wait.reason,
+            "pod_lost on pods [3] (node node-3 is faulty (NotReady)); waiting up to 30 s "
+            "(wait-reschedule-timeout) for replacements of pods [3]");
+  EXPECT_TRUE(job().WantsPods());
+  ASSERT_EQ(job().Evictions().size(), 1u);
+  EXPECT_EQ(job().Evictions()[0].uid, "uid-3");
+  EXPECT_TRUE(job().Evictions()[0].force);
+
+  EXPECT_EQ(Tick(31199).kind, REGROUP_DIRECTIVE_WAIT) << "one millisecond before the deadline";
+  const Directive& in = Tick(31200);
+  EXPECT_EQ(in.kind, REGROUP_DIRECTIVE_SCALE_IN);
+  EXPECT_EQ(in.dp, 3);
+  EXPECT_EQ(in.keep_replicas, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(in.remove_replicas, (std::vector<int64_t>{3}));
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_SCALED_IN);
+  EXPECT_EQ(job().GangMin(), 3u) << "the gang minimum follows the smaller generation";
+}
+
+TEST_F(EngineTest, ReplacementInTimeResumesAtFullSize) {
+  Submit(kForce, {{"recover-strategy", "recover"}, {"wait-reschedule-timeout", "30"}});
+  NodeFails(1, 0);
+  EXPECT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_WAIT);
+  // The lost pod is evicted; its replacement is scheduled and registers.
+  ASSERT_TRUE(engine_.SetPodState(kJob, 1, "uid-1", REGROUP_POD_DELETED, "", 500).ok());
+  EXPECT_TRUE(job().Evictions().empty());
+  Replace(1, 10000);
+  const Directive& d = Tick(10100);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESUME);
+  EXPECT_EQ(d.dp, 4);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_RUNNING);
+  EXPECT_FALSE(job().WantsPods());
+}
+
+TEST_F(EngineTest, RecoverAloneExitsWhenTheWaitRunsOut) {
+  Submit(kForce, {{"recover-strategy", "recover"}, {"wait-reschedule-timeout", "30"}});
+  NodeFails(0, 0);
+  Tick(200);
+  const Directive& d = Tick(30200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_EXITING);
+  EXPECT_NE(d.reason.find("elastic-training is not allowed"), std::string::npos) << d.reason;
+}
+
+TEST_F(EngineTest, RecoverThenDumpWhenAllowed) {
+  Submit(kForce, {{"recover-strategy", "recover,dump"}, {"wait-reschedule-timeout", "30"}});
+  NodeFails(0, 0);
+  Tick(200);
+  EXPECT_EQ(Tick(30200).kind, REGROUP_DIRECTIVE_DUMP);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_DUMPING);
+}
+
+TEST_F(EngineTest, ElasticWithoutRecoverWaitsMindioMinusTenSeconds) {
+  Submit(kForce, {{"recover-strategy", "elastic-training"}}, {{"MINDIO_WAIT_MINDX_TIME", "25"}});
+  NodeFails(2, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_WAIT);
+  EXPECT_EQ(d.strategy, "elastic-training");
+  EXPECT_EQ(d.deadline_ms, 200 + 15000);
+  EXPECT_EQ(Tick(15199).kind, REGROUP_DIRECTIVE_WAIT);
+  EXPECT_EQ(Tick(15200).kind, REGROUP_DIRECTIVE_SCALE_IN);
+}
+
+TEST_F(EngineTest, ElasticAtTheLowerEdgeOfMindioScalesInAtOnce) {
+  Submit(kForce, {{"recover-strategy", "elastic-training"}}, {{"MINDIO_WAIT_MINDX_TIME", "10"}});
+  NodeFails(2, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_SCALE_IN);
+  EXPECT_NE(d.reason.find("MINDIO_WAIT_MINDX_TIME - 10 s leaves no wait"), std::string::npos);
+}
+
+TEST_F(EngineTest, PreferElasticScalesInAtOnceAndOutWhenTheReplacementRegisters) {
+  Submit(kForce, {{"recover-strategy", "recover,elastic-training"},
+                  {"regroup.io/prefer-elastic", "true"}});
+  NodeFails(1, 0);
+  const Directive& in = Tick(200);
+  EXPECT_EQ(in.kind, REGROUP_DIRECTIVE_SCALE_IN);
+  EXPECT_EQ(in.keep_replicas, (std::vector<int64_t>{0, 2, 3}));
+  Replace(1, 5000);
+  const Directive& out = Tick(5100);
+  EXPECT_EQ(out.kind, REGROUP_DIRECTIVE_SCALE_OUT);
+  EXPECT_EQ(out.dp, 4);
+  EXPECT_EQ(out.keep_replicas, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_SCALING_OUT);
+  Progress(3, 10, 6000);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_RUNNING) << "the manager's new generation committed";
+}
+
+TEST_F(EngineTest, SecondFaultWhileScaledInScalesInAgain) {
+  Submit(kForce, {{"recover-strategy", "elastic-training"}, {"regroup.io/prefer-elastic", "true"}});
+  NodeFails(1, 0);
+  EXPECT_EQ(Tick(200).dp, 3);
+  NodeFails(3, 10000);
+  const Directive& d = Tick(10200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_SCALE_IN);
+  EXPECT_EQ(d.dp, 2);
+  EXPECT_EQ(d.keep_replicas, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(d.remove_replicas, (std::vector<int64_t>{3}));
+}
+
+TEST_F(EngineTest, LosingRankZerosPodKeepsTheOtherReplicasInOrder) {
+  Submit(kForce, {{"recover-strategy", "elastic-training"}, {"regroup.io/prefer-elastic", "true"}});
+  NodeFails(0, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_SCALE_IN);
+  EXPECT_EQ(d.keep_replicas, (std::vector<int64_t>{1, 2, 3}))
+      << "the first survivor becomes the new rank 0";
+}
+
+TEST_F(EngineTest, FaultDuringTheWaitRestartsTheDecisionWithTheNewFacts) {
+  Submit(kForce, {{"recover-strategy", "recover,elastic-training"},
+                  {"wait-reschedule-timeout", "30"}});
+  NodeFails(1, 0);
+  EXPECT_EQ(Tick(200).deadline_ms, 30200);
+  NodeFails(2, 10000);
+  const Directive& d = Tick(10200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_WAIT);
+  EXPECT_EQ(d.deadline_ms, 40200) << "a fresh wait for both pods";
+  EXPECT_NE(d.reason.find("replacements of pods [1,2]"), std::string::npos) << d.reason;
+  Replace(1, 20000);
+  EXPECT_EQ(Tick(20100).kind, REGROUP_DIRECTIVE_WAIT) << "pod 2 is still missing";
+  const Directive& in = Tick(40200);
+  EXPECT_EQ(in.kind, REGROUP_DIRECTIVE_SCALE_IN);
+  EXPECT_EQ(in.keep_replicas, (std::vector<int64_t>{0, 1, 3})) << "pod 1's replacement is in";
+}
+
+TEST_F(EngineTest, ReportWindowMergesAnExitAndACollectiveErrorIntoOneDecision) {
+  Submit(kForce, {{"recover-strategy", "retry,recover-in-place"}});
+  Fault("collective_error", {2}, 7, 1000);
+  Fault("process_exit", {5}, 7, 1050);
+  EXPECT_EQ(Tick(1199).kind, REGROUP_DIRECTIVE_CONTINUE);
+  const Directive& d = Tick(1200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE) << "the worse fault decides";
+  EXPECT_EQ(d.restart_ranks, (std::vector<int64_t>{5}));
+  EXPECT_EQ(job().history().size(), 1u) << "one decision for both reports";
+}
+
+TEST_F(EngineTest, CollectiveErrorAloneIsRetried) {
+  Submit(kForce, {{"recover-strategy", "retry"}});
+  Fault("collective_error", {0}, 12, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RETRY);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_RECOVERING);
+  Progress(2, 12, 1000);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_RUNNING);
+}
+
+TEST_F(EngineTest, ProcessExitWithoutInPlaceReplacesThePod) {
+  Submit(kForce, {{"recover-strategy", "recover"}, {"wait-reschedule-timeout", "30"}});
+  Fault("process_exit", {3}, 4, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_WAIT);
+  EXPECT_NE(d.reason.find("recover-in-place is not allowed"), std::string::npos);
+  EXPECT_TRUE(job().WantsPods());
+  ASSERT_EQ(job().Evictions().size(), 1u);
+  EXPECT_EQ(job().Evictions()[0].pod, 1) << "rank 3 lives on pod 1 (2 ranks a pod)";
+}
+
+TEST_F(EngineTest, PoisonStepEscalatesToDumpNamingTheStep) {
+  Submit(kForce, {{"recover-strategy", "retry,dump"}});
+  Fault("collective_error", {1}, 42, 0);
+  EXPECT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_RETRY);
+  Fault("collective_error", {1}, 42, 1000);
+  const Directive& d = Tick(1200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_DUMP);
+  EXPECT_EQ(d.reason.rfind("poison step 42: collective_error twice at the same step", 0), 0u)
+      << d.reason;
+}
+
+TEST_F(EngineTest, APassedStepIsNoLongerPoison) {
+  Submit(kForce, {{"recover-strategy", "retry,dump"}});
+  Fault("collective_error", {1}, 42, 0);
+  Tick(200);
+  Progress(2, 42, 500);  // step 42 committed on the retry
+  Fault("collective_error", {1}, 42, 1000);
+  EXPECT_EQ(Tick(1200).kind, REGROUP_DIRECTIVE_RETRY);
+}
+
+TEST_F(EngineTest, RecoveryBudgetExhaustedEscalates) {
+  Submit(kForce, {{"recover-strategy", "retry"}, {"regroup.io/recovery-budget", "2"},
+                  {"regroup.io/recovery-window-s", "60"}});
+  Fault("collective_error", {0}, 1, 0);
+  EXPECT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_RETRY);
+  Fault("collective_error", {0}, 2, 1000);
+  EXPECT_EQ(Tick(1200).kind, REGROUP_DIRECTIVE_RETRY);
+  Fault("collective_error", {0}, 3, 2000);
+  const Directive& d = Tick(2200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);
+  EXPECT_NE(d.reason.find("recovery budget exhausted: 2 recoveries in the last 60 s"),
+            std::string::npos)
+      << d.reason;
+}
+
+TEST_F(EngineTest, RecoveryBudgetRecoversAfterTheWindow) {
+  Submit(kForce, {{"recover-strategy", "retry"}, {"regroup.io/recovery-budget", "1"},
+                  {"regroup.io/recovery-window-s", "60"}});
+  Fault("collective_error", {0}, 1, 0);
+  EXPECT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_RETRY);
+  Fault("collective_error", {0}, 2, 60200);
+  EXPECT_EQ(Tick(60400).kind, REGROUP_DIRECTIVE_RETRY);
+}
+
+TEST_F(EngineTest, ProcessRecoverOffGoesToJobLevelRetriesThenExit) {
+  Submit({{"fault-scheduling", "force"}, {"process-recover-enable", "off"},
+          {"fault-retry-times", "1"}},
+         {{"recover-strategy", "recover"}});
+  NodeFails(1, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_JOB);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_RESTARTING);
+  EXPECT_EQ(job().Evictions().size(), 4u) << "every pod is restarted, the lost one evicted too";
+  // All pods come back; the job resumes at full size.
+  for (int64_t i = 0; i < 4; ++i) Replace(i, 5000, "node-new-" + std::to_string(i));
+  EXPECT_EQ(Tick(5100).kind, REGROUP_DIRECTIVE_RESUME);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_RUNNING);
+  NodeFails(5, 9000);  // not the job's node: nothing happens
+  EXPECT_EQ(Tick(9200).kind, REGROUP_DIRECTIVE_RESUME);
+  engine_.SetNodeHealth("node-new-2", REGROUP_NODE_FAULTY, "gone", 10000).ok();
+  EXPECT_EQ(Tick(10200).kind, REGROUP_DIRECTIVE_EXIT) << "the retries are used up";
+}
+
+TEST_F(EngineTest, FaultSchedulingOffMeansNoRecoveryAndNoEvictions) {
+  Submit({}, {{"recover-strategy", "recover,elastic-training"}});
+  NodeFails(1, 0);
+  EXPECT_TRUE(job().Evictions().empty());
+  EXPECT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_EXIT);
+  EXPECT_FALSE(job().WantsPods());
+}
+
+TEST_F(EngineTest, GraceEvictsWithTheGracePeriod) {
+  Submit({{"fault-scheduling", "grace"}}, {{"recover-strategy", "recover"}});
+  NodeFails(1, 0);
+  ASSERT_EQ(job().Evictions().size(), 1u);
+  EXPECT_FALSE(job().Evictions()[0].force);
+}
+
+TEST_F(EngineTest, PauseHoldsTheFaultUntilItIsOnAgain) {
+  Submit({{"fault-scheduling", "force"}, {"process-recover-enable", "pause"}},
+         {{"recover-strategy", "retry"}});
+  Fault("collective_error", {0}, 3, 0);
+  const Directive& held = Tick(200);
+  EXPECT_EQ(held.kind, REGROUP_DIRECTIVE_WAIT);
+  EXPECT_EQ(held.strategy, "pause");
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_PAUSED);
+  // The label flips to on: the held fault is decided.
+  JobSpec spec = job().spec();
+  spec.labels["process-recover-enable"] = "on";
+  ASSERT_TRUE(engine_.UpsertJob(spec, nullptr, 5000).ok());
+  EXPECT_EQ(Tick(5000).kind, REGROUP_DIRECTIVE_RETRY);
+}
+
+TEST_F(EngineTest, PauseThatOutlastsTheDecisionWaitGoesToJobLevel) {
+  Submit({{"fault-scheduling", "force"}, {"process-recover-enable", "pause"}},
+         {{"recover-strategy", "retry"}}, {{"MINDIO_WAIT_MINDX_TIME", "20"}});
+  Fault("collective_error", {0}, 3, 0);
+  Tick(200);
+  EXPECT_EQ(Tick(20199).kind, REGROUP_DIRECTIVE_WAIT);
+  const Directive& d = Tick(20200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);
+  EXPECT_NE(d.reason.find("stayed paused"), std::string::npos);
+}
+
+TEST_F(EngineTest, InPlaceRestartWithoutAPeerReplicaNeedsACheckpoint) {
+  // One replica (tp=8 over 4 pods x 2): nobody to receive state from.
+  Submit(kForce, {{"recover-strategy", "recover-in-place"}, {"regroup.io/tensor-parallel", "8"}});
+  Fault("process_exit", {3}, 1, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);
+  EXPECT_NE(d.reason.find("a checkpoint is needed"), std::string::npos);
+}
+
+TEST_F(EngineTest, ScaleInBelowTheMinimumEscalates) {
+  Submit(kForce, {{"recover-strategy", "elastic-training,dump"},
+                  {"regroup.io/prefer-elastic", "true"},
+                  {"regroup.io/min-data-parallel", "4"}});
+  NodeFails(0, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_DUMP);
+  EXPECT_NE(d.reason.find("3 complete replicas left, below the minimum data-parallel degree 4"),
+            std::string::npos)
+      << d.reason;
+}
+
+TEST_F(EngineTest, SpanningReplicaLeavesAWarmStandbyThatOneReplacementCompletes) {
+  // tp=4 over 2-process pods: replica r = pods 2r, 2r+1.
+  Submit(kForce, {{"recover-strategy", "elastic-training"}, {"regroup.io/prefer-elastic", "true"},
+                  {"regroup.io/tensor-parallel", "4"}});
+  NodeFails(3, 0);
+  const Directive& in = Tick(200);
+  EXPECT_EQ(in.dp, 1);
+  EXPECT_EQ(in.standby_pods, (std::vector<int64_t>{2}));
+  Replace(3, 4000);
+  const Directive& out = Tick(4100);
+  EXPECT_EQ(out.kind, REGROUP_DIRECTIVE_SCALE_OUT);
+  EXPECT_EQ(out.dp, 2);
+}
+
+TEST_F(EngineTest, StandbyLossNeedsNoRecovery) {
+  Submit(kForce, {{"recover-strategy", "elastic-training"}, {"regroup.io/prefer-elastic", "true"},
+                  {"regroup.io/tensor-parallel", "4"}});
+  NodeFails(3, 0);
+  Tick(200);
+  const uint64_t id = job().directive().id;
+  NodeFails(2, 1000);  // the standby's node
+  Tick(1200);
+  EXPECT_EQ(job().directive().id, id);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_SCALED_IN);
+}
+
+TEST_F(EngineTest, RepeatedScaleOutsBackOff) {
+  Submit(kForce, {{"recover-strategy", "elastic-training"}, {"regroup.io/prefer-elastic", "true"},
+                  {"regroup.io/scale-out-backoff-s", "10"}});
+  NodeFails(1, 0);
+  Tick(200);
+  Replace(1, 1000, "spare-a");
+  EXPECT_EQ(Tick(1100).kind, REGROUP_DIRECTIVE_SCALE_OUT) << "the first scale-out is immediate";
+  engine_.SetNodeHealth("spare-a", REGROUP_NODE_FAULTY, "flapping", 2000).ok();
+  EXPECT_EQ(Tick(2200).kind, REGROUP_DIRECTIVE_SCALE_IN);
+  Replace(1, 3000, "spare-b");
+  EXPECT_EQ(Tick(3100).kind, REGROUP_DIRECTIVE_SCALE_IN) << "backing off";
+  EXPECT_EQ(Tick(12199).kind, REGROUP_DIRECTIVE_SCALE_IN);
+  EXPECT_EQ(Tick(12200).kind, REGROUP_DIRECTIVE_SCALE_OUT) << "10 s after the last scale-in";
+}
+
+TEST_F(EngineTest, FailedNodesAreAvoidedForAWhile) {
+  Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/node-avoid-s", "60"}});
+  NodeFails(2, 1000);
+  EXPECT_TRUE(job().Avoids("node-2"));
+  EXPECT_FALSE(engine_.NodeAllowed(&job(), "node-2"));
+  engine_.SetNodeHealth("node-2", REGROUP_NODE_HEALTHY, "", 2000).ok();
+  EXPECT_FALSE(engine_.NodeAllowed(&job(), "node-2")) << "healthy again, still avoided";
+  Tick(60999);
+  EXPECT_TRUE(job().Avoids("node-2"));
+  Tick(61000);
+  EXPECT_TRUE(engine_.NodeAllowed(&job(), "node-2"));
+}
+
+TEST_F(EngineTest, NodeScorePrefersThePreviousNodeAndTheReplicasPeers) {
+  Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/tensor-parallel", "4"},
+                  {"regroup.io/node-avoid-s", "0"}});
+  ASSERT_TRUE(engine_.SetPodState(kJob, 1, "uid-1", REGROUP_POD_FAILED, "", 10).ok());
+  EXPECT_EQ(job().Score(1, "node-1"), 100);
+  EXPECT_EQ(job().Score(1, "node-0"), 50) << "pod 0 is pod 1's replica peer";
+  EXPECT_EQ(job().Score(1, "node-3"), 0);
+}
+
+TEST_F(EngineTest, ZombieRegistrationIsRefused) {
+  Submit(kForce, {{"recover-strategy", "recover"}});
+  NodeFails(1, 0);
+  json reg = {{"type", "replacement_registered"}, {"job", kJob}, {"index", 1}, {"uid", "uid-1"}};
+  Status st = engine_.ApplyEvents(reg, 100);
+  EXPECT_EQ(st.code(), REGROUP_FAILED_PRECONDITION);
+  EXPECT_EQ(st.message(),
+            "pod 1 of job default/train with uid uid-1 is the incarnation that was lost (a "
+            "zombie); a replacement registers with its own new uid");
+}
+
+TEST_F(EngineTest, BadEventsNameWhatIsWrongAndChangeNothing) {
+  Submit(kForce, {{"recover-strategy", "recover"}});
+  json events = json::array({{{"type", "node"}, {"node", "node-1"}, {"health", "faulty"}},
+                             {{"type", "pod"}, {"job", kJob}, {"index", 9}, {"uid", "x"},
+                              {"phase", "running"}}});
+  Status st = engine_.ApplyEvents(events, 0);
+  EXPECT_EQ(st.code(), REGROUP_INVALID_ARGUMENT);
+  EXPECT_EQ(st.message(), "job default/train has no pod 9 (it has 4)");
+  st = engine_.ApplyEvents(json{{"type", "fault"}, {"job", kJob}, {"kind", "meteor"}}, 0);
+  EXPECT_EQ(st.message(), "the event field \"kind\" is not a fault kind: meteor");
+  st = engine_.ApplyEvents(json{{"type", "fault"}, {"job", kJob}, {"kind", "hang"},
+                                {"ranks", {99}}}, 0);
+  EXPECT_EQ(st.message(), "job default/train has no rank 99 in its current generation of 8 ranks");
+  st = engine_.ApplyEvents(json{{"type", "pod"}, {"job", "nope"}}, 0);
+  EXPECT_EQ(st.code(), REGROUP_NOT_FOUND);
+}
+
+TEST_F(EngineTest, InvalidUpdateKeepsTheAcceptedJob) {
+  Submit(kForce, {{"recover-strategy", "recover"}});
+  NodeFails(1, 0);
+  Tick(200);
+  JobSpec bad = job().spec();
+  bad.annotations["regroup.io/min-data-parallel"] = "zero";
+  Status st = engine_.UpsertJob(bad, nullptr, 300);
+  EXPECT_EQ(st.code(), REGROUP_VALIDATION_FAILED);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_WAITING) << "nothing already accepted is lost";
+  EXPECT_EQ(job().spec().annotations.count("regroup.io/min-data-parallel"), 0u);
+}
+
+TEST_F(EngineTest, JobStateRoundTripKeepsTheDeadline) {
+  Submit(kForce, {{"recover-strategy", "recover,elastic-training"},
+                  {"wait-reschedule-timeout", "30"}});
+  NodeFails(3, 0);
+  Tick(200);
+  const json state = job().StateJson();
+  // A scheduler restart: a new engine, the same job, the state from the PodGroup annotation.
+  Engine restarted;
+  ASSERT_TRUE(restarted.UpsertJob(job().spec(), nullptr, 0).ok());
+  Job& again = *restarted.FindJob(kJob);
+  ASSERT_TRUE(again.LoadState(state).ok());
+  EXPECT_EQ(again.phase(), REGROUP_PHASE_WAITING);
+  EXPECT_EQ(again.directive().deadline_ms, 30200);
+  restarted.Tick(30199);
+  EXPECT_EQ(again.directive().kind, REGROUP_DIRECTIVE_WAIT);
+  restarted.Tick(30200);
+  EXPECT_EQ(again.directive().kind, REGROUP_DIRECTIVE_SCALE_IN);
+  EXPECT_EQ(again.StateJson()["phase"], "scaled_in");
+}
+
+TEST_F(EngineTest, StateOfAnotherJobIsRefused) {
+  Submit(kForce, {{"recover-strategy", "recover"}});
+  json state = job().StateJson();
+  state["uid"] = "another";
+  Status st = job().LoadState(state);
+  EXPECT_EQ(st.code(), REGROUP_FAILED_PRECONDITION);
+  state = job().StateJson();
+  state["slots"].erase(0);
+  EXPECT_EQ(job().LoadState(state).code(), REGROUP_INVALID_ARGUMENT);
+  state = job().StateJson();
+  state["version"] = 2;
+  EXPECT_EQ(job().LoadState(state).code(), REGROUP_VERSION_MISMATCH);
+}
+
+TEST_F(EngineTest, SnapshotRestoreReproducesTheEngine) {
+  Submit(kForce, {{"recover-strategy", "recover,elastic-training"},
+                  {"wait-reschedule-timeout", "30"}});
+  NodeFails(3, 0);
+  Tick(200);
+  const json snap = engine_.Snapshot();
+  Engine copy;
+  Status st = copy.Restore(snap);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(copy.Snapshot(), snap);
+  // Both continue identically.
+  engine_.Tick(30200);
+  copy.Tick(30200);
+  EXPECT_EQ(copy.Snapshot(), engine_.Snapshot());
+  // A broken snapshot leaves the target unchanged.
+  json broken = snap;
+  broken["jobs"][0]["state"]["dp"] = "three";
+  EXPECT_FALSE(copy.Restore(broken).ok());
+  EXPECT_EQ(copy.Snapshot(), engine_.Snapshot());
+}
+
+TEST_F(EngineTest, DecisionsAreReproducibleFromTheirInputs) {
+  auto run = [](Engine& e) {
+    JobSpec spec;
+    spec.id = kJob;
+    spec.pods = 4;
+    spec.processes_per_pod = 2;
+    spec.labels = kForce;
+    spec.annotations = {{"recover-strategy", "recover,elastic-training"}};
+    EXPECT_TRUE(e.UpsertJob(spec, nullptr, 0).ok());
+    for (int i = 0; i < 4; ++i)
+      EXPECT_TRUE(e.SetPodState(kJob, i, Uid(i), REGROUP_POD_RUNNING, Node(i), 0).ok());
+    EXPECT_TRUE(e.SetNodeHealth("node-2", REGROUP_NODE_FAULTY, "x", 50).ok());
+    for (int64_t t = 0; t < 400000; t += 1000) e.Tick(t);
+    return e.Snapshot();
+  };
+  Engine a, b;
+  EXPECT_EQ(run(a), run(b));
+}
+
+}  // namespace
+}  // namespace regroup

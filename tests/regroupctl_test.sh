@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# regroupctl as a user runs it: exit codes and the messages a user reads.
+set -u
+ctl=$1; src=$2
+fail() { echo "FAIL: $*"; exit 1; }
+
+out=$("$ctl" validate "$src/examples/jobs/elastic-job.yaml") || fail "the example job must validate: $out"
+grep -q "ok: job default/llama-elastic, 4 pods x 8 processes" <<<"$out" || fail "validate said: $out"
+
+out=$("$ctl" validate "$src/examples/jobs/bad-regroup-key.yaml"); rc=$?
+[ $rc -eq 1 ] || fail "a bad job must exit 1, got $rc"
+for want in \
+  'warning: annotation wait-reschedule-timeout="500" is not allowed (an integer from 30 to 270); using "270" as MindCluster does' \
+  'error: annotation regroup.io/min-data-parallel="zero" is invalid: it must be an integer from 1 to 65536' \
+  'error: a replica of tensor x pipeline = 3x1=3 ranks does not line up with 8 processes per pod' \
+  'error: the Volcano policy spec.policies[0] (PodEvicted -> RestartJob) would restart the whole job' \
+  'error: minAvailable 5 is above the job'"'"'s elastic minimum'; do
+  grep -qF -- "$want" <<<"$out" || fail "validate did not report: $want; it said: $out"
+done
+
+out=$("$ctl" validate "$src/examples/jobs/bad-regroup-key.yaml" --json) ; [ $? -eq 1 ] || fail "--json exit code"
+grep -q '"severity": "error"' <<<"$out" || fail "--json report: $out"
+
+out=$("$ctl" validate /nonexistent.yaml 2>&1); [ $? -ne 0 ] || fail "a missing file must fail"
+
+out=$("$ctl" simulate "$src/examples/jobs/elastic-job.yaml" "$src/examples/faults/node-loss.txt") \
+  || fail "simulate failed: $out"
+for want in "restart_in_place [recover-in-place]" "wait [recover]" "scale_in [elastic-training]" \
+            "scale_out [elastic-training]" "end: phase running, dp 4 of 4"; do
+  grep -qF -- "$want" <<<"$out" || fail "simulate did not show: $want; it said: $out"
+done
+
+tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT
+printf '10s node node-1 melts\n' >"$tmp"
+out=$("$ctl" simulate "$src/examples/jobs/elastic-job.yaml" "$tmp" 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "a bad script must exit 2, got $rc"
+grep -qF 'fault script line 1: a node fails, recovers or joins, not "melts"' <<<"$out" || fail "$out"
+
+out=$("$ctl" keys) || fail "keys"
+grep -qF '`wait-reschedule-timeout` | annotation | an integer from 30 to 270 | 270' <<<"$out" || fail "$out"
+
+# The README's configuration section is the table, generated (regroupctl keys).
+readme_table=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/README.md" | sed '1d;$d')
+[ "$readme_table" = "$out" ] || fail "README.md's configuration table is stale: regenerate it with
+  build/regroupctl keys and paste it between the keys:begin/keys:end markers"
+echo "regroupctl: all checks passed"

@@ -17,7 +17,8 @@
  *  - Time is never read inside the library: every call that can decide takes `now_ms`, the
  *    caller's clock in milliseconds (any epoch, but one epoch per engine). Decisions are
  *    reproducible from their inputs.
- *  - All functions of one engine may be called from many threads at once.
+ *  - All functions of one engine may be called from many threads at once; the read-only ones
+ *    (decision, history, filter, score, export, snapshot) run in parallel with each other.
  *  - Nothing a caller passes can crash the library: malformed JSON, wrong types, huge values and
  *    NULL pointers give REGROUP_INVALID_ARGUMENT with a message naming what was wrong. No C++
  *    exception crosses this boundary.
@@ -147,8 +148,11 @@ REGROUP_EXTERN regroup_status regroup_engine_remove_job(regroup_engine *engine, 
 
 /* Applies one event or a JSON array of events. Kinds (field "type"): "node", "pod", "fault",
  * "replacement_registered", "manager_status". Events of an array are applied in order; on the
- * first bad one the call stops with REGROUP_INVALID_ARGUMENT naming its index, and the events
- * before it stay applied. Since 1.0. */
+ * first bad one the call stops with its status, its message naming the event's index, and the
+ * events before it stay applied: REGROUP_INVALID_ARGUMENT for a malformed event or one naming a
+ * pod or rank the job does not have, REGROUP_NOT_FOUND for an unknown job,
+ * REGROUP_FAILED_PRECONDITION for a replacement that cannot be one (a zombie: the lost pod's own
+ * uid; or a pod that is not lost). Since 1.0. */
 REGROUP_EXTERN regroup_status regroup_engine_apply_events(regroup_engine *engine,
                                                           const char *events_json, size_t len,
                                                           int64_t now_ms, regroup_error **err);
@@ -255,9 +259,10 @@ REGROUP_EXTERN regroup_status regroup_engine_decision_json(regroup_engine *engin
 REGROUP_EXTERN regroup_status regroup_engine_history_json(regroup_engine *engine, char **out,
                                                           const char *job_id, regroup_error **err);
 
-/* Predicate fast path: out[i] = 1 when the job's pods may run on nodes[i], 0 when the node is
- * faulty, unknown or avoided by this job. Unknown nodes count as allowed (the scheduler knows
- * them better). Since 1.0. */
+/* Predicate fast path: out[i] = 1 when the job's pods may run on nodes[i], 0 when the node's
+ * health is faulty or unknown, or this job avoids it. A node the engine has never been told
+ * about counts as allowed (the scheduler knows it better). A NULL name gives 0. Read-only: calls
+ * on one engine may run in parallel with each other. Since 1.0. */
 REGROUP_EXTERN regroup_status regroup_engine_filter_nodes(regroup_engine *engine, uint8_t *out,
                                                           const char *job_id,
                                                           const char *const *nodes, size_t count,

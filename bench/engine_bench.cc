@@ -13,7 +13,8 @@ namespace {
 std::string JobJson(int j, int pods) {
   return R"({"id":"ns/job-)" + std::to_string(j) + R"(","uid":"u)" + std::to_string(j) +
          R"(","labels":{"fault-scheduling":"force"},"annotations":{"recover-strategy":)"
-         R"("recover,elastic-training","wait-reschedule-timeout":"30"},"pods":)" +
+         R"("recover,elastic-training","wait-reschedule-timeout":"30",)"
+         R"("regroup.io/recovery-window-s":"60"},"pods":)" +
          std::to_string(pods) + R"(,"processes_per_pod":8})";
 }
 
@@ -39,7 +40,8 @@ struct Cluster {
 
   // One session: every node's health and pod's state (as a scheduler sees them), a tick, every
   // job's decision, and the predicate over all nodes for the jobs that want pods.
-  void Session(int64_t now, int faulty_every) {
+  // Returns how many jobs wanted pods (ran the predicate over every node).
+  int Session(int64_t now, int faulty_every) {
     for (size_t n = 0; n < nodes.size(); ++n) {
       const bool faulty = faulty_every > 0 && n % static_cast<size_t>(faulty_every) == 0 && now > 0;
       regroup_engine_set_node_health(engine, node_ptrs[n],
@@ -54,47 +56,72 @@ struct Cluster {
                                      node_ptrs[(j * pods + p) % nodes.size()], now, nullptr);
     regroup_engine_tick(engine, now, nullptr, nullptr);
     std::vector<uint8_t> allowed(nodes.size());
+    int wanting = 0;
     for (const auto& job : jobs) {
       regroup_decision d = REGROUP_DECISION_INIT;
       regroup_engine_decision(engine, &d, job.c_str(), nullptr);
-      if (d.wants_pods)
-        regroup_engine_filter_nodes(engine, allowed.data(), job.c_str(), node_ptrs.data(),
-                                    node_ptrs.size(), nullptr);
+      if (!d.wants_pods) continue;
+      ++wanting;
+      regroup_engine_filter_nodes(engine, allowed.data(), job.c_str(), node_ptrs.data(),
+                                  node_ptrs.size(), nullptr);
     }
+    return wanting;
   }
 };
 
+// One fault and its decision: a pod fails, the report window closes (a WAIT decision), its
+// replacement registers and the job resumes (a RESUME decision). Two decisions per iteration.
 void BM_Decision(benchmark::State& state) {
   Cluster c(1, 8, 8);
   int64_t now = 0;
-  bool faulty = false;
+  int incarnation = 0;
+  std::string uid = c.uids[3];
   for (auto _ : state) {
-    now += 1000;
-    faulty = !faulty;
-    regroup_engine_set_node_health(c.engine, "node-3", faulty ? REGROUP_NODE_FAULTY : REGROUP_NODE_HEALTHY,
-                                   "x", now, nullptr);
+    regroup_engine_set_pod_state(c.engine, "ns/job-0", 3, uid.c_str(), REGROUP_POD_FAILED, "",
+                                 now, nullptr);
+    now += 200;
     regroup_engine_tick(c.engine, now, nullptr, nullptr);
     regroup_decision d = REGROUP_DECISION_INIT;
     regroup_engine_decision(c.engine, &d, "ns/job-0", nullptr);
-    benchmark::DoNotOptimize(d);
+    if (d.kind != REGROUP_DIRECTIVE_WAIT) state.SkipWithError("expected a WAIT decision");
+    uid = "r" + std::to_string(++incarnation);
+    const std::string reg = R"({"type":"replacement_registered","job":"ns/job-0","index":3,"uid":")" +
+                            uid + R"("})";
+    regroup_engine_set_pod_state(c.engine, "ns/job-0", 3, uid.c_str(), REGROUP_POD_RUNNING,
+                                 "node-9", now, nullptr);
+    regroup_engine_apply_events(c.engine, reg.c_str(), reg.size(), now, nullptr);
+    now += 100;
+    regroup_engine_tick(c.engine, now, nullptr, nullptr);
+    regroup_engine_decision(c.engine, &d, "ns/job-0", nullptr);
+    if (d.kind != REGROUP_DIRECTIVE_RESUME) state.SkipWithError("expected a RESUME decision");
+    now += 100000;  // past the recovery window's budget concerns
   }
+  state.SetItemsProcessed(state.iterations() * 2);
 }
 BENCHMARK(BM_Decision);
 
+// Args: jobs, nodes, one faulty node in every N. Every job whose pod sat on a faulty node wants a
+// replacement, so the predicate runs over all nodes for it: N=1000 (0.1% faulty, 8 jobs wanting
+// pods) is a normal session; N=100 (1%, 80 jobs) a fault storm.
 void BM_Session(benchmark::State& state) {
   const int jobs = static_cast<int>(state.range(0));
   const int nodes = static_cast<int>(state.range(1));
+  const int faulty_every = static_cast<int>(state.range(2));
   Cluster c(jobs, nodes, 8);
   int64_t now = 0;
   c.Session(now, 0);
+  int wanting = 0;
   for (auto _ : state) {
     now += 1000;
-    c.Session(now, 100);  // 1% of nodes faulty
+    wanting = c.Session(now, faulty_every);
   }
-  state.counters["jobs"] = jobs;
-  state.counters["nodes"] = nodes;
+  state.counters["jobs_wanting_pods"] = wanting;
 }
-BENCHMARK(BM_Session)->Args({1000, 10000})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Session)
+    ->ArgNames({"jobs", "nodes", "faulty_every"})
+    ->Args({1000, 10000, 1000})
+    ->Args({1000, 10000, 100})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

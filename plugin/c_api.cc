@@ -3,8 +3,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <shared_mutex>
 #include <new>
 #include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -19,7 +21,9 @@ struct regroup_error {
 
 struct regroup_engine {
   explicit regroup_engine(regroup::EngineOptions options) : engine(options) {}
-  std::mutex mu;
+  // Exclusive for calls that change the engine, shared for those that only read it, so a
+  // scheduler's goroutines can filter and score nodes in parallel.
+  std::shared_mutex mu;
   regroup::Engine engine;
 };
 
@@ -95,8 +99,11 @@ regroup_status OnJob(regroup_engine* engine, const char* job_id, regroup_error**
                      Body&& body) {
   return Guard(err, [&]() -> regroup_status {
     if (auto st = CheckJobId(engine, job_id, err); st != REGROUP_OK) return st;
-    std::lock_guard lock(engine->mu);
-    Job* job = engine->engine.FindJob(job_id);
+    Job* job = nullptr;
+    std::unique_lock<std::shared_mutex> exclusive(engine->mu, std::defer_lock);
+    std::shared_lock<std::shared_mutex> shared(engine->mu, std::defer_lock);
+    if constexpr (std::is_const_v<Job>) shared.lock(); else exclusive.lock();
+    job = engine->engine.FindJob(job_id);
     if (!job) return Fail(err, REGROUP_NOT_FOUND, std::string("no job ") + job_id + " in the engine");
     return body(*job);
   });
@@ -206,11 +213,13 @@ regroup_status regroup_engine_upsert_job(regroup_engine* engine, char** out, con
     regroup::ResolvedConfig report;
     Status st;
     {
-      std::lock_guard lock(engine->mu);
+      std::unique_lock lock(engine->mu);
       st = engine->engine.UpsertJob(std::move(*spec), &report, now_ms);
     }
-    if (auto give = Give(out, Dump(regroup::ValidationReport(report)), err); give != REGROUP_OK)
-      return give;
+    if (out) {
+      if (auto give = Give(out, Dump(regroup::ValidationReport(report)), err); give != REGROUP_OK)
+        return give;
+    }
     return Report(err, st);
   });
 }
@@ -219,7 +228,7 @@ regroup_status regroup_engine_remove_job(regroup_engine* engine, const char* job
                                          regroup_error** err) {
   return Guard(err, [&]() -> regroup_status {
     if (auto st = CheckJobId(engine, job_id, err); st != REGROUP_OK) return st;
-    std::lock_guard lock(engine->mu);
+    std::unique_lock lock(engine->mu);
     return Report(err, engine->engine.RemoveJob(job_id));
   });
 }
@@ -230,7 +239,7 @@ regroup_status regroup_engine_apply_events(regroup_engine* engine, const char* e
     if (auto st = CheckInput(engine, events_json, len, err); st != REGROUP_OK) return st;
     auto events = regroup::json_util::Parse(std::string_view(events_json, len), "the events");
     if (!events.ok()) return Report(err, events.status());
-    std::lock_guard lock(engine->mu);
+    std::unique_lock lock(engine->mu);
     return Report(err, engine->engine.ApplyEvents(*events, now_ms));
   });
 }
@@ -241,7 +250,7 @@ regroup_status regroup_engine_set_node_health(regroup_engine* engine, const char
   return Guard(err, [&]() -> regroup_status {
     if (!engine) return Fail(err, REGROUP_INVALID_ARGUMENT, "the engine handle is NULL");
     if (!node) return Fail(err, REGROUP_INVALID_ARGUMENT, "the node name is NULL");
-    std::lock_guard lock(engine->mu);
+    std::unique_lock lock(engine->mu);
     return Report(err, engine->engine.SetNodeHealth(node, health, reason ? reason : "", now_ms));
   });
 }
@@ -253,7 +262,7 @@ regroup_status regroup_engine_set_pod_state(regroup_engine* engine, const char* 
   return Guard(err, [&]() -> regroup_status {
     if (auto st = CheckJobId(engine, job_id, err); st != REGROUP_OK) return st;
     if (!pod_uid) return Fail(err, REGROUP_INVALID_ARGUMENT, "the pod uid is NULL");
-    std::lock_guard lock(engine->mu);
+    std::unique_lock lock(engine->mu);
     return Report(err, engine->engine.SetPodState(job_id, pod_index, pod_uid, phase,
                                                   node ? node : "", now_ms));
   });
@@ -263,7 +272,7 @@ regroup_status regroup_engine_tick(regroup_engine* engine, int64_t now_ms, uint3
                                    regroup_error** err) {
   return Guard(err, [&]() -> regroup_status {
     if (!engine) return Fail(err, REGROUP_INVALID_ARGUMENT, "the engine handle is NULL");
-    std::lock_guard lock(engine->mu);
+    std::unique_lock lock(engine->mu);
     uint32_t changed = engine->engine.Tick(now_ms);
     if (changed_out) *changed_out = changed;
     return REGROUP_OK;
@@ -312,8 +321,7 @@ regroup_status regroup_engine_filter_nodes(regroup_engine* engine, uint8_t* out,
   if (count && (!out || !nodes))
     return Fail(err, REGROUP_INVALID_ARGUMENT, "the node list or the out array is NULL");
   return OnJob<const regroup::Job>(engine, job_id, err, [&](const regroup::Job& job) {
-    for (size_t i = 0; i < count; ++i)
-      out[i] = nodes[i] && engine->engine.NodeAllowed(&job, nodes[i]) ? 1 : 0;
+    engine->engine.FilterNodes(&job, nodes, count, out);
     return REGROUP_OK;
   });
 }
@@ -353,7 +361,7 @@ regroup_status regroup_engine_snapshot(regroup_engine* engine, char** out, regro
     if (!out) return Fail(err, REGROUP_INVALID_ARGUMENT, "the out pointer is NULL");
     std::string text;
     {
-      std::lock_guard lock(engine->mu);
+      std::shared_lock lock(engine->mu);
       text = Dump(engine->engine.Snapshot());
     }
     return Give(out, text, err);
@@ -367,7 +375,7 @@ regroup_status regroup_engine_restore(regroup_engine* engine, const char* snapsh
       return st;
     auto snapshot = regroup::json_util::Parse(std::string_view(snapshot_json, len), "the snapshot");
     if (!snapshot.ok()) return Report(err, snapshot.status());
-    std::lock_guard lock(engine->mu);
+    std::unique_lock lock(engine->mu);
     return Report(err, engine->engine.Restore(*snapshot));
   });
 }

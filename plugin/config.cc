@@ -149,6 +149,7 @@ std::string AllowedText(const KeySpec& key) {
 std::string KeyValueText(const KeySpec& key, int64_t value) {
   switch (key.type) {
     case T::kInt:
+      if (value == key.default_value && value < key.min) return std::string(key.default_text);
       return std::to_string(value);
     case T::kBool:
       return value ? "true" : "false";

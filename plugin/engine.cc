@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -1022,12 +1023,17 @@ Status Engine::UpsertJob(JobSpec spec, ResolvedConfig* report, int64_t now) {
 
 Status Engine::RemoveJob(std::string_view id) {
   auto it = jobs_.find(id);
-  if (it == jobs_.end()) return NotFound("no job " + std::string(id) + " in the engine");
+  if (it == jobs_.end()) return NotFound("no job \"" + std::string(id) + "\" in the engine");
   jobs_.erase(it);
   return Status::Ok();
 }
 
 Job* Engine::FindJob(std::string_view id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+const Job* Engine::FindJob(std::string_view id) const {
   auto it = jobs_.find(id);
   return it == jobs_.end() ? nullptr : it->second.get();
 }
@@ -1039,9 +1045,17 @@ Status Engine::SetNodeHealth(std::string_view node, NodeHealth health, std::stri
   if (health < REGROUP_NODE_HEALTHY || health > REGROUP_NODE_UNKNOWN)
     return InvalidArgument("node health " + std::to_string(static_cast<int>(health)) +
                            " is not healthy (0), faulty (1) or unknown (2)");
-  auto [it, inserted] = nodes_.try_emplace(std::string(node));
+  auto it = nodes_.find(node);
+  if (it == nodes_.end()) {
+    it = nodes_.emplace(std::string(node), NodeState{}).first;
+  } else if (it->second.health == health) {
+    return Status::Ok();
+  }
   NodeState& state = it->second;
-  if (!inserted && state.health == health) return Status::Ok();
+  if (health == REGROUP_NODE_HEALTHY)
+    unhealthy_.erase(it->first);
+  else
+    unhealthy_.insert(it->first);
   state.health = health;
   state.reason = std::string(reason);
   state.since_ms = now;
@@ -1060,7 +1074,7 @@ Status Engine::SetPodState(std::string_view job_id, int64_t index, std::string_v
   if (node.size() > 512) return InvalidArgument("a node name must be at most 512 characters");
   REGROUP_RETURN_IF_ERROR(job->OnPod(index, uid, phase, node, now));
   // A pod bound to a node already known faulty is lost at once.
-  auto it = node.empty() ? nodes_.end() : nodes_.find(std::string(node));
+  auto it = node.empty() || unhealthy_.empty() ? nodes_.end() : nodes_.find(node);
   if (it != nodes_.end() && it->second.health != REGROUP_NODE_HEALTHY &&
       (phase == REGROUP_POD_BOUND || phase == REGROUP_POD_RUNNING))
     job->OnNode(node, it->second.health, it->second.reason, now);
@@ -1124,8 +1138,13 @@ Status Engine::ApplyEvents(const json& events, int64_t now) {
   if (events.is_object()) return ApplyEvent(events, now, "the event");
   if (!events.is_array())
     return InvalidArgument("events must be a JSON object or an array of objects");
-  for (size_t i = 0; i < events.size(); ++i)
-    REGROUP_RETURN_IF_ERROR(ApplyEvent(events[i], now, "event " + std::to_string(i)));
+  for (size_t i = 0; i < events.size(); ++i) {
+    const std::string where = "event " + std::to_string(i);
+    Status st = ApplyEvent(events[i], now, where);
+    if (st.ok()) continue;
+    if (st.message().rfind(where, 0) == 0) return st;
+    return {st.code(), where + ": " + st.message()};
+  }
   return Status::Ok();
 }
 
@@ -1136,20 +1155,89 @@ uint32_t Engine::Tick(int64_t now) {
 }
 
 bool Engine::NodeAllowed(const Job* job, std::string_view node) const {
-  if (!nodes_.empty()) {
-    auto it = nodes_.find(std::string(node));
-    if (it != nodes_.end() && it->second.health != REGROUP_NODE_HEALTHY) return false;
-  }
+  if (!unhealthy_.empty() && unhealthy_.find(node) != unhealthy_.end()) return false;
   return !job || !job->Avoids(node);
 }
 
+namespace {
+
+// A small set of names for the predicate loop: open addressing over a power-of-two table,
+// hashed eight bytes at a time. Thousands of node names are checked against a few excluded
+// ones, so the check must cost a few nanoseconds and stay in cache.
+class NameSet {
+ public:
+  explicit NameSet(size_t expected) {
+    size_t size = 16;
+    while (size < expected * 4) size <<= 1;
+    slots_.resize(size);
+    mask_ = size - 1;
+  }
+  static uint64_t Hash(const char* p, size_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+    for (; n >= 8; p += 8, n -= 8) {
+      uint64_t w;
+      std::memcpy(&w, p, 8);
+      h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 31;
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, p, n);
+    h = (h ^ tail) * 0x94D049BB133111EBull;
+    return (h ^ (h >> 29)) | 1;  // never 0: 0 marks an empty slot
+  }
+  void Insert(std::string_view name) {
+    const uint64_t h = Hash(name.data(), name.size());
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].hash == 0) {
+        slots_[i] = {h, name};
+        ++count_;
+        return;
+      }
+      if (slots_[i].hash == h && slots_[i].name == name) return;
+    }
+  }
+  bool Contains(std::string_view name) const {
+    const uint64_t h = Hash(name.data(), name.size());
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].hash == 0) return false;
+      if (slots_[i].hash == h && slots_[i].name == name) return true;
+    }
+  }
+  bool empty() const { return count_ == 0; }
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    std::string_view name;
+  };
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+  size_t count_ = 0;
+};
+
+}  // namespace
+
+void Engine::FilterNodes(const Job* job, const char* const* nodes, size_t count,
+                         uint8_t* out) const {
+  NameSet excluded(unhealthy_.size() + (job ? job->avoided_nodes().size() : 0));
+  for (const auto& name : unhealthy_) excluded.Insert(name);
+  if (job)
+    for (const auto& [name, until] : job->avoided_nodes()) excluded.Insert(name);
+  for (size_t i = 0; i < count; ++i)
+    out[i] = nodes[i] && (excluded.empty() || !excluded.Contains(nodes[i])) ? 1 : 0;
+}
+
 json Engine::Snapshot() const {
-  json nodes = json::object();
+  json nodes = json::object();  // an object: its keys are sorted
   for (const auto& [name, n] : nodes_)
     nodes[name] = {{"health", NodeHealthName(n.health)}, {"reason", n.reason},
                    {"since_ms", n.since_ms}};
+  std::vector<const Job*> ordered;  // by id, so a snapshot of the same state is the same text
+  for (const auto& [id, job] : jobs_) ordered.push_back(job.get());
+  std::sort(ordered.begin(), ordered.end(),
+            [](const Job* a, const Job* b) { return a->spec().id < b->spec().id; });
   json jobs = json::array();
-  for (const auto& [id, job] : jobs_)
+  for (const Job* job : ordered)
     jobs.push_back({{"spec", JobSpecToJson(job->spec())},
                     {"state", job->StateJson()},
                     {"history", job->HistoryJson()}});
@@ -1178,6 +1266,7 @@ Status Engine::Restore(const json& s) {
       auto h = ParseName<NodeHealth>(kHealthNames, health);
       if (!h || name.empty()) return InvalidArgument(where + " has a bad name or health");
       next.nodes_[name] = {*h, reason, since};
+      if (*h != REGROUP_NODE_HEALTHY) next.unhealthy_.insert(name);
     }
   }
   auto jobs = s.find("jobs");
@@ -1212,6 +1301,7 @@ Status Engine::Restore(const json& s) {
   }
   jobs_ = std::move(next.jobs_);
   nodes_ = std::move(next.nodes_);
+  unhealthy_ = next.unhealthy_;
   return Status::Ok();
 }
 

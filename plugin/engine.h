@@ -114,6 +114,17 @@ struct Eviction {
 
 class Engine;
 
+// FNV-1a over a name: cheap for the short names of nodes and jobs, and transparent, so tables
+// keyed by std::string are searched by string_view without building a string per lookup.
+struct NameHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const {
+    uint64_t h = 14695981039346656037ull;
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
 // One job's state. Everything here is exported to the PodGroup annotations except the spec
 // (which the scheduler has) and the config (resolved from it).
 class Job {
@@ -134,7 +145,7 @@ class Job {
   std::vector<Eviction> Evictions() const;
   uint32_t GangMin() const;
   bool WantsPods() const;
-  bool Avoids(std::string_view node) const { return avoid_.count(std::string(node)) > 0; }
+  bool Avoids(std::string_view node) const { return avoid_.find(node) != avoid_.end(); }
   const std::map<std::string, int64_t, std::less<>>& avoided_nodes() const { return avoid_; }
   int32_t Score(int64_t pod, std::string_view node) const;
 
@@ -145,6 +156,17 @@ class Job {
 
  private:
   friend class Engine;
+
+// FNV-1a over a name: cheap for the short names of nodes and jobs, and transparent, so tables
+// keyed by std::string are searched by string_view without building a string per lookup.
+struct NameHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const {
+    uint64_t h = 14695981039346656037ull;
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
 
   // Event handlers: update facts and queue faults. Return an error for an event that names a
   // pod or rank the job does not have, or a zombie incarnation.
@@ -216,7 +238,7 @@ class Engine {
   Status UpsertJob(JobSpec spec, ResolvedConfig* report, int64_t now);
   Status RemoveJob(std::string_view id);
   Job* FindJob(std::string_view id);
-  const std::map<std::string, std::unique_ptr<Job>, std::less<>>& jobs() const { return jobs_; }
+  const Job* FindJob(std::string_view id) const;
 
   Status SetNodeHealth(std::string_view node, NodeHealth health, std::string_view reason,
                        int64_t now);
@@ -228,6 +250,8 @@ class Engine {
 
   // False when the node is faulty or unknown, or the job avoids it.
   bool NodeAllowed(const Job* job, std::string_view node) const;
+  // NodeAllowed over many nodes (a NULL name is not allowed): the scheduler's predicate loop.
+  void FilterNodes(const Job* job, const char* const* nodes, size_t count, uint8_t* out) const;
 
   nlohmann::json Snapshot() const;
   // Replaces everything; on error the engine is unchanged.
@@ -242,8 +266,9 @@ class Engine {
   Status ApplyEvent(const nlohmann::json& event, int64_t now, const std::string& where);
 
   EngineOptions options_;
-  std::map<std::string, std::unique_ptr<Job>, std::less<>> jobs_;
-  std::unordered_map<std::string, NodeState> nodes_;
+  std::unordered_map<std::string, std::unique_ptr<Job>, NameHash, std::equal_to<>> jobs_;
+  std::unordered_map<std::string, NodeState, NameHash, std::equal_to<>> nodes_;
+  std::set<std::string, std::less<>> unhealthy_;  // the nodes not healthy, usually few
 };
 
 }  // namespace regroup

@@ -445,7 +445,7 @@ TEST_F(EngineTest, BadEventsNameWhatIsWrongAndChangeNothing) {
                               {"phase", "running"}}});
   Status st = engine_.ApplyEvents(events, 0);
   EXPECT_EQ(st.code(), REGROUP_INVALID_ARGUMENT);
-  EXPECT_EQ(st.message(), "job default/train has no pod 9 (it has 4)");
+  EXPECT_EQ(st.message(), "event 1: job default/train has no pod 9 (it has 4)");
   st = engine_.ApplyEvents(json{{"type", "fault"}, {"job", kJob}, {"kind", "meteor"}}, 0);
   EXPECT_EQ(st.message(), "the event field \"kind\" is not a fault kind: meteor");
   st = engine_.ApplyEvents(json{{"type", "fault"}, {"job", kJob}, {"kind", "hang"},

@@ -1,0 +1,3 @@
+module github.com/regroup-dev/regroup/go
+
+go 1.26

@@ -1,0 +1,105 @@
+#include "manager/common/credential.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace regroup::runtime {
+namespace {
+
+constexpr std::string_view kBearer = "Bearer ";
+
+StatusOr<std::string> ReadFile(const std::string& path, std::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgument("cannot read the " + std::string(what) + " file " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool ConstantTimeEqual(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ (i < b.size() ? b[i] : 0);
+  return diff == 0;
+}
+
+}  // namespace
+
+StatusOr<std::string> LoadCredential(const std::string& file) {
+  std::string path = file;
+  if (path.empty())
+    if (const char* env = std::getenv("REGROUP_CREDENTIAL_FILE")) path = env;
+  std::string token;
+  if (!path.empty()) {
+    auto text = ReadFile(path, "credential");
+    if (!text.ok()) return text.status();
+    token = *text;
+  } else if (const char* env = std::getenv("REGROUP_CREDENTIAL")) {
+    token = env;
+  }
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' '))
+    token.pop_back();
+  return token;
+}
+
+void AttachCredential(grpc::ClientContext& context, const std::string& credential) {
+  if (!credential.empty()) context.AddMetadata("authorization", std::string(kBearer) + credential);
+}
+
+grpc::Status CheckCredential(const grpc::ServerContextBase& context, const std::string& expected) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  std::string_view got;
+  if (it != metadata.end()) got = std::string_view(it->second.data(), it->second.size());
+  if (got.substr(0, kBearer.size()) == kBearer) got.remove_prefix(kBearer.size());
+  if (ConstantTimeEqual(got, expected)) return grpc::Status::OK;
+  return {grpc::StatusCode::UNAUTHENTICATED,
+          std::string(it == metadata.end() ? "no credential" : "a wrong credential") +
+              " from " + context.peer() +
+              ": every call must carry this job's credential (REGROUP_CREDENTIAL_FILE)"};
+}
+
+void ConfigureServer(grpc::ServerBuilder& builder) {
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             static_cast<int>(kClientPingInterval.count() / 2));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);  // never too_many_pings
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const std::string& tls_ca_file) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(kClientPingInterval.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!tls_ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    if (auto ca = ReadFile(tls_ca_file, "TLS CA"); ca.ok()) ssl.pem_root_certs = *ca;
+    creds = grpc::SslCredentials(ssl);
+  }
+  return grpc::CreateCustomChannel(target, creds, args);
+}
+
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const std::string& tls_cert_file, const std::string& tls_key_file) {
+  if (tls_cert_file.empty() && tls_key_file.empty()) return grpc::InsecureServerCredentials();
+  if (tls_cert_file.empty() || tls_key_file.empty())
+    return InvalidArgument("TLS needs both a certificate and a key file");
+  auto cert = ReadFile(tls_cert_file, "TLS certificate");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadFile(tls_key_file, "TLS key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace regroup::runtime

@@ -3,6 +3,7 @@
 //   regroupctl validate JOB.yaml          every problem of a Volcano Job, exit 1 if any
 //   regroupctl simulate JOB.yaml FAULTS   a fault script through the engine, as a timeline
 //   regroupctl keys                       the configuration keys (the README's table)
+//   regroupctl status [--manager H:P]      a running job's state, from its manager
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -12,6 +13,7 @@
 
 #include "cli/fault_script.h"
 #include "cli/simulate.h"
+#include "cli/status.h"
 #include "cli/volcano_job.h"
 #include "plugin/config.h"
 
@@ -118,7 +120,29 @@ int main(int argc, char** argv) {
   auto* keys = app.add_subcommand("keys", "Print the configuration keys a job may carry");
   keys->add_flag("--markdown", markdown, "as the README's Markdown table");
 
+  regroup::cli::StatusOptions status_options;
+  auto* status = app.add_subcommand("status", "Show a running job's state, from its manager");
+  status->add_option("--manager", status_options.manager, "the manager's address")
+      ->envname("REGROUP_MANAGER_ADDR")
+      ->capture_default_str();
+  status->add_option("--job", status_options.job_id, "the job id (default: the manager's)");
+  status->add_option("--credential-file", status_options.credential_file,
+                     "the job's credential (default: $REGROUP_CREDENTIAL_FILE, $REGROUP_CREDENTIAL)");
+  status->add_option("--tls-ca", status_options.tls_ca_file, "the manager's CA (PEM) for TLS");
+  status->add_option("--timeout-ms", status_options.timeout_ms, "the call's deadline")
+      ->capture_default_str();
+  status->add_flag("--json", status_options.json, "print the status as JSON");
+
   CLI11_PARSE(app, argc, argv);
+
+  if (status->parsed()) {
+    regroup::Status st = regroup::cli::PrintStatus(status_options, std::cout);
+    if (!st.ok()) {
+      std::cerr << "error: " << st.message() << "\n";
+      return 1;
+    }
+    return 0;
+  }
 
   if (validate->parsed()) return Validate(job_path, json);
   if (simulate->parsed()) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # regroupctl as a user runs it: exit codes and the messages a user reads.
 set -u
-ctl=$1; src=$2
+ctl=$1; src=$2; manager=${3:-}
 fail() { echo "FAIL: $*"; exit 1; }
 
 out=$("$ctl" validate "$src/examples/jobs/elastic-job.yaml") || fail "the example job must validate: $out"
@@ -43,4 +43,24 @@ grep -qF '`wait-reschedule-timeout` | annotation | an integer from 30 to 270 | 2
 readme_table=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/README.md" | sed '1d;$d')
 [ "$readme_table" = "$out" ] || fail "README.md's configuration table is stale: regenerate it with
   build/regroupctl keys and paste it between the keys:begin/keys:end markers"
+# status, against a real manager (port chosen by the system; the manager is stopped on exit).
+if [ -n "$manager" ]; then
+  dir=$(mktemp -d)
+  printf 's3cret\n' >"$dir/cred"
+  "$manager" --job-id default/status-test --nodes 2 --nproc-per-node 2 --listen 127.0.0.1:0 \
+    --port-file "$dir/port" --credential-file "$dir/cred" >"$dir/log" 2>&1 &
+  mpid=$!
+  trap 'kill $mpid 2>/dev/null; wait $mpid 2>/dev/null; rm -rf "$dir" "$tmp"' EXIT
+  for _ in $(seq 100); do [ -s "$dir/port" ] && break; sleep 0.05; done
+  [ -s "$dir/port" ] || fail "the manager did not start: $(cat "$dir/log")"
+  addr=127.0.0.1:$(cat "$dir/port")
+  out=$("$ctl" status --manager "$addr" --credential-file "$dir/cred") || fail "status: $out"
+  grep -qF "job default/status-test: joining, epoch" <<<"$out" || fail "status said: $out"
+  grep -qE "^ +1  missing" <<<"$out" || fail "status nodes: $out"
+  out=$("$ctl" status --manager "$addr" --credential-file "$dir/cred" --json) || fail "$out"
+  grep -qF '"job_id": "default/status-test"' <<<"$out" || fail "status --json: $out"
+  out=$(REGROUP_CREDENTIAL=wrong "$ctl" status --manager "$addr" 2>&1); rc=$?
+  [ $rc -eq 1 ] || fail "a wrong credential must fail"
+  grep -qF "a wrong credential" <<<"$out" || fail "status with a wrong credential said: $out"
+fi
 echo "regroupctl: all checks passed"

@@ -44,9 +44,9 @@
 extern "C" {
 #endif
 
-/* ABI version. Since 1.0. */
+/* ABI version. Since 1.0; minor 1 (the coordinator) since 1.1. */
 #define REGROUP_ABI_VERSION_MAJOR 1
-#define REGROUP_ABI_VERSION_MINOR 0
+#define REGROUP_ABI_VERSION_MINOR 1
 /* (major << 16) | minor of this header; compare with regroup_abi_version(). */
 #define REGROUP_ABI_VERSION ((REGROUP_ABI_VERSION_MAJOR << 16) | REGROUP_ABI_VERSION_MINOR)
 
@@ -296,6 +296,71 @@ REGROUP_EXTERN regroup_status regroup_engine_snapshot(regroup_engine *engine, ch
 REGROUP_EXTERN regroup_status regroup_engine_restore(regroup_engine *engine,
                                                      const char *snapshot_json, size_t len,
                                                      regroup_error **err);
+
+/* ---------------------------------------------------------------------------------------------
+ * The coordinator
+ * ------------------------------------------------------------------------------------------- */
+/* The coordinator: a gRPC server inside the library (service regroup.v1.Coordinator of
+ * proto/regroup/v1/runtime.proto) that connects the jobs' managers to an engine. Each manager
+ * keeps one stream (Attach). Its first message is `hello`, with the job's id in the header and the
+ * manager's epoch; a job the engine does not know is refused (NOT_FOUND). Only the highest epoch
+ * of a job is served: an older manager is refused as fenced (FAILED_PRECONDITION), and a newer one
+ * (or the same epoch on a new stream, a reconnect) replaces the attached stream, which is closed.
+ * A stream without the credential is refused (UNAUTHENTICATED).
+ *
+ * An attached manager's facts become the engine's events: `fault` a "fault" event (the engine's
+ * kind names; a checksum mismatch counts as a collective error), `replacement` the pod running
+ * with its new uid and "replacement_registered", `progress` "manager_status". A bad fact (a pod out
+ * of range, a zombie's uid) is answered with a Refusal carrying the engine's error and changes
+ * nothing. The manager receives its job's current directive when it attaches and, through
+ * regroup_coordinator_publish, whenever the directive's id changes.
+ *
+ * Clock: facts are applied at the wall clock, in milliseconds since the Unix epoch, so an engine
+ * served by a coordinator must be driven on that clock (`now_ms` of every call).
+ * All functions of one coordinator are thread-safe, except regroup_coordinator_free. Since 1.1. */
+typedef struct regroup_coordinator regroup_coordinator;
+
+#define REGROUP_COORDINATOR_OPTIONS_VERSION 1
+/* Coordinator options. NULL or "" means "the default" for every string. The strings are copied:
+ * they need to live only during regroup_coordinator_start. Since 1.1. */
+typedef struct regroup_coordinator_options {
+  uint32_t version;          /* REGROUP_COORDINATOR_OPTIONS_VERSION */
+  const char *listen;        /* "HOST:PORT" to listen on; default "0.0.0.0:8899"; port 0: any free
+                                port (read it with regroup_coordinator_port) */
+  const char *credential;    /* the token every manager sends ("authorization: Bearer <token>");
+                                default none: only managers that send none are accepted */
+  const char *tls_cert_file; /* serve TLS with this certificate (PEM) and tls_key_file; default
+                                plaintext. Give both or neither. */
+  const char *tls_key_file;  /* the certificate's private key (PEM) */
+} regroup_coordinator_options;
+#define REGROUP_COORDINATOR_OPTIONS_INIT {REGROUP_COORDINATOR_OPTIONS_VERSION, NULL, NULL, NULL, NULL}
+
+/* Starts a coordinator serving `engine`, which must outlive it (free the coordinator first).
+ * `options` may be NULL for the defaults. On success *out receives the handle, freed with
+ * regroup_coordinator_free(); on failure *out is NULL: REGROUP_INVALID_ARGUMENT for a NULL
+ * argument, an address it cannot listen on, or a TLS file that cannot be read (one of the two
+ * missing); REGROUP_VERSION_MISMATCH for an options version this library does not know.
+ * Since 1.1. */
+REGROUP_EXTERN regroup_status regroup_coordinator_start(regroup_coordinator **out,
+                                                        regroup_engine *engine,
+                                                        const regroup_coordinator_options *options,
+                                                        regroup_error **err);
+
+/* The port the coordinator listens on (the one chosen when `listen` asked for port 0); 0 for a
+ * NULL coordinator. Since 1.1. */
+REGROUP_EXTERN int32_t regroup_coordinator_port(const regroup_coordinator *coordinator);
+
+/* Sends every attached manager its job's current directive when the directive's id changed since
+ * it was last sent; a manager whose job the engine no longer has is told so and its stream ends.
+ * Call it after regroup_engine_tick (and after any call that can issue a directive). Takes the
+ * engine's lock as a reader. REGROUP_INVALID_ARGUMENT for a NULL coordinator. Since 1.1. */
+REGROUP_EXTERN regroup_status regroup_coordinator_publish(regroup_coordinator *coordinator,
+                                                          regroup_error **err);
+
+/* Stops the coordinator: refuses new streams, ends every stream (managers see UNAVAILABLE and
+ * reconnect to the next coordinator) and frees it. Returns within about a second. NULL is
+ * allowed. No other call on it may be running. Since 1.1. */
+REGROUP_EXTERN void regroup_coordinator_free(regroup_coordinator *coordinator);
 
 #ifdef __cplusplus
 }

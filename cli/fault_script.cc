@@ -45,6 +45,8 @@ StatusOr<std::vector<ScriptEvent>> ParseFaultScript(std::string_view text) {
     e.line = line_no;
     auto at = ParseDuration(w[0]);
     if (!at.ok()) return InvalidArgument(where + at.status().message());
+    if (*at > kMaxScriptMs)
+      return InvalidArgument(where + w[0] + " is beyond the simulation's 24 h horizon");
     e.at_ms = *at;
     const std::string& subject = w[1];
     const std::string& verb = w[3];

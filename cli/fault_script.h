@@ -8,7 +8,8 @@
 //   30s     pod      2      fails
 //
 // Times take ms, s or m (`1.5s`, `250ms`, `2m`); lines are applied in time order, ties in file
-// order. `#` starts a comment.
+// order. `#` starts a comment. Times reach at most 24 h (kMaxScriptMs): the simulation ticks
+// every 100 ms up to the last event.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,8 @@
 #include "plugin/status.h"
 
 namespace regroup::cli {
+
+inline constexpr int64_t kMaxScriptMs = 24LL * 3600 * 1000;
 
 struct ScriptEvent {
   enum class Kind : uint8_t {

@@ -21,6 +21,11 @@ namespace {
 
 using regroup::StatusOr;
 
+// Printed JSON: a job's values may hold bytes that are not UTF-8; they print as U+FFFD.
+std::string Dump(const nlohmann::json& j) {
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return regroup::InvalidArgument("cannot read " + path);
@@ -45,7 +50,7 @@ int Validate(const std::string& path, bool json) {
   }
   regroup::ResolvedConfig resolved = spec->Resolve();
   if (json) {
-    std::cout << regroup::ValidationReport(resolved).dump(2) << "\n";
+    std::cout << Dump(regroup::ValidationReport(resolved)) << "\n";
   } else {
     for (const auto& p : resolved.problems)
       std::cout << path << ": "
@@ -81,7 +86,7 @@ int Simulate(const std::string& job_path, const std::string& script_path,
     std::cerr << "error: " << summary.status().message() << "\n";
     return summary.status().code() == REGROUP_VALIDATION_FAILED ? 1 : 2;
   }
-  if (json) std::cout << summary->history.dump(2) << "\n";
+  if (json) std::cout << Dump(summary->history) << "\n";
   return 0;
 }
 
@@ -153,6 +158,10 @@ int main(int argc, char** argv) {
       auto ms = regroup::cli::ParseDuration(*text);
       if (!ms.ok()) {
         std::cerr << "error: " << ms.status().message() << "\n";
+        return 2;
+      }
+      if (*ms > regroup::cli::kMaxScriptMs) {
+        std::cerr << "error: " << *text << " is beyond the simulation's 24 h horizon\n";
         return 2;
       }
       *field = *ms;

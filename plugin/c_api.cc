@@ -2,6 +2,7 @@
 // into cgo, where it would take the scheduler down. One mutex per engine serialises calls.
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <new>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "abi/regroup.h"
+#include "plugin/coordinator.h"
 #include "plugin/engine.h"
 #include "plugin/json_util.h"
 
@@ -379,5 +381,56 @@ regroup_status regroup_engine_restore(regroup_engine* engine, const char* snapsh
     return Report(err, engine->engine.Restore(*snapshot));
   });
 }
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------------
+// The coordinator (since 1.1): a gRPC server over one engine, sharing the engine's lock.
+// ---------------------------------------------------------------------------------------------
+
+struct regroup_coordinator {
+  std::unique_ptr<regroup::coordinator::Coordinator> coordinator;
+};
+
+extern "C" {
+
+regroup_status regroup_coordinator_start(regroup_coordinator** out, regroup_engine* engine,
+                                         const regroup_coordinator_options* options,
+                                         regroup_error** err) {
+  return Guard(err, [&]() -> regroup_status {
+    if (!out) return Fail(err, REGROUP_INVALID_ARGUMENT, "the out pointer is NULL");
+    *out = nullptr;
+    if (!engine) return Fail(err, REGROUP_INVALID_ARGUMENT, "the engine handle is NULL");
+    regroup::coordinator::CoordinatorOptions o;
+    if (options) {
+      if (options->version < 1 || options->version > REGROUP_COORDINATOR_OPTIONS_VERSION)
+        return Fail(err, REGROUP_VERSION_MISMATCH,
+                    "regroup_coordinator_options version " + std::to_string(options->version) +
+                        " is not supported; use REGROUP_COORDINATOR_OPTIONS_INIT");
+      if (options->listen && *options->listen) o.listen = options->listen;
+      if (options->credential) o.credential = options->credential;
+      if (options->tls_cert_file) o.tls_cert_file = options->tls_cert_file;
+      if (options->tls_key_file) o.tls_key_file = options->tls_key_file;
+    }
+    auto started = regroup::coordinator::Coordinator::Start(engine->mu, engine->engine, o);
+    if (!started.ok()) return Report(err, started.status());
+    *out = new regroup_coordinator{std::move(*started)};
+    return REGROUP_OK;
+  });
+}
+
+int32_t regroup_coordinator_port(const regroup_coordinator* coordinator) {
+  return coordinator ? coordinator->coordinator->port() : 0;
+}
+
+regroup_status regroup_coordinator_publish(regroup_coordinator* coordinator, regroup_error** err) {
+  return Guard(err, [&]() -> regroup_status {
+    if (!coordinator) return Fail(err, REGROUP_INVALID_ARGUMENT, "the coordinator handle is NULL");
+    coordinator->coordinator->Publish();
+    return REGROUP_OK;
+  });
+}
+
+void regroup_coordinator_free(regroup_coordinator* coordinator) { delete coordinator; }
 
 }  // extern "C"

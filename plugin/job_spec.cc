@@ -49,6 +49,11 @@ StatusOr<JobSpec> ParseJobSpec(const json& j) {
   REGROUP_RETURN_IF_ERROR(ju::GetString(j, "id", "job spec", spec.id));
   if (spec.id.empty() || spec.id.size() > kMaxIdLength)
     return InvalidArgument("job spec field \"id\" must be 1 to 512 characters");
+  // Callers name a job by a C string: an id with a control character could never be named.
+  for (unsigned char c : spec.id)
+    if (c < 0x20 || c == 0x7f)
+      return InvalidArgument("job spec field \"id\" holds a control character; use a printable "
+                             "id such as \"namespace/name\"");
   REGROUP_RETURN_IF_ERROR(ju::GetString(j, "uid", "job spec", spec.uid, false));
   REGROUP_RETURN_IF_ERROR(ju::GetStringMap(j, "labels", "job spec", spec.labels));
   REGROUP_RETURN_IF_ERROR(ju::GetStringMap(j, "annotations", "job spec", spec.annotations));

@@ -105,6 +105,15 @@ TEST(Abi, BadInputGivesClearErrors) {
             REGROUP_RESOURCE_EXHAUSTED);
 }
 
+TEST(Abi, AJobIdWithAControlCharacterIsRefused) {
+  auto e = Engine::Create();
+  auto r = e->UpsertJob(std::string_view("{\"id\":\"a\\u0000b\",\"pods\":1}"), 0);
+  EXPECT_EQ(r.status(), REGROUP_INVALID_ARGUMENT);
+  EXPECT_EQ(r.error().message,
+            "job spec field \"id\" holds a control character; use a printable id such as "
+            "\"namespace/name\"");
+}
+
 TEST(Abi, StateExportImportAndSnapshotRoundTrip) {
   Engine e = Started();
   e.SetNodeHealth("n1", REGROUP_NODE_FAULTY, "x", 0).ok();

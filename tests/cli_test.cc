@@ -116,6 +116,14 @@ TEST(FaultScript, ParsesTimesSubjectsAndVerbs) {
   EXPECT_EQ((*s)[3].kind, ScriptEvent::Kind::kRankHangs);
 }
 
+TEST(FaultScript, TimesBeyondTheHorizonAreRefused) {
+  EXPECT_EQ(ParseFaultScript("100000000s node node-0 fails\n").status().message(),
+            "fault script line 1: 100000000s is beyond the simulation's 24 h horizon");
+  EXPECT_TRUE(ParseFaultScript("24h node node-0 fails\n").status().message().find("duration") !=
+              std::string::npos);
+  EXPECT_TRUE(ParseFaultScript("1440m node node-0 fails\n").ok());
+}
+
 TEST(FaultScript, ErrorsNameTheLine) {
   EXPECT_EQ(ParseFaultScript("10s node a fails\nsoon node b fails\n").status().message(),
             "fault script line 2: \"soon\" is not a duration; write it like 250ms, 10s, 1.5s or 2m");

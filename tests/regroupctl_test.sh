@@ -36,6 +36,12 @@ out=$("$ctl" simulate "$src/examples/jobs/elastic-job.yaml" "$tmp" 2>&1); rc=$?
 [ $rc -eq 2 ] || fail "a bad script must exit 2, got $rc"
 grep -qF 'fault script line 1: a node fails, recovers or joins, not "melts"' <<<"$out" || fail "$out"
 
+# Bytes that are not UTF-8 in a job's values are reported, never a crash.
+printf 'kind: Job\nmetadata:\n  name: x\n  annotations:\n    recover-strategy: "\xff"\nspec:\n  tasks: [{replicas: 1}]\n' >"$tmp"
+out=$("$ctl" validate "$tmp" --json 2>&1); rc=$?
+[ $rc -eq 1 ] || fail "invalid UTF-8: validate --json must exit 1, got $rc: $out"
+grep -q "recover-strategy" <<<"$out" || fail "invalid UTF-8 report: $out"
+
 out=$("$ctl" keys) || fail "keys"
 grep -qF '`wait-reschedule-timeout` | annotation | an integer from 30 to 270 | 270' <<<"$out" || fail "$out"
 

@@ -53,8 +53,9 @@ type Options struct {
 // Engine is a decision engine of the library: jobs, nodes, their faults and the decisions. It is
 // safe for concurrent use. Close it when done.
 type Engine struct {
-	mu sync.RWMutex // read-held by every call, write-held by Close
-	h  *C.regroup_engine
+	mu           sync.RWMutex // read-held by every call, write-held by Close
+	h            *C.regroup_engine
+	coordinators *coordinatorSet // the coordinators serving this engine, closed before it
 }
 
 // New creates an engine. It first checks the library's ABI version (see the package doc) and
@@ -74,13 +75,14 @@ func New(opts Options) (*Engine, error) {
 	if err := takeError("New", C.regroup_engine_new(&h, &copts, &cerr), cerr); err != nil {
 		return nil, err
 	}
-	e := &Engine{h: h}
+	e := &Engine{h: h, coordinators: &coordinatorSet{}}
 	runtime.SetFinalizer(e, (*Engine).Close)
 	return e, nil
 }
 
-// Close frees the engine. Calls running on other goroutines finish first; later calls return
-// ErrClosed. Closing again, or closing a nil engine, does nothing.
+// Close frees the engine, after closing the coordinators still serving it. Calls running on
+// other goroutines finish first; later calls return ErrClosed. Closing again, or closing a nil
+// engine, does nothing.
 func (e *Engine) Close() error {
 	if e == nil {
 		return nil
@@ -88,6 +90,7 @@ func (e *Engine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.h != nil {
+		e.coordinators.closeAll()
 		C.regroup_engine_free(e.h)
 		e.h = nil
 		runtime.SetFinalizer(e, nil)

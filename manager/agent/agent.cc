@@ -708,7 +708,10 @@ v1::LocalRank Agent::Report(uint32_t r, Clock::time_point now) const {
   out.set_pid(k.pid);
   out.set_alive(k.alive && !k.restart_pending);
   out.set_step(k.step);
-  out.set_phase(k.phase);
+  // STARTING means "has not said hello": the manager forms generations only from ranks that
+  // did. A trainer that said hello but reports no phase of its own yet is waiting: PAUSED.
+  const bool waiting = k.phase == v1::PHASE_STARTING || k.phase == v1::PHASE_UNSPECIFIED;
+  out.set_phase(!k.heard ? v1::PHASE_STARTING : waiting ? v1::PHASE_PAUSED : k.phase);
   const auto since = k.heard ? k.last_heard : k.started;
   const auto age = duration_cast<milliseconds>(now - since).count();
   out.set_beat_age_ms(static_cast<uint32_t>(std::clamp<int64_t>(age, 0, UINT32_MAX)));

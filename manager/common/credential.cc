@@ -66,6 +66,8 @@ void ConfigureServer(grpc::ServerBuilder& builder) {
                              static_cast<int>(kClientPingInterval.count() / 2));
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);  // never too_many_pings
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A second server on a port already in use must fail, not share it (SO_REUSEPORT).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,

@@ -1,7 +1,8 @@
 // regroup-manager: one per job. Forms generations from the job's agents, detects faults, runs the
-// step commit and carries out the recovery decisions (made by its embedded engine).
+// step commit and carries out the recovery decisions: made by its embedded engine (standalone),
+// or with --coordinator by the scheduler's engine, through the coordinator in libregroup.so.
 //
-//   regroup-manager --job-id default/llama --nodes 4 --nproc-per-node 8 \
+//   regroup-manager --job-id default/llama --nodes 4 --nproc-per-node 8
 //       --annotation recover-strategy=recover,elastic-training --label fault-scheduling=force
 //   regroup-manager --job examples/jobs/elastic-job.yaml
 #include <csignal>
@@ -15,6 +16,7 @@
 
 #include "cli/volcano_job.h"
 #include "manager/common/credential.h"
+#include "manager/server/remote_decisions.h"
 #include "manager/server/service.h"
 
 namespace {
@@ -39,7 +41,7 @@ const char* Env(const char* name) {
 int main(int argc, char** argv) {
   CLI::App app{"regroup-manager: the per-job manager of Regroup"};
   std::string job_file, job_id, listen = "0.0.0.0:9601", http, credential_file, tls_cert, tls_key,
-                                port_file;
+                                port_file, coordinator, coordinator_ca;
   int64_t nodes = 0, nproc = 0, join_window_s = 30;
   uint64_t epoch = 0;
   std::vector<std::string> labels, annotations, envs;
@@ -61,6 +63,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
   app.add_option("--epoch", epoch, "this incarnation's epoch (default: the clock in ms)");
+  app.add_option("--coordinator", coordinator,
+                 "the coordinator HOST:PORT that makes the scheduling decisions (default: "
+                 "$REGROUP_COORDINATOR_ADDR; none: the embedded engine makes them)");
+  app.add_option("--coordinator-ca", coordinator_ca,
+                 "connect to the coordinator over TLS, trusting this CA bundle (PEM)");
   CLI11_PARSE(app, argc, argv);
 
   regroup::JobSpec spec;
@@ -118,8 +125,29 @@ int main(int argc, char** argv) {
   regroup::runtime::RuntimeOptions ro;
   ro.epoch = epoch ? epoch : static_cast<uint64_t>(regroup::runtime::WallMs());
   ro.join_window_ms = join_window_s * 1000;
-  auto runtime = std::make_unique<regroup::runtime::JobRuntime>(
-      spec, resolved.config, ro, std::make_unique<regroup::runtime::EmbeddedDecisions>(spec));
+  if (coordinator.empty())
+    if (const char* v = Env("REGROUP_COORDINATOR_ADDR")) coordinator = v;
+  std::unique_ptr<regroup::runtime::Decisions> decisions;
+  if (!coordinator.empty()) {
+    if (!coordinator_ca.empty() && !std::ifstream(coordinator_ca)) {
+      std::cerr << "regroup-manager: cannot read the coordinator's CA file " << coordinator_ca
+                << "\n";
+      return 2;
+    }
+    regroup::runtime::RemoteDecisionsOptions rd;
+    rd.target = coordinator;
+    rd.tls_ca_file = coordinator_ca;
+    rd.credential = *credential;
+    rd.job_id = spec.id;
+    rd.epoch = ro.epoch;
+    decisions = std::make_unique<regroup::runtime::RemoteDecisions>(rd);
+    spdlog::info("regroup-manager: the coordinator at {} makes the scheduling decisions{}",
+                 coordinator, coordinator_ca.empty() ? "" : " (TLS)");
+  } else {
+    decisions = std::make_unique<regroup::runtime::EmbeddedDecisions>(spec);
+  }
+  auto runtime = std::make_unique<regroup::runtime::JobRuntime>(spec, resolved.config, ro,
+                                                                std::move(decisions));
   regroup::runtime::ServerOptions so;
   so.listen = listen;
   so.http_listen = http;

@@ -148,8 +148,11 @@ bool JobRuntime::Available(int64_t node) const {
   if (!a.connected || a.state == AgentState::kLost || a.state == AgentState::kLeaving ||
       a.state == AgentState::kDone || !a.restarting.empty())
     return false;
+  // Every process must be alive and have said hello to its agent (not STARTING): a generation
+  // formed before would leave the survivors waiting in its rendezvous.
   for (const auto& r : a.ranks)
-    if (!r.alive()) return false;
+    if (!r.alive() || r.phase() == v1::PHASE_STARTING || r.phase() == v1::PHASE_UNSPECIFIED)
+      return false;
   return a.ranks.size() == a.nproc;
 }
 
@@ -299,8 +302,8 @@ void JobRuntime::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, in
     const bool was_restarting = a.restarting.count(r.local_rank()) > 0;
     mine = r;
     // A process restarted in place is back once it is alive and has said hello (fresh).
-    if (was_restarting && r.alive() && r.pid() > 0 && r.generation() == 0 && r.beat_age_ms() <
-        static_cast<uint32_t>(config_.heartbeat_interval_ms * config_.liveness_misses))
+    if (was_restarting && r.alive() && r.pid() > 0 && r.generation() == 0 &&
+        r.phase() != v1::PHASE_STARTING && r.phase() != v1::PHASE_UNSPECIFIED)
       a.restarting.erase(r.local_rank());
   }
 }
@@ -318,7 +321,9 @@ void JobRuntime::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e,
     for (const auto& p : places_)
       all_done = all_done && !agents_[static_cast<size_t>(p.node_rank)].ranks[p.local_rank].alive();
     if (all_done) {
-      state_ = State::kStopped;
+      // Tell every agent, so each exits at once instead of waiting for an acknowledgement.
+      StopAll(v1::StopTraining::MODE_LEAVE,
+              "training finished at step " + std::to_string(committed_step_), now);
       Event(now, "done", "training finished at step " + std::to_string(committed_step_));
     }
     return;
@@ -549,6 +554,10 @@ void JobRuntime::Abort(const std::string& reason, int64_t now) {
 bool JobRuntime::FormGeneration(const std::vector<int64_t>& replicas,
                                 const std::vector<int64_t>& micro, const std::string& reason,
                                 int64_t now) {
+  if (replicas.empty()) {
+    Event(now, "wait", "generation not formed: no replica to form it from");
+    return false;
+  }
   for (int64_t r : replicas)
     for (int64_t p : layout_.PodsOfReplica(r))
       if (!Available(p)) {
@@ -621,7 +630,9 @@ bool JobRuntime::FormGeneration(const std::vector<int64_t>& replicas,
                                      : 29500 + static_cast<uint32_t>(generation_ % 1000));
   plan.set_committed_step(committed_step_);
   plan.set_sync_source_rank(static_cast<uint32_t>(source));
-  for (uint32_t n : needs) plan.add_needs_state(n);
+  if (first) plan.set_all_need_state(true);
+  else
+    for (uint32_t n : needs) plan.add_needs_state(n);
   plan.set_microbatches_per_step(static_cast<uint64_t>(micro_total));
   plan.set_reason(reason);
   plan.set_agents(generation_agents_);
@@ -764,7 +775,11 @@ void JobRuntime::DetectFailures(int64_t now) {
     Agent& a = agents_[static_cast<size_t>(p.node_rank)];
     const v1::LocalRank& lr = a.ranks[p.local_rank];
     if (!lr.alive() || lr.phase() == v1::PHASE_DONE) continue;
-    if (lr.beat_age_ms() > liveness) {
+    // A process still starting (importing, loading) has not said hello yet: it gets the hang
+    // timeout, not the liveness one.
+    const bool starting =
+        lr.phase() == v1::PHASE_STARTING || lr.phase() == v1::PHASE_UNSPECIFIED;
+    if (lr.beat_age_ms() > (starting ? hang : liveness)) {
       Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
             "rank " + std::to_string(g) + " sent no heartbeat for " +
                 std::to_string(lr.beat_age_ms()) + " ms (frozen process)",
@@ -852,6 +867,45 @@ void JobRuntime::Tick(int64_t now) {
       FormGeneration(keep, d.microbatches, d.reason, now);
     }
   }
+  CheckDecisionWait(now);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decision wait (DESIGN.md, "Who decides what"): with a coordinator the manager never makes
+// a scheduling decision itself. While the coordinator is unreachable and survivors wait for a
+// decision (a generation aborted, no directive being carried out), they stay paused until it
+// returns or MINDIO_WAIT_MINDX_TIME runs out; then the ladder's last steps: dump if the job
+// allows it, else exit. (The embedded engine is always available: this never applies to it.)
+// ---------------------------------------------------------------------------------------------
+
+void JobRuntime::CheckDecisionWait(int64_t now) {
+  const bool waiting = state_ == State::kAborted && !pending_;
+  if (!waiting || decisions_->Available()) {
+    if (waiting && decisions_unavailable_ms_ >= 0)
+      Event(now, "decisions_available", "the coordinator is reachable again after " +
+                                            std::to_string(now - decisions_unavailable_ms_) +
+                                            " ms; survivors wait for its decision");
+    decisions_unavailable_ms_ = -1;
+    return;
+  }
+  const int64_t wait_ms = config_.mindio_wait_s * 1000;
+  if (decisions_unavailable_ms_ < 0) {
+    decisions_unavailable_ms_ = now;
+    Event(now, "decisions_unavailable",
+          "the coordinator is unreachable while survivors wait for a decision: they stay paused "
+          "for up to " + std::to_string(config_.mindio_wait_s) + " s (MINDIO_WAIT_MINDX_TIME)");
+    return;
+  }
+  if (now - decisions_unavailable_ms_ < wait_ms) return;
+  const bool dump = config_.allows(Strategy::kDump);
+  const std::string reason =
+      "no decision: the coordinator was unreachable for " +
+      std::to_string(now - decisions_unavailable_ms_) + " ms, past the decision wait of " +
+      std::to_string(config_.mindio_wait_s) + " s (MINDIO_WAIT_MINDX_TIME); " +
+      (dump ? "survivors dump a checkpoint and stop" : "the job stops (dump is not allowed)");
+  Event(now, "decision_timeout", reason);
+  decisions_unavailable_ms_ = -1;
+  StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT, reason, now);
 }
 
 v1::GetStatusResponse JobRuntime::StatusReport() const {

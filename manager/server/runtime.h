@@ -171,6 +171,8 @@ class JobRuntime {
   int64_t HangTimeoutMs() const;
   int64_t MedianStepMs() const;
   bool Available(int64_t node) const;
+  // With a coordinator: the decision wait while it is unreachable (see runtime.cc).
+  void CheckDecisionWait(int64_t now);
 
   JobSpec spec_;
   JobConfig config_;
@@ -213,6 +215,9 @@ class JobRuntime {
   int64_t first_fault_ms_ = -1;
   std::deque<int64_t> step_times_ms_;          // recent commit intervals
   int64_t last_commit_ms_ = -1;
+
+  // Since when survivors wait for a decision while the decision maker is unreachable; -1: not.
+  int64_t decisions_unavailable_ms_ = -1;
 
   std::deque<v1::JobEvent> events_;
   std::vector<Outgoing> outgoing_;

@@ -53,6 +53,9 @@ struct Agent {
     m.mutable_register_()->set_nproc(1);
     m.mutable_register_()->set_host("127.0.0.1");
     m.mutable_register_()->set_free_port(40000 + static_cast<uint32_t>(node));
+    auto* rank = m.mutable_register_()->add_ranks();  // its trainer said hello
+    rank->set_alive(true);
+    rank->set_phase(v1::PHASE_PAUSED);
     return stream->Write(m);
   }
   // Reads until a message with `body` arrives (or the stream ends).

@@ -1,0 +1,178 @@
+package regroup
+
+/*
+#cgo noescape regroup_coordinator_start
+#cgo nocallback regroup_coordinator_start
+#cgo nocallback regroup_coordinator_port
+#cgo nocallback regroup_coordinator_publish
+#cgo nocallback regroup_coordinator_free
+
+#include <stdlib.h>
+#include "regroup.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"strings"
+	"sync"
+	"unsafe"
+)
+
+// CoordinatorOptions configure a coordinator. An empty field means the library's default.
+type CoordinatorOptions struct {
+	Listen      string // "HOST:PORT" to listen on; default "0.0.0.0:8899"; port 0: any free port
+	Credential  string // the token every manager sends; "" accepts only managers that send none
+	TLSCertFile string // serve TLS with this certificate (PEM) and TLSKeyFile; both or neither
+	TLSKeyFile  string
+}
+
+// Coordinator is the library's gRPC server (service regroup.v1.Coordinator) that connects the
+// jobs' managers to an engine: managers report their facts (faults, replacements registered,
+// progress), which the engine receives as events, and receive their job's directive. Only the
+// newest manager (highest epoch) of a job is served. The engine applies the facts at the wall
+// clock (milliseconds since the Unix epoch), so drive it with time.Now().UnixMilli().
+//
+// After each [Engine.Tick], call [Coordinator.Publish] so that every manager whose directive
+// changed receives it. A Coordinator is safe for concurrent use. Close it before its engine;
+// [Engine.Close] closes the coordinators still open on it.
+type Coordinator struct {
+	c      *coordinatorHandle
+	engine *Engine // keeps the engine alive while the coordinator serves it
+}
+
+// coordinatorHandle is the C coordinator. The engine's coordinatorSet holds it (not the
+// Coordinator), so a Coordinator nobody holds is finalized, and the engine is not part of a
+// cycle with a finalizer.
+type coordinatorHandle struct {
+	mu   sync.RWMutex // read-held by Publish and Port, write-held by close
+	h    *C.regroup_coordinator
+	port int
+	set  *coordinatorSet
+}
+
+// coordinatorSet holds an engine's open coordinators, which Engine.Close frees before the engine.
+type coordinatorSet struct {
+	mu   sync.Mutex
+	open map[*coordinatorHandle]struct{}
+}
+
+func (s *coordinatorSet) add(c *coordinatorHandle) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.open == nil {
+		s.open = make(map[*coordinatorHandle]struct{})
+	}
+	s.open[c] = struct{}{}
+}
+
+func (s *coordinatorSet) remove(c *coordinatorHandle) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.open, c)
+}
+
+// closeAll frees every open coordinator (called with the engine's write lock held).
+func (s *coordinatorSet) closeAll() {
+	s.mu.Lock()
+	open := s.open
+	s.open = nil
+	s.mu.Unlock()
+	for c := range open {
+		c.close()
+	}
+}
+
+func (c *coordinatorHandle) close() {
+	c.mu.Lock()
+	if c.h != nil {
+		C.regroup_coordinator_free(c.h)
+		c.h = nil
+	}
+	c.mu.Unlock()
+	c.set.remove(c)
+}
+
+// StartCoordinator starts a coordinator serving engine e. It fails with StatusInvalidArgument for
+// an address it cannot listen on (the message names it) or a TLS file it cannot read.
+func StartCoordinator(e *Engine, opts CoordinatorOptions) (*Coordinator, error) {
+	const op = "StartCoordinator"
+	fields := []struct{ name, value string }{
+		{"listen address", opts.Listen}, {"credential", opts.Credential},
+		{"TLS certificate file", opts.TLSCertFile}, {"TLS key file", opts.TLSKeyFile},
+	}
+	cstrings := make([]*C.char, len(fields))
+	for i, f := range fields {
+		if strings.IndexByte(f.value, 0) >= 0 {
+			return nil, newError(op, StatusInvalidArgument, "the %s %q contains a NUL byte", f.name, f.value)
+		}
+		if f.value != "" {
+			cstrings[i] = C.CString(f.value)
+			defer C.free(unsafe.Pointer(cstrings[i]))
+		}
+	}
+	h, err := e.acquire(op)
+	if err != nil {
+		return nil, err
+	}
+	defer e.mu.RUnlock()
+	copts := C.regroup_coordinator_options{
+		version:       C.REGROUP_COORDINATOR_OPTIONS_VERSION,
+		listen:        cstrings[0],
+		credential:    cstrings[1],
+		tls_cert_file: cstrings[2],
+		tls_key_file:  cstrings[3],
+	}
+	var ch *C.regroup_coordinator
+	var cerr *C.regroup_error
+	if err := takeError(op, C.regroup_coordinator_start(&ch, h, &copts, &cerr), cerr); err != nil {
+		return nil, err
+	}
+	inner := &coordinatorHandle{h: ch, port: int(C.regroup_coordinator_port(ch)), set: e.coordinators}
+	e.coordinators.add(inner)
+	c := &Coordinator{c: inner, engine: e}
+	runtime.SetFinalizer(c, (*Coordinator).Close)
+	return c, nil
+}
+
+// Port returns the port the coordinator listens on (the one chosen for port 0); 0 once closed.
+func (c *Coordinator) Port() int {
+	if c == nil {
+		return 0
+	}
+	c.c.mu.RLock()
+	defer c.c.mu.RUnlock()
+	if c.c.h == nil {
+		return 0
+	}
+	return c.c.port
+}
+
+// Publish sends every attached manager its job's current directive when the directive changed
+// since it was last sent; a manager whose job the engine no longer has is told so. Call it after
+// each Engine.Tick.
+func (c *Coordinator) Publish() error {
+	const op = "Coordinator.Publish"
+	if c == nil {
+		return newError(op, StatusInvalidArgument, "the coordinator is nil; start one with regroup.StartCoordinator")
+	}
+	c.c.mu.RLock()
+	defer c.c.mu.RUnlock()
+	if c.c.h == nil {
+		return closedError(op, "coordinator", "StartCoordinator")
+	}
+	var cerr *C.regroup_error
+	return takeError(op, C.regroup_coordinator_publish(c.c.h, &cerr), cerr)
+}
+
+// Close stops the coordinator: its managers' streams end (they reconnect to the next one) and its
+// port is released. A Publish running on another goroutine finishes first; later calls return
+// ErrClosed. Closing again, or closing a nil coordinator, does nothing.
+func (c *Coordinator) Close() error {
+	if c == nil {
+		return nil
+	}
+	c.c.close()
+	runtime.SetFinalizer(c, nil)
+	return nil
+}

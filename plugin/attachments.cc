@@ -1,0 +1,339 @@
+#include "plugin/attachments.h"
+
+#include <algorithm>
+#include <iterator>
+#include <limits>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "plugin/job_spec.h"
+
+namespace regroup::coordinator {
+
+using nlohmann::json;
+
+namespace {
+
+// Bounds on what one fact may carry: its lists are pods and ranks of one job, and its detail
+// ends up in the engine's reasons and history, which are exported to the PodGroup.
+constexpr int kMaxListEntries = static_cast<int>(kMaxPods);
+constexpr size_t kMaxDetailBytes = 4096;
+
+uint32_t U32(int64_t v) {
+  return static_cast<uint32_t>(std::clamp<int64_t>(v, 0, std::numeric_limits<uint32_t>::max()));
+}
+
+// The engine's name of a wire fault kind; "" for none.
+std::string_view EngineFaultKind(int kind) {
+  switch (kind) {
+    case v1::FAULT_KIND_PROCESS_EXIT: return "process_exit";
+    case v1::FAULT_KIND_HANG: return "hang";
+    case v1::FAULT_KIND_COLLECTIVE_ERROR: return "collective_error";
+    case v1::FAULT_KIND_DEVICE_ERROR: return "device_error";
+    case v1::FAULT_KIND_POD_LOST: return "pod_lost";
+    // Replicas disagree on their parameters: the step is done again, as after a failed
+    // collective (the manager's embedded engine takes it the same way).
+    case v1::FAULT_KIND_CHECKSUM_MISMATCH: return "collective_error";
+    default: return "";
+  }
+}
+
+// At most `limit` bytes of valid UTF-8 `text`, cut at a character boundary.
+std::string Truncated(std::string text, size_t limit) {
+  if (text.size() <= limit) return text;
+  size_t end = limit;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  text.resize(end);
+  return text;
+}
+
+std::string_view FactName(v1::ManagerReport::BodyCase body) {
+  switch (body) {
+    case v1::ManagerReport::kFault: return "fault";
+    case v1::ManagerReport::kReplacement: return "replacement";
+    case v1::ManagerReport::kProgress: return "progress";
+    default: return "report";
+  }
+}
+
+// Which manager a job's refusal names: the served epoch, or the one asking when none is.
+uint64_t Served(uint64_t served, uint64_t asking) { return served ? served : asking; }
+
+}  // namespace
+
+std::string ValidUtf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len = 0;
+    uint32_t min = 0, cp = 0;
+    if (c < 0x80) len = 1, cp = c;
+    else if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (p[i + k] & 0xC0) == 0x80;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    ok = ok && cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (ok) {
+      out.append(text.substr(i, len));
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      ++i;
+    }
+  }
+  return out;
+}
+
+v1::Directive DirectiveToProto(const Directive& d) {
+  v1::Directive p;
+  p.set_id(d.id);
+  const int kind = static_cast<int>(d.kind);
+  p.set_kind(v1::Directive::Kind_IsValid(kind) ? static_cast<v1::Directive::Kind>(kind)
+                                               : v1::Directive::KIND_CONTINUE);
+  p.set_strategy(ValidUtf8(d.strategy));
+  p.set_dp(U32(d.dp));
+  for (int64_t r : d.keep_replicas) p.add_keep_replicas(U32(r));
+  for (int64_t r : d.remove_replicas) p.add_remove_replicas(U32(r));
+  for (int64_t pod : d.standby_pods) p.add_standby_pods(U32(pod));
+  for (int64_t r : d.restart_ranks) p.add_restart_ranks(U32(r));
+  for (int64_t m : d.microbatches) p.add_microbatches(static_cast<uint64_t>(std::max<int64_t>(0, m)));
+  p.set_deadline_ms(d.deadline_ms);
+  p.set_committed_step(d.committed_step);
+  p.set_reason(ValidUtf8(d.reason));
+  return p;
+}
+
+v1::Header Attachments::MakeHeader(std::string_view job, uint64_t epoch) const {
+  v1::Header h;
+  h.set_job_id(ValidUtf8(job));
+  h.set_sender("coordinator");
+  h.set_epoch(epoch);
+  return h;
+}
+
+Attachments::Outgoing Attachments::Refusal(uint64_t stream, std::string_view job, uint64_t epoch,
+                                           const Status& why, bool close) const {
+  Outgoing out;
+  out.stream = stream;
+  *out.message.mutable_header() = MakeHeader(job, epoch);
+  auto* r = out.message.mutable_refusal();
+  r->set_reason(ValidUtf8(why.message()));
+  r->set_epoch(epoch);
+  if (const Job* j = engine_.FindJob(job)) r->set_directive_id(j->directive().id);
+  out.close = close;
+  out.status = why;
+  return out;
+}
+
+bool Attachments::DirectiveFor(uint64_t stream, Attached& a, Outgoing& out) const {
+  const Job* job = engine_.FindJob(a.job);
+  if (!job) return false;
+  out.stream = stream;
+  *out.message.mutable_header() = MakeHeader(a.job, a.epoch);
+  *out.message.mutable_directive() = DirectiveToProto(job->directive());
+  a.sent_directive = job->directive().id;
+  return true;
+}
+
+uint64_t Attachments::epoch_of(std::string_view job) const {
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? 0 : it->second.epoch;
+}
+
+uint64_t Attachments::stream_of(std::string_view job) const {
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? 0 : it->second.stream;
+}
+
+std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
+                                                      const v1::ManagerReport& report) {
+  const std::string& job = report.header().job_id();
+  const uint64_t header_epoch = report.header().epoch();
+  const uint64_t epoch = report.hello().epoch() ? report.hello().epoch() : header_epoch;
+  // The engine is read (the job, its directive) and the attachment decided in one critical
+  // section, so a job removed meanwhile cannot be attached.
+  std::shared_lock lock(engine_mu_);
+  const uint64_t served = epoch_of(job);
+  auto refuse = [&](Status why) {
+    return std::vector<Outgoing>{Refusal(stream, job, Served(served, epoch), why, true)};
+  };
+  if (!report.has_hello())
+    return refuse(FailedPrecondition(
+        "the first message of an Attach stream must be hello, with the job's id in the header "
+        "and the manager's epoch"));
+  if (job.empty())
+    return refuse(InvalidArgument("the hello names no job: set header.job_id to the job's id"));
+  if (epoch == 0)
+    return refuse(InvalidArgument("the hello of job " + job +
+                                  " has no epoch: set hello.epoch to the manager's epoch"));
+  if (report.hello().epoch() && header_epoch && header_epoch != report.hello().epoch())
+    return refuse(InvalidArgument("the hello of job " + job + " says epoch " +
+                                  std::to_string(report.hello().epoch()) +
+                                  " but its header says " + std::to_string(header_epoch)));
+  if (!engine_.FindJob(job))
+    return refuse(NotFound("no job " + job +
+                           " in the engine: a manager attaches only to a job the scheduler "
+                           "has given the engine; check the job id"));
+  if (epoch < served)
+    return refuse(FailedPrecondition(
+        "fenced: manager epoch " + std::to_string(epoch) + " of job " + job +
+        " is older than epoch " + std::to_string(served) +
+        ", which this coordinator serves; a newer manager has replaced this one"));
+
+  std::vector<Outgoing> out;
+  JobEntry& entry = jobs_[job];
+  if (entry.stream != 0 && entry.stream != stream) {
+    const uint64_t old = entry.stream;
+    const uint64_t old_epoch = streams_[old].epoch;
+    out.push_back(Refusal(
+        old, job, epoch,
+        FailedPrecondition("fenced: manager epoch " + std::to_string(epoch) + " of job " + job +
+                           " attached on a new stream and replaces this one (epoch " +
+                           std::to_string(old_epoch) + ")"),
+        true));
+    streams_.erase(old);
+  }
+  entry.epoch = epoch;
+  entry.stream = stream;
+  Attached& a = streams_[stream];
+  a = Attached{job, epoch, 0};
+  Outgoing directive;
+  (void)DirectiveFor(stream, a, directive);  // the job exists: checked under this lock
+  out.push_back(std::move(directive));
+  return out;
+}
+
+Status Attachments::ApplyFact(const Attached& a, const v1::ManagerReport& report,
+                              int64_t now_ms) {
+  json event;
+  switch (report.body_case()) {
+    case v1::ManagerReport::kFault: {
+      const v1::FaultFacts& f = report.fault();
+      const std::string_view kind = EngineFaultKind(f.kind());
+      if (kind.empty())
+        return InvalidArgument("the fault of job " + a.job + " has kind " +
+                               std::to_string(static_cast<int>(f.kind())) +
+                               ", which is not a fault kind: set FaultFacts.kind");
+      if (f.pods_size() > kMaxListEntries || f.ranks_size() > kMaxListEntries)
+        return InvalidArgument("the fault of job " + a.job + " lists " +
+                               std::to_string(f.pods_size()) + " pods and " +
+                               std::to_string(f.ranks_size()) + " ranks, over the limit of " +
+                               std::to_string(kMaxListEntries));
+      event = {{"type", "fault"},
+               {"job", a.job},
+               {"kind", kind},
+               {"pods", std::vector<uint32_t>(f.pods().begin(), f.pods().end())},
+               {"ranks", std::vector<uint32_t>(f.ranks().begin(), f.ranks().end())},
+               {"step", std::max<int64_t>(-1, f.step())},  // any negative step: not known
+               {"detail", Truncated(ValidUtf8(f.detail()), kMaxDetailBytes)}};
+      break;
+    }
+    case v1::ManagerReport::kReplacement: {
+      const v1::ReplacementRegistered& r = report.replacement();
+      // The replacement's pod is running with its new uid (a uid the engine has not seen for
+      // that index is a new incarnation), and its agent has registered. A zombie (the lost
+      // incarnation's own uid) leaves the pod event without effect and is refused by the second.
+      const json pod = {{"type", "pod"},
+                        {"job", a.job},
+                        {"index", r.pod()},
+                        {"uid", r.pod_uid()},
+                        {"phase", "running"}};
+      const json registered = {
+          {"type", "replacement_registered"}, {"job", a.job}, {"index", r.pod()},
+          {"uid", r.pod_uid()}};
+      std::unique_lock lock(engine_mu_);
+      Status st = engine_.ApplyEvents(pod, now_ms);
+      if (st.ok()) st = engine_.ApplyEvents(registered, now_ms);
+      return st;
+    }
+    case v1::ManagerReport::kProgress: {
+      const v1::ManagerProgress& p = report.progress();
+      event = {{"type", "manager_status"},
+               {"job", a.job},
+               {"epoch", a.epoch},
+               {"generation", p.generation()},
+               {"committed_step", std::max<int64_t>(-1, p.committed_step())},
+               {"live_ranks", p.live_ranks()}};
+      break;
+    }
+    case v1::ManagerReport::kHello:
+      return FailedPrecondition("this stream is already attached for job " + a.job +
+                                " (epoch " + std::to_string(a.epoch) +
+                                "): hello is its first message only");
+    default:
+      return InvalidArgument("the report of job " + a.job +
+                             " has no body: send a fault, replacement or progress");
+  }
+  std::unique_lock lock(engine_mu_);
+  return engine_.ApplyEvents(event, now_ms);
+}
+
+std::vector<Attachments::Outgoing> Attachments::OnReport(uint64_t stream,
+                                                         const v1::ManagerReport& report,
+                                                         int64_t now_ms) {
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) return Hello(stream, report);
+  const Attached& a = it->second;
+  Status st;
+  if (report.header().job_id() != a.job)
+    st = InvalidArgument("the report names job " + report.header().job_id() +
+                         " but this stream is attached for job " + a.job);
+  else if (report.header().epoch() != 0 && report.header().epoch() != a.epoch)
+    st = FailedPrecondition("the report is of manager epoch " +
+                            std::to_string(report.header().epoch()) +
+                            " but this stream is attached as epoch " + std::to_string(a.epoch));
+  else
+    st = ApplyFact(a, report, now_ms);
+  if (st.ok()) return {};
+  if (report.body_case() != v1::ManagerReport::kHello &&
+      report.body_case() != v1::ManagerReport::BODY_NOT_SET)
+    st = {st.code(), "refused the " + std::string(FactName(report.body_case())) + " of job " +
+                         a.job + ": " + st.message()};
+  std::shared_lock lock(engine_mu_);
+  return {Refusal(stream, a.job, a.epoch, st, false)};
+}
+
+void Attachments::OnClosed(uint64_t stream) {
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) return;
+  auto job = jobs_.find(it->second.job);
+  if (job != jobs_.end() && job->second.stream == stream) job->second.stream = 0;
+  streams_.erase(it);
+}
+
+std::vector<Attachments::Outgoing> Attachments::Publish() {
+  std::vector<Outgoing> out;
+  std::vector<uint64_t> gone;
+  std::shared_lock lock(engine_mu_);
+  for (auto& [id, a] : streams_) {
+    const Job* job = engine_.FindJob(a.job);
+    if (!job) {
+      gone.push_back(id);
+      continue;
+    }
+    if (job->directive().id == a.sent_directive) continue;
+    Outgoing d;
+    if (DirectiveFor(id, a, d)) out.push_back(std::move(d));
+  }
+  for (uint64_t id : gone) {
+    const Attached a = streams_[id];
+    out.push_back(Refusal(id, a.job, a.epoch,
+                          NotFound("job " + a.job + " was removed from the engine"), true));
+    jobs_.erase(a.job);
+    streams_.erase(id);
+  }
+  // Forget the epochs of jobs the engine no longer has, so the table does not grow forever.
+  for (auto it = jobs_.begin(); it != jobs_.end();)
+    it = it->second.stream == 0 && !engine_.FindJob(it->first) ? jobs_.erase(it) : std::next(it);
+  return out;
+}
+
+}  // namespace regroup::coordinator

@@ -1,0 +1,93 @@
+// The coordinator's logic without gRPC: which manager stream serves which job, what each message
+// of a stream does to the engine, and which directives go down which stream. The gRPC service
+// (coordinator.h) calls it under its own lock; tests and the fuzzer drive it directly.
+//
+// A stream attaches with `hello` (its job in the header, the manager's epoch). Only the highest
+// epoch of a job is served: an older manager is refused as fenced, a newer one (or the same
+// epoch on a new stream: a reconnect) replaces the attached stream, which is closed. An attached
+// stream's facts become engine events; a bad fact is answered with a Refusal carrying the
+// engine's error and changes nothing. The job's directive goes down on attach and whenever its
+// id changes (Publish).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "plugin/engine.h"
+#include "plugin/status.h"
+#include "regroup/v1/runtime.pb.h"
+
+namespace regroup::coordinator {
+
+namespace v1 = ::regroup::v1;
+
+// An engine directive in its wire form (strings made valid UTF-8, which proto3 requires).
+v1::Directive DirectiveToProto(const Directive& d);
+
+// `text` with every byte that is not part of valid UTF-8 replaced by U+FFFD.
+std::string ValidUtf8(std::string_view text);
+
+class Attachments {
+ public:
+  // A message for one stream. `close`: end that stream after it, with `status` (never ok).
+  struct Outgoing {
+    uint64_t stream = 0;
+    v1::CoordinatorDirective message;
+    bool close = false;
+    Status status;
+  };
+
+  // `engine_mu` is the lock every user of `engine` holds (the C ABI's per-engine lock): shared
+  // to read, exclusive to change. Not thread-safe itself: one caller at a time.
+  Attachments(std::shared_mutex& engine_mu, Engine& engine)
+      : engine_mu_(engine_mu), engine_(engine) {}
+
+  // A message of stream `stream` (any id; a stream is new until its hello is accepted). Facts are
+  // applied to the engine at `now_ms`. Returns what to send, possibly to other streams (the one
+  // a newer manager replaces).
+  std::vector<Outgoing> OnReport(uint64_t stream, const v1::ManagerReport& report,
+                                 int64_t now_ms);
+  // The stream ended; its job has no manager attached until the next hello.
+  void OnClosed(uint64_t stream);
+  // The current directive of every attached job whose directive id changed since it was last
+  // sent; a job the engine no longer has ends its stream (NOT_FOUND), and its epoch is
+  // forgotten.
+  std::vector<Outgoing> Publish();
+
+  bool attached(uint64_t stream) const { return streams_.count(stream) > 0; }
+  size_t attached_count() const { return streams_.size(); }
+  // The highest manager epoch seen for a job (0: none), and the stream serving it (0: none).
+  uint64_t epoch_of(std::string_view job) const;
+  uint64_t stream_of(std::string_view job) const;
+
+ private:
+  struct Attached {
+    std::string job;
+    uint64_t epoch = 0;
+    uint64_t sent_directive = 0;  // id of the last directive sent down this stream
+  };
+  struct JobEntry {
+    uint64_t epoch = 0;   // the highest epoch that attached
+    uint64_t stream = 0;  // the stream serving it; 0 while none is attached
+  };
+
+  std::vector<Outgoing> Hello(uint64_t stream, const v1::ManagerReport& report);
+  Status ApplyFact(const Attached& a, const v1::ManagerReport& report, int64_t now_ms);
+  // These two read the engine: the caller holds engine_mu_ (shared at least).
+  // The job's directive for stream `stream`; false if the engine does not know the job.
+  bool DirectiveFor(uint64_t stream, Attached& a, Outgoing& out) const;
+  Outgoing Refusal(uint64_t stream, std::string_view job, uint64_t epoch, const Status& why,
+                   bool close) const;
+  v1::Header MakeHeader(std::string_view job, uint64_t epoch) const;
+
+  std::shared_mutex& engine_mu_;
+  Engine& engine_;
+  std::map<uint64_t, Attached> streams_;                // attached streams
+  std::map<std::string, JobEntry, std::less<>> jobs_;  // every job a manager attached to
+};
+
+}  // namespace regroup::coordinator

@@ -1,0 +1,233 @@
+#include "plugin/coordinator.h"
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include <grpcpp/grpcpp.h>
+
+#include "manager/common/credential.h"
+#include "plugin/attachments.h"
+#include "regroup/v1/runtime.grpc.pb.h"
+
+namespace regroup::coordinator {
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+namespace {
+
+using Reactor = grpc::ServerBidiReactor<v1::ManagerReport, v1::CoordinatorDirective>;
+
+grpc::StatusCode ToGrpc(regroup_status code) {
+  switch (code) {
+    case REGROUP_OK: return grpc::StatusCode::OK;
+    case REGROUP_INVALID_ARGUMENT: return grpc::StatusCode::INVALID_ARGUMENT;
+    case REGROUP_NOT_FOUND: return grpc::StatusCode::NOT_FOUND;
+    case REGROUP_FAILED_PRECONDITION: return grpc::StatusCode::FAILED_PRECONDITION;
+    case REGROUP_RESOURCE_EXHAUSTED: return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    default: return grpc::StatusCode::INTERNAL;
+  }
+}
+
+// A stream refused before its first message: a wrong credential, or the coordinator stopping.
+class Rejected final : public Reactor {
+ public:
+  explicit Rejected(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+class Coordinator::Service final : public v1::Coordinator::CallbackService {
+ public:
+  Service(std::shared_mutex& engine_mu, Engine& engine, CoordinatorOptions options)
+      : options_(std::move(options)), attachments_(engine_mu, engine) {}
+
+  Status Start() {
+    auto creds = runtime::ServerCredentials(options_.tls_cert_file, options_.tls_key_file);
+    if (!creds.ok()) return creds.status();
+    grpc::ServerBuilder builder;
+    runtime::ConfigureServer(builder);
+    // gRPC sets SO_REUSEPORT by default: a second coordinator on a port in use would start and
+    // silently take part of its managers. Refuse the port instead.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    builder.AddListeningPort(options_.listen, *creds, &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    if (!server_ || port_ == 0)
+      return InvalidArgument("the coordinator cannot listen on " + options_.listen +
+                             " (in use, or not an address of this host): choose another "
+                             "address or port");
+    return Status::Ok();
+  }
+
+  // Ends every stream, then stops the server; streams still open after a second are cancelled.
+  void Stop() {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      for (auto& [id, stream] : streams_)
+        stream->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"));
+    }
+    if (server_) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      server_->Wait();
+    }
+  }
+
+  int port() const { return port_; }
+
+  void Publish() {
+    std::lock_guard lock(mu_);
+    Deliver(attachments_.Publish());
+  }
+
+  Reactor* Attach(grpc::CallbackServerContext* context) override {
+    grpc::Status auth = runtime::CheckCredential(*context, options_.credential);
+    if (!auth.ok()) return new Rejected(auth);
+    std::lock_guard lock(mu_);
+    if (stopping_)
+      return new Rejected(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"));
+    auto* stream = new Stream(this, next_stream_++);
+    streams_[stream->id()] = stream;
+    return stream;
+  }
+
+ private:
+  // One manager's stream. Writes are queued: gRPC allows one in flight per stream.
+  class Stream final : public Reactor {
+   public:
+    Stream(Service* service, uint64_t id) : service_(service), id_(id) { StartRead(&in_); }
+    uint64_t id() const { return id_; }
+
+    void Send(const v1::CoordinatorDirective& message, bool close, const grpc::Status& status) {
+      std::lock_guard lock(mu_);
+      if (finishing_) return;
+      queue_.push_back(message);
+      if (close) {
+        finishing_ = true;
+        close_status_ = status;
+      }
+      if (!writing_) {
+        writing_ = true;
+        StartWrite(&queue_.front());
+      }
+    }
+
+    void Close(const grpc::Status& status) {
+      std::lock_guard lock(mu_);
+      if (finishing_) return;
+      finishing_ = true;
+      close_status_ = status;
+      if (!writing_) Finish(status);
+    }
+
+    void OnReadDone(bool ok) override {
+      if (!ok) {  // the manager ended its side, or the stream broke
+        Close(grpc::Status::OK);
+        return;
+      }
+      service_->OnMessage(this, in_);
+      std::lock_guard lock(mu_);
+      if (!finishing_) StartRead(&in_);
+    }
+
+    void OnWriteDone(bool ok) override {
+      std::lock_guard lock(mu_);
+      queue_.pop_front();
+      if (!ok) {
+        writing_ = false;
+        finishing_ = true;
+        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the manager is gone"));
+        return;
+      }
+      if (!queue_.empty()) {
+        StartWrite(&queue_.front());
+        return;
+      }
+      writing_ = false;
+      if (finishing_) Finish(close_status_);
+    }
+
+    void OnDone() override {
+      service_->OnStreamDone(this);
+      delete this;
+    }
+
+   private:
+    Service* service_;
+    const uint64_t id_;
+    v1::ManagerReport in_;
+    std::mutex mu_;
+    std::deque<v1::CoordinatorDirective> queue_;
+    bool writing_ = false;
+    bool finishing_ = false;
+    grpc::Status close_status_;
+  };
+
+  void OnMessage(Stream* stream, const v1::ManagerReport& report) {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    Deliver(attachments_.OnReport(stream->id(), report, WallMs()));
+  }
+
+  void OnStreamDone(Stream* stream) {
+    std::lock_guard lock(mu_);
+    streams_.erase(stream->id());
+    attachments_.OnClosed(stream->id());
+  }
+
+  // Sends what Attachments decided; holds mu_.
+  void Deliver(std::vector<Attachments::Outgoing> out) {
+    for (auto& o : out) {
+      auto it = streams_.find(o.stream);
+      if (it == streams_.end()) continue;
+      it->second->Send(o.message, o.close,
+                       o.close ? grpc::Status(ToGrpc(o.status.code()), o.status.message())
+                               : grpc::Status::OK);
+    }
+  }
+
+  const CoordinatorOptions options_;
+  std::mutex mu_;  // before the engine's lock, never after
+  Attachments attachments_;
+  std::map<uint64_t, Stream*> streams_;  // every live stream, attached or not
+  uint64_t next_stream_ = 1;
+  bool stopping_ = false;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+Coordinator::Coordinator(std::unique_ptr<Service> service) : service_(std::move(service)) {}
+
+Coordinator::~Coordinator() {
+  try {
+    service_->Stop();
+  } catch (...) {
+    // Stopping must not throw out of a destructor (and out of regroup_coordinator_free).
+  }
+}
+
+StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(std::shared_mutex& engine_mu,
+                                                          Engine& engine,
+                                                          CoordinatorOptions options) {
+  if (options.listen.empty()) options.listen = CoordinatorOptions().listen;
+  auto service = std::make_unique<Service>(engine_mu, engine, std::move(options));
+  if (Status st = service->Start(); !st.ok()) {
+    service->Stop();
+    return st;
+  }
+  return std::unique_ptr<Coordinator>(new Coordinator(std::move(service)));
+}
+
+int Coordinator::port() const { return service_->port(); }
+
+void Coordinator::Publish() { service_->Publish(); }
+
+}  // namespace regroup::coordinator

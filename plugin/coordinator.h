@@ -1,0 +1,47 @@
+// The coordinator: the gRPC service (regroup.v1.Coordinator, proto/regroup/v1/runtime.proto) in
+// libregroup.so that connects the jobs' managers to the scheduler's engine. One bidirectional
+// stream per manager, on gRPC's callback API; the logic of a stream is Attachments
+// (attachments.h). The C ABI wraps it as regroup_coordinator.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+
+#include "plugin/engine.h"
+#include "plugin/status.h"
+
+namespace regroup::coordinator {
+
+struct CoordinatorOptions {
+  std::string listen = "0.0.0.0:8899";  // port 0: any free port
+  std::string credential;                // "" : managers must send none
+  std::string tls_cert_file, tls_key_file;
+};
+
+// Facts are applied to the engine at this clock: milliseconds since the Unix epoch.
+int64_t WallMs();
+
+class Coordinator {
+ public:
+  // Starts serving `engine`, whose every user holds `engine_mu` (shared to read, exclusive to
+  // change). Both must outlive the coordinator. Errors name the address or the file.
+  static StatusOr<std::unique_ptr<Coordinator>> Start(std::shared_mutex& engine_mu, Engine& engine,
+                                                      CoordinatorOptions options);
+  // Stops accepting, ends every stream (UNAVAILABLE) and waits for them. Never throws.
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  int port() const;
+  // Sends every attached manager its job's directive when its id changed since last sent.
+  void Publish();
+
+ private:
+  class Service;
+  explicit Coordinator(std::unique_ptr<Service> service);
+  std::unique_ptr<Service> service_;
+};
+
+}  // namespace regroup::coordinator

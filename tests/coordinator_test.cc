@@ -1,0 +1,568 @@
+// The coordinator in libregroup.so (through its C ABI, over a real engine) with real managers:
+// the manager's JobRuntime over RemoteDecisions in this process, and raw gRPC clients for the
+// refusals. Every server is on a port the OS chooses; every wait is bounded.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+
+#include "manager/common/credential.h"
+#include "manager/server/remote_decisions.h"
+#include "manager/server/runtime.h"
+#include "regroup.h"
+#include "regroup/v1/runtime.grpc.pb.h"
+
+namespace {
+
+namespace v1 = ::regroup::v1;
+namespace rt = ::regroup::runtime;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr char kJob[] = "default/coord";
+constexpr char kCredential[] = "s3cret";
+constexpr auto kWait = 10s;  // the bound of every wait
+
+// Two pods of one process (dp 2), a decision wait of 1 s.
+std::string JobJson(const std::string& strategies, const std::string& id = kJob) {
+  return json{{"id", id},
+              {"uid", "uid-" + id},
+              {"labels", {{"fault-scheduling", "force"}}},
+              {"annotations", {{"recover-strategy", strategies}}},
+              {"env", {{"MINDIO_WAIT_MINDX_TIME", "1"}}},
+              {"pods", 2},
+              {"processes_per_pod", 1}}
+      .dump();
+}
+
+int64_t Now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Waits until `done` holds or kWait passes.
+bool Eventually(const std::function<bool()>& done) {
+  const auto until = std::chrono::steady_clock::now() + kWait;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+std::string Message(regroup_error* err) {
+  std::string m = err ? regroup_error_message(err) : "";
+  regroup_error_free(err);
+  return m;
+}
+
+// A raw manager stream, for what RemoteDecisions never sends. The call's deadline bounds reads.
+class RawStream {
+ public:
+  RawStream(int port, const std::string& credential) {
+    stub_ = v1::Coordinator::NewStub(rt::MakeChannel("127.0.0.1:" + std::to_string(port)));
+    rt::AttachCredential(context_, credential);
+    context_.set_deadline(std::chrono::system_clock::now() + kWait);
+    stream_ = stub_->Attach(&context_);
+  }
+  bool Send(v1::ManagerReport report, const std::string& job, uint64_t epoch) {
+    report.mutable_header()->set_job_id(job);
+    report.mutable_header()->set_sender("manager/" + std::to_string(epoch));
+    report.mutable_header()->set_epoch(epoch);
+    return stream_->Write(report);
+  }
+  bool Hello(const std::string& job, uint64_t epoch) {
+    v1::ManagerReport r;
+    r.mutable_hello()->set_epoch(epoch);
+    return Send(r, job, epoch);
+  }
+  // The next message; an empty message once the stream ended.
+  v1::CoordinatorDirective Read() {
+    v1::CoordinatorDirective m;
+    if (!stream_->Read(&m)) m.Clear();
+    return m;
+  }
+  grpc::Status Finish() {
+    stream_->WritesDone();
+    v1::CoordinatorDirective rest;
+    while (stream_->Read(&rest)) {
+    }
+    return stream_->Finish();
+  }
+
+ private:
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ManagerReport, v1::CoordinatorDirective>> stream_;
+};
+
+v1::ManagerReport FaultReport(v1::FaultKind kind, std::vector<uint32_t> pods,
+                              std::vector<uint32_t> ranks, int64_t step) {
+  v1::ManagerReport r;
+  r.mutable_fault()->set_kind(kind);
+  for (uint32_t p : pods) r.mutable_fault()->add_pods(p);
+  for (uint32_t k : ranks) r.mutable_fault()->add_ranks(k);
+  r.mutable_fault()->set_step(step);
+  r.mutable_fault()->set_detail("from the test");
+  return r;
+}
+
+// A job's manager: the real JobRuntime over RemoteDecisions, with two simulated agents (pods p0
+// and p1, one process each) and a simulated clock.
+class Manager {
+ public:
+  Manager(const std::string& job_json, int port, uint64_t epoch,
+          const std::string& credential = kCredential) {
+    auto spec = regroup::ParseJobSpec(std::string_view(job_json));
+    EXPECT_TRUE(spec.ok()) << spec.status().message();
+    spec_ = *spec;
+    auto resolved = spec_.Resolve();
+    EXPECT_TRUE(resolved.ok());
+    rt::RemoteDecisionsOptions o;
+    o.target = "127.0.0.1:" + std::to_string(port);
+    o.credential = credential;
+    o.job_id = spec_.id;
+    o.epoch = epoch;
+    auto remote = std::make_unique<rt::RemoteDecisions>(o);
+    remote_ = remote.get();
+    rt::RuntimeOptions ro;
+    ro.epoch = epoch;
+    ro.join_window_ms = 5000;
+    runtime_ = std::make_unique<rt::JobRuntime>(spec_, resolved.config, ro, std::move(remote));
+  }
+
+  rt::RemoteDecisions& remote() { return *remote_; }
+  rt::JobRuntime& runtime() { return *runtime_; }
+  int64_t now = 1000;
+
+  // Both agents register; the first generation forms.
+  void StartTraining() {
+    for (int64_t n = 0; n < 2; ++n) {
+      v1::Register reg;
+      reg.set_pod_uid(Uid(n));
+      reg.set_node_rank(static_cast<int32_t>(n));
+      reg.set_host("127.0.0.1");
+      reg.set_nproc(1);
+      reg.set_free_port(30000 + static_cast<uint32_t>(n));
+      auto* rank = reg.add_ranks();  // its trainer said hello and waits for a generation
+      rank->set_alive(true);
+      rank->set_phase(v1::PHASE_PAUSED);
+      v1::Header h;
+      h.set_job_id(spec_.id);
+      h.set_sender(Uid(n));
+      auto registered = runtime_->Register(Stream(n), h, reg, now);
+      ASSERT_TRUE(registered.ok()) << registered.status().message();
+    }
+    Tick();
+    ASSERT_TRUE(runtime_->training());
+  }
+  // Pod n's process exits with code 1: a fault the runtime reports to the decision maker.
+  void ProcessExits(int64_t n, int64_t step) {
+    v1::AgentMessage m;
+    m.mutable_header()->set_job_id(spec_.id);
+    m.mutable_header()->set_sender(Uid(n));
+    m.mutable_header()->set_epoch(runtime_->epoch());
+    m.mutable_process_exit()->set_local_rank(0);
+    m.mutable_process_exit()->set_exit_code(1);
+    m.mutable_process_exit()->set_step(step);
+    regroup::Status st = runtime_->Handle(Stream(n), m, now);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_FALSE(runtime_->training()) << "the generation is aborted at once";
+  }
+  // One tick of the runtime at `now`; what it sends is kept.
+  void Tick() {
+    runtime_->Tick(now);
+    for (auto& o : runtime_->TakeOutgoing()) sent_.push_back(std::move(o));
+  }
+  // Ticks (real time passing, the runtime's clock 1 ms a tick) until a message for an agent
+  // satisfies `match`.
+  bool TickUntilSent(const std::function<bool(const rt::JobRuntime::Outgoing&)>& match) {
+    return Eventually([&] {
+      ++now;
+      Tick();
+      for (const auto& o : sent_)
+        if (match(o)) return true;
+      return false;
+    });
+  }
+  bool HasEvent(const std::string& kind) const {
+    const v1::GetStatusResponse status = runtime_->StatusReport();
+    for (const auto& e : status.events())
+      if (e.kind() == kind) return true;
+    return false;
+  }
+  const std::vector<rt::JobRuntime::Outgoing>& sent() const { return sent_; }
+
+ private:
+  static std::string Uid(int64_t n) { return "p" + std::to_string(n); }
+  static uint64_t Stream(int64_t n) { return static_cast<uint64_t>(n) + 1; }
+
+  regroup::JobSpec spec_;
+  rt::RemoteDecisions* remote_ = nullptr;  // owned by runtime_
+  std::unique_ptr<rt::JobRuntime> runtime_;
+  std::vector<rt::JobRuntime::Outgoing> sent_;
+};
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(regroup_engine_new(&engine_, nullptr, nullptr), REGROUP_OK);
+    AddJob(JobJson("recover-in-place,dump"));
+    Start("127.0.0.1:0");
+    ASSERT_GT(port_, 0);
+  }
+  void TearDown() override {
+    regroup_coordinator_free(coordinator_);
+    regroup_engine_free(engine_);
+  }
+
+  void AddJob(const std::string& job_json) {
+    regroup_error* err = nullptr;
+    ASSERT_EQ(regroup_engine_upsert_job(engine_, nullptr, job_json.data(), job_json.size(), Now(),
+                                        &err),
+              REGROUP_OK)
+        << Message(err);
+    const std::string id = json::parse(job_json)["id"];
+    for (uint32_t i = 0; i < 2; ++i)
+      ASSERT_EQ(regroup_engine_set_pod_state(engine_, id.c_str(), i, ("p" + std::to_string(i)).c_str(),
+                                             REGROUP_POD_RUNNING, ("n" + std::to_string(i)).c_str(),
+                                             Now(), nullptr),
+                REGROUP_OK);
+  }
+  void Start(const std::string& listen) {
+    regroup_coordinator_options o = REGROUP_COORDINATOR_OPTIONS_INIT;
+    o.listen = listen.c_str();
+    o.credential = kCredential;
+    regroup_error* err = nullptr;
+    ASSERT_EQ(regroup_coordinator_start(&coordinator_, engine_, &o, &err), REGROUP_OK)
+        << Message(err);
+    port_ = regroup_coordinator_port(coordinator_);
+  }
+  void Stop() {
+    regroup_coordinator_free(coordinator_);
+    coordinator_ = nullptr;
+  }
+  void Publish() { ASSERT_EQ(regroup_coordinator_publish(coordinator_, nullptr), REGROUP_OK); }
+  regroup_decision Decision(const char* job = kJob) {
+    regroup_decision d = REGROUP_DECISION_INIT;
+    EXPECT_EQ(regroup_engine_decision(engine_, &d, job, nullptr), REGROUP_OK);
+    return d;
+  }
+  // Ticks the engine past the report window until the job's directive is `kind`.
+  bool EngineDecides(regroup_directive_kind kind, const char* job = kJob) {
+    return Eventually([&] {
+      EXPECT_EQ(regroup_engine_tick(engine_, Now() + 300, nullptr, nullptr), REGROUP_OK);
+      return Decision(job).kind == kind;
+    });
+  }
+  json DecisionJson(const char* job = kJob) {
+    char* out = nullptr;
+    EXPECT_EQ(regroup_engine_decision_json(engine_, &out, job, nullptr), REGROUP_OK);
+    json j = json::parse(out ? out : "null");
+    regroup_string_free(out);
+    return j;
+  }
+
+  regroup_engine* engine_ = nullptr;
+  regroup_coordinator* coordinator_ = nullptr;
+  int port_ = 0;
+};
+
+bool IsRestart(const rt::JobRuntime::Outgoing& o, int64_t node) {
+  return o.node_rank == node && o.message.has_restart();
+}
+bool IsStop(const rt::JobRuntime::Outgoing& o, v1::StopTraining::Mode mode) {
+  return o.message.has_stop() && o.message.stop().mode() == mode;
+}
+
+TEST_F(CoordinatorTest, FaultReachesTheEngineAndItsDirectiveReachesTheManager) {
+  Manager m(JobJson("recover-in-place,dump"), port_, 1);
+  ASSERT_TRUE(m.remote().WaitAvailable(kWait)) << m.remote().last_error();
+  m.StartTraining();
+  m.ProcessExits(1, 7);
+
+  ASSERT_TRUE(EngineDecides(REGROUP_DIRECTIVE_RESTART_IN_PLACE))
+      << "the manager's fault never reached the engine: " << DecisionJson().dump();
+  EXPECT_EQ(DecisionJson()["directive"]["restart_ranks"], json::array({1}));
+  EXPECT_FALSE(m.remote().Poll()) << "no directive before the plugin publishes";
+  Publish();
+  EXPECT_TRUE(m.TickUntilSent([](const auto& o) { return IsRestart(o, 1); }))
+      << "the engine's directive never reached the manager";
+  EXPECT_TRUE(m.HasEvent("directive"));
+}
+
+TEST_F(CoordinatorTest, DirectiveCarriesEveryFieldAndIsSentOncePerId) {
+  RawStream s(port_, kCredential);
+  ASSERT_TRUE(s.Hello(kJob, 3));
+  v1::CoordinatorDirective first = s.Read();
+  ASSERT_TRUE(first.has_directive()) << "a manager gets its job's directive when it attaches";
+  EXPECT_EQ(first.directive().id(), 0u);
+  EXPECT_EQ(first.directive().kind(), v1::Directive::KIND_CONTINUE);
+  EXPECT_EQ(first.header().job_id(), kJob);
+  EXPECT_EQ(first.header().sender(), "coordinator");
+  EXPECT_EQ(first.header().epoch(), 3u);
+
+  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_PROCESS_EXIT, {1}, {1}, 9), kJob, 3));
+  ASSERT_TRUE(EngineDecides(REGROUP_DIRECTIVE_RESTART_IN_PLACE));
+  Publish();
+  Publish();  // the same id again: not sent twice
+  v1::CoordinatorDirective next = s.Read();
+  ASSERT_TRUE(next.has_directive());
+  const json want = DecisionJson()["directive"];
+  const v1::Directive& d = next.directive();
+  EXPECT_EQ(d.id(), want["id"].get<uint64_t>());
+  EXPECT_EQ(d.kind(), v1::Directive::KIND_RESTART_IN_PLACE);
+  EXPECT_EQ(d.strategy(), want["strategy"].get<std::string>());
+  EXPECT_EQ(d.dp(), want["dp"].get<uint32_t>());
+  EXPECT_EQ(std::vector<uint32_t>(d.keep_replicas().begin(), d.keep_replicas().end()),
+            want["keep_replicas"].get<std::vector<uint32_t>>());
+  EXPECT_EQ(std::vector<uint32_t>(d.restart_ranks().begin(), d.restart_ranks().end()),
+            std::vector<uint32_t>{1});
+  EXPECT_EQ(d.committed_step(), want["committed_step"].get<int64_t>());
+  EXPECT_EQ(d.deadline_ms(), -1);
+  EXPECT_EQ(d.reason(), want["reason"].get<std::string>());
+  EXPECT_TRUE(s.Finish().ok());
+}
+
+TEST_F(CoordinatorTest, WrongCredentialIsRefused) {
+  RawStream s(port_, "wrong");
+  (void)s.Hello(kJob, 1);
+  grpc::Status st = s.Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
+
+  Manager m(JobJson("recover-in-place,dump"), port_, 1, "wrong");
+  EXPECT_FALSE(m.remote().WaitAvailable(500ms));
+  EXPECT_TRUE(Eventually([&] {
+    return m.remote().last_error().find("UNAUTHENTICATED") != std::string::npos;
+  })) << m.remote().last_error();
+}
+
+TEST_F(CoordinatorTest, UnknownJobIsRefused) {
+  RawStream s(port_, kCredential);
+  ASSERT_TRUE(s.Hello("default/nope", 1));
+  v1::CoordinatorDirective m = s.Read();
+  ASSERT_TRUE(m.has_refusal());
+  EXPECT_NE(m.refusal().reason().find("no job default/nope"), std::string::npos);
+  EXPECT_EQ(s.Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(CoordinatorTest, FirstMessageMustBeHello) {
+  RawStream s(port_, kCredential);
+  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_HANG, {0}, {}, 1), kJob, 1));
+  EXPECT_TRUE(s.Read().has_refusal());
+  EXPECT_EQ(s.Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(CoordinatorTest, OlderEpochIsFencedAndANewerOneReplacesTheAttachedManager) {
+  Manager five(JobJson("recover-in-place,dump"), port_, 5);
+  ASSERT_TRUE(five.remote().WaitAvailable(kWait)) << five.remote().last_error();
+
+  RawStream older(port_, kCredential);
+  ASSERT_TRUE(older.Hello(kJob, 3));
+  v1::CoordinatorDirective refusal = older.Read();
+  ASSERT_TRUE(refusal.has_refusal());
+  EXPECT_NE(refusal.refusal().reason().find("fenced"), std::string::npos);
+  EXPECT_EQ(refusal.refusal().epoch(), 5u) << "the refusal names the epoch served";
+  grpc::Status st = older.Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("fenced"), std::string::npos);
+  EXPECT_TRUE(five.remote().Available()) << "a refused older manager changes nothing";
+
+  Manager seven(JobJson("recover-in-place,dump"), port_, 7);
+  ASSERT_TRUE(seven.remote().WaitAvailable(kWait)) << seven.remote().last_error();
+  EXPECT_TRUE(Eventually([&] { return !five.remote().Available(); }))
+      << "the replaced manager's stream was not closed";
+  EXPECT_TRUE(Eventually([&] {
+    return five.remote().last_error().find("fenced") != std::string::npos;
+  })) << five.remote().last_error();
+
+  // Only the newer manager's facts reach the engine, and its directives only it.
+  seven.StartTraining();
+  seven.ProcessExits(0, 3);
+  ASSERT_TRUE(EngineDecides(REGROUP_DIRECTIVE_RESTART_IN_PLACE));
+  Publish();
+  EXPECT_TRUE(seven.TickUntilSent([](const auto& o) { return IsRestart(o, 0); }));
+  EXPECT_FALSE(five.remote().Poll());
+  EXPECT_FALSE(five.remote().Available());
+}
+
+TEST_F(CoordinatorTest, BadFactsAreRefusedAndChangeNothing) {
+  RawStream s(port_, kCredential);
+  ASSERT_TRUE(s.Hello(kJob, 2));
+  ASSERT_TRUE(s.Read().has_directive());
+  const json before = DecisionJson();
+
+  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_POD_LOST, {7}, {}, -1), kJob, 2));
+  v1::CoordinatorDirective m = s.Read();
+  ASSERT_TRUE(m.has_refusal());
+  EXPECT_NE(m.refusal().reason().find("\"pods\" holds 7"), std::string::npos)
+      << m.refusal().reason();
+
+  v1::ManagerReport zombie;
+  zombie.mutable_replacement()->set_pod(1);
+  zombie.mutable_replacement()->set_pod_uid("p1");
+  // Pod 1 is lost (its pod failed), then "p1" comes back claiming to be its replacement.
+  ASSERT_EQ(regroup_engine_set_pod_state(engine_, kJob, 1, "p1", REGROUP_POD_FAILED, "n1", Now(),
+                                         nullptr),
+            REGROUP_OK);
+  ASSERT_TRUE(s.Send(zombie, kJob, 2));
+  m = s.Read();
+  ASSERT_TRUE(m.has_refusal());
+  EXPECT_NE(m.refusal().reason().find("zombie"), std::string::npos) << m.refusal().reason();
+
+  v1::ManagerReport no_kind = FaultReport(v1::FAULT_KIND_UNSPECIFIED, {0}, {}, 1);
+  ASSERT_TRUE(s.Send(no_kind, kJob, 2));
+  EXPECT_TRUE(s.Read().has_refusal());
+  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_HANG, {0}, {}, 1), "default/other", 2));
+  EXPECT_TRUE(s.Read().has_refusal()) << "a report for another job";
+  v1::ManagerReport empty;
+  ASSERT_TRUE(s.Send(empty, kJob, 2));
+  EXPECT_TRUE(s.Read().has_refusal()) << "a report without a body";
+
+  json after = DecisionJson();
+  EXPECT_EQ(after["directive"], before["directive"]);
+  // The stream stays attached: a good replacement is taken.
+  v1::ManagerReport good;
+  good.mutable_replacement()->set_pod(1);
+  good.mutable_replacement()->set_pod_uid("p1-new");
+  ASSERT_TRUE(s.Send(good, kJob, 2));
+  char* state = nullptr;
+  EXPECT_TRUE(Eventually([&] {
+    EXPECT_EQ(regroup_engine_export_job_state(engine_, &state, kJob, nullptr), REGROUP_OK);
+    const bool seen = std::string(state).find("p1-new") != std::string::npos;
+    regroup_string_free(state);
+    return seen;
+  }));
+  EXPECT_TRUE(s.Finish().ok());
+}
+
+TEST_F(CoordinatorTest, CoordinatorDownPausesSurvivorsThenDumpsAfterTheDecisionWait) {
+  Manager m(JobJson("recover-in-place,dump"), port_, 1);
+  ASSERT_TRUE(m.remote().WaitAvailable(kWait));
+  m.StartTraining();
+  Stop();
+  ASSERT_TRUE(Eventually([&] { return !m.remote().Available(); }));
+
+  m.ProcessExits(1, 4);
+  m.Tick();
+  EXPECT_TRUE(m.HasEvent("decisions_unavailable"));
+  EXPECT_GE(m.remote().queued(), 1u) << "the fault waits for the coordinator";
+  m.now += 999;
+  m.Tick();
+  EXPECT_FALSE(m.HasEvent("decision_timeout")) << "survivors stay paused for the whole wait";
+  m.now += 1;
+  m.Tick();
+  EXPECT_TRUE(m.HasEvent("decision_timeout"));
+  int dumps = 0;
+  for (const auto& o : m.sent()) dumps += IsStop(o, v1::StopTraining::MODE_DUMP);
+  EXPECT_EQ(dumps, 2) << "both agents are told to dump";
+  EXPECT_EQ(m.runtime().StatusReport().phase(), "stopped");
+}
+
+TEST_F(CoordinatorTest, CoordinatorDownWithoutDumpExitsAfterTheDecisionWait) {
+  AddJob(JobJson("recover-in-place", "default/nodump"));
+  Manager m(JobJson("recover-in-place", "default/nodump"), port_, 1);
+  ASSERT_TRUE(m.remote().WaitAvailable(kWait));
+  m.StartTraining();
+  Stop();
+  ASSERT_TRUE(Eventually([&] { return !m.remote().Available(); }));
+  m.ProcessExits(0, 4);
+  m.Tick();
+  m.now += 1000;
+  m.Tick();
+  int exits = 0;
+  for (const auto& o : m.sent()) exits += IsStop(o, v1::StopTraining::MODE_EXIT);
+  EXPECT_EQ(exits, 2);
+}
+
+TEST_F(CoordinatorTest, FactsQueuedWhileAwayAreDeliveredAfterReattach) {
+  Manager m(JobJson("recover-in-place,dump"), port_, 1);
+  ASSERT_TRUE(m.remote().WaitAvailable(kWait));
+  const int port = port_;
+  Stop();
+  ASSERT_TRUE(Eventually([&] { return !m.remote().Available(); }));
+
+  v1::FaultFacts first, second;
+  first.set_kind(v1::FAULT_KIND_PROCESS_EXIT);
+  first.add_pods(0);
+  first.add_ranks(0);
+  first.set_step(5);
+  second = first;
+  second.set_kind(v1::FAULT_KIND_HANG);
+  m.remote().Fault(first, 0);
+  m.remote().Fault(second, 0);
+  EXPECT_EQ(m.remote().queued(), 2u);
+  EXPECT_EQ(Decision().kind, REGROUP_DIRECTIVE_CONTINUE);
+
+  Start("127.0.0.1:" + std::to_string(port));  // the scheduler restarted, same address
+  ASSERT_TRUE(m.remote().WaitAvailable(kWait)) << m.remote().last_error();
+  ASSERT_TRUE(Eventually([&] { return m.remote().queued() == 0; }));
+  ASSERT_TRUE(EngineDecides(REGROUP_DIRECTIVE_RESTART_IN_PLACE)) << DecisionJson().dump();
+  const std::string reason = DecisionJson()["directive"]["reason"];
+  ASSERT_NE(reason.find("hang"), std::string::npos) << "both queued faults arrived: " << reason;
+  EXPECT_LT(reason.find("process_exit"), reason.find("hang")) << "in order: " << reason;
+  EXPECT_EQ(m.remote().attaches(), 2u);
+  Publish();
+  std::optional<regroup::Directive> d;
+  EXPECT_TRUE(Eventually([&] { return (d = m.remote().Poll()).has_value(); }));
+  if (d) {
+    EXPECT_EQ(d->kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE);
+    EXPECT_EQ(d->restart_ranks, (std::vector<int64_t>{0}));
+  }
+}
+
+TEST_F(CoordinatorTest, RemovedJobEndsItsManagersStream) {
+  RawStream s(port_, kCredential);
+  ASSERT_TRUE(s.Hello(kJob, 1));
+  ASSERT_TRUE(s.Read().has_directive());
+  ASSERT_EQ(regroup_engine_remove_job(engine_, kJob, nullptr), REGROUP_OK);
+  Publish();
+  v1::CoordinatorDirective m = s.Read();
+  ASSERT_TRUE(m.has_refusal());
+  EXPECT_EQ(s.Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(CoordinatorTest, StartRefusesBadArguments) {
+  regroup_coordinator* c = reinterpret_cast<regroup_coordinator*>(this);
+  regroup_error* err = nullptr;
+  EXPECT_EQ(regroup_coordinator_start(&c, nullptr, nullptr, &err), REGROUP_INVALID_ARGUMENT);
+  EXPECT_EQ(c, nullptr);
+  regroup_error_free(err);
+  EXPECT_EQ(regroup_coordinator_start(nullptr, engine_, nullptr, nullptr),
+            REGROUP_INVALID_ARGUMENT);
+
+  regroup_coordinator_options o = REGROUP_COORDINATOR_OPTIONS_INIT;
+  o.version = 99;
+  EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_VERSION_MISMATCH);
+  regroup_error_free(err);
+
+  o = REGROUP_COORDINATOR_OPTIONS_INIT;
+  const std::string taken = "127.0.0.1:" + std::to_string(port_);
+  o.listen = taken.c_str();
+  EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);
+  EXPECT_NE(Message(err).find(taken), std::string::npos);
+  err = nullptr;
+
+  o = REGROUP_COORDINATOR_OPTIONS_INIT;
+  o.listen = "127.0.0.1:0";
+  o.tls_cert_file = "/nonexistent/cert.pem";
+  EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);
+  EXPECT_NE(Message(err).find("TLS"), std::string::npos) << "a certificate without its key";
+  err = nullptr;
+  o.tls_key_file = "/nonexistent/key.pem";
+  EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);
+  EXPECT_NE(Message(err).find("/nonexistent/cert.pem"), std::string::npos);
+
+  EXPECT_EQ(regroup_coordinator_publish(nullptr, nullptr), REGROUP_INVALID_ARGUMENT);
+  EXPECT_EQ(regroup_coordinator_port(nullptr), 0);
+  regroup_coordinator_free(nullptr);
+}
+
+}  // namespace

@@ -23,6 +23,25 @@ std::string FaultKindText(v1::FaultKind kind) {
   }
 }
 
+// Steps beyond this are refused: no job runs 10^15 steps, and arithmetic on them stays safe.
+constexpr int64_t kMaxStep = 1'000'000'000'000'000;
+
+// A rank's state as an agent reports it: steps within [-1, kMaxStep] and a local rank the pod
+// has. The error names what is wrong.
+Status CheckRanks(const google::protobuf::RepeatedPtrField<v1::LocalRank>& ranks, uint32_t nproc) {
+  for (const auto& r : ranks) {
+    if (r.local_rank() >= nproc)
+      return InvalidArgument("local rank " + std::to_string(r.local_rank()) +
+                             " is out of range: the pod runs " + std::to_string(nproc));
+    for (int64_t step : {r.step(), r.committed_step(), r.heard_commit_step()})
+      if (step < -1 || step > kMaxStep)
+        return InvalidArgument("local rank " + std::to_string(r.local_rank()) + " reports step " +
+                               std::to_string(step) + ", outside -1 to " +
+                               std::to_string(kMaxStep));
+  }
+  return Status::Ok();
+}
+
 std::string Join(const std::vector<int64_t>& items) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + std::to_string(items[i]);
@@ -143,6 +162,13 @@ JobRuntime::Agent* JobRuntime::AgentOf(uint64_t stream, int64_t* node_rank) {
   return &agents_[static_cast<size_t>(it->second)];
 }
 
+bool JobRuntime::Ready(const std::vector<int64_t>& replicas) const {
+  for (int64_t r : replicas)
+    for (int64_t p : layout_.PodsOfReplica(r))
+      if (!Available(p)) return false;
+  return !replicas.empty();
+}
+
 bool JobRuntime::Available(int64_t node) const {
   const Agent& a = agents_[static_cast<size_t>(node)];
   if (!a.connected || a.state == AgentState::kLost || a.state == AgentState::kLeaving ||
@@ -177,6 +203,7 @@ StatusOr<int64_t> JobRuntime::Register(uint64_t stream, const v1::Header& header
     return InvalidArgument("the agent runs " + std::to_string(reg.nproc()) +
                            " processes but job " + spec_.id + " has " +
                            std::to_string(spec_.processes_per_pod) + " per pod");
+  REGROUP_RETURN_IF_ERROR(CheckRanks(reg.ranks(), reg.nproc()));
   int64_t node = reg.node_rank();
   if (node < 0) {
     // Assign the first free node rank: never registered, or lost.
@@ -257,6 +284,7 @@ Status JobRuntime::Handle(uint64_t stream, const v1::AgentMessage& message, int6
   agent->last_seen_ms = now;
   switch (message.body_case()) {
     case v1::AgentMessage::kHeartbeat:
+      REGROUP_RETURN_IF_ERROR(CheckRanks(message.heartbeat().ranks(), agent->nproc));
       OnHeartbeat(node, *agent, message.heartbeat(), now);
       return Status::Ok();
     case v1::AgentMessage::kProcessExit:
@@ -347,7 +375,7 @@ Status JobRuntime::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
                               std::to_string(generation_));
   if (state_ != State::kTraining)
     return FailedPrecondition("the generation was aborted; the step is not voted on");
-  if (votes.step() != committed_step_ + 1)
+  if (votes.step() < 0 || votes.step() != committed_step_ + 1)
     return FailedPrecondition("the votes are for step " + std::to_string(votes.step()) +
                               "; the step in flight is " + std::to_string(committed_step_ + 1));
   if (vote_step_ != votes.step()) {
@@ -445,12 +473,15 @@ void JobRuntime::Commit(int64_t step, int64_t now) {
     }
     return;
   }
-  if (pending_ && pending_->kind == REGROUP_DIRECTIVE_SCALE_OUT) {
+  // A scale-out waits for the boundary and for every new rank to have said hello: survivors
+  // must not wait in the next generation's rendezvous while new processes still start.
+  if (pending_ && pending_->kind == REGROUP_DIRECTIVE_SCALE_OUT && Ready(pending_->keep_replicas)) {
     Directive d = *pending_;
     pending_.reset();
     Abort("scaling out at the step boundary", now);
-    FormGeneration(std::vector<int64_t>(d.keep_replicas.begin(), d.keep_replicas.end()),
-                   d.microbatches, d.reason, now);
+    if (!FormGeneration(std::vector<int64_t>(d.keep_replicas.begin(), d.keep_replicas.end()),
+                        d.microbatches, d.reason, now))
+      pending_ = d;
   }
 }
 
@@ -854,18 +885,15 @@ void JobRuntime::Tick(int64_t now) {
     pending_.reset();
     Apply(*d, now);
   }
-  // Work waiting for restarted processes or pods to come back.
-  if (pending_ && pending_->kind != REGROUP_DIRECTIVE_SCALE_OUT && state_ != State::kTraining &&
-      state_ != State::kStopped) {
+  // Work waiting for restarted processes or pods to come back (a scale-out while training
+  // waits for a step boundary instead: see Commit).
+  if (pending_ && state_ != State::kTraining && state_ != State::kStopped &&
+      Ready(pending_->keep_replicas)) {
     Directive d = *pending_;
-    std::vector<int64_t> keep(d.keep_replicas.begin(), d.keep_replicas.end());
-    bool ready = true;
-    for (int64_t r : keep)
-      for (int64_t p : layout_.PodsOfReplica(r)) ready = ready && Available(p);
-    if (ready) {
-      pending_.reset();
-      FormGeneration(keep, d.microbatches, d.reason, now);
-    }
+    pending_.reset();
+    if (!FormGeneration(std::vector<int64_t>(d.keep_replicas.begin(), d.keep_replicas.end()),
+                        d.microbatches, d.reason, now))
+      pending_ = d;
   }
   CheckDecisionWait(now);
 }

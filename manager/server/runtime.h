@@ -171,6 +171,8 @@ class JobRuntime {
   int64_t HangTimeoutMs() const;
   int64_t MedianStepMs() const;
   bool Available(int64_t node) const;
+  // Every pod of these replicas is Available.
+  bool Ready(const std::vector<int64_t>& replicas) const;
   // With a coordinator: the decision wait while it is unreachable (see runtime.cc).
   void CheckDecisionWait(int64_t now);
 

@@ -284,6 +284,35 @@ TEST(Runtime, LostAgentScalesInAndItsReplacementScalesOut) {
   EXPECT_EQ(sim.rt->world_size(), 8u);
 }
 
+TEST(Runtime, ScaleOutWaitsForTheReplacementsTrainersToSayHello) {
+  Sim sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  sim.rt->Disconnected(sim.streams_[3], sim.now);
+  sim.Gone(3);
+  sim.Run(400, 0);
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  // The replacement's agent registers while its trainers still import torch (STARTING).
+  std::vector<v1::LocalRank> starting(2);
+  for (uint32_t l = 0; l < 2; ++l) {
+    starting[l].set_local_rank(l);
+    starting[l].set_alive(true);
+    starting[l].set_phase(v1::PHASE_STARTING);
+  }
+  ASSERT_TRUE(sim.Register(3, "pod-3-b", starting).ok());
+  sim.Run(400);
+  for (int64_t n : {0, 1, 2}) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  sim.Run(100);
+  EXPECT_EQ(sim.rt->generation(), 2u) << "the survivors keep training";
+  EXPECT_TRUE(sim.rt->training());
+  // The trainers said hello: the next step boundary scales out.
+  ASSERT_TRUE(sim.Beat(3, 0, 0).ok());
+  for (int64_t n : {0, 1, 2}) ASSERT_TRUE(sim.Vote(n, 1).ok());
+  sim.Run(40);
+  EXPECT_EQ(sim.rt->generation(), 3u);
+  EXPECT_EQ(sim.rt->world_size(), 8u);
+}
+
 TEST(Runtime, MissedHeartbeatsAreALostPod) {
   Sim sim(2, 2, kForce, kElastic);
   sim.RegisterAll();

@@ -1,0 +1,31 @@
+"""Regroup's trainer library: a PyTorch training process that survives faults elsewhere in the job.
+
+A script keeps its own loop and wraps each step::
+
+    import regroup
+    trainer = regroup.Trainer(model, optimizer, config=regroup.TrainerConfig(
+        dataset_size=len(data), micro_batch_size=8, microbatches_per_step=4))
+    for step in trainer.steps(total_steps):
+        with step:
+            for mb in step.microbatches():
+                with mb:
+                    loss = loss_fn(step.model(inputs[mb.indices]), targets[mb.indices])  # summed
+                    step.backward(loss)
+            trainer.commit(step)
+
+See python/README.md and ../shared/DESIGN.md ("Exactness: the step contract").
+"""
+
+from regroup.api import (EXIT_ABORT_STUCK, AgentConnectionError, AgentError, CheckpointError,
+                         CollectiveFailed, ConfigError, GenerationAborted, ProtocolError, RegroupError,
+                         StateSyncError, StepFailed, StepRolledBack, StopMode, Timeouts, TrainerConfig,
+                         TrainingStopped, UsageError, init_manager, start_manager)
+from regroup.trainer import Generation, MicroBatch, Step, Trainer
+
+__all__ = [
+    "AgentConnectionError", "AgentError", "CheckpointError", "CollectiveFailed", "ConfigError",
+    "EXIT_ABORT_STUCK", "GenerationAborted", "Generation", "MicroBatch", "ProtocolError",
+    "RegroupError", "StateSyncError", "Step", "StepFailed", "StepRolledBack", "StopMode",
+    "Timeouts", "Trainer", "TrainerConfig", "TrainingStopped", "UsageError", "init_manager",
+    "start_manager",
+]

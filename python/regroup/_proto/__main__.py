@@ -1,0 +1,7 @@
+"""``python -m regroup._proto [--force]``: regenerate runtime_pb2.py from the .proto."""
+
+import sys
+
+from regroup._proto import generate
+
+print("regenerated" if generate(force="--force" in sys.argv) else "up to date")

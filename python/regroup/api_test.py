@@ -1,0 +1,113 @@
+"""Public types: validated configuration and timeouts, errors, the MindCluster manager entry points."""
+
+import stat
+import sys
+import textwrap
+
+import pytest
+
+import regroup
+from regroup import api
+
+
+def test_timeouts_refuse_non_positive_or_non_numeric_values():
+    for bad in (0, -1, float("nan"), float("inf"), "5", True):
+        with pytest.raises(api.ConfigError, match="connect"):
+            api.Timeouts(connect=bad)
+    assert api.Timeouts(outcome=None, start=None).outcome is None
+    with pytest.raises(api.ConfigError, match="heartbeat"):
+        api.Timeouts(heartbeat=30)
+    with pytest.raises(api.ConfigError, match="abort_grace"):
+        api.Timeouts(abort_grace=10, collective=5)
+
+
+def test_config_refuses_a_global_batch_larger_than_the_dataset():
+    with pytest.raises(api.ConfigError, match="larger than the dataset"):
+        api.TrainerConfig(dataset_size=10, micro_batch_size=4, microbatches_per_step=3)
+
+
+def test_config_names_the_bad_field():
+    with pytest.raises(api.ConfigError, match="micro_batch_size=0"):
+        api.TrainerConfig(dataset_size=10, micro_batch_size=0, microbatches_per_step=1)
+    with pytest.raises(api.ConfigError, match="checkpoint_dir"):
+        api.TrainerConfig(dataset_size=10, micro_batch_size=1, microbatches_per_step=1, checkpoint_interval=5)
+    with pytest.raises(api.ConfigError, match="backend"):
+        api.TrainerConfig(dataset_size=10, micro_batch_size=1, microbatches_per_step=1, backend="mpi")
+
+
+def test_config_derives_the_global_batch_and_steps_per_epoch():
+    c = api.TrainerConfig(dataset_size=100, micro_batch_size=4, microbatches_per_step=3)
+    assert (c.global_batch_size, c.steps_per_epoch) == (12, 8)
+
+
+def test_errors_form_one_hierarchy():
+    assert issubclass(api.ConfigError, ValueError)
+    for cls in (api.ConfigError, api.UsageError, api.AgentError, api.StepFailed, api.TrainingStopped,
+                api.StateSyncError, api.CheckpointError):
+        assert issubclass(cls, api.RegroupError)
+    for cls in (api.GenerationAborted, api.StepRolledBack, api.CollectiveFailed):
+        assert issubclass(cls, api.StepFailed)
+    assert api.TrainingStopped(api.StopMode.LEAVE, "drain").exit_code == 0
+    assert api.TrainingStopped(api.StopMode.EXIT, "poison step").exit_code == 1
+    assert "poison step" in str(api.TrainingStopped(api.StopMode.EXIT, "poison step"))
+
+
+def _fake_manager(tmp_path):
+    record = tmp_path / "args"
+    script = tmp_path / "regroup-manager"
+    script.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import sys
+        open({str(record)!r}, "w").write("\\n".join(sys.argv[1:]))
+        """))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return record
+
+
+def test_a_mindcluster_manager_py_needs_only_its_import_changed(tmp_path, monkeypatch):
+    # MindCluster's manager.py, with `from taskd.api import ...` replaced:
+    record = _fake_manager(tmp_path)
+    monkeypatch.setenv("REGROUP_BIN_DIR", str(tmp_path))
+    monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", "60")
+    from regroup.api import init_taskd_manager, start_taskd_manager
+
+    init_taskd_manager({"job_id": "default/llama", "node_nums": 4, "proc_per_node": 8})
+    assert start_taskd_manager() == 0
+    args = record.read_text().split("\n")
+    assert args[:6] == ["--job-id", "default/llama", "--nodes", "4", "--nproc-per-node", "8"]
+    assert "--env" in args and "MINDIO_WAIT_MINDX_TIME=60" in args
+
+
+def test_init_manager_passes_labels_annotations_and_listen(tmp_path, monkeypatch):
+    record = _fake_manager(tmp_path)
+    monkeypatch.setenv("REGROUP_BIN_DIR", str(tmp_path))
+    regroup.init_manager({"job_id": "j", "node_nums": "2", "proc_per_node": 2, "listen": "127.0.0.1:0",
+                          "labels": {"fault-scheduling": "force"},
+                          "annotations": {"recover-strategy": "recover-in-place,exit"}})
+    p = regroup.start_manager(wait=False)
+    assert p.wait(timeout=30) == 0
+    args = record.read_text().split("\n")
+    assert ["--listen", "127.0.0.1:0"] == args[6:8]
+    assert "fault-scheduling=force" in args and "recover-strategy=recover-in-place,exit" in args
+
+
+def test_init_manager_refuses_missing_or_unknown_keys(monkeypatch):
+    monkeypatch.delenv("MINDX_TASK_ID", raising=False)
+    monkeypatch.delenv("REGROUP_JOB_ID", raising=False)
+    with pytest.raises(api.ConfigError, match="job_id"):
+        api.init_manager({"node_nums": 1, "proc_per_node": 1})
+    with pytest.raises(api.ConfigError, match="node_nums"):
+        api.init_manager({"job_id": "j", "node_nums": 0, "proc_per_node": 1})
+    with pytest.raises(api.ConfigError, match="unknown key"):
+        api.init_manager({"job_id": "j", "node_nums": 1, "proc_per_node": 1, "nodes": 3})
+
+
+def test_find_binary_says_where_to_look(monkeypatch, tmp_path):
+    monkeypatch.setenv("REGROUP_BIN_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    try:
+        found = api.find_binary("regroup-no-such-binary")
+    except api.ConfigError as e:
+        assert "REGROUP_BIN_DIR" in str(e)
+    else:
+        pytest.fail(f"found {found}")

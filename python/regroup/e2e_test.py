@@ -1,0 +1,221 @@
+"""End to end: examples/train_mlp.py under the real regroup-manager and regroup-agent.
+
+Two nodes (agents) of two ranks each on this machine. A fault is injected once the ledger shows
+training past a given step; the test then waits for the last step, checks that every process
+ended as it should, that the final weights equal an uninterrupted single-process run (float64,
+norm-relative 1e-9) and that the ledger holds every sample exactly once per epoch.
+
+Timeouts of the job (annotations): the trainers' first heartbeat comes only after Python has
+imported torch (seconds on a loaded 2-core machine) and the manager counts the silence from the
+process start, so the liveness timeout is raised to 20 s (see the report on the agent/manager).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import pytest
+import torch
+
+from regroup.testing import (EXAMPLE, PYTHON, check_ledger, children_of, read_ledger, relative_error,
+                             wait_for)
+
+pytestmark = pytest.mark.e2e
+
+TOLERANCE = 1e-9
+DATA = {"dataset": 128, "micro_batch": 8, "microbatches": 4, "seed": 1234}
+TRAIN = ["--float64", "--dataset", "128", "--micro-batch", "8", "--microbatches", "4", "--checksum-interval", "5"]
+ANNOTATIONS = [
+    "recover-strategy=retry,recover-in-place,recover,elastic-training,dump,exit",
+    "regroup.io/prefer-elastic=true",
+    "regroup.io/heartbeat-interval-ms=200",
+    "regroup.io/liveness-misses=100",
+    "regroup.io/global-batch-size=32",
+    "regroup.io/micro-batch-size=8",
+    "regroup.io/checksum-interval=5",
+]
+
+_references: Dict[tuple, Path] = {}
+
+
+def reference(tmp_path_factory, steps: int, extra: Sequence[str]) -> Dict[str, torch.Tensor]:
+    key = (steps, *extra)
+    if key not in _references:
+        out = tmp_path_factory.mktemp("reference") / "ref.pt"
+        subprocess.run([PYTHON, str(EXAMPLE), *TRAIN, "--quiet", "--steps", str(steps), *extra, "--out", str(out)],
+                       check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        _references[key] = out
+    return torch.load(_references[key])
+
+
+class Cluster:
+    """A manager and its agents on this machine, every process owned by the test."""
+
+    def __init__(self, tmp_path: Path, procs, binaries, steps: int, train: Sequence[str], tp: int = 1):
+        self.tmp = tmp_path
+        self.procs = procs
+        self.binaries = binaries
+        self.steps = steps
+        self.tp = tp
+        self.ledger = tmp_path / "ledger"
+        self.out = tmp_path / "out.pt"
+        self.train = [*TRAIN, "--steps", str(steps), "--tp", str(tp), "--ledger", str(self.ledger),
+                      "--out", str(self.out), *train]
+        self.agents: Dict[str, subprocess.Popen] = {}
+        self.port = 0
+        self.manager: Optional[subprocess.Popen] = None
+
+    def start(self, nodes: int = 2, nproc: int = 2) -> None:
+        port_file = self.tmp / "manager.port"
+        if port_file.exists():
+            port_file.unlink()  # a previous manager's
+        argv = [self.binaries["manager"], "--job-id", "mlp", "--nodes", str(nodes), "--nproc-per-node", str(nproc),
+                "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", "60",
+                "--label", "fault-scheduling=force"]
+        for a in ANNOTATIONS + [f"regroup.io/tensor-parallel={self.tp}"]:
+            argv += ["--annotation", a]
+        self.manager = self.procs.start(argv, log=self.tmp / "manager.log")
+        wait_for(lambda: port_file.exists() or self.manager.poll() is not None, 30, "the manager's port")
+        assert self.manager.poll() is None, (self.tmp / "manager.log").read_text()
+        self.port = int(port_file.read_text())
+        for n in range(nodes):
+            self.start_agent(f"node{n}", n, nodes, nproc)
+
+    def start_agent(self, name: str, node_rank: int, nodes: int = 2, nproc: int = 2) -> subprocess.Popen:
+        argv = [self.binaries["agent"], "--manager", f"127.0.0.1:{self.port}", "--job-id", "mlp",
+                "--nnodes", str(nodes), "--nproc-per-node", str(nproc), "--node-rank", str(node_rank),
+                "--master-addr", "127.0.0.1", "--host", "127.0.0.1", "--socket-dir", str(self.tmp / f"sock-{name}"),
+                "--stop-grace-s", "20", "--python", PYTHON, str(EXAMPLE), *self.train]
+        p = self.procs.start(argv, {"OMP_NUM_THREADS": "1"}, log=self.tmp / f"{name}.log")
+        self.agents[name] = p
+        return p
+
+    def trainers(self, name: str) -> List[int]:
+        return sorted(children_of(self.agents[name].pid))
+
+    def last_step(self) -> int:
+        records = read_ledger(self.ledger) if self.ledger.exists() else []
+        return max((r["step"] for r in records), default=-1)
+
+    def wait_step(self, step: int, timeout: float = 120) -> None:
+        wait_for(lambda: self.last_step() >= step or self.dead(), timeout, f"training to reach step {step}")
+        assert not self.dead(), self.logs()
+
+    def dead(self) -> bool:
+        return self.manager is not None and self.manager.poll() is not None
+
+    def status(self) -> str:
+        ctl = shutil.which("regroupctl") or str(Path(self.binaries["manager"]).with_name("regroupctl"))
+        if not os.path.exists(ctl):
+            return ""
+        r = subprocess.run([ctl, "status", "--manager", f"127.0.0.1:{self.port}"], capture_output=True,
+                           text=True, timeout=30)
+        return r.stdout
+
+    def logs(self) -> str:
+        parts = []
+        for f in sorted(self.tmp.glob("*.log")):
+            parts.append(f"== {f.name}\n" + f.read_text()[-3000:])
+        return "\n".join(parts)
+
+    def finish(self, tmp_path_factory, ref_extra: Sequence[str], agents: Sequence[str]) -> str:
+        """Waits for the named agents to exit 0; checks weights and ledger; returns the status."""
+        for name in agents:
+            try:
+                code = self.agents[name].wait(timeout=240)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"agent {name} still running\n{self.status()}\n{self.logs()}")
+            assert code == 0, f"agent {name} exited with {code}\n{self.status()}\n{self.logs()}"
+        status = self.status()
+        print(status)
+        error = relative_error(reference(tmp_path_factory, self.steps, ref_extra), torch.load(self.out))
+        assert error <= TOLERANCE, f"norm-relative error {error:.3e}\n{status}"
+        check_ledger(self.ledger, self.steps, **DATA)
+        return status
+
+
+def _resumed_ms(status: str) -> List[int]:
+    out = []
+    for line in status.splitlines():
+        if "first step committed" in line:
+            out.append(int(line.split("first step committed ")[1].split(" ms")[0]))
+    return out
+
+
+@pytest.mark.parametrize("optimizer,tp", [("sgd", 1), ("adam", 2)])
+def test_a_killed_rank_is_restarted_in_place_and_rejoins_with_its_peers_state(tmp_path, tmp_path_factory, procs,
+                                                                              binaries, optimizer, tp):
+    c = Cluster(tmp_path, procs, binaries, steps=40, train=["--optimizer", optimizer, "--step-sleep", "0.1"], tp=tp)
+    c.start()
+    c.wait_step(10)
+    victim = c.trainers("node1")[1]
+    os.kill(victim, signal.SIGKILL)
+    status = c.finish(tmp_path_factory, ["--optimizer", optimizer], ["node0", "node1"])
+    assert "restart_in_place" in status
+    print(f"abort -> first committed step: {_resumed_ms(status)} ms")
+
+
+def test_a_lost_node_scales_in_and_its_replacement_scales_out(tmp_path, tmp_path_factory, procs, binaries):
+    c = Cluster(tmp_path, procs, binaries, steps=60, train=["--optimizer", "adam", "--step-sleep", "0.1"])
+    c.start()
+    c.wait_step(10)
+    lost = c.agents["node1"]
+    victims = [lost.pid, *c.trainers("node1")]
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    lost.wait(timeout=30)
+    c.wait_step(c.last_step() + 5)       # training goes on, scaled in
+    c.start_agent("node1-replacement", 1)
+    status = c.finish(tmp_path_factory, ["--optimizer", "adam"], ["node0", "node1-replacement"])
+    assert "scale_in" in status and "scale_out" in status
+    print(f"abort -> first committed step: {_resumed_ms(status)} ms")
+
+
+def test_a_sigtermed_agent_leaves_at_a_step_boundary(tmp_path, tmp_path_factory, procs, binaries):
+    c = Cluster(tmp_path, procs, binaries, steps=40, train=["--optimizer", "sgd", "--step-sleep", "0.1"])
+    c.start()
+    c.wait_step(10)
+    c.agents["node1"].send_signal(signal.SIGTERM)
+    assert c.agents["node1"].wait(timeout=60) == 0, c.logs()
+    status = c.finish(tmp_path_factory, ["--optimizer", "sgd"], ["node0"])
+    assert "planned departure" in status
+    assert "killed" not in (tmp_path / "node1.log").read_text()
+
+
+def test_a_frozen_rank_is_detected_and_replaced(tmp_path, tmp_path_factory, procs, binaries):
+    # Detection takes the liveness timeout (20 s here, see the module's docstring).
+    c = Cluster(tmp_path, procs, binaries, steps=40, train=["--optimizer", "sgd", "--step-sleep", "0.1"])
+    c.start()
+    c.wait_step(8)
+    os.kill(c.trainers("node1")[0], signal.SIGSTOP)
+    status = c.finish(tmp_path_factory, ["--optimizer", "sgd"], ["node0", "node1"])
+    assert "hang" in status and "restart_in_place" in status
+
+
+def test_a_restarted_job_resumes_from_its_newest_periodic_checkpoint(tmp_path, tmp_path_factory, procs, binaries):
+    ckpt = tmp_path / "ckpt"
+    train = ["--optimizer", "adam", "--step-sleep", "0.1", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "5"]
+    first = Cluster(tmp_path, procs, binaries, steps=30, train=train)
+    first.start()
+    first.wait_step(13)
+    for name in ("node0", "node1"):  # the whole job dies: every trainer, agent and the manager
+        for pid in [first.agents[name].pid, *first.trainers(name)]:
+            os.kill(pid, signal.SIGKILL)
+    first.manager.kill()
+    for p in procs.started:
+        p.wait(timeout=30)
+    from regroup.checkpoint import Checkpointer
+
+    newest = Checkpointer(str(ckpt)).newest()
+    assert newest is not None and newest.step >= 9
+    second = Cluster(tmp_path, procs, binaries, steps=30, train=train)
+    second.start()
+    second.finish(tmp_path_factory, ["--optimizer", "adam"], ["node0", "node1"])
+    records = read_ledger(tmp_path / "ledger")
+    resumed = min(r["step"] for r in records if r["g"][0] == max(x["g"][0] for x in records))
+    assert resumed == newest.step + 1, f"the restarted job began at step {resumed}, not {newest.step + 1}"

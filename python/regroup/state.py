@@ -1,0 +1,320 @@
+"""The state that must survive a fault: model, optimizer, LR scheduler, extra state, RNG.
+
+Three things are done with it:
+
+* a step-start :class:`Snapshot` of what a step changes before its commit (the model's buffers,
+  such as batch-norm statistics, and the random generators), restored before the step is done
+  again; parameters, optimizer and scheduler change only when a step is committed, so they
+  need no snapshot;
+* the whole state as one picklable tree of tensors and plain values (:meth:`TrainingState.state_dict`),
+  for checkpoints and for sending it to a rank that needs it (:func:`send_state`,
+  :func:`recv_state`), always loaded with ``weights_only=True`` where torch supports it;
+* the gradient reduction of the step contract: gradients summed over the data-parallel replicas,
+  then divided by the global batch size (:func:`reduce_gradients`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import json
+import random
+import sys
+from collections import OrderedDict
+from typing import Any, Dict, Iterable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from regroup.api import StateSyncError
+from regroup.contract import checksum
+
+_WEIGHTS_ONLY = "weights_only" in inspect.signature(torch.load).parameters
+
+
+def safe_load(source: Any) -> Any:
+    """``torch.load`` to CPU with ``weights_only=True`` when this torch has it."""
+    if _WEIGHTS_ONLY:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    return torch.load(source, map_location="cpu")  # torch < 1.13: no restricted unpickler
+
+
+# A state tree (state_dicts: dicts with int keys, floats, tuples, OrderedDicts with metadata)
+# is stored as its tensors plus a JSON skeleton, so that torch 1.13's weights_only unpickler
+# (which refuses Python floats, among others) can load it: nothing in the file is code.
+_FORMAT = "regroup-state-1"
+
+
+def _encode(obj: Any, tensors: List[torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return {"t": len(tensors) - 1}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj if not isinstance(obj, float) else {"f": repr(obj)}
+    if isinstance(obj, dict):
+        out = {"d": [[_encode(k, tensors), _encode(v, tensors)] for k, v in obj.items()]}
+        if isinstance(obj, OrderedDict):
+            out["o"] = 1
+            meta = getattr(obj, "_metadata", None)
+            if meta is not None:
+                out["m"] = _encode(dict(meta), tensors)
+        return out
+    if isinstance(obj, tuple):
+        return {"u": [_encode(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors) for v in obj]
+    raise StateSyncError(f"a value of type {type(obj).__name__} cannot be part of the training state: "
+                         "use tensors, numbers, strings, lists, tuples and dicts")
+
+
+def _decode(obj: Any, tensors: List[torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "t" in obj:
+        return tensors[obj["t"]]
+    if "f" in obj:
+        return float(obj["f"])
+    if "u" in obj:
+        return tuple(_decode(v, tensors) for v in obj["u"])
+    items = [(_decode(k, tensors), _decode(v, tensors)) for k, v in obj["d"]]
+    if "o" in obj:
+        out: Any = OrderedDict(items)
+        if "m" in obj:
+            out._metadata = OrderedDict(_decode(obj["m"], tensors))
+        return out
+    return dict(items)
+
+
+def save_tree(tree: Any, target: Any) -> None:
+    """Writes a state tree (to a path or a binary file object) as tensors + a JSON skeleton."""
+    tensors: List[torch.Tensor] = []
+    skeleton = json.dumps(_encode(tree, tensors), separators=(",", ":"))
+    torch.save({"format": _FORMAT, "tree": skeleton, "tensors": tensors}, target)
+
+
+def load_tree(source: Any) -> Any:
+    """Reads what :func:`save_tree` wrote, with ``weights_only=True`` where torch has it.
+
+    Raises:
+        StateSyncError: it is not a state tree.
+    """
+    data = safe_load(source)
+    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        raise StateSyncError("not a regroup state (format tag missing)")
+    return _decode(json.loads(data["tree"]), list(data["tensors"]))
+
+
+def cpu_clone(tree: Any) -> Any:
+    """A copy of a state tree with every tensor cloned to CPU (safe to write in the background)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return type(tree)((k, cpu_clone(v)) for k, v in tree.items())
+    if isinstance(tree, list):
+        return [cpu_clone(v) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(cpu_clone(v) for v in tree)
+    return tree
+
+
+def rng_state() -> Dict[str, Any]:
+    """The random generators' state: torch CPU (and CUDA when in use), Python, NumPy if loaded."""
+    out: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        out["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)]
+    return out
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    """Puts back what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    np = sys.modules.get("numpy")
+    if np is not None and "numpy" in state:
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+
+
+class Snapshot:
+    """A step-start copy of the model's buffers and of the random generators."""
+
+    def __init__(self, buffers: Dict[str, torch.Tensor], rng: Dict[str, Any]):
+        self.buffers = buffers
+        self.rng = rng
+
+
+class TrainingState:
+    """The model, optimizer, scheduler and extra state of a trainer.
+
+    Args:
+        model: the module (never a DistributedDataParallel wrapper: the library builds that).
+        optimizer: its optimizer, or None.
+        scheduler: an LR scheduler (anything with ``state_dict``/``load_state_dict``/``step``),
+            or None.
+        extra: more state to keep and move: an object with ``state_dict``/``load_state_dict``,
+            or a dict (updated in place on load). Its values must be tensors or plain values.
+            Change it only after a step is committed: it is not part of the step snapshot.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                 scheduler: Any = None, extra: Any = None):
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.extra = extra
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        buffers = {name: b.detach().clone() for name, b in self.model.named_buffers() if b is not None}
+        return Snapshot(buffers, rng_state())
+
+    def restore(self, snap: Snapshot) -> None:
+        with torch.no_grad():
+            for name, b in self.model.named_buffers():
+                if b is not None and name in snap.buffers:
+                    b.copy_(snap.buffers[name])
+        set_rng_state(snap.rng)
+
+    # -- gradients ------------------------------------------------------------------------------
+
+    def parameters(self) -> List[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.grad = None
+
+    def materialize_grads(self) -> List[torch.Tensor]:
+        """Every trainable parameter's gradient, zeros where none was computed."""
+        grads = []
+        for p in self.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        return grads
+
+    def checksum(self) -> int:
+        """A checksum of the parameters (this rank's shard)."""
+        return checksum([p.detach() for p in self.model.parameters()])
+
+    # -- the whole state ------------------------------------------------------------------------
+
+    def state_dict(self, committed_step: int) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"committed_step": committed_step, "model": self.model.state_dict(),
+                               "rng": rng_state()}
+        if self.optimizer is not None:
+            out["optimizer"] = self.optimizer.state_dict()
+        if self.scheduler is not None:
+            out["scheduler"] = self.scheduler.state_dict()
+        if self.extra is not None:
+            out["extra"] = self.extra.state_dict() if hasattr(self.extra, "state_dict") else dict(self.extra)
+        return out
+
+    def load_state_dict(self, state: Dict[str, Any]) -> int:
+        """Loads a tree from :meth:`state_dict`; returns its committed step."""
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.extra is not None and "extra" in state:
+            if hasattr(self.extra, "load_state_dict"):
+                self.extra.load_state_dict(state["extra"])
+            else:
+                self.extra.clear()
+                self.extra.update(state["extra"])
+        if "rng" in state:
+            set_rng_state(state["rng"])
+        return int(state["committed_step"])
+
+    def to_bytes(self, committed_step: int) -> bytes:
+        buffer = io.BytesIO()
+        save_tree(self.state_dict(committed_step), buffer)
+        return buffer.getvalue()
+
+    def load_bytes(self, data: bytes) -> int:
+        return self.load_state_dict(load_tree(io.BytesIO(data)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Moving state between ranks
+# ---------------------------------------------------------------------------------------------
+
+
+def send_state(state: TrainingState, committed_step: int, receivers: Iterable[int],
+               device: torch.device) -> int:
+    """Sends the whole state to each receiver (global ranks, default group); returns bytes sent.
+
+    Raises:
+        RuntimeError: a send failed (the caller tells an abort from a fault).
+    """
+    data = bytearray(state.to_bytes(committed_step))
+    payload = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    if device.type != "cpu":
+        payload, size = payload.to(device), size.to(device)
+    for r in receivers:
+        dist.send(size, dst=r)
+        if len(data):
+            dist.send(payload, dst=r)
+    return len(data)
+
+
+def recv_state(state: TrainingState, source: int, device: torch.device) -> int:
+    """Receives the whole state from ``source`` and loads it; returns its committed step.
+
+    Raises:
+        RuntimeError: the receive failed.
+        StateSyncError: what arrived is not a state.
+    """
+    size = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.recv(size, src=source)
+    n = int(size.item())
+    payload = torch.empty(n, dtype=torch.uint8, device=device)
+    if n:
+        dist.recv(payload, src=source)
+    try:
+        return state.load_bytes(payload.cpu().numpy().tobytes())
+    except Exception as e:  # noqa: BLE001 - anything unloadable is a sync error
+        raise StateSyncError(f"the state received from rank {source} ({n} bytes) cannot be loaded: {e}") from e
+
+
+def reduce_gradients(grads: List[torch.Tensor], group: Any, group_size: int, divisor: int,
+                     bucket_bytes: int = 32 << 20) -> None:
+    """Sums gradients over ``group`` and divides them by ``divisor`` (the global batch size).
+
+    Gradients are flattened into buckets of up to ``bucket_bytes`` per dtype and device, one
+    all-reduce each.
+    """
+    buckets: Dict[Any, List[List[torch.Tensor]]] = {}
+    for g in grads:
+        key = (g.dtype, g.device)
+        lists = buckets.setdefault(key, [[]])
+        current = lists[-1]
+        if current and sum(t.numel() for t in current) * g.element_size() + g.numel() * g.element_size() > bucket_bytes:
+            lists.append([])
+            current = lists[-1]
+        current.append(g)
+    for lists in buckets.values():
+        for bucket in lists:
+            if not bucket:
+                continue
+            flat = torch.cat([t.reshape(-1) for t in bucket])
+            if group_size > 1:
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            flat.div_(divisor)
+            offset = 0
+            for t in bucket:
+                n = t.numel()
+                t.copy_(flat[offset:offset + n].view_as(t))
+                offset += n

@@ -1,0 +1,353 @@
+"""Helpers for tests of scripts trained with Regroup: a scripted stand-in for ``regroup-agent``,
+process launching, weight comparison and ledger checks.
+
+Every wait here is bounded, and every process started is tracked so a test can stop them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from regroup._proto import runtime_pb2 as pb
+from regroup.wire import FrameReader, decode_payload, encode_frame
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train_mlp.py"
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Polls ``predicate`` until it returns something true; raises AssertionError at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Processes:
+    """Started processes, all stopped by :meth:`stop_all` (SIGKILL to the process group)."""
+
+    def __init__(self) -> None:
+        self.started: List[subprocess.Popen] = []
+
+    def start(self, argv: Sequence[str], env: Optional[Dict[str, str]] = None, log: Optional[Path] = None,
+              cwd: Optional[str] = None) -> subprocess.Popen:
+        out = open(log, "ab") if log is not None else subprocess.DEVNULL
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        p = subprocess.Popen(list(argv), env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                             cwd=cwd, start_new_session=True)
+        if log is not None:
+            out.close()
+        self.started.append(p)
+        return p
+
+    def stop_all(self) -> None:
+        for p in self.started:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for p in self.started:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def children_of(pid: int) -> List[int]:
+    """The direct children of a process (Linux /proc)."""
+    out: List[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def environ_of(pid: int) -> Dict[str, str]:
+    try:
+        data = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in data.split(b"\0"):
+        if b"=" in item:
+            k, v = item.split(b"=", 1)
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights and ledgers
+# ---------------------------------------------------------------------------------------------
+
+
+def relative_error(a: Dict[str, Any], b: Dict[str, Any]) -> float:
+    """``||a - b|| / ||a||`` over every tensor of two parameter dicts with the same names."""
+    if set(a) != set(b):
+        raise AssertionError(f"different parameters: {sorted(a)} vs {sorted(b)}")
+    num = sum(float(((a[k].double() - b[k].double()) ** 2).sum()) for k in a)
+    den = sum(float((a[k].double() ** 2).sum()) for k in a)
+    return (num / den) ** 0.5 if den else num ** 0.5
+
+
+def read_ledger(path: Path) -> List[dict]:
+    lines = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                lines.append(json.loads(line))
+    return lines
+
+
+def committed_ledger(records: Iterable[dict]) -> Dict[int, Dict[int, List[int]]]:
+    """Step -> micro-batch -> samples of the committed attempt of each step.
+
+    A replica's line is written before its vote, so a step has a line per attempt. The committed
+    attempt is in the highest generation that has lines for the step (a step is never voted on
+    after its commit), and within it each replica's last line (a rolled-back vote is redone in
+    the same generation).
+    """
+    records = list(records)
+    best: Dict[int, Tuple[int, int]] = {}
+    for r in records:
+        g = tuple(r["g"])
+        if r["step"] not in best or g > best[r["step"]]:
+            best[r["step"]] = g  # type: ignore[assignment]
+    last: Dict[Tuple[int, int], dict] = {}
+    for r in records:
+        if tuple(r["g"]) == best[r["step"]]:
+            last[(r["step"], r["replica"])] = r
+    out: Dict[int, Dict[int, List[int]]] = {}
+    for (step, _), r in sorted(last.items()):
+        mbs = out.setdefault(step, {})
+        for j, samples in r["mb"].items():
+            if int(j) in mbs:
+                raise AssertionError(f"micro-batch {j} of step {step} computed by two replicas in generation {r['g']}")
+            mbs[int(j)] = samples
+    return out
+
+
+def check_ledger(path: Path, steps: int, dataset: int, micro_batch: int, microbatches: int,
+                 seed: int, shuffle: bool = True) -> None:
+    """Asserts the ledger holds every step's micro-batches exactly once, as the step contract
+    says, and every sample exactly once per complete epoch."""
+    from regroup.contract import Sampler
+
+    sampler = Sampler(dataset, micro_batch, microbatches, seed, shuffle)
+    ledger = committed_ledger(read_ledger(path))
+    missing = [s for s in range(steps) if s not in ledger]
+    assert not missing, f"steps without committed micro-batches in the ledger: {missing[:10]}"
+    extra = [s for s in ledger if s >= steps]
+    assert not extra, f"steps beyond the last in the ledger: {extra[:10]}"
+    per_epoch: Dict[int, List[int]] = {}
+    for s in range(steps):
+        mbs = ledger[s]
+        assert sorted(mbs) == list(range(microbatches)), \
+            f"step {s} committed micro-batches {sorted(mbs)}, not 0..{microbatches - 1}"
+        for j, samples in mbs.items():
+            expected = sampler.microbatch(s, j).tolist()
+            assert samples == expected, f"micro-batch {j} of step {s} held {samples}, not {expected}"
+            per_epoch.setdefault(sampler.epoch_of(s), []).extend(samples)
+    for epoch, samples in per_epoch.items():
+        complete = (epoch + 1) * sampler.steps_per_epoch <= steps
+        assert len(samples) == len(set(samples)), f"epoch {epoch}: a sample was committed twice"
+        if complete and dataset % sampler.global_batch_size == 0:
+            assert sorted(samples) == list(range(dataset)), f"epoch {epoch}: samples missing"
+
+
+# ---------------------------------------------------------------------------------------------
+# A scripted agent
+# ---------------------------------------------------------------------------------------------
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.local_rank: Optional[int] = None
+        self.hello: Optional[pb.TrainerHello] = None
+
+
+class FakeAgent:
+    """The trainer side of ``regroup-agent``, scripted by a test.
+
+    Listens on ``socket_path``; each trainer connection's first message is its hello. Messages
+    from trainers are recorded per local rank (``messages(r)``) and queued (``next(r, kinds)``);
+    ``send(r, reply)`` answers. Heartbeats are recorded but not queued.
+    """
+
+    def __init__(self, directory: Path, nproc: int):
+        self.socket_path = str(directory / "agent.sock")
+        self.nproc = nproc
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(self.socket_path)
+        self._server.listen(16)
+        self._conns: Dict[int, _Conn] = {}
+        self._queues: Dict[int, "queue.Queue[pb.TrainerMessage]"] = {r: queue.Queue() for r in range(nproc)}
+        self.heartbeats: Dict[int, List[Tuple[float, pb.TrainerHeartbeat]]] = {r: [] for r in range(nproc)}
+        self.hellos: Dict[int, List[pb.TrainerHello]] = {r: [] for r in range(nproc)}
+        self.log: List[Tuple[float, int, pb.TrainerMessage]] = []
+        self._lock = threading.Lock()
+        self._stop = False
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def close(self) -> None:
+        self._stop = True
+        try:
+            self._server.close()
+        except OSError:
+            pass
+        with self._lock:
+            for c in self._conns.values():
+                try:
+                    c.sock.close()
+                except OSError:
+                    pass
+
+    def env(self, local_rank: int, rank: int, world: int) -> Dict[str, str]:
+        return {"REGROUP_AGENT_SOCKET": self.socket_path, "REGROUP_LOCAL_RANK": str(local_rank),
+                "LOCAL_RANK": str(local_rank), "RANK": str(rank), "WORLD_SIZE": str(world),
+                "REGROUP_JOB_ID": "fake", "REGROUP_POD_UID": "fake-pod", "OMP_NUM_THREADS": "1"}
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                sock, _ = self._server.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(_Conn(sock),), daemon=True)
+            t.start()
+
+    def _serve(self, conn: _Conn) -> None:
+        reader = FrameReader()
+        while not self._stop:
+            try:
+                data = conn.sock.recv(1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            reader.feed(data)
+            while (payload := reader.next()) is not None:
+                m = decode_payload(payload, pb.TrainerMessage)
+                kind = m.WhichOneof("body")
+                now = time.monotonic()
+                if kind == "hello":
+                    r = m.hello.local_rank
+                    conn.local_rank, conn.hello = r, m.hello
+                    with self._lock:
+                        self._conns[r] = conn
+                        self.hellos[r].append(m.hello)
+                    welcome = pb.AgentReply()
+                    welcome.welcome.local_rank = r
+                    welcome.welcome.epoch = 1
+                    self._send(conn, welcome)
+                    continue
+                r = conn.local_rank
+                if r is None:
+                    continue
+                if kind == "heartbeat":
+                    self.heartbeats[r].append((now, m.heartbeat))
+                    continue
+                self.log.append((now, r, m))
+                self._queues[r].put(m)
+
+    def _send(self, conn: _Conn, reply: pb.AgentReply) -> None:
+        with conn.lock:
+            conn.sock.sendall(encode_frame(reply))
+
+    def connected(self, r: int) -> bool:
+        return r in self._conns
+
+    def send(self, r: int, reply: pb.AgentReply) -> None:
+        with self._lock:
+            conn = self._conns[r]
+        self._send(conn, reply)
+
+    def next(self, r: int, kinds: Sequence[str], timeout: float) -> pb.TrainerMessage:
+        """The next queued message of rank ``r`` of one of ``kinds`` (others are dropped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"local rank {r} sent no {'/'.join(kinds)} within {timeout} s")
+            try:
+                m = self._queues[r].get(timeout=left)
+            except queue.Empty:
+                continue
+            if m.WhichOneof("body") in kinds:
+                return m
+
+    def last_phase(self, r: int) -> Optional[int]:
+        beats = self.heartbeats[r]
+        return beats[-1][1].phase if beats else None
+
+    # -- replies --------------------------------------------------------------------------------
+
+    @staticmethod
+    def start(directive_id: int, epoch: int, generation: int, world: int, rank: int, port: int,
+              committed_step: int, needs_state: Sequence[int] = (), source: int = 0, tp: int = 1,
+              microbatches: int = 0, begin: int = 0, count: int = 0, local_rank: int = 0) -> pb.AgentReply:
+        reply = pb.AgentReply()
+        s = reply.start
+        s.directive_id = directive_id
+        p = s.plan
+        p.epoch, p.generation, p.world_size = epoch, generation, world
+        p.tensor_parallel, p.pipeline_parallel, p.data_parallel = tp, 1, world // tp
+        p.store_host, p.store_port = "127.0.0.1", port
+        p.committed_step, p.sync_source_rank = committed_step, source
+        p.needs_state.extend(needs_state)
+        p.microbatches_per_step = microbatches
+        p.agents = 1
+        a = s.assignment
+        a.local_rank, a.rank, a.replica = local_rank, rank, rank // tp
+        a.microbatch_begin, a.microbatch_count = begin, count
+        return reply
+
+    @staticmethod
+    def outcome(generation: int, step: int, commit: bool, mismatch: bool = False) -> pb.AgentReply:
+        reply = pb.AgentReply()
+        reply.outcome.generation, reply.outcome.step = generation, step
+        reply.outcome.commit, reply.outcome.checksum_mismatch = commit, mismatch
+        return reply
+
+    @staticmethod
+    def abort(directive_id: int, epoch: int, generation: int, committed_step: int, reason: str) -> pb.AgentReply:
+        reply = pb.AgentReply()
+        a = reply.abort
+        a.directive_id, a.epoch, a.generation, a.committed_step, a.reason = \
+            directive_id, epoch, generation, committed_step, reason
+        return reply
+
+    @staticmethod
+    def stop(mode: int, reason: str, directive_id: int = 99) -> pb.AgentReply:
+        reply = pb.AgentReply()
+        reply.stop.directive_id, reply.stop.mode, reply.stop.reason = directive_id, mode, reason
+        return reply

@@ -214,6 +214,23 @@ TEST(Runtime, StepCommitsWhenEveryRankVoted) {
   EXPECT_EQ(st.message(), "the votes are for step 5; the step in flight is 1");
 }
 
+TEST(Runtime, ARankDyingBetweenItsPodsVoteAndTheDecisionLeavesTheStepUncommitted) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_TRUE(sim.Vote(0, 0).ok());
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(1, 0, 9, 9).ok());  // pod 1's rank dies before its pod votes
+  sim.Collect();
+  EXPECT_EQ(sim.rt->committed_step(), -1);
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kOutcome), 0) << "no outcome: the step is redone";
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kAbort), 1);
+  EXPECT_EQ(sim.inbox_[0].back().abort().committed_step(), -1) << "survivors roll back to it";
+  // A late vote of the dead generation changes nothing.
+  EXPECT_EQ(sim.Vote(1, 0).code(), REGROUP_FAILED_PRECONDITION);
+  EXPECT_EQ(sim.rt->committed_step(), -1);
+}
+
 TEST(Runtime, ChecksumMismatchAbortsTheStep) {
   Sim sim(2, 2, kForce, {{"recover-strategy", "retry"}, {"regroup.io/tensor-parallel", "2"}});
   sim.RegisterAll();

@@ -19,7 +19,7 @@ root="$(cd "$here/../.." && pwd)"
 build="${2:-${REGROUP_FUZZ_BUILD_DIR:-$root/build-fuzz}}"
 jobs="${REGROUP_FUZZ_JOBS:-2}"
 all_targets=(fuzz_job_spec fuzz_events fuzz_job_state fuzz_snapshot fuzz_coordinator
-  fuzz_manager fuzz_volcano_yaml fuzz_fault_script)
+  fuzz_manager fuzz_agent fuzz_volcano_yaml fuzz_fault_script)
 read -r -a targets <<<"${REGROUP_FUZZ_TARGETS:-${all_targets[*]}}"
 
 if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "plugin/json_util.h"
+
 namespace regroup::cli {
 
 StatusOr<int64_t> ParseDuration(std::string_view text) {
@@ -27,6 +29,9 @@ StatusOr<int64_t> ParseDuration(std::string_view text) {
 }
 
 StatusOr<std::vector<ScriptEvent>> ParseFaultScript(std::string_view text) {
+  if (size_t bad = json_util::InvalidUtf8At(text); bad != std::string_view::npos)
+    return InvalidArgument("the fault script is not valid UTF-8 (byte " + std::to_string(bad) +
+                           ")");
   std::vector<ScriptEvent> events;
   std::istringstream in{std::string(text)};
   std::string raw;

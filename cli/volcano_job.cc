@@ -4,6 +4,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "plugin/json_util.h"
+
 namespace regroup::cli {
 namespace {
 
@@ -139,6 +141,7 @@ StatusOr<JobSpec> Convert(const YAML::Node& doc) {
   if (name.empty()) return InvalidArgument("metadata.name is missing");
   std::string ns = Scalar(Child(meta, "namespace"));
   spec.id = (ns.empty() ? "default" : ns) + "/" + name;
+  REGROUP_RETURN_IF_ERROR(CheckJobId(spec.id, "the job id (metadata.namespace/metadata.name)"));
   spec.uid = Scalar(Child(meta, "uid"));
   REGROUP_RETURN_IF_ERROR(ReadStringMap(Child(meta, "labels"), "metadata.labels", spec.labels));
   REGROUP_RETURN_IF_ERROR(
@@ -149,7 +152,9 @@ StatusOr<JobSpec> Convert(const YAML::Node& doc) {
   VolcanoFacts volcano;
   if (const YAML::Node min = Child(s, "minAvailable"); min && !min.IsNull()) {
     auto v = ToInt(Scalar(min));
-    if (!v || *v < 0) return InvalidArgument("spec.minAvailable must be a non-negative integer");
+    if (!v || *v < 0 || *v > 2 * kMaxPods)
+      return InvalidArgument("spec.minAvailable must be an integer from 0 to " +
+                             std::to_string(2 * kMaxPods));
     volcano.min_available = v;
   }
   REGROUP_RETURN_IF_ERROR(ReadPolicies(Child(s, "policies"), "spec.policies", volcano.policies));
@@ -175,6 +180,9 @@ StatusOr<JobSpec> Convert(const YAML::Node& doc) {
                                          volcano.policies));
     if (IsManagerTask(task)) {
       volcano.manager_pods += *replicas;
+      if (volcano.manager_pods > kMaxPods)
+        return InvalidArgument("the job has more than " + std::to_string(kMaxPods) +
+                               " manager pods");
       continue;
     }
     spec.pods += *replicas;
@@ -206,6 +214,9 @@ StatusOr<JobSpec> Convert(const YAML::Node& doc) {
 StatusOr<JobSpec> JobSpecFromVolcanoYaml(std::string_view yaml) {
   if (yaml.size() > kMaxYamlBytes) return InvalidArgument("the YAML document is over 4 MiB");
   if (NestingTooDeep(yaml)) return InvalidArgument("the YAML document is nested too deeply");
+  if (size_t bad = json_util::InvalidUtf8At(yaml); bad != std::string_view::npos)
+    return InvalidArgument("the YAML document is not valid UTF-8 (byte " + std::to_string(bad) +
+                           ")");
   try {
     const YAML::Node doc = YAML::Load(std::string(yaml));
     return Convert(doc);

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "manager/common/credential.h"
+#include "manager/common/queued_stream.h"
 #include "plugin/attachments.h"
 #include "regroup/v1/runtime.grpc.pb.h"
 
@@ -94,82 +95,15 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
     std::lock_guard lock(mu_);
     if (stopping_)
       return new Rejected(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"));
-    auto* stream = new Stream(this, next_stream_++);
+    auto* stream = new Stream(this, next_stream_++, "the manager is gone");
     streams_[stream->id()] = stream;
     return stream;
   }
 
  private:
-  // One manager's stream. Writes are queued: gRPC allows one in flight per stream.
-  class Stream final : public Reactor {
-   public:
-    Stream(Service* service, uint64_t id) : service_(service), id_(id) { StartRead(&in_); }
-    uint64_t id() const { return id_; }
-
-    void Send(const v1::CoordinatorDirective& message, bool close, const grpc::Status& status) {
-      std::lock_guard lock(mu_);
-      if (finishing_) return;
-      queue_.push_back(message);
-      if (close) {
-        finishing_ = true;
-        close_status_ = status;
-      }
-      if (!writing_) {
-        writing_ = true;
-        StartWrite(&queue_.front());
-      }
-    }
-
-    void Close(const grpc::Status& status) {
-      std::lock_guard lock(mu_);
-      if (finishing_) return;
-      finishing_ = true;
-      close_status_ = status;
-      if (!writing_) Finish(status);
-    }
-
-    void OnReadDone(bool ok) override {
-      if (!ok) {  // the manager ended its side, or the stream broke
-        Close(grpc::Status::OK);
-        return;
-      }
-      service_->OnMessage(this, in_);
-      std::lock_guard lock(mu_);
-      if (!finishing_) StartRead(&in_);
-    }
-
-    void OnWriteDone(bool ok) override {
-      std::lock_guard lock(mu_);
-      queue_.pop_front();
-      if (!ok) {
-        writing_ = false;
-        finishing_ = true;
-        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the manager is gone"));
-        return;
-      }
-      if (!queue_.empty()) {
-        StartWrite(&queue_.front());
-        return;
-      }
-      writing_ = false;
-      if (finishing_) Finish(close_status_);
-    }
-
-    void OnDone() override {
-      service_->OnStreamDone(this);
-      delete this;
-    }
-
-   private:
-    Service* service_;
-    const uint64_t id_;
-    v1::ManagerReport in_;
-    std::mutex mu_;
-    std::deque<v1::CoordinatorDirective> queue_;
-    bool writing_ = false;
-    bool finishing_ = false;
-    grpc::Status close_status_;
-  };
+  // One manager's stream (writes queued: gRPC allows one in flight).
+  using Stream = runtime::QueuedStream<v1::ManagerReport, v1::CoordinatorDirective, Service>;
+  friend Stream;
 
   void OnMessage(Stream* stream, const v1::ManagerReport& report) {
     std::lock_guard lock(mu_);

@@ -43,17 +43,23 @@ StatusOr<VolcanoFacts> ParseVolcano(const json& v) {
 
 }  // namespace
 
+Status CheckJobId(std::string_view id, std::string_view where) {
+  if (id.empty() || id.size() > kMaxIdLength)
+    return InvalidArgument(std::string(where) + " must be 1 to 512 characters");
+  // Callers name a job by a C string: an id with a control character could never be named.
+  for (unsigned char c : id)
+    if (c < 0x20 || c == 0x7f)
+      return InvalidArgument(std::string(where) +
+                             " holds a control character; use a printable id such as "
+                             "\"namespace/name\"");
+  return Status::Ok();
+}
+
 StatusOr<JobSpec> ParseJobSpec(const json& j) {
   if (!j.is_object()) return InvalidArgument("the job spec must be a JSON object");
   JobSpec spec;
   REGROUP_RETURN_IF_ERROR(ju::GetString(j, "id", "job spec", spec.id));
-  if (spec.id.empty() || spec.id.size() > kMaxIdLength)
-    return InvalidArgument("job spec field \"id\" must be 1 to 512 characters");
-  // Callers name a job by a C string: an id with a control character could never be named.
-  for (unsigned char c : spec.id)
-    if (c < 0x20 || c == 0x7f)
-      return InvalidArgument("job spec field \"id\" holds a control character; use a printable "
-                             "id such as \"namespace/name\"");
+  REGROUP_RETURN_IF_ERROR(CheckJobId(spec.id, "job spec field \"id\""));
   REGROUP_RETURN_IF_ERROR(ju::GetString(j, "uid", "job spec", spec.uid, false));
   REGROUP_RETURN_IF_ERROR(ju::GetStringMap(j, "labels", "job spec", spec.labels));
   REGROUP_RETURN_IF_ERROR(ju::GetStringMap(j, "annotations", "job spec", spec.annotations));

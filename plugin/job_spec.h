@@ -33,6 +33,9 @@ struct JobSpec {
   }
 };
 
+// A job id: 1 to 512 bytes, no control character (callers name a job by a C string).
+Status CheckJobId(std::string_view id, std::string_view where);
+
 // Parses a job spec. Errors name the field and what it must be.
 StatusOr<JobSpec> ParseJobSpec(const nlohmann::json& json);
 StatusOr<JobSpec> ParseJobSpec(std::string_view text);

@@ -116,6 +116,14 @@ TEST(FaultScript, ParsesTimesSubjectsAndVerbs) {
   EXPECT_EQ((*s)[3].kind, ScriptEvent::Kind::kRankHangs);
 }
 
+TEST(Readers, TextThatIsNotUtf8IsRefused) {
+  EXPECT_EQ(ParseFaultScript("10s node node-3 fails \xff\n").status().message(),
+            "the fault script is not valid UTF-8 (byte 22)");
+  EXPECT_EQ(JobSpecFromVolcanoYaml("kind: Job\nmetadata: {name: \"\xc0\xaf\"}\n").status().message(),
+            "the YAML document is not valid UTF-8 (byte 28)");
+  EXPECT_TRUE(ParseFaultScript("10s node n\xc3\xa9ud fails d\xc3\xa9j\xc3\xa0\n").ok());
+}
+
 TEST(FaultScript, TimesBeyondTheHorizonAreRefused) {
   EXPECT_EQ(ParseFaultScript("100000000s node node-0 fails\n").status().message(),
             "fault script line 1: 100000000s is beyond the simulation's 24 h horizon");

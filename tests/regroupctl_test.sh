@@ -39,8 +39,8 @@ grep -qF 'fault script line 1: a node fails, recovers or joins, not "melts"' <<<
 # Bytes that are not UTF-8 in a job's values are reported, never a crash.
 printf 'kind: Job\nmetadata:\n  name: x\n  annotations:\n    recover-strategy: "\xff"\nspec:\n  tasks: [{replicas: 1}]\n' >"$tmp"
 out=$("$ctl" validate "$tmp" --json 2>&1); rc=$?
-[ $rc -eq 1 ] || fail "invalid UTF-8: validate --json must exit 1, got $rc: $out"
-grep -q "recover-strategy" <<<"$out" || fail "invalid UTF-8 report: $out"
+[ $rc -eq 2 ] || fail "invalid UTF-8: validate must refuse the document (exit 2), got $rc: $out"
+grep -q "not valid UTF-8" <<<"$out" || fail "invalid UTF-8 report: $out"
 
 out=$("$ctl" keys) || fail "keys"
 grep -qF '`wait-reschedule-timeout` | annotation | an integer from 30 to 270 | 270' <<<"$out" || fail "$out"

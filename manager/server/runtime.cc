@@ -455,22 +455,7 @@ void JobRuntime::Commit(int64_t step, int64_t now) {
     std::vector<int64_t> pods(leaving_.begin(), leaving_.end());
     leaving_.clear();
     Abort("pods " + Join(pods) + " leave at the step boundary (planned departure)", now);
-    for (int64_t n : pods) {
-      Agent& a = agents_[static_cast<size_t>(n)];
-      v1::ManagerMessage stop;
-      stop.mutable_stop()->set_directive_id(++directive_id_);
-      stop.mutable_stop()->set_mode(v1::StopTraining::MODE_LEAVE);
-      stop.mutable_stop()->set_reason("planned departure: " + a.pod_uid);
-      Send(n, std::move(stop));
-      a.state = AgentState::kLost;
-      lost_uids_.insert(a.pod_uid);
-      v1::FaultFacts f;
-      f.set_kind(v1::FAULT_KIND_POD_LOST);
-      f.add_pods(static_cast<uint32_t>(n));
-      f.set_step(-1);
-      f.set_detail("pod " + a.pod_uid + " left (planned departure)");
-      decisions_->Fault(f, now);
-    }
+    for (int64_t n : pods) Depart(n, now);
     return;
   }
   // A scale-out waits for the boundary and for every new rank to have said hello: survivors
@@ -485,24 +470,31 @@ void JobRuntime::Commit(int64_t step, int64_t now) {
   }
 }
 
+// A planned departure now: the pod stops (MODE_LEAVE), its uid is gone for good, and the
+// decision maker hears of the lost pod like any other.
+void JobRuntime::Depart(int64_t node, int64_t now) {
+  Agent& a = agents_[static_cast<size_t>(node)];
+  v1::ManagerMessage stop;
+  stop.mutable_stop()->set_directive_id(++directive_id_);
+  stop.mutable_stop()->set_mode(v1::StopTraining::MODE_LEAVE);
+  stop.mutable_stop()->set_reason("planned departure: " + a.pod_uid);
+  Send(node, std::move(stop));
+  a.state = AgentState::kLost;
+  lost_uids_.insert(a.pod_uid);
+  v1::FaultFacts f;
+  f.set_kind(v1::FAULT_KIND_POD_LOST);
+  f.add_pods(static_cast<uint32_t>(node));
+  f.set_step(-1);
+  f.set_detail("pod " + a.pod_uid + " left (planned departure)");
+  decisions_->Fault(f, now);
+}
+
 void JobRuntime::OnLeave(int64_t node, Agent& a, const v1::Leave& leave, int64_t now) {
   Event(now, "leave", "pod " + a.pod_uid + " asks to leave: " + leave.reason());
   bool in_generation = false;
   for (const auto& p : places_) in_generation = in_generation || p.node_rank == node;
   if (!in_generation || state_ != State::kTraining) {
-    v1::ManagerMessage stop;
-    stop.mutable_stop()->set_directive_id(++directive_id_);
-    stop.mutable_stop()->set_mode(v1::StopTraining::MODE_LEAVE);
-    stop.mutable_stop()->set_reason("planned departure: " + a.pod_uid);
-    Send(node, std::move(stop));
-    a.state = AgentState::kLost;
-    lost_uids_.insert(a.pod_uid);
-    v1::FaultFacts f;
-    f.set_kind(v1::FAULT_KIND_POD_LOST);
-    f.add_pods(static_cast<uint32_t>(node));
-    f.set_step(-1);
-    f.set_detail("pod " + a.pod_uid + " left (planned departure)");
-    decisions_->Fault(f, now);
+    Depart(node, now);
     return;
   }
   a.state = AgentState::kLeaving;

@@ -155,6 +155,7 @@ class JobRuntime {
   void OnProcessExit(int64_t node, Agent& agent, const v1::ProcessExit& exit, int64_t now);
   Status OnVotes(int64_t node, Agent& agent, const v1::Votes& votes, int64_t now);
   void OnLeave(int64_t node, Agent& agent, const v1::Leave& leave, int64_t now);
+  void Depart(int64_t node, int64_t now);
 
   // A fault: abort the generation at once and tell the decision maker.
   void Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,

@@ -39,81 +39,6 @@ class Rejected final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::Mana
 
 }  // namespace
 
-// One agent's stream. Writes are queued: gRPC allows one in flight per stream.
-class ManagerServer::Stream final
-    : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ManagerMessage> {
- public:
-  Stream(ManagerServer* server, uint64_t id) : server_(server), id_(id) { StartRead(&in_); }
-
-  uint64_t id() const { return id_; }
-  int64_t node = -1;  // set once registered (under the server's lock)
-
-  void Send(const v1::ManagerMessage& message, bool close,
-            grpc::Status status = grpc::Status::OK) {
-    std::lock_guard lock(mu_);
-    if (finishing_) return;
-    queue_.push_back(message);
-    if (close) {
-      finishing_ = true;
-      close_status_ = status;
-    }
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(&queue_.front());
-    }
-  }
-
-  void Close(const grpc::Status& status) {
-    std::lock_guard lock(mu_);
-    if (finishing_) return;
-    finishing_ = true;
-    close_status_ = status;
-    if (!writing_) Finish(status);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      Close(grpc::Status::OK);
-      return;
-    }
-    server_->OnMessage(this, in_);
-    std::lock_guard lock(mu_);
-    if (!finishing_) StartRead(&in_);
-  }
-
-  void OnWriteDone(bool ok) override {
-    std::lock_guard lock(mu_);
-    queue_.pop_front();
-    if (!ok) {
-      writing_ = false;
-      if (!finishing_) finishing_ = true;
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is gone"));
-      return;
-    }
-    if (!queue_.empty()) {
-      StartWrite(&queue_.front());
-      return;
-    }
-    writing_ = false;
-    if (finishing_) Finish(close_status_);
-  }
-
-  void OnDone() override {
-    server_->OnStreamDone(this);
-    delete this;
-  }
-
- private:
-  ManagerServer* server_;
-  const uint64_t id_;
-  v1::AgentMessage in_;
-  std::mutex mu_;
-  std::deque<v1::ManagerMessage> queue_;
-  bool writing_ = false;
-  bool finishing_ = false;
-  grpc::Status close_status_;
-};
-
 ManagerServer::ManagerServer(std::unique_ptr<JobRuntime> runtime, ServerOptions options)
     : options_(std::move(options)), runtime_(std::move(runtime)) {}
 
@@ -183,7 +108,7 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::ManagerMessage>* ManagerServer::Se
     return new Rejected(auth);
   }
   std::lock_guard lock(mu_);
-  auto* stream = new Stream(this, next_stream_++);
+  auto* stream = new Stream(this, next_stream_++, "the agent is gone");
   streams_[stream->id()] = stream;
   return stream;
 }
@@ -218,7 +143,7 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
   ++messages_;
   std::lock_guard lock(mu_);
   const int64_t now = WallMs();
-  if (stream->node < 0) {
+  if (stream->tag < 0) {
     Status st = message.has_register_()
                     ? Status::Ok()
                     : FailedPrecondition("the first message of a session must be Register");
@@ -238,13 +163,13 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
     }
     if (auto old = by_node_.find(node); old != by_node_.end() && old->second != stream)
       old->second->Close(grpc::Status(grpc::StatusCode::ABORTED, "replaced by a newer session"));
-    stream->node = node;
+    stream->tag = node;
     by_node_[node] = stream;
   } else {
     Status st = runtime_->Handle(stream->id(), message, now);
     if (!st.ok()) {
       ++refusals_;
-      spdlog::info("refused a message of node rank {}: {}", stream->node, st.message());
+      spdlog::info("refused a message of node rank {}: {}", stream->tag, st.message());
       v1::ManagerMessage refusal;
       *refusal.mutable_refusal() = runtime_->MakeRefusal(st.message());
       stream->Send(refusal, false);
@@ -256,8 +181,8 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
 void ManagerServer::OnStreamDone(Stream* stream) {
   std::lock_guard lock(mu_);
   streams_.erase(stream->id());
-  if (stream->node >= 0) {
-    auto it = by_node_.find(stream->node);
+  if (stream->tag >= 0) {
+    auto it = by_node_.find(stream->tag);
     if (it != by_node_.end() && it->second == stream) by_node_.erase(it);
   }
   runtime_->Disconnected(stream->id(), WallMs());

@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "manager/common/queued_stream.h"
 #include "manager/server/runtime.h"
 #include "regroup/v1/runtime.grpc.pb.h"
 
@@ -60,8 +61,8 @@ class ManagerServer final : public v1::Manager::CallbackService {
                                       v1::GetStatusResponse* response) override;
 
  private:
-  class Stream;
-  friend class Stream;
+  using Stream = QueuedStream<v1::AgentMessage, v1::ManagerMessage, ManagerServer>;
+  friend Stream;
 
   void OnMessage(Stream* stream, const v1::AgentMessage& message);
   void OnStreamDone(Stream* stream);

@@ -14,26 +14,9 @@
 
 namespace regroup::coordinator {
 
-int64_t WallMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 namespace {
 
 using Reactor = grpc::ServerBidiReactor<v1::ManagerReport, v1::CoordinatorDirective>;
-
-grpc::StatusCode ToGrpc(regroup_status code) {
-  switch (code) {
-    case REGROUP_OK: return grpc::StatusCode::OK;
-    case REGROUP_INVALID_ARGUMENT: return grpc::StatusCode::INVALID_ARGUMENT;
-    case REGROUP_NOT_FOUND: return grpc::StatusCode::NOT_FOUND;
-    case REGROUP_FAILED_PRECONDITION: return grpc::StatusCode::FAILED_PRECONDITION;
-    case REGROUP_RESOURCE_EXHAUSTED: return grpc::StatusCode::RESOURCE_EXHAUSTED;
-    default: return grpc::StatusCode::INTERNAL;
-  }
-}
 
 // A stream refused before its first message: a wrong credential, or the coordinator stopping.
 class Rejected final : public Reactor {
@@ -108,7 +91,7 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
   void OnMessage(Stream* stream, const v1::ManagerReport& report) {
     std::lock_guard lock(mu_);
     if (stopping_) return;
-    Deliver(attachments_.OnReport(stream->id(), report, WallMs()));
+    Deliver(attachments_.OnReport(stream->id(), report, runtime::WallMs()));
   }
 
   void OnStreamDone(Stream* stream) {
@@ -123,7 +106,7 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
       auto it = streams_.find(o.stream);
       if (it == streams_.end()) continue;
       it->second->Send(o.message, o.close,
-                       o.close ? grpc::Status(ToGrpc(o.status.code()), o.status.message())
+                       o.close ? runtime::ToGrpcStatus(o.status)
                                : grpc::Status::OK);
     }
   }

@@ -20,8 +20,7 @@ struct CoordinatorOptions {
   std::string tls_cert_file, tls_key_file;
 };
 
-// Facts are applied to the engine at this clock: milliseconds since the Unix epoch.
-int64_t WallMs();
+// Facts are applied to the engine at runtime::WallMs(): milliseconds since the Unix epoch.
 
 class Coordinator {
  public:

@@ -25,6 +25,25 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b) {
 
 }  // namespace
 
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+grpc::Status ToGrpcStatus(const Status& status) {
+  grpc::StatusCode code = grpc::StatusCode::INTERNAL;
+  switch (status.code()) {
+    case REGROUP_OK: return grpc::Status::OK;
+    case REGROUP_INVALID_ARGUMENT: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case REGROUP_NOT_FOUND: code = grpc::StatusCode::NOT_FOUND; break;
+    case REGROUP_FAILED_PRECONDITION: code = grpc::StatusCode::FAILED_PRECONDITION; break;
+    case REGROUP_RESOURCE_EXHAUSTED: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+    default: break;
+  }
+  return {code, status.message()};
+}
+
 StatusOr<std::string> LoadCredential(const std::string& file) {
   std::string path = file;
   if (path.empty())

@@ -17,6 +17,13 @@ namespace regroup::runtime {
 // The largest message either side accepts (a generation plan of 16,384 ranks is far smaller).
 inline constexpr int kMaxMessageBytes = 4 << 20;
 
+// Milliseconds since the Unix epoch: the clock of the manager and the coordinator.
+int64_t WallMs();
+
+// The gRPC status for a library status: chosen by what the caller should do (retry the call,
+// fix the request, ...), with the message kept.
+grpc::Status ToGrpcStatus(const Status& status);
+
 // Reads the job's credential: `file` if given, else $REGROUP_CREDENTIAL_FILE, else
 // $REGROUP_CREDENTIAL. An empty result means "no credential configured" (local testing only;
 // the servers then accept only clients that send none). A file that cannot be read is an error.

@@ -11,24 +11,7 @@
 
 namespace regroup::runtime {
 
-int64_t WallMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 namespace {
-
-grpc::StatusCode ToGrpc(regroup_status code) {
-  switch (code) {
-    case REGROUP_OK: return grpc::StatusCode::OK;
-    case REGROUP_INVALID_ARGUMENT: return grpc::StatusCode::INVALID_ARGUMENT;
-    case REGROUP_NOT_FOUND: return grpc::StatusCode::NOT_FOUND;
-    case REGROUP_FAILED_PRECONDITION: return grpc::StatusCode::FAILED_PRECONDITION;
-    case REGROUP_RESOURCE_EXHAUSTED: return grpc::StatusCode::RESOURCE_EXHAUSTED;
-    default: return grpc::StatusCode::INTERNAL;
-  }
-}
 
 // A stream refused before it starts (a wrong credential).
 class Rejected final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ManagerMessage> {
@@ -158,7 +141,7 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
       spdlog::warn("refused a registration: {}", st.message());
       v1::ManagerMessage refusal;
       *refusal.mutable_refusal() = runtime_->MakeRefusal(st.message());
-      stream->Send(refusal, true, grpc::Status(ToGrpc(st.code()), st.message()));
+      stream->Send(refusal, true, ToGrpcStatus(st));
       return;
     }
     if (auto old = by_node_.find(node); old != by_node_.end() && old->second != stream)

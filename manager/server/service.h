@@ -33,8 +33,6 @@ struct ServerOptions {
   std::chrono::milliseconds tick{20};
 };
 
-// Milliseconds since the Unix epoch: the manager's clock.
-int64_t WallMs();
 
 class ManagerServer final : public v1::Manager::CallbackService {
  public:

@@ -166,4 +166,22 @@ inline void CheckSnapshotRoundTrip(Engine& engine) {
     Die("snapshot -> restore -> snapshot", "changed the snapshot:\n" + snapshot + "\n" + again);
 }
 
+// The two jobs of the engine-level targets (fuzz_events, fuzz_coordinator).
+inline constexpr const char* kJobs[] = {
+    // One replica per pod (tp 2, 2 processes per pod): dp 4.
+    R"({"id":"default/train","uid":"t1","labels":{"fault-scheduling":"force"},)"
+    R"("annotations":{"recover-strategy":"retry,recover-in-place,recover,elastic-training,dump",)"
+    R"("wait-reschedule-timeout":"30","regroup.io/tensor-parallel":"2",)"
+    R"("regroup.io/global-batch-size":"64","regroup.io/micro-batch-size":"4"},)"
+    R"("pods":4,"processes_per_pod":2})",
+    // Two pods per replica (tp 4): dp 2; job restarts allowed; a manager pod.
+    R"({"id":"default/other","uid":"o1","labels":{"fault-scheduling":"grace",)"
+    R"("fault-retry-times":"2","pod-rescheduling":"on"},)"
+    R"("annotations":{"recover-strategy":"recover,elastic-training",)"
+    R"("wait-reschedule-timeout":"30","regroup.io/tensor-parallel":"4",)"
+    R"("regroup.io/prefer-elastic":"true"},"env":{"MINDIO_WAIT_MINDX_TIME":"60"},)"
+    R"("pods":4,"processes_per_pod":2,"volcano":{"min_available":3,"manager_pods":1}})",
+};
+inline constexpr const char* kIds[] = {"default/train", "default/other"};
+
 }  // namespace fuzz

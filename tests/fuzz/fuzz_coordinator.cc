@@ -30,20 +30,6 @@ namespace {
 namespace v1 = ::regroup::v1;
 using regroup::coordinator::Attachments;
 
-constexpr const char* kJobs[] = {
-    R"({"id":"default/train","uid":"t1","labels":{"fault-scheduling":"force"},)"
-    R"("annotations":{"recover-strategy":"retry,recover-in-place,recover,elastic-training,dump",)"
-    R"("wait-reschedule-timeout":"30","regroup.io/tensor-parallel":"2",)"
-    R"("regroup.io/global-batch-size":"64","regroup.io/micro-batch-size":"4"},)"
-    R"("pods":4,"processes_per_pod":2})",
-    R"({"id":"default/other","uid":"o1","labels":{"fault-scheduling":"grace",)"
-    R"("fault-retry-times":"2","pod-rescheduling":"on"},)"
-    R"("annotations":{"recover-strategy":"recover,elastic-training",)"
-    R"("wait-reschedule-timeout":"30","regroup.io/tensor-parallel":"4",)"
-    R"("regroup.io/prefer-elastic":"true"},"env":{"MINDIO_WAIT_MINDX_TIME":"60"},)"
-    R"("pods":4,"processes_per_pod":2,"volcano":{"min_available":3,"manager_pods":1}})",
-};
-constexpr const char* kIds[] = {"default/train", "default/other"};
 constexpr const char* kUidPrefix[] = {"p", "o"};
 constexpr size_t kMaxRecords = 128;
 constexpr uint64_t kStreams = 4;
@@ -65,7 +51,7 @@ void Check(const std::vector<Attachments::Outgoing>& out) {
 }
 
 void CheckServing(const Attachments& attachments) {
-  for (const char* job : kIds) {
+  for (const char* job : fuzz::kIds) {
     const uint64_t serving = attachments.stream_of(job);
     if (serving != 0 && !attachments.attached(serving))
       fuzz::Die("Attachments", std::string(job) + " is served by a stream that is not attached");
@@ -82,13 +68,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.history_length = 16;
   regroup::Engine engine(options);
   for (size_t j = 0; j < 2; ++j) {
-    auto spec = regroup::ParseJobSpec(std::string_view(kJobs[j]));
+    auto spec = regroup::ParseJobSpec(std::string_view(fuzz::kJobs[j]));
     if (!spec.ok()) fuzz::Die("ParseJobSpec", spec.status().message());
     if (!engine.UpsertJob(std::move(*spec), nullptr, 0).ok())
       fuzz::Die("UpsertJob", "a seed job was refused");
     for (int64_t i = 0; i < 4; ++i)
       if (!engine
-               .SetPodState(kIds[j], i, kUidPrefix[j] + std::to_string(i), REGROUP_POD_RUNNING,
+               .SetPodState(fuzz::kIds[j], i, kUidPrefix[j] + std::to_string(i), REGROUP_POD_RUNNING,
                             std::string(j ? "m" : "n") + std::to_string(i), 0)
                .ok())
         fuzz::Die("SetPodState", "a seed pod was refused");

@@ -14,23 +14,6 @@
 
 namespace {
 
-constexpr const char* kJobs[] = {
-    // One replica per pod (tp 2, 2 processes per pod): dp 4.
-    R"({"id":"default/train","uid":"t1","labels":{"fault-scheduling":"force"},)"
-    R"("annotations":{"recover-strategy":"retry,recover-in-place,recover,elastic-training,dump",)"
-    R"("wait-reschedule-timeout":"30","regroup.io/tensor-parallel":"2",)"
-    R"("regroup.io/global-batch-size":"64","regroup.io/micro-batch-size":"4"},)"
-    R"("pods":4,"processes_per_pod":2})",
-    // Two pods per replica (tp 4): dp 2; job restarts allowed; a manager pod.
-    R"({"id":"default/other","uid":"o1","labels":{"fault-scheduling":"grace",)"
-    R"("fault-retry-times":"2","pod-rescheduling":"on"},)"
-    R"("annotations":{"recover-strategy":"recover,elastic-training",)"
-    R"("wait-reschedule-timeout":"30","regroup.io/tensor-parallel":"4",)"
-    R"("regroup.io/prefer-elastic":"true"},"env":{"MINDIO_WAIT_MINDX_TIME":"60"},)"
-    R"("pods":4,"processes_per_pod":2,"volcano":{"min_available":3,"manager_pods":1}})",
-};
-constexpr const char* kIds[] = {"default/train", "default/other"};
-
 constexpr const char* kStart =
     R"([{"type":"node","node":"n0","health":"healthy"},)"
     R"({"type":"pod","job":"default/train","index":0,"uid":"p0","phase":"running","node":"n0"},)"
@@ -49,7 +32,7 @@ constexpr size_t kMaxLines = 64;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
   fuzz::Engine engine;
-  for (const char* job : kJobs) engine.MustUpsert(job);
+  for (const char* job : fuzz::kJobs) engine.MustUpsert(job);
   if (engine.Apply(kStart, 0) != REGROUP_OK) fuzz::Die("apply_events", "the start was refused");
 
   // The whole input as one document first: a single event or an array.
@@ -71,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (int64_t later : {now + 31000, now + 62000, now + 700000, now + 4000000}) engine.Tick(later);
 
-  for (size_t i = 0; i < sizeof kIds / sizeof kIds[0]; ++i) fuzz::ExerciseJob(engine, kIds[i], 4);
+  for (const char* id : fuzz::kIds) fuzz::ExerciseJob(engine, id, 4);
   fuzz::CheckSnapshotRoundTrip(engine);
 
   // The typed fast paths take C strings that are not JSON: the input's first bytes, raw, as a
@@ -80,17 +63,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                         std::min<size_t>(input.size(), 64));
   const std::string name = raw.c_str();  // up to the first NUL
   fuzz::Engine typed;
-  typed.MustUpsert(kJobs[0]);
+  typed.MustUpsert(fuzz::kJobs[0]);
   const regroup_node_health health =
       static_cast<regroup_node_health>(raw.empty() ? 1 : static_cast<uint8_t>(raw[0]) % 4);
-  (void)FUZZ_CALL(regroup_engine_set_pod_state(typed.get(), kIds[0], 0, name.c_str(),
+  (void)FUZZ_CALL(regroup_engine_set_pod_state(typed.get(), fuzz::kIds[0], 0, name.c_str(),
                                                REGROUP_POD_RUNNING, name.c_str(), 0, &err));
   (void)FUZZ_CALL(regroup_engine_set_node_health(typed.get(), name.c_str(), health, name.c_str(),
                                                  1000, &err));
   (void)FUZZ_CALL(regroup_engine_set_node_health(typed.get(), name.c_str(), REGROUP_NODE_FAULTY,
                                                  nullptr, 1000, &err));
   typed.Tick(2000);
-  fuzz::ExerciseJob(typed, kIds[0], 4);
+  fuzz::ExerciseJob(typed, fuzz::kIds[0], 4);
   (void)typed.Snapshot();
   return 0;
 }

@@ -681,6 +681,13 @@ void Agent::OnRestart(const v1::RestartProcesses& restart) {
 void Agent::OnRefusal(const v1::Refusal& refusal) {
   spdlog::warn("the manager refused a message: {} (its epoch {}, generation {}, directive {})",
                refusal.reason(), refusal.epoch(), refusal.generation(), refusal.directive_id());
+  if (refusal.fenced()) {
+    // Declared lost while it could not be reached: the job went on without this pod, so its
+    // trainers' state is stale. Stop; the job controller's replacement registers anew.
+    spdlog::error("the manager declared this pod lost: stopping the trainers and exiting");
+    BeginStop(1, "declared lost by the manager: " + refusal.reason(), /*wait_for_trainers=*/false);
+    return;
+  }
   if (refusal.epoch() > epoch_) {
     spdlog::info("this agent is behind (epoch {} < {}): registering again", epoch_,
                  refusal.epoch());

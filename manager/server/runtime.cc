@@ -126,13 +126,16 @@ v1::Header JobRuntime::MakeHeader() const {
   return h;
 }
 
-v1::Refusal JobRuntime::MakeRefusal(const std::string& reason) const {
-  v1::Refusal r;
+v1::ManagerMessage JobRuntime::MakeRefusal(const std::string& reason, bool fenced) const {
+  v1::ManagerMessage m;
+  *m.mutable_header() = MakeHeader();
+  v1::Refusal& r = *m.mutable_refusal();
   r.set_reason(reason);
   r.set_epoch(options_.epoch);
   r.set_generation(generation_);
   r.set_directive_id(directive_id_);
-  return r;
+  r.set_fenced(fenced);
+  return m;
 }
 
 void JobRuntime::Event(int64_t now, const std::string& kind, const std::string& message) {

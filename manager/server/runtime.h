@@ -104,7 +104,10 @@ class JobRuntime {
 
   std::vector<Outgoing> TakeOutgoing();
   v1::GetStatusResponse StatusReport() const;
-  v1::Refusal MakeRefusal(const std::string& reason) const;
+  // A refusal of a message, stamped with this manager's header; `fenced` when the refused pod
+  // was declared lost and must stop.
+  v1::ManagerMessage MakeRefusal(const std::string& reason, bool fenced = false) const;
+  bool IsFenced(const std::string& pod_uid) const { return lost_uids_.count(pod_uid) > 0; }
 
   uint64_t epoch() const { return options_.epoch; }
   uint64_t generation() const { return generation_; }

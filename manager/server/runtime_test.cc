@@ -289,8 +289,13 @@ TEST(Runtime, LostAgentScalesInAndItsReplacementScalesOut) {
   ASSERT_EQ(sim.rt->generation(), 2u);
   EXPECT_EQ(sim.starts_[0].plan().data_parallel(), 3u);
   EXPECT_EQ(sim.rt->world_size(), 6u);
-  // The zombie cannot come back under its old uid.
+  // The zombie cannot come back under its old uid, and its refusal tells it to stop.
   EXPECT_EQ(sim.Register(2).status().code(), REGROUP_FAILED_PRECONDITION);
+  const std::string zombie = sim.Header(2).sender();
+  ASSERT_TRUE(sim.rt->IsFenced(zombie));
+  const v1::ManagerMessage refusal = sim.rt->MakeRefusal("zombie", true);
+  EXPECT_TRUE(refusal.refusal().fenced());
+  EXPECT_EQ(refusal.header().epoch(), sim.rt->epoch());
   // Its replacement registers with a new uid: scale out at the next step boundary.
   ASSERT_TRUE(sim.Register(2, "pod-2-b").ok());
   sim.Run(200, 0);

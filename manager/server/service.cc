@@ -139,9 +139,9 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
     if (!st.ok()) {
       ++refusals_;
       spdlog::warn("refused a registration: {}", st.message());
-      v1::ManagerMessage refusal;
-      *refusal.mutable_refusal() = runtime_->MakeRefusal(st.message());
-      stream->Send(refusal, true, ToGrpcStatus(st));
+      const bool fenced =
+          message.has_register_() && runtime_->IsFenced(message.register_().pod_uid());
+      stream->Send(runtime_->MakeRefusal(st.message(), fenced), true, ToGrpcStatus(st));
       return;
     }
     if (auto old = by_node_.find(node); old != by_node_.end() && old->second != stream)
@@ -153,9 +153,7 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
     if (!st.ok()) {
       ++refusals_;
       spdlog::info("refused a message of node rank {}: {}", stream->tag, st.message());
-      v1::ManagerMessage refusal;
-      *refusal.mutable_refusal() = runtime_->MakeRefusal(st.message());
-      stream->Send(refusal, false);
+      stream->Send(runtime_->MakeRefusal(st.message()), false);
     }
   }
   Flush();

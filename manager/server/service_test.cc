@@ -119,6 +119,8 @@ TEST(ManagerService, ARefusedRegistrationCarriesTheCurrentEpoch) {
   auto refusal = a.ReadUntil(v1::ManagerMessage::kRefusal);
   ASSERT_TRUE(refusal);
   EXPECT_EQ(refusal->refusal().epoch(), 5u);
+  EXPECT_EQ(refusal->header().epoch(), 5u) << "agents drop messages of older epochs";
+  EXPECT_FALSE(refusal->refusal().fenced());
   EXPECT_EQ(refusal->refusal().reason(), "node rank 4 is out of range: job default/svc has 1 pods");
   EXPECT_EQ(a.stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   server->Stop();

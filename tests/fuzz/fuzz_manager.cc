@@ -98,7 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         regroup::Status st = runtime->Handle(stream, message, now);
         if (!st.ok() && st.message().empty())
           fuzz::Die("JobRuntime::Handle", "a refusal without a reason");
-        if (!st.ok() && runtime->MakeRefusal(st.message()).epoch() != kEpoch)
+        if (!st.ok() && runtime->MakeRefusal(st.message()).refusal().epoch() != kEpoch)
           fuzz::Die("JobRuntime::MakeRefusal", "a refusal without this manager's epoch");
       }
     }

@@ -1,0 +1,490 @@
+"""A local multi-node cluster running a real Regroup job: nodes (network namespaces or loopback
+addresses), the job's manager, one agent per pod with its PyTorch trainers, and faults on purpose.
+
+    with Cluster(workdir, JobSpec(nodes=2, nproc=2, steps=40)) as c:
+        c.start()                      # manager, then pod i on node i (standalone mode)
+        c.wait_step(10)
+        c.kill_trainer("node-1", 0)    # a fault (see the methods under "Faults")
+        c.wait_done()
+        print(c.events())              # the manager's event log, oldest first
+
+The job is a Volcano Job (YAML, written to the work directory): the manager reads it with
+``--job``, and its worker task's command is what each pod runs, so the same file serves the
+standalone mode and Volcano in the loop. Every process is started in its own session and stopped
+by :meth:`close`, every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import yaml
+
+from network import Network, NodeNet
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+
+from regroup.testing import children_of, read_ledger, wait_for  # noqa: E402
+
+EXAMPLE = REPO / "examples" / "train_mlp.py"
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def find_binaries(build: Optional[Path] = None) -> Dict[str, str]:
+    """regroup-manager, regroup-agent and regroupctl from $REGROUP_BIN_DIR or build/."""
+    dirs = [Path(os.environ["REGROUP_BIN_DIR"])] if os.environ.get("REGROUP_BIN_DIR") else []
+    dirs.append(build or REPO / "build")
+    out = {}
+    for name in ("regroup-manager", "regroup-agent", "regroupctl"):
+        for d in dirs:
+            if (d / name).is_file():
+                out[name] = str(d / name)
+                break
+        else:
+            raise FileNotFoundError(f"{name} not found in {', '.join(map(str, dirs))}: run scripts/setup first")
+    return out
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------------------------
+
+
+
+@dataclass
+class JobSpec:
+    """A training job of ``nodes`` pods of ``nproc`` ranks running examples/train_mlp.py."""
+    name: str = "mlp"
+    nodes: int = 2
+    nproc: int = 2
+    steps: int = 40
+    tp: int = 1
+    optimizer: str = "sgd"
+    step_sleep: float = 0.1
+    strategies: str = "retry,recover-in-place,recover,elastic-training,dump,exit"
+    fault_scheduling: str = "force"
+    wait_reschedule_s: Optional[int] = None
+    prefer_elastic: bool = False
+    min_dp: Optional[int] = None
+    liveness_misses: int = 100            # x heartbeat interval: the hang/liveness timeout (20 s)
+    extra_labels: Dict[str, str] = field(default_factory=dict)
+    extra_annotations: Dict[str, str] = field(default_factory=dict)
+    extra_train: List[str] = field(default_factory=list)
+    dataset: int = 128
+    micro_batch: int = 8
+    microbatches: int = 4
+    seed: int = 1234
+    quiet: bool = True
+
+    @property
+    def data(self) -> Dict[str, int]:
+        """The sampler's parameters (what the ledger is checked against)."""
+        return {"dataset": self.dataset, "micro_batch": self.micro_batch, "microbatches": self.microbatches,
+                "seed": self.seed}
+
+    @property
+    def job_id(self) -> str:
+        return f"default/{self.name}"
+
+    def _data_args(self) -> List[str]:
+        return ["--float64", "--dataset", str(self.dataset), "--micro-batch", str(self.micro_batch),
+                "--microbatches", str(self.microbatches), "--seed", str(self.seed), "--steps", str(self.steps),
+                "--optimizer", self.optimizer]
+
+    def train_args(self, ledger: Path, out: Path) -> List[str]:
+        return [*self._data_args(), "--checksum-interval", "5", "--tp", str(self.tp),
+                "--step-sleep", str(self.step_sleep), "--ledger", str(ledger), "--out", str(out),
+                *(["--quiet"] if self.quiet else []), *self.extra_train]
+
+    def reference_args(self) -> List[str]:
+        """The uninterrupted single-process run whose final weights every run must equal."""
+        return [*self._data_args(), "--quiet"]
+
+    def labels(self) -> Dict[str, str]:
+        return {"fault-scheduling": self.fault_scheduling, "pod-rescheduling": "on", **self.extra_labels}
+
+    def annotations(self) -> Dict[str, str]:
+        a = {"recover-strategy": self.strategies,
+             "regroup.io/tensor-parallel": str(self.tp),
+             "regroup.io/global-batch-size": str(self.micro_batch * self.microbatches),
+             "regroup.io/micro-batch-size": str(self.micro_batch),
+             "regroup.io/checksum-interval": "5",
+             "regroup.io/heartbeat-interval-ms": "200",
+             "regroup.io/liveness-misses": str(self.liveness_misses)}
+        if self.wait_reschedule_s is not None:
+            a["wait-reschedule-timeout"] = str(self.wait_reschedule_s)
+        if self.prefer_elastic:
+            a["regroup.io/prefer-elastic"] = "true"
+        if self.min_dp is not None:
+            a["regroup.io/min-data-parallel"] = str(self.min_dp)
+        a.update(self.extra_annotations)
+        return a
+
+    def volcano_job(self, ledger: Path, out: Path) -> dict:
+        """The job as a Volcano Job (what a user submits, and what the manager reads)."""
+        min_dp = self.min_dp or 1
+        replicas_per_pod = max(1, self.nproc // self.tp)
+        min_pods = -(-min_dp // replicas_per_pod)
+        worker_cmd = ["regroup-agent", f"--nproc-per-node={self.nproc}", f"--nnodes={self.nodes}",
+                      str(EXAMPLE), *self.train_args(ledger, out)]
+        return {
+            "apiVersion": "batch.volcano.sh/v1alpha1",
+            "kind": "Job",
+            "metadata": {"name": self.name, "namespace": "default", "labels": self.labels(),
+                         "annotations": self.annotations()},
+            "spec": {
+                "schedulerName": "volcano",
+                "minAvailable": min_pods + 1,
+                "policies": [{"event": "PodEvicted", "action": "RestartTask"}],
+                "tasks": [
+                    {"name": "manager", "replicas": 1, "template": {"spec": {"containers": [
+                        {"name": "manager", "command": ["regroup-manager", "--port=9601"],
+                         "resources": {"requests": {"cpu": "1", "memory": "512Mi"}}}]}}},
+                    {"name": "worker", "replicas": self.nodes, "template": {"spec": {"containers": [
+                        {"name": "trainer", "command": worker_cmd,
+                         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                         "ports": [{"name": "taskd-port", "containerPort": 9601}]}]}}},
+                ],
+            },
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Pod:
+    name: str
+    index: int
+    node: NodeNet
+    uid: str
+    process: subprocess.Popen
+    log: Path
+
+
+class Cluster:
+    """Nodes, the job's manager and its pods, on this machine."""
+
+    def __init__(self, workdir: Path, job: JobSpec, network: str = "auto", log: Callable[[str], None] = print,
+                 binaries: Optional[Dict[str, str]] = None, spare_nodes: int = 0):
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.job = job
+        self.log = log
+        self.bin = binaries or find_binaries()
+        self.net = Network.create(network, log=log)
+        self.nodes: Dict[str, NodeNet] = {}
+        for i in range(job.nodes + spare_nodes):
+            self.add_node()
+        self.ledger = self.dir / "ledger.jsonl"
+        self.out = self.dir / "final.pt"
+        self.job_file = self.dir / "job.yaml"
+        self.job_file.write_text(yaml.safe_dump(job.volcano_job(self.ledger, self.out), sort_keys=False))
+        self.credential = self.dir / "credential"
+        self.credential.write_text(secrets.token_hex(24))
+        self.credential.chmod(0o600)
+        self.manager: Optional[subprocess.Popen] = None
+        self.manager_host = self.net.manager_address   # where the manager listens
+        self.manager_node: Optional[NodeNet] = None
+        self.manager_port = free_port(self.manager_host)
+        self.http_port = free_port(self.manager_host)
+        self.manager_starts = 0
+        self.pods: Dict[str, Pod] = {}       # by pod name (current incarnation)
+        self.exited: List[Pod] = []          # pods that ended, in order
+        self.injected: List[dict] = []       # faults injected: {"at": unix s, "fault": ..., ...}
+        self._started: List[subprocess.Popen] = []
+        self._status_cache: dict = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for p in self._started:
+            if p.poll() is None:
+                for pid in _tree(p.pid):
+                    _signal(pid, signal.SIGKILL)
+        for p in self._started:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.net.close()
+
+    def add_node(self) -> NodeNet:
+        name = f"node-{len(self.nodes)}"
+        self.nodes[name] = node = self.net.add_node(name)
+        return node
+
+    @property
+    def manager_addr(self) -> str:
+        return f"{self.manager_host}:{self.manager_port}"
+
+    def _spawn(self, argv: Sequence[str], log: Path, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        with open(log, "ab") as out:
+            p = subprocess.Popen(list(argv), env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, cwd=str(self.dir))
+        self._started.append(p)
+        return p
+
+    def start_manager(self, node: Optional[NodeNet] = None, coordinator: Optional[str] = None) -> None:
+        """The job's manager: in this namespace on the bridge's address, or inside ``node`` (as a
+        pod bound there); with its embedded engine, or taking decisions from ``coordinator``."""
+        self.manager_starts += 1
+        if node is not None and node.address != self.manager_host:
+            self.manager_host = node.address
+            self.manager_port, self.http_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+        argv = [self.bin["regroup-manager"], "--job", str(self.job_file), "--job-id", self.job.job_id,
+                "--listen", self.manager_addr, "--http", f"{self.manager_host}:{self.http_port}",
+                "--credential-file", str(self.credential), "--join-window-s", "120"]
+        if coordinator:
+            argv += ["--coordinator", coordinator]
+        self.manager_node = node
+        run = node.wrap(argv) if node is not None else argv
+        self.manager = self._spawn(run, self.dir / f"manager-{self.manager_starts}.log")
+        wait_for(lambda: self._manager_up() or self.manager.poll() is not None, 30, "the manager to listen")
+        if self.manager.poll() is not None:
+            raise RuntimeError(f"regroup-manager exited with {self.manager.returncode}:\n"
+                               + (self.dir / f"manager-{self.manager_starts}.log").read_text()[-3000:])
+
+    def _manager_up(self) -> bool:
+        try:
+            self.status(timeout=1)
+            return True
+        except OSError:
+            return False
+
+    def start(self) -> None:
+        """The manager, then pod i of the worker task on node i."""
+        self.start_manager()
+        for i in range(self.job.nodes):
+            self.start_pod(i, self.node(i))
+
+    def node(self, i: int) -> NodeNet:
+        return list(self.nodes.values())[i]
+
+    def worker_command(self) -> List[str]:
+        doc = yaml.safe_load(self.job_file.read_text())
+        task = next(t for t in doc["spec"]["tasks"] if t["name"] == "worker")
+        return list(task["template"]["spec"]["containers"][0]["command"])
+
+    def start_pod(self, index: int, node: NodeNet) -> Pod:
+        """What a kubelet does for a bound pod: runs the worker command inside the node."""
+        name = f"{self.job.name}-worker-{index}"
+        uid = f"{name}-{secrets.token_hex(4)}"
+        command = self.worker_command()
+        argv = [self.bin["regroup-agent"], "--python", PYTHON, *command[1:]]
+        env = {"REGROUP_MANAGER_ADDR": self.manager_addr, "REGROUP_JOB_ID": self.job.job_id,
+               "REGROUP_POD_UID": uid, "REGROUP_POD_NAME": name, "REGROUP_NODE_NAME": node.name,
+               "REGROUP_HOST": node.address, "PET_NODE_RANK": str(index),
+               "REGROUP_CREDENTIAL_FILE": str(self.credential),
+               "REGROUP_SOCKET_DIR": str(self.dir / f"sock-{uid}"), "REGROUP_STOP_GRACE_S": "20",
+               **node.env}
+        log = self.dir / f"{uid}.log"
+        pod = Pod(name, index, node, uid, self._spawn(node.wrap(argv), log, env), log)
+        self.pods[name] = pod
+        self.log(f"pod {name} started on {node.name} ({node.address})")
+        return pod
+
+    # -- observing -------------------------------------------------------------------------------
+
+    def status(self, timeout: float = 5) -> dict:
+        url = f"http://{self.manager_host}:{self.http_port}/status"
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            self._status_cache = json.loads(r.read())
+        return self._status_cache
+
+    def events(self) -> List[dict]:
+        """The manager's events (at_ms, kind, message), oldest first; the last known if it is down."""
+        try:
+            return self.status().get("events", [])
+        except OSError:
+            return self._status_cache.get("events", [])
+
+    def last_step(self) -> int:
+        return max((r["step"] for r in read_ledger(self.ledger)), default=-1)
+
+    def trainers(self, node: str) -> List[int]:
+        """The trainer processes of the pod on ``node``, by local rank order of start."""
+        pod = self.pod_on(node)
+        agent = _agent_pid(pod.process.pid)
+        return sorted(children_of(agent)) if agent else []
+
+    def pod_on(self, node: str) -> Pod:
+        for pod in self.pods.values():
+            if pod.node.name == node and pod.process.poll() is None:
+                return pod
+        raise KeyError(f"no running pod on {node}")
+
+    def wait_step(self, step: int, timeout: float = 180) -> None:
+        wait_for(lambda: self.last_step() >= step or self.manager.poll() is not None, timeout,
+                 f"training to reach step {step}")
+        if self.manager.poll() is not None:
+            raise AssertionError(f"the manager exited with {self.manager.returncode}\n{self.logs()}")
+
+    def wait_event(self, kind: str, contains: str = "", timeout: float = 120, after_ms: int = 0) -> dict:
+        def find():
+            for e in self.events():
+                if e["kind"] == kind and contains in e["message"] and int(e["at_ms"]) >= after_ms:
+                    return e
+            return None
+        return wait_for(find, timeout, f"a {kind!r} event{' with ' + repr(contains) if contains else ''}", 0.1)
+
+    def wait_pods_exit(self, timeout: float = 300) -> Dict[str, int]:
+        """Waits for every current pod to exit; returns pod name -> exit code."""
+        deadline = time.monotonic() + timeout
+        codes = {}
+        for name, pod in self.pods.items():
+            try:
+                codes[name] = pod.process.wait(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"pod {name} still running after {timeout} s\n{self.logs()}")
+        return codes
+
+    def logs(self, tail: int = 2500) -> str:
+        parts = []
+        for f in sorted(self.dir.glob("*.log")):
+            parts.append(f"== {f.name}\n" + f.read_text(errors="replace")[-tail:])
+        return "\n".join(parts)
+
+    # -- faults ----------------------------------------------------------------------------------
+
+    def _refresh(self) -> float:
+        """The manager's status just before a fault (its generation is what the fault aborts);
+        returns the time of the fault (Unix s), taken before it is injected."""
+        try:
+            self.status(timeout=2)
+        except OSError:
+            pass
+        return time.time()
+
+    def note(self, fault: str, at: Optional[float] = None, **details) -> dict:
+        """Records a fault (or another action of the test) at ``at`` (default: now)."""
+        record = {"at": at or time.time(), "fault": fault, "step": self.last_step(), **details}
+        known = self._status_cache
+        if known.get("epoch"):
+            record["generation"] = [int(known["epoch"]), int(known.get("generation", 0))]
+        self.injected.append(record)
+        self.log(f"! {fault}" + "".join(f" {k}={v}" for k, v in details.items()))
+        return record
+
+    def kill_trainer(self, node: str, local: int = 0) -> dict:
+        at = self._refresh()
+        pids = self.trainers(node)
+        if local >= len(pids):
+            raise AssertionError(f"{node} has {len(pids)} trainers, no local rank {local}")
+        _signal(pids[local], signal.SIGKILL)
+        return self.note("kill a trainer process", at=at, node=node, pid=pids[local])
+
+    def freeze_trainer(self, node: str, local: int = 0) -> dict:
+        at = self._refresh()
+        pids = self.trainers(node)
+        _signal(pids[local], signal.SIGSTOP)
+        return self.note("freeze a trainer (SIGSTOP)", at=at, node=node, pid=pids[local])
+
+    def kill_node(self, node: str) -> dict:
+        at = self._refresh()
+        """Every process of the node, at once (SIGKILL), as when its host dies."""
+        n = self.nodes[node]
+        pids = set(self.net.pids(n))
+        for pod in self.pods.values():
+            if pod.node is n:
+                pids.update(_tree(pod.process.pid))
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        record = self.note("kill a node", at=at, node=node)
+        for pod in self.pods.values():
+            if pod.node is n:
+                try:
+                    pod.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+        return record
+
+    def sigterm_pod(self, node: str) -> dict:
+        at = self._refresh()
+        pod = self.pod_on(node)
+        _signal(_agent_pid(pod.process.pid) or pod.process.pid, signal.SIGTERM)
+        return self.note("SIGTERM a pod (planned departure)", at=at, node=node, pod=pod.name)
+
+    def cut_network(self, node: str) -> dict:
+        at = self._refresh()
+        self.net.cut(self.nodes[node])
+        return self.note("cut a node's network", at=at, node=node)
+
+    def restore_network(self, node: str) -> dict:
+        at = self._refresh()
+        self.net.restore(self.nodes[node])
+        return self.note("restore a node's network", at=at, node=node)
+
+    def slow_link(self, node: str, rate: str = "1mbit") -> dict:
+        at = self._refresh()
+        self.net.slow(self.nodes[node], rate)
+        return self.note("slow a node's link", at=at, node=node, rate=rate)
+
+    def kill_manager(self) -> dict:
+        at = self._refresh()
+        for pid in _tree(self.manager.pid):
+            _signal(pid, signal.SIGKILL)
+        self.manager.wait(timeout=10)
+        return self.note("kill the manager's pod", at=at)
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------------
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tree(pid: int) -> List[int]:
+    """pid and all its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children_of(p))
+    return out
+
+
+def _agent_pid(pid: int) -> Optional[int]:
+    """The regroup-agent process: ``pid`` itself, or its child when started by ``ip netns exec``."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    if exe.endswith("regroup-agent"):
+        return pid
+    kids = children_of(pid)
+    return kids[0] if kids else None

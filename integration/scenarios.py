@@ -1,0 +1,524 @@
+"""The integration scenarios: real training on the local cluster through real faults.
+
+Each scenario starts a cluster, injects its faults and then checks the promises: training reached
+its last step, the final weights equal an uninterrupted run's (float64, norm-relative 1e-9), the
+ledger holds every sample exactly once per epoch, the strategy used is the one the configuration
+calls for, and the job's events tell the story in order. It records, per fault, the detection
+time, the time to resume and the steps lost.
+
+    /usr/bin/python3 integration/scenarios.py            # all, with a summary table
+    /usr/bin/python3 integration/scenarios.py 1 3 --network loopback
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cluster import EXAMPLE, PYTHON, REPO, Cluster, JobSpec  # noqa: E402
+from regroup.testing import check_ledger, read_ledger, relative_error, wait_for  # noqa: E402
+
+TOLERANCE = 1e-9
+CACHE = Path(os.environ.get("REGROUP_INTEGRATION_CACHE", Path(tempfile.gettempdir()) / "regroup-integration-cache"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FaultRecord:
+    fault: str
+    detected_by: str = "-"
+    strategy: str = "-"
+    detection_ms: Optional[int] = None
+    resume_ms: Optional[int] = None
+    steps_lost: Optional[int] = None
+
+
+@dataclass
+class Result:
+    number: int
+    title: str
+    mode: str = "standalone"
+    network: str = "?"
+    seconds: float = 0.0
+    promises: List[Tuple[str, bool, str]] = field(default_factory=list)
+    faults: List[FaultRecord] = field(default_factory=list)
+    skipped: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.skipped is None and all(ok for _, ok, _ in self.promises)
+
+    def promise(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.promises.append((name, bool(ok), detail))
+        return bool(ok)
+
+    def broken(self) -> List[str]:
+        return [f"{name}: {detail}" for name, ok, detail in self.promises if not ok]
+
+    def report(self) -> str:
+        lines = [f"scenario {self.number}: {self.title} [{self.mode}, {self.network}] "
+                 f"{'SKIPPED: ' + self.skipped if self.skipped else ('ok' if self.ok else 'BROKEN')} "
+                 f"in {self.seconds:.1f} s"]
+        for f in self.faults:
+            lines.append(f"  fault: {f.fault}; detected by {f.detected_by} in {_ms(f.detection_ms)}; "
+                         f"strategy {f.strategy}; resumed {_ms(f.resume_ms)} after the fault; "
+                         f"steps lost {'-' if f.steps_lost is None else f.steps_lost}")
+        for name, ok, detail in self.promises:
+            lines.append(f"  [{'x' if ok else ' '}] {name}{': ' + detail if detail else ''}")
+        return "\n".join(lines)
+
+
+def _ms(v: Optional[int]) -> str:
+    return "-" if v is None else f"{v} ms"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks shared by every scenario
+# ---------------------------------------------------------------------------------------------
+
+
+def reference_weights(job: JobSpec) -> Path:
+    """The final weights of the same training in one plain process, computed once and cached."""
+    args = job.reference_args()
+    key = hashlib.sha256(json.dumps([args, _source_digest()]).encode()).hexdigest()[:16]
+    path = CACHE / f"reference-{key}.pt"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        subprocess.run([PYTHON, str(EXAMPLE), *args, "--out", str(tmp)], check=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+        tmp.rename(path)
+    return path
+
+
+def _source_digest() -> str:
+    h = hashlib.sha256(EXAMPLE.read_bytes())
+    for f in sorted((REPO / "python" / "regroup").glob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def committed_attempts(records: Sequence[dict]) -> Dict[int, Tuple]:
+    best: Dict[int, Tuple] = {}
+    for r in records:
+        g = tuple(r["g"])
+        if r["step"] not in best or g > best[r["step"]]:
+            best[r["step"]] = g
+    return best
+
+
+def steps_lost(records: Sequence[dict], generation: Sequence[int]) -> int:
+    """Steps whose work was done and thrown away by a fault: attempts (ledger lines) in the
+    generation the fault aborted that did not commit."""
+    best = committed_attempts(records)
+    g = tuple(generation)
+    return len({r["step"] for r in records if tuple(r["g"]) == g and best[r["step"]] != g})
+
+
+def check_training(c: Cluster, result: Result, expect_done: bool = True) -> None:
+    """Last step reached, weights equal to the reference, every sample exactly once."""
+    job = c.job
+    events = c.events()
+    done = any(e["kind"] == "done" for e in events)
+    if expect_done:
+        result.promise("training reached its last step", done and c.last_step() == job.steps - 1,
+                       f"last step in the ledger {c.last_step()}, of {job.steps}")
+        if c.out.exists():
+            import torch
+            error = relative_error(torch.load(reference_weights(job)), torch.load(c.out))
+            result.promise("final weights equal the uninterrupted run's", error <= TOLERANCE,
+                           f"norm-relative error {error:.2e} (at most {TOLERANCE:.0e})")
+        else:
+            result.promise("final weights equal the uninterrupted run's", False, "no final weights written")
+    try:
+        check_ledger(c.ledger, c.last_step() + 1, **job.data)
+        result.promise("every sample exactly once per epoch", True,
+                       f"{c.last_step() + 1} steps x {job.micro_batch * job.microbatches} samples")
+    except AssertionError as e:
+        result.promise("every sample exactly once per epoch", False, str(e))
+
+
+def check_story(c: Cluster, result: Result, story: Sequence[Tuple[str, str]]) -> None:
+    """The events hold ``story`` ((kind, text) pairs) as a subsequence, in order."""
+    events = c.events()
+    i = 0
+    for e in events:
+        if i < len(story) and e["kind"] == story[i][0] and story[i][1] in e["message"]:
+            i += 1
+    told = " -> ".join(f"{k}{'(' + t + ')' if t else ''}" for k, t in story)
+    result.promise("the events tell the story in order", i == len(story),
+                   told if i == len(story) else f"missing {story[i]} after {story[:i]}; events:\n"
+                   + "\n".join(f"    {e['at_ms']} {e['kind']}: {e['message'][:160]}" for e in events))
+
+
+def check_strategy(c: Cluster, result: Result, expected: Sequence[str], forbidden: Sequence[str] = ()) -> None:
+    used = [e["message"].split(":")[0] for e in c.events() if e["kind"] == "directive"]
+    ok = all(any(u.startswith(x) for u in used) for x in expected) and \
+        not any(u.startswith(x) for u in used for x in forbidden)
+    result.promise("the configured strategy was used", ok,
+                   f"directives {used}; expected {list(expected)}" + (f", never {list(forbidden)}" if forbidden else ""))
+
+
+def measure(c: Cluster, result: Result, injected: dict, detected_kinds: Sequence[str] = ("fault",),
+            until: Optional[dict] = None, resumed_kinds: Sequence[str] = ("resumed",)) -> FaultRecord:
+    """The fault's record: the first detection event after it, the strategy chosen, the first step
+    committed after it, and the steps lost in between."""
+    at_ms = int(injected["at"] * 1000)
+    end_ms = int(until["at"] * 1000) if until else None
+    events = c.events()
+    rec = FaultRecord(injected["fault"])
+    detection = next((e for e in events if e["kind"] in detected_kinds and int(e["at_ms"]) >= at_ms), None)
+    if detection:
+        rec.detection_ms = int(detection["at_ms"]) - at_ms
+        rec.detected_by = detection["message"].split(":")[0] if detection["kind"] == "fault" else detection["kind"]
+        after = int(detection["at_ms"])
+        directive = next((e for e in events if e["kind"] == "directive" and int(e["at_ms"]) >= after
+                          and (end_ms is None or int(e["at_ms"]) < end_ms)), None)
+        if directive:
+            rec.strategy = directive["message"].split(":")[0]
+        resumed = next((e for e in events if e["kind"] in resumed_kinds and int(e["at_ms"]) >= after
+                        and (end_ms is None or int(e["at_ms"]) < end_ms)), None)
+        if resumed:
+            rec.resume_ms = int(resumed["at_ms"]) - at_ms
+    if injected.get("generation"):
+        rec.steps_lost = steps_lost(read_ledger(c.ledger), injected["generation"])
+    result.faults.append(rec)
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------
+# The scenarios
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Scenario:
+    number: int
+    title: str
+    run: Callable[[Cluster, Result], None]
+    job: Callable[[], JobSpec]
+    spare_nodes: int = 0
+    needs_cut: bool = False
+    volcano: bool = False  # run with Volcano in the loop where it is available
+
+
+SCENARIOS: Dict[int, Scenario] = {}
+
+
+def scenario(number: int, title: str, job: Callable[[], JobSpec], **kw):
+    def register(fn):
+        SCENARIOS[number] = Scenario(number, title, fn, job, **kw)
+        return fn
+    return register
+
+
+@scenario(1, "a trainer process crashes; recover-in-place restarts only that process",
+          lambda: JobSpec(steps=40, strategies="recover-in-place,dump,exit"))
+def crash_in_place(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(10)
+    before = {n: c.trainers(n) for n in ("node-0", "node-1")}
+    f = c.kill_trainer("node-1", 1)
+    c.wait_event("resumed", after_ms=int(f["at"] * 1000))
+    after = {n: c.trainers(n) for n in ("node-0", "node-1")}
+    r.promise("only the crashed process restarted",
+              after["node-0"] == before["node-0"] and len(set(after["node-1"]) - set(before["node-1"])) == 1
+              and f["pid"] not in after["node-1"],
+              f"trainers before {before}, after {after}")
+    codes = c.wait_pods_exit()
+    r.promise("every pod exited 0", set(codes.values()) == {0}, str(codes))
+    measure(c, r, f)
+    check_training(c, r)
+    check_strategy(c, r, ["restart_in_place"], ["scale_in", "wait", "restart_job"])
+    check_story(c, r, [("fault", "process_exit"), ("abort", ""), ("directive", "restart_in_place"),
+                       ("generation", "4 ranks"), ("resumed", ""), ("done", "")])
+
+
+@scenario(2, "a node dies, a spare node exists, recover: the replacement runs at full size",
+          lambda: JobSpec(steps=50, strategies="recover,exit"), spare_nodes=1, volcano=True)
+def node_lost_with_spare(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(10)
+    f = c.kill_node("node-1")
+    c.wait_event("directive", "wait", after_ms=int(f["at"] * 1000))
+    c.start_pod(1, c.nodes["node-2"])            # the job controller's replacement, on the spare
+    c.wait_event("resumed", after_ms=int(f["at"] * 1000))
+    codes = c.wait_pods_exit()
+    r.promise("the survivors and the replacement exited 0", set(codes.values()) == {0}, str(codes))
+    measure(c, r, f, detected_kinds=("fault",))
+    check_training(c, r)
+    check_strategy(c, r, ["wait"], ["scale_in", "restart_job"])
+    check_story(c, r, [("fault", "pod_lost"), ("directive", "wait"), ("register", "node-2"),
+                       ("generation", "4 ranks"), ("resumed", ""), ("done", "")])
+
+
+@scenario(3, "a node dies, no spare, recover then elastic-training: waits, scales in, scales out",
+          lambda: JobSpec(steps=120, strategies="recover,elastic-training,exit", wait_reschedule_s=30))
+def wait_then_scale_in_out(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(8)
+    f = c.kill_node("node-1")
+    c.wait_event("directive", "scale_in", timeout=90, after_ms=int(f["at"] * 1000))
+    c.wait_step(c.last_step() + 5)
+    node = c.add_node()
+    g = c.note("add a node", node=node.name)
+    c.start_pod(1, node)
+    c.wait_event("directive", "scale_out", after_ms=int(g["at"] * 1000))
+    c.wait_event("generation", "4 ranks", after_ms=int(g["at"] * 1000))
+    codes = c.wait_pods_exit()
+    r.promise("the survivors and the replacement exited 0", set(codes.values()) == {0}, str(codes))
+    rec = measure(c, r, f, until=g)
+    r.promise("recover waited wait-reschedule-timeout before scaling in",
+              rec.resume_ms is not None and rec.resume_ms >= 30_000, f"resumed {rec.resume_ms} ms after the loss")
+    measure(c, r, g, detected_kinds=("register",))
+    check_training(c, r)
+    check_strategy(c, r, ["wait", "scale_in", "scale_out"])
+    check_story(c, r, [("fault", "pod_lost"), ("directive", "wait"), ("directive", "scale_in"),
+                       ("generation", "2 ranks"), ("register", "node-2"), ("directive", "scale_out"),
+                       ("generation", "4 ranks"), ("done", "")])
+
+
+def lose_a_node_scale_in_then_out(c: Cluster, r: Result, lost: str, index: int) -> None:
+    """Kills ``lost`` (the node of pod ``index``), waits for the scale-in and a few steps at the
+    smaller size, then adds a node with the replacement pod and waits for the scale-out."""
+    c.start()
+    c.wait_step(8)
+    f = c.kill_node(lost)
+    c.wait_event("directive", "scale_in", after_ms=int(f["at"] * 1000))
+    c.wait_step(c.last_step() + 5)
+    node = c.add_node()
+    g = c.note("add a node", node=node.name)
+    c.start_pod(index, node)
+    c.wait_event("directive", "scale_out", after_ms=int(g["at"] * 1000))
+    c.wait_event("generation", "4 ranks", after_ms=int(g["at"] * 1000))
+    codes = c.wait_pods_exit()
+    r.promise("the survivor and the replacement exited 0", set(codes.values()) == {0}, str(codes))
+    measure(c, r, f, until=g)
+    measure(c, r, g, detected_kinds=("register",))
+    check_training(c, r)
+    check_strategy(c, r, ["scale_in", "scale_out"], ["wait", "restart_job"])
+    check_story(c, r, [("fault", "pod_lost"), ("directive", "scale_in"), ("generation", "2 ranks"),
+                       ("directive", "scale_out"), ("generation", "4 ranks"), ("done", "")])
+
+
+@scenario(4, "elastic-training with prefer-elastic: scales in at once, out when the replacement registers",
+          lambda: JobSpec(steps=120, strategies="elastic-training,exit", prefer_elastic=True))
+def prefer_elastic(c: Cluster, r: Result) -> None:
+    lose_a_node_scale_in_then_out(c, r, "node-1", 1)
+
+
+@scenario(5, "a second node dies while scaled in: scales in again",
+          lambda: JobSpec(nodes=3, steps=60, strategies="elastic-training,exit", prefer_elastic=True,
+                          micro_batch=4, microbatches=8))
+def second_loss_while_scaled_in(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(8)
+    f = c.kill_node("node-2")
+    c.wait_event("directive", "scale_in", after_ms=int(f["at"] * 1000))
+    c.wait_step(c.last_step() + 5)
+    g = c.kill_node("node-1")
+    c.wait_event("directive", "scale_in", after_ms=int(g["at"] * 1000))
+    codes = c.wait_pods_exit()
+    r.promise("the last survivor exited 0", codes.get("mlp-worker-0") == 0, str(codes))
+    measure(c, r, f, until=g)
+    measure(c, r, g)
+    check_training(c, r)
+    check_strategy(c, r, ["scale_in"], ["wait", "restart_job"])
+    check_story(c, r, [("fault", "pod_lost"), ("directive", "scale_in"), ("generation", "4 ranks"),
+                       ("fault", "pod_lost"), ("directive", "scale_in"), ("generation", "2 ranks"), ("done", "")])
+
+
+@scenario(6, "the node of rank 0 dies (it hosted the generation's store)",
+          lambda: JobSpec(steps=120, strategies="elastic-training,exit", prefer_elastic=True), volcano=True)
+def rank0_node_lost(c: Cluster, r: Result) -> None:
+    lose_a_node_scale_in_then_out(c, r, "node-0", 0)
+
+
+@scenario(7, "the manager's pod dies: training pauses, the restarted manager takes over, no trainer restarts",
+          lambda: JobSpec(steps=50, strategies="recover-in-place,elastic-training,exit"))
+def manager_restart(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(10)
+    before = {n: c.trainers(n) for n in ("node-0", "node-1")}
+    f = c.kill_manager()
+    time.sleep(2)  # the job runs without a manager for a while (agents reconnect with backoff)
+    c.start_manager()
+    g = c.note("restart the manager")
+    c.wait_step(f["step"] + 5)
+    after = {n: c.trainers(n) for n in ("node-0", "node-1")}
+    r.promise("no trainer restarted", after == before, f"trainers before {before}, after {after}")
+    codes = c.wait_pods_exit()
+    r.promise("every pod exited 0", set(codes.values()) == {0}, str(codes))
+    # detection: the agents re-register with the new manager; resumed: its first generation (the
+    # trainers kept their state and step, so that generation is the first step it commits)
+    measure(c, r, f, detected_kinds=("register",), resumed_kinds=("generation",))
+    check_training(c, r)
+    check_strategy(c, r, [], ["restart_in_place", "scale_in", "restart_job"])
+    check_story(c, r, [("register", ""), ("generation", "4 ranks"), ("done", "")])
+
+
+@scenario(8, "a frozen trainer (SIGSTOP): detected by its silence and replaced",
+          lambda: JobSpec(steps=40, strategies="recover-in-place,elastic-training,exit", liveness_misses=40))
+def frozen_trainer(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(8)
+    f = c.freeze_trainer("node-1", 0)
+    c.wait_event("resumed", timeout=120, after_ms=int(f["at"] * 1000))
+    codes = c.wait_pods_exit()
+    r.promise("every pod exited 0", set(codes.values()) == {0}, str(codes))
+    measure(c, r, f)
+    check_training(c, r)
+    check_strategy(c, r, ["restart_in_place"])
+    check_story(c, r, [("fault", "hang"), ("directive", "restart_in_place"), ("resumed", ""), ("done", "")])
+
+
+@scenario(9, "a node cut off from the network, then restored: no split brain",
+          lambda: JobSpec(steps=120, strategies="elastic-training,exit", prefer_elastic=True, liveness_misses=25),
+          needs_cut=True)
+def network_partition(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(8)
+    zombie = c.pod_on("node-1")
+    f = c.cut_network("node-1")
+    c.wait_event("directive", "scale_in", timeout=120, after_ms=int(f["at"] * 1000))
+    c.wait_step(c.last_step() + 5)
+    g = c.restore_network("node-1")
+    # The cut-off pod was declared lost: back on the network it is refused for good and stops
+    # (its trainers' state is stale); the job controller replaces it with a new pod (new uid).
+    try:
+        code = zombie.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        code = None
+    log = zombie.log.read_text(errors="replace")
+    r.promise("the cut-off pod stopped once back (fenced, no split brain)",
+              code == 1 and "declared this pod lost" in log, f"exit code {code}")
+    c.start_pod(1, c.nodes["node-1"])
+    c.wait_event("directive", "scale_out", timeout=120, after_ms=int(g["at"] * 1000))
+    c.wait_event("generation", "4 ranks", after_ms=int(g["at"] * 1000))
+    codes = c.wait_pods_exit()
+    r.promise("the survivor and the replacement exited 0", set(codes.values()) == {0}, str(codes))
+    measure(c, r, f, until=g)
+    measure(c, r, g, detected_kinds=("register",))
+    check_training(c, r)
+    check_strategy(c, r, ["scale_in", "scale_out"])
+    check_story(c, r, [("fault", ""), ("directive", "scale_in"), ("generation", "2 ranks"),
+                       ("register", "a replacement"), ("directive", "scale_out"), ("generation", "4 ranks"),
+                       ("done", "")])
+
+
+@scenario(10, "a SIGTERM'd pod leaves at a step boundary with no lost work",
+          lambda: JobSpec(steps=40, strategies="elastic-training,exit", prefer_elastic=True))
+def planned_departure(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(10)
+    pod = c.pod_on("node-1")
+    f = c.sigterm_pod("node-1")
+    code = pod.process.wait(timeout=60)
+    r.promise("the departing pod exited 0", code == 0, f"exit code {code}")
+    codes = c.wait_pods_exit()
+    r.promise("the remaining pod exited 0", codes.get("mlp-worker-0") == 0, str(codes))
+    rec = measure(c, r, f, detected_kinds=("leave",))
+    r.promise("no step was lost", rec.steps_lost == 0, f"{rec.steps_lost} steps redone")
+    check_training(c, r)
+    check_story(c, r, [("leave", ""), ("abort", "planned departure"), ("generation", "2 ranks"), ("done", "")])
+
+
+@scenario(11, "a poison step (one sample fails every time): escalates to dump with the step named",
+          lambda: JobSpec(steps=40, strategies="retry,recover-in-place,dump,exit",
+                          extra_train=["--poison-step", "12"]))
+def poison_step(c: Cluster, r: Result) -> None:
+    if "--poison-step" not in EXAMPLE.read_text():
+        r.skipped = "examples/train_mlp.py has no --poison-step"
+        return
+    c.start()
+    f = c.note("a poison sample at step 12")
+    dump = c.wait_event("directive", "dump", timeout=180)
+    codes = c.wait_pods_exit()
+    r.promise("the job escalated to dump naming the step", "poison step 12" in dump["message"], dump["message"])
+    r.promise("the survivors dumped and exited 0", list(codes.values()).count(0) >= 1, str(codes))
+    measure(c, r, f)
+    check_training(c, r, expect_done=False)
+    check_story(c, r, [("fault", "process_exit"), ("directive", "restart_in_place"), ("fault", "process_exit"),
+                       ("directive", "dump")])
+
+
+@scenario(12, "a job with a bad Regroup key: refused with the message, nothing started",
+          lambda: JobSpec(steps=10, extra_annotations={"regroup.io/min-data-parallel": "zero"}), volcano=True)
+def bad_key(c: Cluster, r: Result) -> None:
+    try:
+        c.start_manager()
+        r.promise("the manager refused the job", False, "it started")
+    except RuntimeError as e:
+        r.promise("the manager refused the job, naming the key", "regroup.io/min-data-parallel" in str(e),
+                  str(e).splitlines()[-1] if str(e) else "")
+    r.promise("nothing was started", not c.pods, f"pods {list(c.pods)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+
+
+def run(number: int, workdir: Path, network: str = "auto", log=print) -> Result:
+    s = SCENARIOS[number]
+    job = s.job()
+    result = Result(number, s.title)
+    start = time.monotonic()
+    with Cluster(workdir, job, network=network, log=lambda m: log(f"  [{number}] {m}"),
+                 spare_nodes=s.spare_nodes) as c:
+        result.network = c.net.mode
+        if s.needs_cut and not c.net.can_cut:
+            result.skipped = "needs network namespaces to cut a node's link"
+            return result
+        reference_weights(job)  # before the clock matters
+        try:
+            s.run(c, result)
+            if result.skipped:
+                return result
+        except Exception as e:  # noqa: BLE001 - any failure is a broken promise, reported with the logs
+            story = "\n".join(f"    {e['at_ms']} {e['kind']}: {e['message']}" for e in c.events())
+            result.promise("the scenario ran to its end", False, f"{e}\n  events:\n{story}\n{c.logs()}")
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Runs the integration scenarios and prints what each measured.")
+    p.add_argument("numbers", nargs="*", type=int, help="scenarios to run (default: all)")
+    p.add_argument("--network", default="auto", choices=("auto", "netns", "loopback"))
+    p.add_argument("--workdir", default=None, help="keep each run's logs here (default: a temporary folder)")
+    p.add_argument("--json", default=None, help="write the results here")
+    args = p.parse_args(argv)
+    numbers = args.numbers or sorted(SCENARIOS)
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="regroup-scenarios-"))
+    results = []
+    for n in numbers:
+        res = run(n, root / f"scenario-{n}", args.network)
+        print(res.report(), flush=True)
+        results.append(res)
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ | {"faults": [f.__dict__ for f in r.faults]}
+                                               for r in results], indent=1, default=str))
+    broken = [r.number for r in results if not r.ok and not r.skipped]
+    print(f"\n{len(results) - len(broken)} of {len(results)} scenarios kept every promise"
+          + (f"; broken: {broken}" if broken else ""))
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,3 +6,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "python"))
+
+BUDGET_S = 1200  # the stage's budget in scripts/test; each scenario prints its time and the total
+
+
+def pytest_report_header(config):
+    return f"integration scenarios: time budget {BUDGET_S} s (scripts/test stops the stage there)"

@@ -4,6 +4,7 @@
 //   regroupctl simulate JOB.yaml FAULTS   a fault script through the engine, as a timeline
 //   regroupctl keys                       the configuration keys (the README's table)
 //   regroupctl status [--manager H:P]      a running job's state, from its manager
+//   regroupctl convert ASCENDJOB.yaml      a MindCluster AscendJob as a Volcano Job for Regroup
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli/convert.h"
 #include "cli/fault_script.h"
 #include "cli/simulate.h"
 #include "cli/status.h"
@@ -90,10 +92,37 @@ int Simulate(const std::string& job_path, const std::string& script_path,
   return 0;
 }
 
+// Writes the Volcano Job to `out_path` (or stdout) and the report to stderr. Exit 2: the input
+// was refused; 1: converted, but the job does not validate; 0: converted and valid.
+int Convert(const std::string& path, const std::string& out_path,
+            const regroup::cli::ConvertOptions& options) {
+  auto text = ReadFile(path);
+  if (!text.ok()) {
+    std::cerr << "error: " << text.status().message() << "\n";
+    return 2;
+  }
+  auto result = regroup::cli::ConvertAscendJob(*text, options);
+  if (!result.ok()) {
+    std::cerr << path << ": error: " << result.status().message() << "\n";
+    return 2;
+  }
+  if (out_path.empty() || out_path == "-") {
+    std::cout << result->yaml;
+  } else {
+    std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
+    if (!(out << result->yaml) || !out.flush()) {
+      std::cerr << "error: cannot write " << out_path << "\n";
+      return 2;
+    }
+  }
+  std::cerr << regroup::cli::FormatReport(*result, path);
+  return result->resolved.ok() ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"regroupctl: validate and simulate elastic training jobs for Regroup"};
+  CLI::App app{"regroupctl: validate, simulate and convert elastic training jobs for Regroup"};
   app.require_subcommand(1);
 
   std::string job_path, script_path;
@@ -138,6 +167,26 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   status->add_flag("--json", status_options.json, "print the status as JSON");
 
+  regroup::cli::ConvertOptions convert_options;
+  std::string convert_out;
+  auto* convert = app.add_subcommand(
+      "convert", "Convert a MindCluster AscendJob into the equivalent Volcano Job for Regroup; "
+                 "the report of what changed and why goes to stderr");
+  convert->add_option("ascendjob", job_path, "the AscendJob YAML file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  convert->add_option("-o,--output", convert_out, "write the Volcano Job here (default: stdout)");
+  convert->add_option("--manager-image", convert_options.manager_image,
+                      "the image of the manager task (it must hold regroup-manager)")
+      ->capture_default_str();
+  convert->add_option("--coordinator", convert_options.coordinator,
+                      "the coordinator in the Volcano scheduler the manager reports to (\"\": "
+                      "none, the manager decides alone)")
+      ->capture_default_str();
+  convert->add_option("--credential-secret", convert_options.credential_secret,
+                      "the Secret holding the job's credential under the key `token` (default: "
+                      "NAME-regroup-credential)");
+
   CLI11_PARSE(app, argc, argv);
 
   if (status->parsed()) {
@@ -150,6 +199,7 @@ int main(int argc, char** argv) {
   }
 
   if (validate->parsed()) return Validate(job_path, json);
+  if (convert->parsed()) return Convert(job_path, convert_out, convert_options);
   if (simulate->parsed()) {
     for (auto [text, field] : {std::pair{&step, &options.step_ms},
                                std::pair{&register_delay, &options.register_delay_ms},

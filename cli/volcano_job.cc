@@ -89,10 +89,7 @@ std::optional<int64_t> ProcessesPerPod(const YAML::Node& container) {
     const YAML::Node res = Child(Child(container, "resources"), kind);
     if (!res || !res.IsMap()) continue;
     for (const auto& kv : res) {
-      const std::string name = Scalar(kv.first);
-      if (name.find("gpu") == std::string::npos && name.find("npu") == std::string::npos &&
-          name.find("Ascend") == std::string::npos)
-        continue;
+      if (!IsAcceleratorResource(Scalar(kv.first))) continue;
       if (auto v = ToInt(Scalar(kv.second)); v && *v > 0) return v;
     }
   }
@@ -211,12 +208,22 @@ StatusOr<JobSpec> Convert(const YAML::Node& doc) {
 
 }  // namespace
 
-StatusOr<JobSpec> JobSpecFromVolcanoYaml(std::string_view yaml) {
+Status CheckYamlText(std::string_view yaml) {
   if (yaml.size() > kMaxYamlBytes) return InvalidArgument("the YAML document is over 4 MiB");
   if (NestingTooDeep(yaml)) return InvalidArgument("the YAML document is nested too deeply");
   if (size_t bad = json_util::InvalidUtf8At(yaml); bad != std::string_view::npos)
     return InvalidArgument("the YAML document is not valid UTF-8 (byte " + std::to_string(bad) +
                            ")");
+  return Status::Ok();
+}
+
+bool IsAcceleratorResource(std::string_view name) {
+  return name.find("gpu") != std::string_view::npos || name.find("npu") != std::string_view::npos ||
+         name.find("Ascend") != std::string_view::npos;
+}
+
+StatusOr<JobSpec> JobSpecFromVolcanoYaml(std::string_view yaml) {
+  REGROUP_RETURN_IF_ERROR(CheckYamlText(yaml));
   try {
     const YAML::Node doc = YAML::Load(std::string(yaml));
     return Convert(doc);

@@ -18,4 +18,12 @@ namespace regroup::cli {
 // Errors name the field and what it must be; nothing a YAML document holds can crash it.
 StatusOr<JobSpec> JobSpecFromVolcanoYaml(std::string_view yaml);
 
+// The checks every YAML document a user gives regroupctl passes before it is parsed: at most
+// 4 MiB, no absurd nesting (yaml-cpp recurses per level), valid UTF-8. The error says which.
+Status CheckYamlText(std::string_view yaml);
+
+// Whether a container resource counts as an accelerator, one process per device: its name
+// holds "gpu", "npu" or "Ascend" (nvidia.com/gpu, huawei.com/Ascend910, ...).
+bool IsAcceleratorResource(std::string_view name);
+
 }  // namespace regroup::cli

@@ -49,6 +49,57 @@ grep -qF '`wait-reschedule-timeout` | annotation | an integer from 30 to 270 | 2
 readme_table=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/README.md" | sed '1d;$d')
 [ "$readme_table" = "$out" ] || fail "README.md's configuration table is stale: regenerate it with
   build/regroupctl keys and paste it between the keys:begin/keys:end markers"
+# convert: every MindCluster example becomes a Volcano Job that validates; the report is on
+# stderr, the job on stdout or in -o's file.
+conv=$(mktemp -d); trap 'rm -rf "$tmp" "$conv"' EXIT
+for f in "$src"/examples/mindcluster/*.yaml; do
+  name=$(basename "$f" .yaml)
+  "$ctl" convert "$f" -o "$conv/$name.yaml" 2>"$conv/$name.report" \
+    || fail "convert $name failed: $(cat "$conv/$name.report")"
+  grep -qF "$f: the converted job passes \`regroupctl validate\`" "$conv/$name.report" \
+    || fail "convert $name report: $(cat "$conv/$name.report")"
+  out=$("$ctl" validate "$conv/$name.yaml") || fail "the converted $name must validate: $out"
+  grep -qF "ok: job" <<<"$out" || fail "validate of converted $name said: $out"
+done
+grep -qF 'ok: job training/llama-pretrain, 4 pods x 8 processes' \
+  <<<"$("$ctl" validate "$conv/pytorch-elastic-910b.yaml")" || fail "converted elastic job"
+report=$(cat "$conv/pytorch-elastic-910b.report")
+for want in \
+  "$src/examples/mindcluster/pytorch-elastic-910b.yaml: converted AscendJob training/llama-pretrain into a Volcano Job: 4 training pods x 8 processes and a manager" \
+  '  changed spec.runPolicy.schedulingPolicy.minAvailable 4 -> spec.minAvailable 3: the job'"'"'s elastic minimum (2 training pods for regroup.io/min-data-parallel=2, and the manager)' \
+  '  changed spec.tasks[worker].template.spec.containers[0].command: torchrun -> regroup-agent' \
+  '  kept    metadata.labels, metadata.annotations: framework, ring-controller.atlas, tor-affinity, fault-scheduling, fault-retry-times, pod-rescheduling, process-recover-enable, recover-strategy, wait-reschedule-timeout,' \
+  '  check   Secret llama-pretrain-regroup-credential: create it before the job: kubectl create secret generic llama-pretrain-regroup-credential -n training --from-literal=token=$(openssl rand -hex 32)'; do
+  grep -qF -- "$want" <<<"$report" || fail "convert did not report: $want; it said: $report"
+done
+out=$("$ctl" convert "$src/examples/mindcluster/pytorch-gpu-workers.yaml" 2>/dev/null) || fail "convert to stdout"
+grep -qx 'kind: Job' <<<"$out" || fail "convert printed: $out"
+grep -qx 'kind: ConfigMap' <<<"$out" || fail "convert must keep the other document: $out"
+grep -qF -- '- "regroup-agent"' <<<"$out" || fail "convert must start regroup-agent: $out"
+# Refused input: exit 2 and the reason; nothing on stdout.
+out=$("$ctl" convert "$src/examples/jobs/elastic-job.yaml" 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] || fail "converting a Volcano Job must exit 2, got $rc"
+grep -qF 'error: kind is "Job"; expected a MindCluster AscendJob (kind: AscendJob, apiVersion: mindxdl.gitee.com/v1); a Volcano Job needs no conversion' <<<"$out" || fail "$out"
+printf 'apiVersion: mindxdl.gitee.com/v1\nkind: AscendJob\nmetadata: {name: "\xff"}\n' >"$tmp"
+out=$("$ctl" convert "$tmp" 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "non-UTF-8 input must exit 2, got $rc"
+grep -qF "error: the YAML document is not valid UTF-8 (byte 67)" <<<"$out" || fail "$out"
+printf 'apiVersion: mindxdl.gitee.com/v1\nkind: AscendJob\nmetadata: {name: j}\nspec: {}\n' >"$tmp"
+out=$("$ctl" convert "$tmp" 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "an AscendJob without replicaSpecs must exit 2, got $rc"
+grep -qF "error: spec.replicaSpecs is missing: an AscendJob lists its pods there (Master and Worker)" <<<"$out" || fail "$out"
+# A job whose Regroup keys are wrong is converted, and exits 1 with validate's error.
+sed 's|regroup.io/min-data-parallel: "2"|regroup.io/min-data-parallel: "zero"|' \
+  "$src/examples/mindcluster/pytorch-elastic-910b.yaml" >"$tmp"
+out=$("$ctl" convert "$tmp" -o "$conv/bad.yaml" 2>&1); rc=$?
+[ $rc -eq 1 ] || fail "a converted job that does not validate must exit 1, got $rc"
+grep -qF 'error: annotation regroup.io/min-data-parallel="zero" is invalid' <<<"$out" || fail "$out"
+[ -s "$conv/bad.yaml" ] || fail "the job must still be written"
+
+# The deployment example validates.
+out=$("$ctl" validate "$src/deploy/examples/pytorch-job.yaml") || fail "deploy/examples/pytorch-job.yaml must validate: $out"
+grep -qF "ok: job default/gpt-elastic, 4 pods x 8 processes" <<<"$out" || fail "validate said: $out"
+
 # status, against a real manager (port chosen by the system; the manager is stopped on exit).
 if [ -n "$manager" ]; then
   dir=$(mktemp -d)
@@ -56,7 +107,7 @@ if [ -n "$manager" ]; then
   "$manager" --job-id default/status-test --nodes 2 --nproc-per-node 2 --listen 127.0.0.1:0 \
     --port-file "$dir/port" --credential-file "$dir/cred" >"$dir/log" 2>&1 &
   mpid=$!
-  trap 'kill $mpid 2>/dev/null; wait $mpid 2>/dev/null; rm -rf "$dir" "$tmp"' EXIT
+  trap 'kill $mpid 2>/dev/null; wait $mpid 2>/dev/null; rm -rf "$dir" "$tmp" "$conv"' EXIT
   for _ in $(seq 100); do [ -s "$dir/port" ] && break; sleep 0.05; done
   [ -s "$dir/port" ] || fail "the manager did not start: $(cat "$dir/log")"
   addr=127.0.0.1:$(cat "$dir/port")

@@ -650,7 +650,7 @@ TEST_F(AgentTest, TrainersThatIgnoreADumpAreTerminatedThenKilledAfterTheGrace) {
   ASSERT_TRUE(code);
   EXPECT_EQ(*code, 0) << "a dump ends with 0";
   EXPECT_GE(Clock::now() - sent, 1900ms) << "1 s grace, then SIGTERM, then 1 s to SIGKILL";
-  auto exit0 = manager_.WaitFor(IsExitOf(0), 1s);
+  auto exit0 = manager_.WaitFor(IsExitOf(0), 10s);
   ASSERT_TRUE(exit0);
   EXPECT_EQ(exit0->message.process_exit().signal(), SIGKILL);
   const std::string log = AgentLog();

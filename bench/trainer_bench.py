@@ -4,6 +4,7 @@
     /usr/bin/python3 bench/trainer_bench.py            # all parts, 3 repetitions, writes bench/trainer_results.md
     /usr/bin/python3 bench/trainer_bench.py --only abort,sync --reps 2 --no-write
     /usr/bin/python3 bench/trainer_bench.py --e2e      # also the real regroup-manager/regroup-agent run
+    /usr/bin/python3 bench/trainer_bench.py --e2e --compare-plain   # and part 1 with plain dist.all_reduce
 
 Parts (every process started here is killed at the end of its part; every wait is bounded):
 
@@ -12,6 +13,9 @@ Parts (every process started here is killed at the end of its part; every wait i
    process's stdin, as the real one reads the agent's socket) is told to abort and calls
    GroupSockets.shutdown(). Measured: kill -> the last survivor out of its all-reduce, and per rank
    abort -> out. Detection (the agent seeing the death) is not part of it: the abort is sent at once.
+   The survivors wait as the trainer does (dist.all_reduce(async_op=True) + GroupSockets.wait, which
+   an abort ends at once); with --compare-plain the same runs are also made with the training thread
+   in a plain blocking dist.all_reduce, where gloo's lost wake-up (see regroup/abort.py) shows.
 2. recovery (scripted agent, regroup.testing.FakeAgent): 8 trainer processes of
    examples/train_mlp.py; after a few committed steps one rank is SIGKILLed, the survivors get an
    AbortGeneration at once, then (once all heartbeat PAUSED) a StartGeneration of one rank fewer,
@@ -107,10 +111,10 @@ def line_reader(p, q, tag):
 # ---------------------------------------------------------------------------------------------
 
 
-def worker_abort(rank: int, world: int, port: int, numel: int) -> None:
+def worker_abort(rank: int, world: int, port: int, numel: int, mode: str = "library") -> None:
     import torch
     import torch.distributed as dist
-    from regroup.abort import GroupSockets
+    from regroup.abort import Abandoned, GroupSockets
     from regroup.group import Layout, build_groups
 
     import faulthandler
@@ -134,20 +138,31 @@ def worker_abort(rank: int, world: int, port: int, numel: int) -> None:
 
     threading.Thread(target=link, daemon=True).start()
     print("ready", flush=True)
-    iters, error = 0, ""
+    iters, error, left = 0, "", False
     while True:
         try:
-            dist.all_reduce(t)
+            if mode == "plain":  # the training thread waits in gloo itself
+                dist.all_reduce(t)
+            else:  # as the trainer does: an abort frees the waiting thread (GroupSockets.wait)
+                sockets.wait(dist.all_reduce(t, async_op=True))
             iters += 1
         except Exception as e:  # noqa: BLE001
             error = f"{type(e).__name__}: {e}"
+            left = isinstance(e, Abandoned)
             break
     out = time.monotonic()
     deadline = out + 5
     while "abort" not in timing and time.monotonic() < deadline:
         time.sleep(0.001)
+    blocked = False
+    if left:  # was gloo's own worker really stuck (the lost wake-up), or about to fail by itself?
+        deadline = time.monotonic() + 1.0
+        while not all(check() for check in sockets.left) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        blocked = not all(check() for check in sockets.left)
     print(json.dumps({"rank": rank, "out": out, "abort": timing.get("abort"), "shut": timing.get("shut"),
-                      "iters": iters, "error": error[:120]}), flush=True)
+                      "iters": iters, "error": error[:120], "left": left,
+                      "gloo_blocked_1s": blocked}), flush=True)
     os._exit(0)  # a broken group: do not wait in its destructor
 
 
@@ -217,7 +232,9 @@ def worker_sync(rank: int, port: int, reps: int) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def part_abort(reps: int, world: int = 8, victim: int = 5, numel: int = 1 << 18, wait_s: float = 20):
+def part_abort(reps: int, world: int = 8, victim: int = 5, numel: int = 1 << 18, wait_s: float = 20,
+               mode: str = "library"):
+    print(f"  (survivors wait: {mode})", flush=True)
     runs = []
     tmp = Path(tempfile.mkdtemp(prefix="regroup-bench-abort-"))
     for rep in range(reps):
@@ -227,7 +244,7 @@ def part_abort(reps: int, world: int = 8, victim: int = 5, numel: int = 1 << 18,
             q: "queue.Queue" = queue.Queue()
             ps = []
             for r in range(world):
-                p = procs.start([PY, __file__, "_abort", str(r), str(world), str(port), str(numel)],
+                p = procs.start([PY, __file__, "_abort", str(r), str(world), str(port), str(numel), mode],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=open(tmp / f"rep{rep}.r{r}.err", "wb"))
                 ps.append(p)
@@ -279,6 +296,8 @@ def part_abort(reps: int, world: int = 8, victim: int = 5, numel: int = 1 << 18,
                          "abort_to_out_max_ms": max(per_rank) if per_rank else float("nan"),
                          "abort_to_out_median_ms": med(per_rank),
                          "out_before_abort": early,
+                         "left_in_gloo": sum(1 for d in results.values() if d.get("left")),
+                         "gloo_blocked_1s": sum(1 for d in results.values() if d.get("gloo_blocked_1s")),
                          "errors": sorted({d["error"][:60] for d in results.values()})})
             print(f"  abort rep {rep}: {runs[-1]}", flush=True)
         finally:
@@ -551,7 +570,15 @@ def machine():
         pass
     import torch
     return {"nproc": os.cpu_count(), "cpu": cpu, "torch": torch.__version__, "python": platform.python_version(),
-            "kernel": platform.release()}
+            "kernel": platform.release(), "load_start": _loadavg()}
+
+
+def _loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
 
 
 def main():
@@ -559,16 +586,21 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="abort,recovery,sync,vote,checksum")
     ap.add_argument("--e2e", action="store_true", help="also the real manager/agents run (slow)")
+    ap.add_argument("--compare-plain", action="store_true",
+                    help="also part 1 with the survivors blocked in a plain dist.all_reduce")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     parts = set(args.only.split(","))
     res = {"machine": machine(), "command": "/usr/bin/python3 bench/trainer_bench.py " + " ".join(sys.argv[1:])}
     started = time.monotonic()
     steps = [("abort", lambda: part_abort(max(4 * args.reps, 12))),
+             ("abort_plain", lambda: part_abort(max(4 * args.reps, 12), mode="plain")),
              ("recovery", lambda: part_recovery_fake(args.reps)),
              ("sync", lambda: part_sync(args.reps)),
              ("vote", lambda: part_vote()),
              ("checksum", lambda: part_checksum(max(args.reps, 5)))]
+    if args.compare_plain:
+        parts.add("abort_plain")
     if args.e2e:
         steps.append(("e2e", lambda: [part_recovery_e2e() for _ in range(args.reps)]))
         parts.add("e2e")
@@ -584,6 +616,7 @@ def main():
             print(f"  {name} FAILED: {res[name]['error']}", flush=True)
         print(f"  ({time.monotonic() - t0:.1f} s)", flush=True)
     res["wall_s"] = time.monotonic() - started
+    res["machine"]["load_end"] = _loadavg()
     print(json.dumps(res, indent=1, default=str))
     table = render(res)
     print(table)
@@ -607,24 +640,35 @@ def render(res) -> str:
         v = res.get(name)
         return v.get("error") if isinstance(v, dict) and "error" in v else None
 
-    if "abort" in res:
-        if err("abort"):
-            rows.append(("1. rank death -> every survivor out of its all-reduce (8 ranks)", "FAILED: " + err("abort")))
-        else:
-            stuck = [r for r in res["abort"] if "stuck" in r]
-            a = [r for r in res["abort"] if "stuck" not in r]
-            rows.append(("1. runs in which some survivor did NOT leave its all-reduce within 20 s of the abort",
-                         f"{len(stuck)} of {len(res['abort'])}" + "".join(
-                             f"; rank {r['stuck']} (alive: {r['alive']}; its stack: blocked in dist.all_reduce; its "
-                             + "/".join(l.strip() for st in r["stacks"].values() for l in st.splitlines()
-                                        if l.startswith("link:")) + ")" for r in stuck)))
-            rows.append(("1. SIGKILL of 1 of 8 ranks -> last of 7 survivors out of its all-reduce (abort sent at once; "
-                         "runs where every survivor came out)",
-                         _fmt([r["kill_to_all_out_ms"] for r in a], digits=2)))
-            rows.append(("1. abort received -> that rank out (worst rank of each run)",
-                         _fmt([r["abort_to_out_max_ms"] for r in a], digits=2)))
-            rows.append(("1. survivors out before their abort (the dead rank's gloo neighbours), per run",
-                         ", ".join(str(r["out_before_abort"]) for r in a)))
+    for key, how in (("abort", "as the trainer waits (GroupSockets.wait)"),
+                     ("abort_plain", "plain blocking dist.all_reduce, for comparison")):
+        if key not in res:
+            continue
+        if err(key):
+            rows.append((f"1. rank death -> every survivor out of its all-reduce (8 ranks; {how})", "FAILED: " + err(key)))
+            continue
+        stuck = [r for r in res[key] if "stuck" in r]
+        a = [r for r in res[key] if "stuck" not in r]
+        rows.append((f"1. [{how}] runs in which some survivor did NOT leave its all-reduce within 20 s of the abort",
+                     f"{len(stuck)} of {len(res[key])}" + "".join(
+                         f"; rank {r['stuck']} (alive: {r['alive']}; its stack: blocked in dist.all_reduce; its "
+                         + "/".join(l.strip() for st in r["stacks"].values() for l in st.splitlines()
+                                    if l.startswith("link:")) + ")" for r in stuck)))
+        rows.append((f"1. [{how}] SIGKILL of 1 of 8 ranks -> last of 7 survivors out of its all-reduce (abort sent "
+                     "at once; runs where every survivor came out)",
+                     _fmt([r["kill_to_all_out_ms"] for r in a], digits=2)))
+        rows.append((f"1. [{how}] ... per run, sorted (ms)",
+                     ", ".join(f"{x:.1f}" for x in sorted(r["kill_to_all_out_ms"] for r in a))))
+        rows.append((f"1. [{how}] abort received -> that rank out (worst rank of each run)",
+                     _fmt([r["abort_to_out_max_ms"] for r in a], digits=2)))
+        rows.append((f"1. [{how}] survivors out before their abort (the dead rank's gloo neighbours), per run",
+                     ", ".join(str(r["out_before_abort"]) for r in a)))
+        if key == "abort":
+            rows.append(("1. survivors that left a collective still running in gloo (its group parked), per run",
+                         ", ".join(str(r.get("left_in_gloo", 0)) for r in a)))
+            rows.append(("1. ... of which gloo's worker was still blocked 1 s later (the lost wake-up), per run",
+                         ", ".join(str(r.get("gloo_blocked_1s", 0)) for r in a)
+                         + f" (total {sum(r.get('gloo_blocked_1s', 0) for r in a)} of {7 * len(a)} survivors)"))
     if "recovery" in res:
         if err("recovery"):
             rows.append(("2. recovery (scripted agent)", "FAILED: " + err("recovery")))
@@ -681,7 +725,9 @@ def render(res) -> str:
     out = ["# Trainer library benchmarks (bench/trainer_bench.py)", "",
            f"Command: `{res['command'].strip()}` (from the repository root; {res['wall_s']:.0f} s wall).", "",
            f"Machine: nproc={m['nproc']}, CPU \"{m['cpu']}\", torch {m['torch']} (CPU, gloo), "
-           f"Python {m['python']}, Linux {m['kernel']}.", "",
+           f"Python {m['python']}, Linux {m['kernel']}; load average (1, 5, 15 min) {m.get('load_start', '?')} "
+           f"at the start, {m.get('load_end', '?')} at the end (the machine is shared: other jobs' builds and "
+           "benchmarks run beside this one).", "",
            "Medians over the repetitions (min, max, n in brackets).", "",
            "| measurement | result |", "|---|---|"]
     out += [f"| {a} | {b} |" for a, b in rows]
@@ -691,11 +737,18 @@ def render(res) -> str:
             "detecting the death (agent/manager) is not included. Times are CLOCK_MONOTONIC, shared by the "
             "processes. No run without the abort was made: non-neighbour survivors would wait for the collective "
             "timeout (60 s here).",
-            "- 1, stuck runs: in some runs one survivor stays blocked in gloo's all_reduce although its link "
-            "thread shut down every group socket it had noted (shutdown(2) returned 0); it was still blocked when "
-            "the benchmark gave up (20 s) and dumped its stack (faulthandler, SIGUSR1). In the trainer that rank "
-            "would be left to the abort watchdog (Timeouts.abort_exit: exit 75, restart in place) or the "
-            "collective timeout. Whether it ever comes out before the collective timeout (60 s) was not measured.",
+            "- 1, why a survivor can stay blocked although every socket of its group is shut down (the plain "
+            "rows): gloo's TCP pair, when it fails, does not wake the waiter of an unbound-buffer send already in "
+            "its transmit queue (Pair::signalException signals only bound buffers there), and once a socket is "
+            "shut down a send triggered by a receive-ready notice still queued in it lands exactly there (EPIPE "
+            "is 'write later' in gloo's asynchronous mode). gloo's worker thread then sleeps in "
+            "UnboundBuffer::waitSend until the collective timeout (60 s here) with no descriptor left open "
+            "(gdb: all pair sockets closed, only the store's connections remain). The trainer therefore never "
+            "waits in gloo itself: it waits on the collective's future (GroupSockets.wait; send/recv on a helper "
+            "thread, GroupSockets.call; DDP's hook through GroupSockets.future), which an abort ends at once; the "
+            "collective left behind keeps its group alive until gloo gives up on it (regroup.abort.park). "
+            "'still blocked 1 s later' counts the survivors for which that mattered; the others had left a "
+            "collective that gloo was about to fail anyway.",
             "- 2 (scripted agent) is a scale-in with no state to move and no process start; the FakeAgent is "
             "Python in the benchmark's own process, the real manager/agent are not involved. 'PAUSED' is the first "
             "PAUSED heartbeat seen after the abort. The real-binaries row is a restart in place: it includes "
@@ -712,7 +765,8 @@ def render(res) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_abort":
-        worker_abort(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        worker_abort(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
+                     sys.argv[6] if len(sys.argv) > 6 else "library")
     elif len(sys.argv) > 1 and sys.argv[1] == "_sync":
         worker_sync(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     else:

@@ -15,7 +15,8 @@ The model is x -> Linear -> BatchNorm -> ReLU -> dropout -> Linear, so the step 
 buffers (batch-norm statistics) and random numbers (dropout, from the micro-batch's seed) are
 exercised. ``--tp 2`` splits it over two ranks (tensor parallel, Megatron style: the first layer
 by output features, the second by input features, one all-reduce in the forward pass, written
-with plain collectives), so a data-parallel replica is two ranks. Without an agent and with one
+with ``regroup.all_reduce``: torch's all-reduce that an abort can interrupt), so a data-parallel
+replica is two ranks. Without an agent and with one
 process the full model is computed, whatever ``--tp`` says: that is the reference the
 tensor-parallel runs must match.
 
@@ -69,6 +70,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--abort-exit", type=float, default=10.0, help="Timeouts.abort_exit")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--verbose", action="store_true", help="log the library's events (INFO) to stderr")
+    p.add_argument("--poison-step", type=int, default=None, metavar="S",
+                   help="tests: micro-batch 0 of step S holds a poison sample: the process computing it "
+                        "raises every time (a data bug, not a fault of the machine)")
+    p.add_argument("--hold-sync", default=None, metavar="DIR",
+                   help="tests: a rank sending its state to a new rank (after step 0) first writes "
+                        "DIR/held.PID and waits (up to 120 s) for DIR/release, so that a test can "
+                        "inject a fault while a state sync is in flight")
     return p.parse_args(argv)
 
 
@@ -92,7 +100,7 @@ class AllReduceSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, group):  # noqa: D401
         out = tensor.clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        regroup.all_reduce(out, op=dist.ReduceOp.SUM, group=group)  # an abort frees it at once
         return out
 
     @staticmethod
@@ -166,6 +174,29 @@ def save_atomic(obj, path: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+class ExtraState(dict):
+    """The script's extra state (a dict). With ``--hold-sync`` its ``state_dict``, which the
+    library calls while serialising the state for a new rank, holds the sender (see --help)."""
+
+    hold_dir = None
+
+    def state_dict(self) -> dict:
+        d = self.hold_dir
+        if d and int(self["last_committed"]) >= 0 and not os.path.exists(os.path.join(d, "release")):
+            marker = os.path.join(d, f"held.{os.getpid()}")
+            with open(marker + ".tmp", "w") as f:
+                f.write(os.environ.get("RANK", ""))
+            os.replace(marker + ".tmp", marker)
+            deadline = time.monotonic() + 120
+            while not os.path.exists(os.path.join(d, "release")) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return dict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.clear()
+        self.update(state)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.verbose:
@@ -185,7 +216,8 @@ def main(argv=None) -> int:
     else:
         opt = torch.optim.Adam(model.parameters(), lr=args.lr or 0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=15, gamma=0.5)
-    extra = {"last_committed": torch.tensor(-1)}
+    extra = ExtraState(last_committed=torch.tensor(-1))
+    ExtraState.hold_dir = args.hold_sync
 
     config = regroup.TrainerConfig(
         dataset_size=args.dataset, micro_batch_size=args.micro_batch,
@@ -205,6 +237,8 @@ def main(argv=None) -> int:
         loss_sum, samples, lines = 0.0, 0, {}
         with step:
             for mb in step.microbatches():
+                if step.number == args.poison_step and mb.index == 0:
+                    raise RuntimeError(f"poison sample {int(mb.indices[0])} in micro-batch 0 of step {step.number}")
                 with mb:  # the micro-batch's RNG (dropout); DDP's no_sync but for the last
                     out = step.model(x[mb.indices], group=g.tp_group)
                     loss = ((out - y[mb.indices]) ** 2).sum()  # summed per sample: the contract

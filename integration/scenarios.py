@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster import EXAMPLE, PYTHON, REPO, Cluster, JobSpec  # noqa: E402
+from volcano_loop import VolcanoLoop, volcano_unavailable  # noqa: E402
 from regroup.testing import check_ledger, read_ledger, relative_error, wait_for  # noqa: E402
 
 TOLERANCE = 1e-9
@@ -254,30 +255,31 @@ def crash_in_place(c: Cluster, r: Result) -> None:
 def node_lost_with_spare(c: Cluster, r: Result) -> None:
     c.start()
     c.wait_step(10)
-    f = c.kill_node("node-1")
+    f = c.kill_node(c.node_of(1))
     c.wait_event("directive", "wait", after_ms=int(f["at"] * 1000))
-    c.start_pod(1, c.nodes["node-2"])            # the job controller's replacement, on the spare
+    pod = c.replace_pod(1, c.nodes["node-2"])    # the job controller's replacement, on the spare
     c.wait_event("resumed", after_ms=int(f["at"] * 1000))
     codes = c.wait_pods_exit()
     r.promise("the survivors and the replacement exited 0", set(codes.values()) == {0}, str(codes))
     measure(c, r, f, detected_kinds=("fault",))
     check_training(c, r)
     check_strategy(c, r, ["wait"], ["scale_in", "restart_job"])
-    check_story(c, r, [("fault", "pod_lost"), ("directive", "wait"), ("register", "node-2"),
+    check_story(c, r, [("fault", "pod_lost"), ("directive", "wait"), ("register", pod.node.name),
                        ("generation", "4 ranks"), ("resumed", ""), ("done", "")])
 
 
 @scenario(3, "a node dies, no spare, recover then elastic-training: waits, scales in, scales out",
-          lambda: JobSpec(steps=120, strategies="recover,elastic-training,exit", wait_reschedule_s=30))
+          lambda: JobSpec(steps=200, strategies="recover,elastic-training,exit", wait_reschedule_s=30),
+          volcano=True)
 def wait_then_scale_in_out(c: Cluster, r: Result) -> None:
     c.start()
     c.wait_step(8)
-    f = c.kill_node("node-1")
+    f = c.kill_node(c.node_of(1))
     c.wait_event("directive", "scale_in", timeout=90, after_ms=int(f["at"] * 1000))
     c.wait_step(c.last_step() + 5)
     node = c.add_node()
     g = c.note("add a node", node=node.name)
-    c.start_pod(1, node)
+    pod = c.replace_pod(1, node)
     c.wait_event("directive", "scale_out", after_ms=int(g["at"] * 1000))
     c.wait_event("generation", "4 ranks", after_ms=int(g["at"] * 1000))
     codes = c.wait_pods_exit()
@@ -289,7 +291,7 @@ def wait_then_scale_in_out(c: Cluster, r: Result) -> None:
     check_training(c, r)
     check_strategy(c, r, ["wait", "scale_in", "scale_out"])
     check_story(c, r, [("fault", "pod_lost"), ("directive", "wait"), ("directive", "scale_in"),
-                       ("generation", "2 ranks"), ("register", "node-2"), ("directive", "scale_out"),
+                       ("generation", "2 ranks"), ("register", pod.node.name), ("directive", "scale_out"),
                        ("generation", "4 ranks"), ("done", "")])
 
 
@@ -298,12 +300,12 @@ def lose_a_node_scale_in_then_out(c: Cluster, r: Result, lost: str, index: int) 
     smaller size, then adds a node with the replacement pod and waits for the scale-out."""
     c.start()
     c.wait_step(8)
-    f = c.kill_node(lost)
+    f = c.kill_node(c.node_of(index))
     c.wait_event("directive", "scale_in", after_ms=int(f["at"] * 1000))
     c.wait_step(c.last_step() + 5)
     node = c.add_node()
     g = c.note("add a node", node=node.name)
-    c.start_pod(index, node)
+    c.replace_pod(index, node)
     c.wait_event("directive", "scale_out", after_ms=int(g["at"] * 1000))
     c.wait_event("generation", "4 ranks", after_ms=int(g["at"] * 1000))
     codes = c.wait_pods_exit()
@@ -440,17 +442,18 @@ def planned_departure(c: Cluster, r: Result) -> None:
 
 @scenario(11, "a poison step (one sample fails every time): escalates to dump with the step named",
           lambda: JobSpec(steps=40, strategies="retry,recover-in-place,dump,exit",
-                          extra_train=["--poison-step", "12"]))
+                          extra_train=["--poison-step", "12", "--checkpoint-dir", "checkpoints"]))
 def poison_step(c: Cluster, r: Result) -> None:
-    if "--poison-step" not in EXAMPLE.read_text():
-        r.skipped = "examples/train_mlp.py has no --poison-step"
-        return
     c.start()
+    c.wait_step(11)
     f = c.note("a poison sample at step 12")
     dump = c.wait_event("directive", "dump", timeout=180)
     codes = c.wait_pods_exit()
     r.promise("the job escalated to dump naming the step", "poison step 12" in dump["message"], dump["message"])
     r.promise("the survivors dumped and exited 0", list(codes.values()).count(0) >= 1, str(codes))
+    manifests = sorted(p.parent.name for p in (c.dir / "checkpoints").glob("*/manifest.json"))
+    r.promise("the dump wrote a complete checkpoint of the last committed step",
+              any(m.startswith("step-000000000011.") for m in manifests), f"checkpoints {manifests}")
     measure(c, r, f)
     check_training(c, r, expect_done=False)
     check_story(c, r, [("fault", "process_exit"), ("directive", "restart_in_place"), ("fault", "process_exit"),
@@ -460,6 +463,15 @@ def poison_step(c: Cluster, r: Result) -> None:
 @scenario(12, "a job with a bad Regroup key: refused with the message, nothing started",
           lambda: JobSpec(steps=10, extra_annotations={"regroup.io/min-data-parallel": "zero"}), volcano=True)
 def bad_key(c: Cluster, r: Result) -> None:
+    if c.scheduler is not None:
+        c.scheduler.start()
+        ev = c.scheduler.job_invalid(timeout=30)
+        r.promise("the scheduler refused the job, naming the key", "regroup.io/min-data-parallel" in ev["message"],
+                  ev["message"])
+        time.sleep(2)  # several scheduling sessions
+        r.promise("nothing was bound or started", not c.scheduler.binds() and not c.pods and c.manager is None,
+                  f"binds {c.scheduler.binds()}")
+        return
     try:
         c.start_manager()
         r.promise("the manager refused the job", False, "it started")
@@ -474,7 +486,7 @@ def bad_key(c: Cluster, r: Result) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def run(number: int, workdir: Path, network: str = "auto", log=print) -> Result:
+def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: bool = True) -> Result:
     s = SCENARIOS[number]
     job = s.job()
     result = Result(number, s.title)
@@ -482,6 +494,13 @@ def run(number: int, workdir: Path, network: str = "auto", log=print) -> Result:
     with Cluster(workdir, job, network=network, log=lambda m: log(f"  [{number}] {m}"),
                  spare_nodes=s.spare_nodes) as c:
         result.network = c.net.mode
+        if s.volcano and volcano:
+            why = volcano_unavailable()
+            if why is None:
+                c.scheduler = VolcanoLoop(c)
+                result.mode = "volcano"
+            else:
+                log(f"  [{number}] notice: standalone mode, Volcano in the loop unavailable: {why}")
         if s.needs_cut and not c.net.can_cut:
             result.skipped = "needs network namespaces to cut a node's link"
             return result
@@ -493,6 +512,9 @@ def run(number: int, workdir: Path, network: str = "auto", log=print) -> Result:
         except Exception as e:  # noqa: BLE001 - any failure is a broken promise, reported with the logs
             story = "\n".join(f"    {e['at_ms']} {e['kind']}: {e['message']}" for e in c.events())
             result.promise("the scenario ran to its end", False, f"{e}\n  events:\n{story}\n{c.logs()}")
+        finally:
+            if c.scheduler is not None:
+                c.scheduler.close()
     result.seconds = time.monotonic() - start
     return result
 
@@ -503,12 +525,13 @@ def main(argv=None) -> int:
     p.add_argument("--network", default="auto", choices=("auto", "netns", "loopback"))
     p.add_argument("--workdir", default=None, help="keep each run's logs here (default: a temporary folder)")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--standalone", action="store_true", help="never put Volcano in the loop")
     args = p.parse_args(argv)
     numbers = args.numbers or sorted(SCENARIOS)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="regroup-scenarios-"))
     results = []
     for n in numbers:
-        res = run(n, root / f"scenario-{n}", args.network)
+        res = run(n, root / f"scenario-{n}", args.network, volcano=not args.standalone)
         print(res.report(), flush=True)
         results.append(res)
     if args.json:

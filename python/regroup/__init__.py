@@ -20,10 +20,11 @@ from regroup.api import (EXIT_ABORT_STUCK, AgentConnectionError, AgentError, Che
                          CollectiveFailed, ConfigError, GenerationAborted, ProtocolError, RegroupError,
                          StateSyncError, StepFailed, StepRolledBack, StopMode, Timeouts, TrainerConfig,
                          TrainingStopped, UsageError, init_manager, start_manager)
+from regroup.abort import Abandoned, all_reduce
 from regroup.trainer import Generation, MicroBatch, Step, Trainer
 
 __all__ = [
-    "AgentConnectionError", "AgentError", "CheckpointError", "CollectiveFailed", "ConfigError",
+    "Abandoned", "all_reduce", "AgentConnectionError", "AgentError", "CheckpointError", "CollectiveFailed", "ConfigError",
     "EXIT_ABORT_STUCK", "GenerationAborted", "Generation", "MicroBatch", "ProtocolError",
     "RegroupError", "StateSyncError", "Step", "StepFailed", "StepRolledBack", "StopMode",
     "Timeouts", "Trainer", "TrainerConfig", "TrainingStopped", "UsageError", "init_manager",

@@ -12,6 +12,23 @@ accepted, which have the store's port as their local port) and any listening soc
 socket opened by another thread in that window could be mistaken for the group's; a socket
 whose inode changed since it was noted (its number reused) is never touched.
 
+Shutting the sockets down is not always enough with gloo (measured with the training thread in
+a plain ``dist.all_reduce``: in about one run in four of 8 ranks, one survivor stayed blocked;
+see bench/trainer_results.md). gloo's TCP pair, when it fails, wakes the
+waiters of its bound buffers and of its *pending* unbound sends and receives, but not the waiter
+of an unbound-buffer send that already sits in its transmit queue (``Pair::signalException``
+signals only ``op.buf`` of the ``tx_`` entries, never ``op.ubuf``). A send lands there when its
+write was partial (the peer's window was full) or failed with EPIPE or ECONNRESET, which gloo's
+asynchronous mode treats as "write later" -- exactly what happens once the socket has been shut
+down and a receive-ready notice still queued in it is read. The gloo worker thread then sleeps in
+``UnboundBuffer::waitSend`` until the collective timeout, though every socket of the group is
+already closed: no descriptor is left to shut down. So the training thread never waits on gloo
+directly: :meth:`GroupSockets.wait` (a collective's future), :meth:`GroupSockets.call` (a blocking
+call, such as send and receive, run on a helper thread) and :meth:`GroupSockets.future` (a DDP
+communication hook) return or raise :class:`Abandoned` as soon as the abort comes; a collective
+left behind keeps its process group alive (:func:`park`) until its gloo thread comes out (at the
+collective timeout), so that destroying the group never blocks the training thread.
+
 The shutdown itself is ``libc.shutdown`` through ctypes, which releases the GIL for the call; it
 runs on the agent link's thread, which needs the GIL only briefly (a training thread blocked in
 a gloo or NCCL wait has released it). A training thread that does not come out within the bound
@@ -22,6 +39,7 @@ detects as a frozen rank.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
 import logging
@@ -30,7 +48,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 log = logging.getLogger("regroup")
 
@@ -93,6 +111,20 @@ def shutdown_fd(fd: int) -> bool:
     return False
 
 
+class Abandoned(RuntimeError):
+    """The generation was aborted while this rank waited for a collective: the training thread
+    left it; the collective itself may still be running in gloo (it ends at its timeout)."""
+
+
+_current_lock = threading.Lock()
+_current: Optional["GroupSockets"] = None
+
+
+def current() -> Optional["GroupSockets"]:
+    """The sockets of the generation whose groups are live in this process (None between)."""
+    return _current
+
+
 class GroupSockets:
     """The sockets of one generation's process groups, noted while they are built.
 
@@ -102,6 +134,10 @@ class GroupSockets:
     our connection to the store included, but never the store's listening socket nor the
     connections it accepted. :meth:`release` before destroying the groups: after it, shutdown
     does nothing (the descriptor numbers may be reused).
+
+    It is also where the training thread waits for the groups' collectives (:meth:`wait`,
+    :meth:`call`, :meth:`future`): :meth:`shutdown` wakes every such wait, and the collectives
+    left behind are listed in ``left`` (the groups' destroy then parks them, see :func:`park`).
 
     Args:
         store_port: the generation store's port.
@@ -116,10 +152,17 @@ class GroupSockets:
         self._ended = False
         self._released = False
         self.shut_down = False
+        self._on_abort: Dict[int, Callable[[], None]] = {}  # woken by shutdown()
+        self._next_waiter = 0
+        self.left: List[Callable[[], bool]] = []  # collectives left behind: "has it ended?"
+        self.collective_s = 0.0  # the groups' collective timeout (how long a left one may run)
 
     def begin(self) -> None:
+        global _current
         with self._lock:
             self._before = _socket_inodes()
+        with _current_lock:
+            _current = self
 
     def _new_sockets(self) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
         assert self._before is not None
@@ -169,14 +212,233 @@ class GroupSockets:
                 if _inode_of(fd) == inode and shutdown_fd(fd):
                     count += 1
             self.shut_down = True
-            return count
+            wake = list(self._on_abort.values())
+            self._on_abort.clear()
+        for fn in wake:  # outside the lock: a waker may call back into this object
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - one waiter must not keep the others asleep
+                log.warning("regroup: waking a collective's waiter failed: %s", e)
+        return count
 
     def release(self) -> None:
         """Forget the descriptors: call before destroying the groups."""
+        global _current
         with self._lock:
             self._released = True
             self._group = []
             self._store_client = []
+        with _current_lock:
+            if _current is self:
+                _current = None
+
+    # -- leaving a collective at once ----------------------------------------------------------
+
+    def _register(self, wake: Callable[[], None]) -> Optional[int]:
+        """Calls ``wake`` on an abort; None (and no call) when the abort already happened."""
+        with self._lock:
+            if self.shut_down:
+                return None
+            key = self._next_waiter
+            self._next_waiter += 1
+            self._on_abort[key] = wake
+            return key
+
+    def _unregister(self, key: Optional[int]) -> None:
+        if key is not None:
+            with self._lock:
+                self._on_abort.pop(key, None)
+
+    def _leave(self, ended: Callable[[], bool]) -> None:
+        with self._lock:
+            self.left.append(ended)
+
+    def _wait_or_abort(self, done: threading.Event, finished: Callable[[], bool]) -> bool:
+        """Waits for ``done``, set when the call ends or on an abort; True when it ended."""
+        key = self._register(done.set)
+        try:
+            if key is not None and not finished():
+                done.wait()  # bounded: the collective's own timeout ends it, an abort sets it
+        finally:
+            self._unregister(key)
+        return finished()
+
+    def wait(self, work: Any, what: str = "a collective") -> None:
+        """Waits for an asynchronous gloo collective (``async_op=True``; one with a future: every
+        collective, not send or receive), or leaves it when the generation is aborted.
+
+        Raises:
+            Abandoned: the generation was aborted first.
+            RuntimeError: the collective failed.
+        """
+        fut = work.get_future()
+        done = threading.Event()
+        fut.add_done_callback(lambda _f: done.set())
+        if not self._wait_or_abort(done, fut.done):
+            self._leave(work.is_completed)
+            raise Abandoned(f"{what} was left: the generation was aborted")
+        fut.wait()  # at once: raises the collective's error, if any
+
+    def call(self, fn: Callable[..., Any], *args: Any, what: str = "a collective") -> Any:
+        """Runs ``fn(*args)``, a blocking call into the groups (send, receive, or a collective
+        without a future), on a helper thread, and returns its result; leaves it on an abort.
+
+        Raises:
+            Abandoned: the generation was aborted first.
+            BaseException: what ``fn`` raised.
+        """
+        box: Dict[str, Any] = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box["value"] = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box["error"] = e
+            finally:
+                box["ended"] = True
+                done.set()
+
+        helper = threading.Thread(target=run, name="regroup-collective", daemon=True)
+        helper.start()
+        if not self._wait_or_abort(done, lambda: "ended" in box):
+            self._leave(lambda: not helper.is_alive())
+            raise Abandoned(f"{what} was left: the generation was aborted")
+        helper.join()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def future(self, work: Any, then: Callable[[Any], Any]) -> Any:
+        """A future for a DDP communication hook: ``then(result tensor)`` when the collective
+        ends, or failed with :class:`Abandoned` when the generation is aborted first (DDP's wait
+        at the end of backward then raises in the training thread)."""
+        import torch
+
+        out = torch.futures.Future()
+        settle_lock = threading.Lock()
+        settled = [False]
+
+        def settle(value: Any = None, error: Optional[BaseException] = None) -> bool:
+            with settle_lock:
+                if settled[0]:
+                    return False
+                settled[0] = True
+            if error is not None:
+                out.set_exception(error)
+            else:
+                out.set_result(value)
+            return True
+
+        def on_abort() -> None:
+            if settle(error=Abandoned("a gradient all-reduce was left: the generation was aborted")):
+                self._leave(work.is_completed)
+
+        key = self._register(on_abort)
+        if key is None:
+            on_abort()
+            return out
+
+        def on_done(f: Any) -> None:
+            self._unregister(key)
+            try:
+                value = then(f.value()[0])
+            except Exception as e:  # noqa: BLE001 - handed to DDP
+                settle(error=e)
+            else:
+                settle(value=value)
+
+        work.get_future().add_done_callback(on_done)
+        return out
+
+
+def all_reduce(tensor: Any, op: Any = None, group: Any = None) -> None:
+    """``torch.distributed.all_reduce`` that an abort can interrupt (gloo; with NCCL, or
+    outside a generation, the plain call). Use it for a script's own collectives (tensor
+    parallelism): a rank caught by gloo's lost wake-up in a plain ``dist.all_reduce`` is freed
+    only by the abort watchdog (exit 75 and a restart in place).
+
+    Raises:
+        Abandoned: the generation was aborted while waiting.
+        RuntimeError: the collective failed.
+    """
+    import torch.distributed as dist
+
+    op = dist.ReduceOp.SUM if op is None else op
+    sockets = current()
+    backend = dist.get_backend(group) if group is not None else dist.get_backend()
+    if sockets is None or backend != "gloo":
+        dist.all_reduce(tensor, op=op, group=group)
+        return
+    sockets.wait(dist.all_reduce(tensor, op=op, group=group, async_op=True), "an all-reduce")
+
+
+# -- collectives left behind: their groups live until they end -------------------------------
+
+_parked_lock = threading.Lock()
+_parked: List[list] = []          # [objects, ended-checks, deadline]
+_leaked: List[Any] = []
+_reaper: Optional[threading.Thread] = None
+
+
+def park(objects: List[Any], left: List[Callable[[], bool]], seconds: float) -> None:
+    """Keeps ``objects`` (a generation's process groups and store) referenced until every
+    collective in ``left`` has ended, then drops them on a reaper thread, where their
+    destructors join gloo's threads. Destroying a group whose collective still runs would block
+    the caller until the collective timeout. After ``seconds`` they are leaked (logged)."""
+    global _reaper
+    with _parked_lock:
+        _parked.append([list(objects), list(left), time.monotonic() + seconds])
+        if _reaper is None or not _reaper.is_alive():
+            _reaper = threading.Thread(target=_reap, name="regroup-reaper", daemon=True)
+            _reaper.start()
+
+
+def parked() -> int:
+    """How many generations' groups wait for a collective left behind."""
+    with _parked_lock:
+        return len(_parked)
+
+
+def _reap() -> None:
+    global _reaper
+    while True:
+        with _parked_lock:
+            if not _parked:
+                _reaper = None
+                return
+            items = list(_parked)
+        now = time.monotonic()
+        for item in items:
+            objects, left, deadline = item
+            try:
+                ended = all(check() for check in left)
+            except Exception:  # noqa: BLE001 - a check that fails counts as ended
+                ended = True
+            if ended or now > deadline:
+                with _parked_lock:
+                    _parked.remove(item)
+                if ended:
+                    item[0] = []
+                    del objects[:]  # the destructors run here, off the training thread
+                else:
+                    log.warning("regroup: a collective left behind did not end within its timeout; "
+                                "its process group is kept until the process exits")
+                    _leaked.append(objects)
+            del objects
+        time.sleep(0.05)
+
+
+@atexit.register
+def _keep_parked_at_exit() -> None:
+    """At exit, a parked group's destructor could wait for its collective: leak them instead."""
+    with _parked_lock:
+        for item in _parked:
+            for obj in item[0]:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+        for objects in _leaked:
+            for obj in objects:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 class Watchdog:

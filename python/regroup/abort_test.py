@@ -99,6 +99,199 @@ def test_shutdown_unblocks_an_allreduce_whose_peer_died(tmp_path, procs):
     assert result["latency_ms"] < 100
 
 
+# -- gloo's lost wake-up: a send already in the pair's transmit queue is never woken --------------
+
+
+def _stuck_send_worker(rank: int, port: int, out: str) -> None:
+    """Rank 1 posts a receive and is frozen by the test; rank 0 then sends 64 MB, which stays
+    half-written in gloo's transmit queue. An abort shuts the group's one socket down: gloo
+    closes the pair but never wakes the send's waiter (it would sleep until the collective
+    timeout); GroupSockets.call must leave it at once, and the group is released (its threads
+    joined) once gloo gives up."""
+    import torch
+    import torch.distributed as dist
+
+    from regroup import abort
+    from regroup.group import Layout, build_groups
+
+    torch.set_num_threads(1)
+    sockets = abort.GroupSockets(port)
+    groups = build_groups(store_host="127.0.0.1", store_port=port, layout=Layout(2, rank, 1), backend="gloo",
+                          rendezvous_s=60, collective_s=20, aborted=threading.Event(), sockets=sockets)
+    n = 16 << 20
+    if rank == 1:
+        buf = torch.empty(n)
+        dist.irecv(buf, src=0)  # its receive-ready notice reaches rank 0
+        groups.store.set("posted", "1")
+        print("ready", flush=True)
+        time.sleep(300)
+        return
+    groups.store.get("posted")
+    threads_before = len(os.listdir("/proc/self/task"))  # gloo's threads included
+    with open(out + ".ready", "w"):
+        pass
+    wait_for(lambda: os.path.exists(out + ".go"), 60, "the test to freeze rank 1")
+
+    def abort_later():
+        time.sleep(1.0)  # rank 0's send is stuck by then: rank 1 reads nothing
+        sockets.shutdown()
+
+    threading.Thread(target=abort_later, daemon=True).start()
+    error = ""
+    try:
+        sockets.call(dist.send, torch.ones(n), 1, what="a send")
+    except RuntimeError as e:
+        error = f"{type(e).__name__}: {e}"
+    left = len(sockets.left)
+    groups.destroy()  # must not wait for the send left in gloo: parked instead
+    parked_after_destroy = abort.parked()
+    # gloo gives up on the send at its timeout (20 s); then the reaper drops the groups
+    wait_for(lambda: abort.parked() == 0, 90, "the parked group to be released")
+    wait_for(lambda: len(os.listdir("/proc/self/task")) <= threads_before, 30, "gloo's threads to end")
+    with open(out, "w") as f:
+        json.dump({"error": error, "left": left, "parked": parked_after_destroy,
+                   "threads": [threads_before, len(os.listdir("/proc/self/task"))]}, f)
+
+
+def test_a_send_stuck_in_gloos_transmit_queue_is_left_at_once(tmp_path, procs):
+    port = free_port()
+    out = str(tmp_path / "result.json")
+    env = {"PYTHONPATH": os.path.dirname(HERE), "OMP_NUM_THREADS": "1"}
+    r0 = procs.start([PYTHON, __file__, "stuck", "0", str(port), out], env, log=tmp_path / "r0.log")
+    r1 = procs.start([PYTHON, __file__, "stuck", "1", str(port), out], env, log=tmp_path / "r1.log")
+    wait_for(lambda: os.path.exists(out + ".ready") and b"ready" in (tmp_path / "r1.log").read_bytes(), 90,
+             "both ranks to form the group")
+    os.kill(r1.pid, signal.SIGSTOP)
+    open(out + ".go", "w").close()
+    assert r0.wait(timeout=150) == 0, (tmp_path / "r0.log").read_text()[-2000:]
+    with open(out) as f:
+        result = json.load(f)
+    print(result)
+    assert result["error"].startswith("Abandoned"), result  # not gloo's timeout
+    assert result["left"] == 1 and result["parked"] == 1
+
+
+# -- the waits themselves, with stand-in works ------------------------------------------------
+
+
+class _Work:
+    """A stand-in for a torch Work: a future completed by the test."""
+
+    def __init__(self):
+        import torch
+
+        self.fut = torch.futures.Future()
+
+    def get_future(self):
+        return self.fut
+
+    def is_completed(self):
+        return self.fut.done()
+
+
+def _in_thread(fn):
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def test_wait_returns_the_result_or_leaves_on_an_abort():
+    from regroup.abort import Abandoned, GroupSockets
+
+    s = GroupSockets(0)
+    s.begin()
+    done = _Work()
+    done.fut.set_result([1])
+    s.wait(done)  # completed: returns
+    failed = _Work()
+    failed.fut.set_exception(RuntimeError("peer closed"))
+    try:
+        s.wait(failed)
+        raise AssertionError("the collective's error was not raised")
+    except RuntimeError as e:
+        assert "peer closed" in str(e) and not isinstance(e, Abandoned)
+    stuck = _Work()
+    t, box = _in_thread(lambda: s.wait(stuck))
+    wait_for(lambda: s._on_abort, 30, "the waiter to register")
+    s.shutdown()
+    t.join(timeout=30)
+    assert isinstance(box.get("error"), Abandoned), box
+    assert len(s.left) == 1 and not s.left[0]()
+    stuck.fut.set_result([1])
+    assert s.left[0]()
+    late = _Work()  # after the abort: left at once
+    try:
+        s.wait(late)
+        raise AssertionError("a wait after the abort did not leave")
+    except Abandoned:
+        pass
+    s.release()
+
+
+def test_call_and_future_leave_on_an_abort():
+    import torch
+
+    from regroup.abort import Abandoned, GroupSockets
+
+    s = GroupSockets(0)
+    s.begin()
+    assert s.call(lambda a, b: a + b, 2, 3) == 5
+    gate = threading.Event()
+    t, box = _in_thread(lambda: s.call(gate.wait, 60))
+    wait_for(lambda: s._on_abort, 30, "the waiter to register")
+    work = _Work()
+    fut = s.future(work, lambda t: t * 2)
+    s.shutdown()
+    t.join(timeout=30)
+    assert isinstance(box.get("error"), Abandoned), box
+    try:
+        fut.wait()
+        raise AssertionError("the hook's future did not fail")
+    except RuntimeError as e:
+        assert "aborted" in str(e)
+    assert len(s.left) == 2 and not any(check() for check in s.left)
+    gate.set()  # the helper thread's call ends
+    work.fut.set_result([torch.ones(1)])  # the hook's collective ends; its future stays failed
+    wait_for(lambda: all(check() for check in s.left), 30, "the calls left behind to end")
+    s2 = GroupSockets(0)
+    s2.begin()
+    work = _Work()
+    fut = s2.future(work, lambda t: t * 2)
+    work.fut.set_result([torch.ones(1)])
+    assert fut.wait().item() == 2
+    s.release()
+    s2.release()
+
+
+def test_parked_objects_are_dropped_once_their_collective_ends():
+    import weakref
+
+    from regroup import abort
+
+    class Thing:
+        pass
+
+    thing = Thing()
+    ref = weakref.ref(thing)
+    ended = threading.Event()
+    abort.park([thing], [ended.is_set], 60)
+    del thing
+    assert ref() is not None and abort.parked() >= 1
+    ended.set()
+    wait_for(lambda: ref() is None, 30, "the parked object to be dropped")
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(HERE))
-    _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    if sys.argv[1] == "stuck":
+        _stuck_send_worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    else:
+        _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

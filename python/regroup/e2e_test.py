@@ -219,3 +219,37 @@ def test_a_restarted_job_resumes_from_its_newest_periodic_checkpoint(tmp_path, t
     records = read_ledger(tmp_path / "ledger")
     resumed = min(r["step"] for r in records if r["g"][0] == max(x["g"][0] for x in records))
     assert resumed == newest.step + 1, f"the restarted job began at step {resumed}, not {newest.step + 1}"
+
+
+@pytest.mark.parametrize("second", ["source", "receiver"])
+def test_a_fault_during_state_sync(tmp_path, tmp_path_factory, procs, binaries, second):
+    """A rank is killed and restarted in place; while its peer is sending it the state (held
+    there by the example's --hold-sync, so that the fault lands inside the sync whatever the
+    machine's speed), a second rank dies: the sender itself, or the restarted receiver. The
+    job must still finish with the uninterrupted run's weights and an exactly-once ledger."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    train = ["--optimizer", "adam", "--step-sleep", "0.1", "--hold-sync", str(hold)]
+    c = Cluster(tmp_path, procs, binaries, steps=40, train=train)
+    c.start()
+    c.wait_step(10)
+    before = set(c.trainers("node1"))
+    first = c.trainers("node1")[1]
+    os.kill(first, signal.SIGKILL)
+    held = wait_for(lambda: sorted(hold.glob("held.*")) or c.dead(), 120,
+                    "a rank to begin sending its state to the restarted one")
+    assert not c.dead(), c.logs()
+    sender = int(held[0].name.split(".")[1])
+    if second == "source":
+        victim = sender
+    else:
+        fresh = wait_for(lambda: sorted(set(c.trainers("node1")) - before), 30, "the restarted trainer")
+        victim = fresh[0]
+    assert victim != first
+    os.kill(victim, signal.SIGKILL)
+    (hold / "release").write_text("")  # later syncs (and the sender, if it lives) go on
+    status = c.finish(tmp_path_factory, ["--optimizer", "adam"], ["node0", "node1"])
+    assert "restart_in_place" in status
+    for name in ("node0", "node1"):  # every survivor left the sync on the abort, not by the watchdog
+        assert "exited with code 75" not in (tmp_path / f"{name}.log").read_text(), c.logs()
+    print(f"abort -> first committed step: {_resumed_ms(status)} ms")

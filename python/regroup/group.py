@@ -25,7 +25,7 @@ from typing import Any, List, Optional
 import torch
 import torch.distributed as dist
 
-from regroup.abort import GroupSockets
+from regroup.abort import GroupSockets, park
 from regroup.api import ConfigError
 
 log = logging.getLogger("regroup")
@@ -115,10 +115,27 @@ class ProcessGroups:
             return
         self.destroyed = True
         self.sockets.release()
+        left = list(self.sockets.left)
+        if left:
+            # A collective left behind by an abort still runs in gloo (until its timeout): keep
+            # its groups alive past the destroy, or their destructors would wait for it here.
+            park(_live_groups() + [self.tp_group, self.dp_group, self.store], left,
+                 self.sockets.collective_s + 30.0)
+            log.info("regroup: %d collective(s) left behind by the abort; their groups are "
+                     "released when gloo gives up on them", len(left))
         _destroy_default()
         self.tp_group = None
         self.dp_group = None
         self.store = None
+
+
+def _live_groups() -> List[Any]:
+    """Every process group torch knows of (the default one and the subgroups)."""
+    c10d = dist.distributed_c10d
+    pg_map = getattr(c10d, "_pg_map", None)
+    if pg_map is None and hasattr(c10d, "_world"):
+        pg_map = getattr(c10d._world, "pg_map", None)
+    return list(pg_map.keys()) if pg_map else []
 
 
 def _destroy_default() -> None:
@@ -200,6 +217,7 @@ def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: s
     if backend == "nccl":
         nccl_environment()
     sockets = sockets or GroupSockets(store_port)
+    sockets.collective_s = collective_s
     sockets.begin()
     deadline = time.monotonic() + rendezvous_s
     store = _connect_store(store_host, store_port, layout.world_size, layout.rank == 0, deadline, aborted)

@@ -252,13 +252,26 @@ class TrainingState:
 
 
 def send_state(state: TrainingState, committed_step: int, receivers: Iterable[int],
-               device: torch.device) -> int:
+               device: torch.device, call: Any = None) -> int:
     """Sends the whole state to each receiver (global ranks, default group); returns bytes sent.
+
+    ``call(fn, *args)``, when given, runs the transfer (not the serialisation), so that an abort
+    can free the caller (``GroupSockets.call``).
 
     Raises:
         RuntimeError: a send failed (the caller tells an abort from a fault).
     """
     data = bytearray(state.to_bytes(committed_step))
+    receivers = list(receivers)
+    if call is not None:
+        call(send_payload, data, receivers, device)
+    else:
+        send_payload(data, receivers, device)
+    return len(data)
+
+
+def send_payload(data: bytearray, receivers: Iterable[int], device: torch.device) -> None:
+    """Sends ``data`` (its size, then its bytes) to each receiver."""
     payload = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     size = torch.tensor([len(data)], dtype=torch.int64)
     if device.type != "cpu":
@@ -267,34 +280,45 @@ def send_state(state: TrainingState, committed_step: int, receivers: Iterable[in
         dist.send(size, dst=r)
         if len(data):
             dist.send(payload, dst=r)
-    return len(data)
 
 
-def recv_state(state: TrainingState, source: int, device: torch.device) -> int:
-    """Receives the whole state from ``source`` and loads it; returns its committed step.
-
-    Raises:
-        RuntimeError: the receive failed.
-        StateSyncError: what arrived is not a state.
-    """
+def recv_payload(source: int, device: torch.device) -> bytes:
+    """Receives what :func:`send_payload` sent from ``source``."""
     size = torch.zeros(1, dtype=torch.int64, device=device)
     dist.recv(size, src=source)
     n = int(size.item())
     payload = torch.empty(n, dtype=torch.uint8, device=device)
     if n:
         dist.recv(payload, src=source)
+    return payload.cpu().numpy().tobytes()
+
+
+def recv_state(state: TrainingState, source: int, device: torch.device, call: Any = None) -> int:
+    """Receives the whole state from ``source`` and loads it; returns its committed step.
+
+    ``call(fn, *args)``, when given, runs the transfer (not the loading, which stays on the
+    calling thread), so that an abort can free the caller (``GroupSockets.call``).
+
+    Raises:
+        RuntimeError: the receive failed.
+        StateSyncError: what arrived is not a state.
+    """
+    data = call(recv_payload, source, device) if call is not None else recv_payload(source, device)
     try:
-        return state.load_bytes(payload.cpu().numpy().tobytes())
+        return state.load_bytes(data)
     except Exception as e:  # noqa: BLE001 - anything unloadable is a sync error
-        raise StateSyncError(f"the state received from rank {source} ({n} bytes) cannot be loaded: {e}") from e
+        raise StateSyncError(f"the state received from rank {source} ({len(data)} bytes) cannot be "
+                             f"loaded: {e}") from e
 
 
 def reduce_gradients(grads: List[torch.Tensor], group: Any, group_size: int, divisor: int,
-                     bucket_bytes: int = 32 << 20) -> None:
+                     bucket_bytes: int = 32 << 20, wait: Any = None) -> None:
     """Sums gradients over ``group`` and divides them by ``divisor`` (the global batch size).
 
     Gradients are flattened into buckets of up to ``bucket_bytes`` per dtype and device, one
-    all-reduce each.
+    all-reduce each. ``wait(work)``, when given, waits for each all-reduce (issued with
+    ``async_op=True``), so that an abort can free the caller (``GroupSockets.wait``); the
+    buckets are copies, so a collective left behind never writes into the gradients.
     """
     buckets: Dict[Any, List[List[torch.Tensor]]] = {}
     for g in grads:
@@ -310,7 +334,9 @@ def reduce_gradients(grads: List[torch.Tensor], group: Any, group_size: int, div
             if not bucket:
                 continue
             flat = torch.cat([t.reshape(-1) for t in bucket])
-            if group_size > 1:
+            if group_size > 1 and wait is not None:
+                wait(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True))
+            elif group_size > 1:
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
             flat.div_(divisor)
             offset = 0

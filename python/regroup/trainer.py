@@ -502,8 +502,17 @@ class Trainer:
 
     def _phase(self, phase: int, step: Optional[int] = None) -> None:
         if self._link is not None:
-            # Leaving a step is told at once (the manager waits for it); the rest rides the beat.
-            now = phase == pb.PHASE_PAUSED and self._link.phase != pb.PHASE_PAUSED
+            # Leaving a step is told at once (the manager waits for it), and so is the first
+            # moment of a new step: a rank that fails early in a step is then blamed on that step,
+            # which the poison-step guard needs (one frame a step). The rest rides the beat.
+            now = (phase == pb.PHASE_PAUSED and self._link.phase != pb.PHASE_PAUSED) or \
+                (phase == pb.PHASE_COMPUTING and step is not None and step != self._link.step)
+            if phase in (pb.PHASE_PAUSED, pb.PHASE_SYNCING):
+                # Outside a step: no step (-1). A rank that dies while waiting for or forming a
+                # generation did not fail the step the job resumes at; reporting that step would
+                # make a second fault during a recovery look like "the same step failing twice"
+                # (the engine's poison-step guard), and the job would be dumped, not recovered.
+                step = -1
             try:
                 self._link.set_status(self.committed_step + 1 if step is None else step, phase, beat_now=now)
             except AgentConnectionError:
@@ -549,7 +558,9 @@ class Trainer:
             size = groups.layout.dp if groups is not None else 1
             try:
                 reduce_gradients(grads, groups.dp_group if groups is not None else None, size,
-                                 self.config.global_batch_size)
+                                 self.config.global_batch_size,
+                                 wait=groups.sockets.wait if groups is not None and groups.backend == "gloo"
+                                 else None)
             except RuntimeError as e:
                 raise self._collective_failed(step, e) from None
         step.reduced = True
@@ -946,7 +957,11 @@ class Trainer:
         # Who holds the state at the committed step: every rank says, over the new group.
         mine = torch.tensor([holds, self.committed_step], dtype=torch.int64, device=self.device)
         everyone = [torch.zeros_like(mine) for _ in range(layout.world_size)]
-        dist.all_gather(everyone, mine)
+        gloo = groups.backend == "gloo"
+        if gloo:  # an abort frees this rank at once (see regroup.abort)
+            groups.sockets.wait(dist.all_gather(everyone, mine, async_op=True), "the state-sync census")
+        else:
+            dist.all_gather(everyone, mine)
         holders = [bool(t[0].item()) for t in everyone]
         fresh = plan.committed_step < 0
         receivers = {r for r in range(layout.world_size) if r in needs or not holders[r]}
@@ -974,10 +989,11 @@ class Trainer:
             if not to:
                 continue
             if layout.rank == src:
-                sent = send_state(self.state, plan.committed_step, to, self.device)
+                sent = send_state(self.state, plan.committed_step, to, self.device,
+                                  call=groups.sockets.call if gloo else None)
                 self.metrics["state_bytes_sent"] += sent
             elif layout.rank in to:
-                got = recv_state(self.state, src, self.device)
+                got = recv_state(self.state, src, self.device, call=groups.sockets.call if gloo else None)
                 if got != plan.committed_step:
                     raise StateSyncError(f"rank {src} sent the state of step {got}, not "
                                          f"{plan.committed_step}")
@@ -1084,15 +1100,19 @@ def _build_ddp(model: torch.nn.Module, groups: ProcessGroups, global_batch: int)
     if buffers and hasattr(DDP, "_set_params_and_buffers_to_ignore_for_model"):
         DDP._set_params_and_buffers_to_ignore_for_model(model, buffers)
     ddp = DDP(model, process_group=groups.dp_group, broadcast_buffers=False)
+    gloo = groups.backend == "gloo"
+    sockets = groups.sockets
 
     def sum_hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket
         tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
-        fut = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state, async_op=True).get_future()
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state, async_op=True)
+        if gloo:  # an abort fails the future at once, so backward() raises (see regroup.abort)
+            return sockets.future(work, lambda t: t.div_(global_batch))
 
         def divide(f):
             return f.value()[0].div_(global_batch)
 
-        return fut.then(divide)
+        return work.get_future().then(divide)
 
     ddp.register_comm_hook(groups.dp_group, sum_hook)
     return ddp

@@ -406,5 +406,9 @@ def test_an_abort_frees_a_rank_waiting_for_its_generations_store(job, tmp_path_f
     wait_for(lambda: any(t > sent and b.phase == pb.PHASE_PAUSED for t, b in j.agent.heartbeats[1]), 10,
              "rank 1 to give up generation 1")
     assert j.processes[1].poll() is None
+    # Outside a step a rank reports no step (-1): a fault while it waits for or forms a
+    # generation is not "the resumed step failing again" to the engine's poison-step guard.
+    outside = [b.step for _, b in j.agent.heartbeats[1] if b.phase in (pb.PHASE_PAUSED, pb.PHASE_SYNCING)]
+    assert outside and set(outside) == {-1}, outside
     j.form([0, 1], needs_state=[1])
     j.finish(tmp_path_factory)

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Checks the Go binding (go/regroup) against a built libregroup.so: gofmt, go vet, go test, and
-# go test -race.
+# Checks the Go modules against a built libregroup.so: gofmt, go vet, go test, and go test -race,
+# for the cgo binding (go/, package go/regroup) and the Volcano plugin with the scheduler build
+# (go/volcano, its own module: it pulls in Volcano and Kubernetes, which the binding does not need).
 #
 #   go/test.sh          the checks
 #   go/test.sh bench    the checks, then the benchmarks (one scheduling session of 1,000 jobs on
-#                       10,000 nodes, one decision, ...), printed as go test prints them
+#                       10,000 nodes through the engine, and through Volcano's framework with and
+#                       without the plugin; one decision, ...), printed as go test prints them
 #
 # BUILD_DIR: the CMake build folder that holds libregroup.so (default: build/ at the repository
 # root, /work/main/build). Build it with: cmake --build "$BUILD_DIR" --target regroup
-# RACE=0 skips the -race run. BENCHTIME (default 1s) and COUNT (default 3) tune the benchmarks.
+# RACE=0 skips the -race runs. The plugin's -race run recompiles all of Kubernetes (about 8 min of
+# CPU cold), so it runs only with VOLCANO_RACE=1 (the binding's, where the concurrency is, always
+# runs unless RACE=0). VOLCANO=0 skips go/volcano (the binding alone: no Kubernetes
+# modules to download or compile). BENCHTIME (default 1s) and COUNT (default 3) tune the
+# benchmarks.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,12 +36,22 @@ if [[ -n "$unformatted" ]]; then
   echo "go/test.sh: gofmt would change: $unformatted" >&2
   exit 1
 fi
-go vet ./...
-go test -count=1 ./...
-if [[ "${RACE:-1}" != 0 ]]; then
-  go test -race -count=1 ./...
-fi
+modules=(.)
+if [[ "${VOLCANO:-1}" != 0 ]]; then modules+=(volcano); fi
+
+for m in "${modules[@]}"; do
+  (
+    cd "$m"
+    go vet ./...
+    go test -count=1 ./...
+    if [[ "${RACE:-1}" != 0 && ( "$m" == . || "${VOLCANO_RACE:-0}" == 1 ) ]]; then
+      go test -race -count=1 ./...
+    fi
+  )
+done
 
 if [[ "${1:-}" == bench ]]; then
-  go test -run '^$' -bench . -benchmem -benchtime "${BENCHTIME:-1s}" -count "${COUNT:-3}" ./...
+  for m in "${modules[@]}"; do
+    (cd "$m" && go test -run '^$' -bench . -benchmem -benchtime "${BENCHTIME:-1s}" -count "${COUNT:-3}" ./...)
+  done
 fi

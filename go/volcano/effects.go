@@ -1,0 +1,130 @@
+package volcano
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	vcclient "volcano.sh/apis/pkg/client/clientset/versioned"
+	"volcano.sh/volcano/pkg/scheduler/api"
+	"volcano.sh/volcano/pkg/scheduler/framework"
+
+	"github.com/regroup-dev/regroup/go/regroup"
+)
+
+// The PodGroup annotations the plugin owns. Their prefix is not Regroup's key prefix
+// ("regroup.io/"), so the engine never reads them as a job's configuration.
+const (
+	stateAnnotationPrefix = "scheduler.regroup.io/"
+	// StateAnnotation holds the engine's state of the job (regroup_engine_export_job_state):
+	// phase, directive and its deadline, pods; a restarted scheduler restores it.
+	StateAnnotation = stateAnnotationPrefix + "state"
+	// PhaseAnnotation holds the job's phase, for people (kubectl get podgroup -o yaml).
+	PhaseAnnotation = stateAnnotationPrefix + "phase"
+)
+
+// stateWriteTimeout bounds one write of a job's state to its PodGroup.
+const stateWriteTimeout = 10 * time.Second
+
+// The plugin's effects on the cluster go through three small interfaces, so that tests observe
+// them and the scheduler's own harness (which has no API server) can run the plugin.
+
+// StateStore writes a job's annotations to its PodGroup.
+type StateStore interface {
+	SaveState(ssn *framework.Session, pg *api.PodGroup, annotations map[string]string) error
+}
+
+// EventSink records an event on a job's PodGroup.
+type EventSink interface {
+	Event(ssn *framework.Session, pg *api.PodGroup, eventType, reason, message string)
+}
+
+// Evictor removes a pod from a faulty node.
+type Evictor interface {
+	Evict(ssn *framework.Session, task *api.TaskInfo, mode regroup.EvictionMode, reason string) error
+}
+
+// PodGroupStateStore writes the annotations with a JSON merge patch through the scheduler's
+// Volcano client: only the plugin's keys change, and no resourceVersion is needed.
+type PodGroupStateStore struct{}
+
+// SaveState implements StateStore.
+func (PodGroupStateStore) SaveState(ssn *framework.Session, pg *api.PodGroup, annotations map[string]string) error {
+	return patchPodGroupAnnotations(ssn.VCClient(), pg.Namespace, pg.Name, annotations)
+}
+
+func patchPodGroupAnnotations(client vcclient.Interface, namespace, name string, annotations map[string]string) error {
+	if client == nil {
+		return fmt.Errorf("no Volcano client to write PodGroup %s/%s", namespace, name)
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stateWriteTimeout)
+	defer cancel()
+	_, err = client.SchedulingV1beta1().PodGroups(namespace).Patch(ctx, name, types.MergePatchType, patch,
+		metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("writing the Regroup state to PodGroup %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
+
+// SessionEvents records events through the scheduler's event recorder.
+type SessionEvents struct{}
+
+// Event implements EventSink.
+func (SessionEvents) Event(ssn *framework.Session, pg *api.PodGroup, eventType, reason, message string) {
+	ssn.RecordPodGroupEvent(pg, eventType, reason, message)
+}
+
+// SessionEvictor evicts through the scheduler (ssn.Evict: the pod is deleted with its own grace
+// period, and the session and cache see it releasing). For fault-scheduling=force it then deletes
+// the pod with a grace period of 0, as MindCluster does, so that a pod on a dead node does not
+// wait out its grace period.
+type SessionEvictor struct{}
+
+// Evict implements Evictor.
+func (SessionEvictor) Evict(ssn *framework.Session, task *api.TaskInfo, mode regroup.EvictionMode, reason string) error {
+	if err := ssn.Evict(task, reason); err != nil {
+		return err
+	}
+	if mode == regroup.EvictForce && task.Pod != nil {
+		pod := task.Pod
+		client := ssn.KubeClient()
+		go func() {
+			if err := forceDelete(client, pod); err != nil {
+				klog.Errorf("regroup: %v", err)
+			}
+		}()
+	}
+	return nil
+}
+
+// forceDelete deletes a pod with a grace period of 0, only the incarnation given (by uid).
+func forceDelete(client kubernetes.Interface, pod *v1.Pod) error {
+	if client == nil {
+		return fmt.Errorf("no Kubernetes client to delete pod %s/%s", pod.Namespace, pod.Name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stateWriteTimeout)
+	defer cancel()
+	zero := int64(0)
+	uid := pod.UID
+	err := client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: &zero,
+		Preconditions:      &metav1.Preconditions{UID: &uid},
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("force-deleting pod %s/%s (fault-scheduling=force): %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}

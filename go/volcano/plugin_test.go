@@ -1,0 +1,611 @@
+package volcano
+
+import (
+	"errors"
+	"net"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"volcano.sh/apis/pkg/apis/scheduling"
+	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
+	"volcano.sh/volcano/pkg/scheduler/api"
+	"volcano.sh/volcano/pkg/scheduler/conf"
+	"volcano.sh/volcano/pkg/scheduler/uthelper"
+	"volcano.sh/volcano/pkg/scheduler/util"
+
+	"github.com/regroup-dev/regroup/go/regroup"
+)
+
+// runningElasticJob: job "train" of 4 one-rank pods (dp=4, elastic minimum 2) on n1..n4.
+func runningElasticJob(t *testing.T, extraNodes ...string) *world {
+	w := newWorld(t)
+	for _, n := range []string{"n1", "n2", "n3", "n4"} {
+		w.addNode(n, 8)
+	}
+	for _, n := range extraNodes {
+		w.addNode(n, 8)
+	}
+	labels, annotations := elasticKeys()
+	w.addJob("train", 2, labels, annotations, 8, "n1", "n2", "n3", "n4")
+	s := w.run(defaultActions())
+	if len(s.bound) != 0 || len(s.released) != 0 {
+		t.Fatalf("a running job with healthy nodes: bound %v, released %v; want nothing", s.bound, s.released)
+	}
+	if d := w.decision("train"); d.Phase != regroup.PhaseRunning || d.DP != 4 {
+		t.Fatalf("decision %+v; want running at dp=4", d)
+	}
+	return w
+}
+
+func TestFaultyNodePodsAreEvictedAsFaultSchedulingSays(t *testing.T) {
+	for _, tc := range []struct {
+		mode    string
+		evicted []recordedEviction
+	}{
+		{"force", []recordedEviction{{"default/train-worker-2", regroup.EvictForce}}},
+		{"grace", []recordedEviction{{"default/train-worker-2", regroup.EvictGrace}}},
+		{"off", nil},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			w := newWorld(t)
+			for _, n := range []string{"n1", "n2", "n3", "n4", "n5"} {
+				w.addNode(n, 8)
+			}
+			labels, annotations := elasticKeys()
+			labels["fault-scheduling"] = tc.mode
+			w.addJob("train", 2, labels, annotations, 8, "n1", "n2", "n3", "n4")
+			w.run(defaultActions())
+
+			w.clock.set(t0 + 1000)
+			w.setReady("n3", v1.ConditionFalse)
+			s := w.run(defaultActions())
+			if got := w.rec.takeEvictions(); !reflect.DeepEqual(got, tc.evicted) {
+				t.Errorf("evictions %v; want %v", got, tc.evicted)
+			}
+			wantReleased := []string(nil)
+			if tc.evicted != nil {
+				wantReleased = []string{"default/train-worker-2"}
+			}
+			if !reflect.DeepEqual(s.released, wantReleased) {
+				t.Errorf("released in the session %v; want %v", s.released, wantReleased)
+			}
+			// Evicted once: the next session does not evict the releasing pod again.
+			w.clock.set(t0 + 2000)
+			w.run(defaultActions())
+			if got := w.rec.takeEvictions(); len(got) != 0 {
+				t.Errorf("evicted again: %v", got)
+			}
+		})
+	}
+}
+
+func TestReplacementBindsToAHealthyNodeNeverTheFaultyOne(t *testing.T) {
+	w := runningElasticJob(t, "n5")
+	// n3 is labelled faulty: schedulable to Kubernetes, faulty to Regroup.
+	w.clock.set(t0 + 1000)
+	w.nodes["n3"].Labels["regroup.io/health"] = "faulty"
+	s := w.run(defaultActions())
+	if !reflect.DeepEqual(s.released, []string{"default/train-worker-2"}) {
+		t.Fatalf("released %v; want train-worker-2 (on the faulty node)", s.released)
+	}
+	w.clock.set(t0 + 2000)
+	w.replace("train-worker-2")
+	s = w.run(defaultActions())
+	// n3 is free, and the pod's previous node, which node order prefers; the predicate keeps it off.
+	if want := map[string]string{"default/train-worker-2": "n5"}; !reflect.DeepEqual(s.bound, want) {
+		t.Errorf("bound %v; want %v", s.bound, want)
+	}
+	if d := w.decision("train"); d.Phase != regroup.PhaseWaiting {
+		t.Errorf("phase %v; want waiting for the replacement to register", d.Phase)
+	}
+}
+
+func TestDeletedPodsReplacementReturnsToItsPreviousNode(t *testing.T) {
+	// The control of the test above: with n3 healthy, node order sends the replacement back to
+	// the pod's previous node, out of two free nodes.
+	w := runningElasticJob(t, "n5")
+	w.clock.set(t0 + 1000)
+	w.replace("train-worker-2") // deleted (not failed): its node is not avoided
+	s := w.run(defaultActions())
+	if want := map[string]string{"default/train-worker-2": "n3"}; !reflect.DeepEqual(s.bound, want) {
+		t.Errorf("bound %v; want %v (the previous node)", s.bound, want)
+	}
+}
+
+// lostPodWithoutCapacity: n3 fails, its pod is evicted and replaced, and no node can take the
+// replacement. It returns the world at the session that decided to wait, and the deadline.
+func lostPodWithoutCapacity(t *testing.T) (*world, int64) {
+	w := runningElasticJob(t)
+	w.addNode("small", 2)
+	w.clock.set(t0 + 1000)
+	w.setReady("n3", v1.ConditionFalse)
+	w.run(defaultActions())
+	w.clock.set(t0 + 2000)
+	w.replace("train-worker-2")
+	s := w.run(defaultActions())
+	if len(s.bound) != 0 {
+		t.Fatalf("bound %v with no capacity", s.bound)
+	}
+	d := w.decision("train")
+	if d.Phase != regroup.PhaseWaiting || d.Kind != regroup.DirectiveWait {
+		t.Fatalf("decision %+v; want waiting for the replacement", d)
+	}
+	if want := t0 + 2000 + 60_000; d.DeadlineMs != want {
+		t.Fatalf("deadline %d; want now + wait-reschedule-timeout = %d", d.DeadlineMs, want)
+	}
+	return w, d.DeadlineMs
+}
+
+func TestWaitRescheduleTimeoutExpiresOnTheInjectedClock(t *testing.T) {
+	w, deadline := lostPodWithoutCapacity(t)
+	w.clock.set(deadline - 1)
+	w.run(defaultActions())
+	if d := w.decision("train"); d.Phase != regroup.PhaseWaiting {
+		t.Fatalf("1 ms before the deadline: phase %v; want waiting", d.Phase)
+	}
+	w.clock.set(deadline)
+	w.run(defaultActions())
+	d := w.decision("train")
+	if d.Phase != regroup.PhaseScaledIn || d.Kind != regroup.DirectiveScaleIn || d.DP != 3 {
+		t.Fatalf("at the deadline: %+v; want scale_in to dp=3", d)
+	}
+}
+
+func TestNoCapacityJobStaysReadySmallerAndScalesOutWhenCapacityReturns(t *testing.T) {
+	w, deadline := lostPodWithoutCapacity(t)
+	w.clock.set(deadline)
+	w.run(defaultActions())
+	if d := w.decision("train"); d.Phase != regroup.PhaseScaledIn || d.GangMin != 3 {
+		t.Fatalf("decision %+v; want scaled in, gang minimum 3", w.decision("train"))
+	}
+
+	// Another job arrives; the scaled-in job's pending replacement blocks neither it nor the job.
+	w.clock.set(deadline + 1000)
+	w.addJob("other", 1, nil, nil, 2, "")
+	s := w.run(defaultActions())
+	if want := map[string]string{"default/other-worker-0": "small"}; !reflect.DeepEqual(s.bound, want) {
+		t.Errorf("bound %v; want %v", s.bound, want)
+	}
+	if s.phases["train-pg"] != scheduling.PodGroupRunning {
+		t.Errorf("train's PodGroup is %q with a pending replacement; want Running", s.phases["train-pg"])
+	}
+	if d := w.decision("train"); d.Phase != regroup.PhaseScaledIn || !d.WantsPods {
+		t.Errorf("decision %+v; want scaled in, wanting pods", d)
+	}
+
+	// Capacity returns: the replacement is bound (the manager scales out once it registers).
+	w.clock.set(deadline + 5000)
+	w.addNode("n6", 8)
+	s = w.run(defaultActions())
+	if want := map[string]string{"default/train-worker-2": "n6"}; !reflect.DeepEqual(s.bound, want) {
+		t.Errorf("bound %v; want %v", s.bound, want)
+	}
+}
+
+func TestFullSizeMinMemberWouldStallAScaledInJob(t *testing.T) {
+	// Why Regroup requires the elastic minAvailable at submission instead of lowering minMember
+	// while scaled in: with gang alone and minMember at full size, a job that lost a pod and has
+	// no capacity for it is marked Pending (Volcano then skips it in allocate until enqueue admits
+	// it again), while the same job with its elastic minAvailable stays Running (the test above).
+	// Volcano's job controller also resets minMember to the Job's minAvailable on every sync, so a
+	// lowered minMember would not stay lowered.
+	w := newWorld(t)
+	w.noPlugin = true
+	for _, n := range []string{"n1", "n2", "n3"} {
+		w.addNode(n, 8)
+	}
+	w.addJob("plain", 4, nil, nil, 8, "n1", "n2", "n3", "")
+	w.pgs["plain"].Status.Phase = "Running" // it ran at full size before it lost the pod
+	s := w.run(defaultActions())
+	if s.phases["plain-pg"] != scheduling.PodGroupPending {
+		t.Errorf("PodGroup phase %q; want Pending", s.phases["plain-pg"])
+	}
+}
+
+func TestMinAvailableAboveTheElasticMinimumFailsValidation(t *testing.T) {
+	w := newWorld(t)
+	for _, n := range []string{"n1", "n2", "n3", "n4"} {
+		w.addNode(n, 8)
+	}
+	labels, annotations := elasticKeys()
+	w.addJob("train", 4, labels, annotations, 8, "", "", "", "")
+	s := w.run(defaultActions())
+	if len(s.bound) != 0 {
+		t.Errorf("bound %v; want nothing for an invalid job", s.bound)
+	}
+	ev := w.rec.eventsWithReason(ReasonInvalid)
+	want := "minAvailable 4 is above the job's elastic minimum of 2 pods"
+	if len(ev) != 1 || !strings.Contains(ev[0].message, want) {
+		t.Errorf("events %v; want one %s event containing %q", ev, ReasonInvalid, want)
+	}
+}
+
+func TestBadRegroupKeyFailsValidationWithTheEnginesMessage(t *testing.T) {
+	w := newWorld(t)
+	for _, n := range []string{"n1", "n2", "n3", "n4"} {
+		w.addNode(n, 8)
+	}
+	labels, annotations := elasticKeys()
+	annotations["regroup.io/min-data-parallel"] = "zero"
+	w.addJob("train", 1, labels, annotations, 8, "", "", "", "")
+	s := w.run(defaultActions())
+	if len(s.bound) != 0 {
+		t.Errorf("bound %v; want nothing", s.bound)
+	}
+	// The engine's own message, as regroupctl validate prints it, for the spec the plugin built.
+	rt, err := Shared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	report, err := regroup.ValidateJob(rt.jobs["default/train"].spec)
+	if regroup.StatusOf(err) != regroup.StatusValidationFailed {
+		t.Fatalf("ValidateJob: %v; want a validation failure", err)
+	}
+	parsed, err := regroup.ParseValidationReport(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want string
+	for _, p := range parsed.Problems {
+		if p.Severity == "error" {
+			want = p.Message
+		}
+	}
+	if !strings.Contains(want, `regroup.io/min-data-parallel="zero" is invalid`) {
+		t.Fatalf("the engine's message %q does not name the key", want)
+	}
+	ev := w.rec.eventsWithReason(ReasonInvalid)
+	if len(ev) != 1 || ev[0].message != want || ev[0].pg != "default/train-pg" {
+		t.Errorf("events %+v; want one %s event on default/train-pg saying %q", ev, ReasonInvalid, want)
+	}
+	// The next session does not repeat the event (the spec did not change) and still binds nothing.
+	w.clock.set(t0 + 1000)
+	if s := w.run(defaultActions()); len(s.bound) != 0 {
+		t.Errorf("second session bound %v", s.bound)
+	}
+	if ev := w.rec.eventsWithReason(ReasonInvalid); len(ev) != 1 {
+		t.Errorf("%d %s events after two sessions; want 1", len(ev), ReasonInvalid)
+	}
+}
+
+func TestBadMindClusterValueIsScheduledWithAWarning(t *testing.T) {
+	w := newWorld(t)
+	for _, n := range []string{"n1", "n2", "n3", "n4"} {
+		w.addNode(n, 8)
+	}
+	labels, annotations := elasticKeys()
+	annotations["wait-reschedule-timeout"] = "500"
+	w.addJob("train", 2, labels, annotations, 8, "", "", "", "")
+	s := w.run(defaultActions())
+	if len(s.bound) != 4 {
+		t.Errorf("bound %v; want all 4 pods", s.bound)
+	}
+	want := `annotation wait-reschedule-timeout="500" is not allowed (an integer from 30 to 270); using "270" as MindCluster does`
+	ev := w.rec.eventsWithReason(ReasonFallback)
+	if len(ev) != 1 || ev[0].message != want || ev[0].kind != v1.EventTypeWarning {
+		t.Errorf("events %+v; want one Warning %s: %q", ev, ReasonFallback, want)
+	}
+}
+
+func TestANewJobStartsOnlyAtFullSize(t *testing.T) {
+	// gang alone would start the job on 3 of its 4 pods (minAvailable is the elastic 2); the
+	// engine's gang minimum for a job that has not lost anything is the whole job.
+	w := newWorld(t)
+	for _, n := range []string{"n1", "n2", "n3"} {
+		w.addNode(n, 8)
+	}
+	labels, annotations := elasticKeys()
+	w.addJob("train", 2, labels, annotations, 8, "", "", "", "")
+	if s := w.run(defaultActions()); len(s.bound) != 0 {
+		t.Errorf("bound %v on 3 nodes; want nothing until all 4 fit", s.bound)
+	}
+	w.clock.set(t0 + 1000)
+	w.addNode("n4", 8)
+	if s := w.run(defaultActions()); len(s.bound) != 4 {
+		t.Errorf("bound %v on 4 nodes; want all 4 pods", s.bound)
+	}
+}
+
+func TestSchedulerRestartMidWaitKeepsTheDeadline(t *testing.T) {
+	w, deadline := lostPodWithoutCapacity(t)
+	w.applySavedState()
+	if w.pgs["train"].Annotations[StateAnnotation] == "" {
+		t.Fatalf("no %s annotation was written", StateAnnotation)
+	}
+	if got := w.pgs["train"].Annotations[PhaseAnnotation]; got != "waiting" {
+		t.Errorf("%s = %q; want waiting", PhaseAnnotation, got)
+	}
+
+	// The scheduler restarts 30 s later: a new process, a new engine.
+	ResetShared()
+	w.clock.set(deadline - 30_000)
+	w.run(defaultActions())
+	d := w.decision("train")
+	if d.Phase != regroup.PhaseWaiting || d.DeadlineMs != deadline {
+		t.Fatalf("after the restart: %+v; want still waiting until %d", d, deadline)
+	}
+	w.clock.set(deadline)
+	w.run(defaultActions())
+	if d := w.decision("train"); d.Phase != regroup.PhaseScaledIn || d.DP != 3 {
+		t.Fatalf("at the saved deadline: %+v; want scaled in to dp=3", d)
+	}
+}
+
+func TestSchedulerRestartWithoutTheStateWouldLoseTheWait(t *testing.T) {
+	// The control of the test above: the same restart without the annotations does not know the
+	// replacement is one, so nothing waits and nothing would scale in.
+	w, deadline := lostPodWithoutCapacity(t)
+	ResetShared()
+	w.clock.set(deadline - 30_000)
+	w.run(defaultActions())
+	if d := w.decision("train"); d.Phase == regroup.PhaseWaiting && d.DeadlineMs == deadline {
+		t.Fatalf("without the saved state the engine still waits until %d; the restart test proves nothing", deadline)
+	}
+}
+
+func TestPreemptionNeverTakesARegroupJobBelowItsMinimum(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		regroup bool
+		evicted int
+	}{
+		// gang alone lets a higher-priority job take a pod of a job above its minAvailable...
+		{"without keys", false, 1},
+		// ...and the engine's gang minimum of a job at full size is the whole job.
+		{"with keys", true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			w.classes = append(w.classes, priorityClass("high", 1000), priorityClass("low", 1))
+			for _, n := range []string{"n1", "n2", "n3", "n4"} {
+				w.addNode(n, 8)
+			}
+			var labels, annotations map[string]string
+			if tc.regroup {
+				labels, annotations = elasticKeys()
+			}
+			w.addJob("train", 2, labels, annotations, 8, "n1", "n2", "n3", "n4")
+			w.pgs["train"].Spec.PriorityClassName = "low"
+			for _, p := range w.pods {
+				p.Spec.PriorityClassName = "low"
+				low := int32(1)
+				p.Spec.Priority = &low
+			}
+			w.addJob("urgent", 1, nil, nil, 8, "")
+			w.pgs["urgent"].Spec.PriorityClassName = "high"
+			high := int32(1000)
+			w.pods["urgent-worker-0"].Spec.Priority = &high
+			w.pods["urgent-worker-0"].Spec.PriorityClassName = "high"
+			w.run(preemptActions())
+			if ev := w.rec.takeEvictions(); len(ev) != 0 {
+				t.Fatalf("the plugin evicted %v", ev)
+			}
+			released := 0
+			for _, p := range w.pods {
+				if p.DeletionTimestamp != nil && strings.HasPrefix(p.Name, "train-") {
+					released++
+				}
+			}
+			if released != tc.evicted {
+				t.Errorf("%d pods of train preempted; want %d", released, tc.evicted)
+			}
+		})
+	}
+}
+
+func TestJobWithoutKeysIsScheduledExactlyAsWithoutThePlugin(t *testing.T) {
+	// Two jobs without Regroup keys, one only partly placeable, on nodes of which one is NotReady
+	// and one carries Regroup's fault label: the plugin must change nothing for them.
+	build := func(t *testing.T, withPlugin bool) session {
+		w := newWorld(t)
+		w.noPlugin = !withPlugin
+		w.addNode("a", 8)
+		w.addNode("b", 8)
+		w.nodes["b"].Labels["regroup.io/health"] = "faulty"
+		w.addNode("c", 4)
+		w.setReady("c", v1.ConditionFalse)
+		w.addJob("gang2", 2, map[string]string{"team": "x"}, map[string]string{"note": "plain"}, 8, "", "")
+		w.addJob("big", 3, nil, nil, 8, "", "", "")
+		return w.run(defaultActions())
+	}
+	with := build(t, true)
+	without := build(t, false)
+	if len(without.bound) != 2 {
+		t.Fatalf("without the plugin: bound %v; the scenario expects gang2 on a and b", without.bound)
+	}
+	if !reflect.DeepEqual(nodeMultiset(with.bound), nodeMultiset(without.bound)) ||
+		!reflect.DeepEqual(podSet(with.bound), podSet(without.bound)) {
+		t.Errorf("with the plugin bound %v; without it %v", with.bound, without.bound)
+	}
+	if !reflect.DeepEqual(with.phases, without.phases) || !reflect.DeepEqual(with.released, without.released) {
+		t.Errorf("with the plugin: phases %v released %v; without: %v %v",
+			with.phases, with.released, without.phases, without.released)
+	}
+}
+
+func nodeMultiset(bound map[string]string) []string {
+	var out []string
+	for _, n := range bound {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func podSet(bound map[string]string) []string {
+	return sortedKeys(bound)
+}
+
+func TestCoordinatorStartsOnceAndServes(t *testing.T) {
+	w := runningElasticJob(t)
+	w.args[argCoordinatorListen] = "127.0.0.1:0"
+	w.clock.set(t0 + 1000)
+	w.run(defaultActions())
+	rt, err := Shared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := rt.CoordinatorPort()
+	if port == 0 {
+		t.Fatal("no coordinator after a session with regroup.coordinatorListen set")
+	}
+	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 5*time.Second)
+	if err != nil {
+		t.Fatalf("the coordinator does not accept connections on port %d: %v", port, err)
+	}
+	conn.Close()
+	w.clock.set(t0 + 2000)
+	w.run(defaultActions())
+	if got := rt.CoordinatorPort(); got != port {
+		t.Errorf("coordinator port %d after a second session; want the same %d (started once)", got, port)
+	}
+	ResetShared()
+	if got := rt.CoordinatorPort(); got != 0 {
+		t.Errorf("port %d after ResetShared; want 0", got)
+	}
+}
+
+func TestScaledInJobWinsItsReplacementBackByPreemption(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		gangStarve bool
+		want       []string
+	}{
+		// The shipped configuration: regroup decides starving, the low-priority pod is preempted.
+		{"shipped configuration", false, []string{"default/filler-worker-?"}},
+		// With gang's starving on, gang calls the scaled-in job (at its minAvailable) not
+		// starving, and Volcano ANDs the answers: nothing is preempted for it.
+		{"gang starving on", true, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, deadline := lostPodWithoutCapacity(t)
+			w.clock.set(deadline)
+			w.run(defaultActions())
+			if d := w.decision("train"); d.Phase != regroup.PhaseScaledIn {
+				t.Fatalf("phase %v; want scaled_in", d.Phase)
+			}
+			w.classes = append(w.classes, priorityClass("high", 1000), priorityClass("low", 1))
+			w.pgs["train"].Spec.PriorityClassName = "high"
+			high, low := int32(1000), int32(1)
+			for name, p := range w.pods {
+				if strings.HasPrefix(name, "train-") {
+					p.Spec.PriorityClassName, p.Spec.Priority = "high", &high
+				}
+			}
+			// A low-priority job of two pods (gang lets one go: its minAvailable is 1) holds the
+			// capacity that came back.
+			w.addNode("n5", 8)
+			w.addNode("n6", 8)
+			w.addJob("filler", 1, nil, nil, 8, "n5", "n6")
+			w.pgs["filler"].Spec.PriorityClassName = "low"
+			for _, name := range []string{"filler-worker-0", "filler-worker-1"} {
+				w.pods[name].Spec.PriorityClassName, w.pods[name].Spec.Priority = "low", &low
+			}
+			w.tweak = func(tiers []conf.Tier) {
+				for i := range tiers {
+					for j := range tiers[i].Plugins {
+						if tiers[i].Plugins[j].Name == "gang" {
+							on := tc.gangStarve
+							tiers[i].Plugins[j].EnabledJobStarving = &on
+						}
+					}
+				}
+			}
+			w.clock.set(deadline + 1000)
+			s := w.run(preemptActions())
+			got := s.released
+			if len(got) == 1 && strings.HasPrefix(got[0], "default/filler-worker-") {
+				got = []string{"default/filler-worker-?"} // either of the two
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("preempted %v; want %v", s.released, tc.want)
+			}
+		})
+	}
+}
+
+func TestWithoutTheEngineRegroupJobsWaitAndOthersRun(t *testing.T) {
+	w := newWorld(t)
+	for _, n := range []string{"n1", "n2", "n3"} {
+		w.addNode(n, 8)
+	}
+	labels, annotations := elasticKeys()
+	w.addJob("train", 2, labels, annotations, 8, "", "")
+	w.addJob("plain", 1, nil, nil, 8, "")
+	opts := w.options()
+	opts.Runtime = func() (*Runtime, error) {
+		return nil, errors.New("regroup: the engine could not be created: libregroup has ABI version 2.0")
+	}
+	tc := uthelper.TestCommonStruct{
+		Name:    t.Name(),
+		Plugins: builders(opts),
+		Queues:  []*schedulingv1beta1.Queue{util.BuildQueue("default", 1, nil)},
+	}
+	for _, name := range sortedKeys(w.nodes) {
+		tc.Nodes = append(tc.Nodes, w.nodes[name])
+	}
+	for _, name := range sortedKeys(w.pods) {
+		tc.Pods = append(tc.Pods, w.pods[name])
+	}
+	for _, name := range sortedKeys(w.pgs) {
+		tc.PodGroups = append(tc.PodGroups, w.pgs[name])
+	}
+	ssn := tc.RegisterSession(loadTiers(t, true, w.args), nil)
+	defer tc.Close()
+	if vr := ssn.JobValid(ssn.Jobs["default/train-pg"]); vr == nil || vr.Pass || !strings.Contains(vr.Message, "ABI version 2.0") {
+		t.Errorf("train: validation %+v; want a failure naming the engine's error", vr)
+	}
+	tc.Run(defaultActions())
+	bound := map[string]bool{}
+	for _, job := range ssn.Jobs {
+		for _, task := range job.Tasks {
+			if task.Status == api.Binding {
+				bound[task.Name] = true
+			}
+		}
+	}
+	if want := map[string]bool{"plain-worker-0": true}; !reflect.DeepEqual(bound, want) {
+		t.Errorf("bound %v; want %v", bound, want)
+	}
+}
+
+func TestPredicateRefusesUnhealthyAndAvoidedNodesOnlyForRegroupJobs(t *testing.T) {
+	p := newPlugin(testArgs(), Options{})
+	p.unhealthy = map[string]string{"bad": "NotReady: KubeletStopped"}
+	p.jobs = map[api.JobID]*sessionJob{
+		"default/train-pg": {id: "default/train", valid: true, avoid: map[string]bool{"avoided": true}},
+	}
+	task := func(job api.JobID) *api.TaskInfo {
+		return &api.TaskInfo{UID: "t", Name: "p", Namespace: ns, Job: job}
+	}
+	node := func(name string) *api.NodeInfo { return &api.NodeInfo{Name: name} }
+	for _, tc := range []struct {
+		job, node string
+		want      string // "" for allowed
+	}{
+		{"default/train-pg", "good", ""},
+		{"default/train-pg", "bad", "node bad is not healthy (NotReady: KubeletStopped); Regroup keeps job default/train off it"},
+		{"default/train-pg", "avoided", "job default/train avoids node avoided for a while: a pod of it was lost there"},
+		{"default/plain-pg", "bad", ""},
+		{"default/plain-pg", "avoided", ""},
+	} {
+		err := p.predicate(task(api.JobID(tc.job)), node(tc.node))
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s on %s: %v; want allowed", tc.job, tc.node, err)
+			}
+			continue
+		}
+		var fe *api.FitError
+		if !errors.As(err, &fe) || len(fe.Status) != 1 || fe.Status[0].Code != api.UnschedulableAndUnresolvable ||
+			fe.Status[0].Reason != tc.want {
+			t.Errorf("%s on %s: %#v; want an UnschedulableAndUnresolvable fit error %q", tc.job, tc.node, err, tc.want)
+		}
+	}
+}

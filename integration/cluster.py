@@ -188,6 +188,7 @@ class Cluster:
 
     def __init__(self, workdir: Path, job: JobSpec, network: str = "auto", log: Callable[[str], None] = print,
                  binaries: Optional[Dict[str, str]] = None, spare_nodes: int = 0):
+        self.scheduler = None  # a VolcanoLoop when Volcano is in the loop (volcano_loop.py)
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.job = job
@@ -239,6 +240,8 @@ class Cluster:
     def add_node(self) -> NodeNet:
         name = f"node-{len(self.nodes)}"
         self.nodes[name] = node = self.net.add_node(name)
+        if self.scheduler is not None:
+            self.scheduler.on_node_added(node)
         return node
 
     @property
@@ -281,7 +284,12 @@ class Cluster:
             return False
 
     def start(self) -> None:
-        """The manager, then pod i of the worker task on node i."""
+        """The manager, then pod i of the worker task on node i; with Volcano in the loop, the
+        job is submitted and Volcano binds its pods (the loop's kubelet starts them)."""
+        if self.scheduler is not None:
+            self.scheduler.start()
+            self.scheduler.wait_running()
+            return
         self.start_manager()
         for i in range(self.job.nodes):
             self.start_pod(i, self.node(i))
@@ -294,10 +302,22 @@ class Cluster:
         task = next(t for t in doc["spec"]["tasks"] if t["name"] == "worker")
         return list(task["template"]["spec"]["containers"][0]["command"])
 
-    def start_pod(self, index: int, node: NodeNet) -> Pod:
+    def node_of(self, index: int) -> str:
+        """The node that worker pod ``index`` runs on now."""
+        pod = self.pods.get(f"{self.job.name}-worker-{index}")
+        return pod.node.name if pod is not None else self.node(index).name
+
+    def replace_pod(self, index: int, node: Optional[NodeNet] = None) -> Pod:
+        """The replacement of worker pod ``index``: standalone, started on ``node``; with Volcano in
+        the loop, the job controller's new pod, placed by Volcano and started by the loop."""
+        if self.scheduler is not None:
+            return self.scheduler.wait_replacement(index)
+        return self.start_pod(index, node)
+
+    def start_pod(self, index: int, node: NodeNet, uid: Optional[str] = None) -> Pod:
         """What a kubelet does for a bound pod: runs the worker command inside the node."""
         name = f"{self.job.name}-worker-{index}"
-        uid = f"{name}-{secrets.token_hex(4)}"
+        uid = uid or f"{name}-{secrets.token_hex(4)}"
         command = self.worker_command()
         argv = [self.bin["regroup-agent"], "--python", PYTHON, *command[1:]]
         env = {"REGROUP_MANAGER_ADDR": self.manager_addr, "REGROUP_JOB_ID": self.job.job_id,
@@ -409,9 +429,11 @@ class Cluster:
         return self.note("freeze a trainer (SIGSTOP)", at=at, node=node, pid=pids[local])
 
     def kill_node(self, node: str) -> dict:
-        at = self._refresh()
         """Every process of the node, at once (SIGKILL), as when its host dies."""
+        at = self._refresh()
         n = self.nodes[node]
+        if self.scheduler is not None:
+            self.scheduler.on_node_killed(node)  # its kubelet dies; the node goes NotReady
         pids = set(self.net.pids(n))
         for pod in self.pods.values():
             if pod.node is n:

@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -36,7 +38,7 @@ from network import Network, NodeNet
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
-from regroup.testing import children_of, read_ledger, wait_for  # noqa: E402
+from regroup.testing import children_of, descendants, read_ledger, wait_for  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "train_mlp.py"
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -216,6 +218,8 @@ class Cluster:
         self.injected: List[dict] = []       # faults injected: {"at": unix s, "fault": ..., ...}
         self._started: List[subprocess.Popen] = []
         self._status_cache: dict = {}
+        # Pods' trainer sockets live under a short folder: a Unix socket path has 107 bytes at most.
+        self.sockets = Path(tempfile.mkdtemp(prefix="rgsock-"))
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -236,6 +240,7 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 pass
         self.net.close()
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
     def add_node(self) -> NodeNet:
         name = f"node-{len(self.nodes)}"
@@ -324,7 +329,8 @@ class Cluster:
                "REGROUP_POD_UID": uid, "REGROUP_POD_NAME": name, "REGROUP_NODE_NAME": node.name,
                "REGROUP_HOST": node.address, "PET_NODE_RANK": str(index),
                "REGROUP_CREDENTIAL_FILE": str(self.credential),
-               "REGROUP_SOCKET_DIR": str(self.dir / f"sock-{uid}"), "REGROUP_STOP_GRACE_S": "20",
+               "REGROUP_SOCKET_DIR": str(self.sockets / f"{index}-{secrets.token_hex(4)}"),
+               "REGROUP_STOP_GRACE_S": "20",
                **node.env}
         log = self.dir / f"{uid}.log"
         pod = Pod(name, index, node, uid, self._spawn(node.wrap(argv), log, env), log)
@@ -490,14 +496,7 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def _tree(pid: int) -> List[int]:
-    """pid and all its descendants."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children_of(p))
-    return out
+_tree = descendants
 
 
 def _agent_pid(pid: int) -> Optional[int]:

@@ -1,5 +1,6 @@
 """pytest setup for the integration cluster: import paths."""
 
+import signal
 import sys
 from pathlib import Path
 
@@ -12,3 +13,12 @@ BUDGET_S = 1200  # the stage's budget in scripts/test; each scenario prints its 
 
 def pytest_report_header(config):
     return f"integration scenarios: time budget {BUDGET_S} s (scripts/test stops the stage there)"
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# A stage timeout (SIGTERM) unwinds like Ctrl-C, so every cluster still stops its processes and
+# deletes its namespaces.
+signal.signal(signal.SIGTERM, _interrupt)

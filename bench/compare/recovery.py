@@ -52,6 +52,9 @@ from typing import Dict, List, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BUILD, HERE, PYTHON, append_jsonl, free_port, loadavg, read_jsonl  # noqa: E402
 
+sys.path.insert(0, str(HERE.parents[1] / "python"))
+from regroup.testing import descendants  # noqa: E402
+
 TRAIN = HERE / "train_bench.py"
 NPROC = 2
 NODES = 2
@@ -98,17 +101,7 @@ class Logged:
 
     def tree(self) -> List[int]:
         """This process and all its descendants."""
-        out, todo = [], [self.proc.pid]
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
-            try:
-                for task in os.listdir(f"/proc/{pid}/task"):
-                    with open(f"/proc/{pid}/task/{task}/children") as f:
-                        todo += [int(x) for x in f.read().split()]
-            except OSError:
-                pass
-        return out
+        return descendants(self.proc.pid)
 
     def kill_tree(self) -> None:
         for pid in self.tree():

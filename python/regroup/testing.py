@@ -89,6 +89,16 @@ def children_of(pid: int) -> List[int]:
     return out
 
 
+def descendants(pid: int) -> List[int]:
+    """``pid`` and every process below it (Linux /proc), parents before children."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children_of(p))
+    return out
+
+
 def environ_of(pid: int) -> Dict[str, str]:
     try:
         data = Path(f"/proc/{pid}/environ").read_bytes()

@@ -261,9 +261,11 @@ class Cluster:
         self._started.append(p)
         return p
 
-    def start_manager(self, node: Optional[NodeNet] = None, coordinator: Optional[str] = None) -> None:
+    def start_manager(self, node: Optional[NodeNet] = None, coordinator: Optional[str] = None,
+                      coordinator_credential: Optional[Path] = None) -> None:
         """The job's manager: in this namespace on the bridge's address, or inside ``node`` (as a
-        pod bound there); with its embedded engine, or taking decisions from ``coordinator``."""
+        pod bound there); with its embedded engine, or taking decisions from ``coordinator``
+        (which accepts the cluster's token ``coordinator_credential``, not the job's)."""
         self.manager_starts += 1
         if node is not None and node.address != self.manager_host:
             self.manager_host = node.address
@@ -273,6 +275,8 @@ class Cluster:
                 "--credential-file", str(self.credential), "--join-window-s", "120"]
         if coordinator:
             argv += ["--coordinator", coordinator]
+        if coordinator_credential:
+            argv += ["--coordinator-credential-file", str(coordinator_credential)]
         self.manager_node = node
         run = node.wrap(argv) if node is not None else argv
         self.manager = self._spawn(run, self.dir / f"manager-{self.manager_starts}.log")

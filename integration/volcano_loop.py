@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import queue
+import secrets
 import signal
 import subprocess
 import threading
@@ -143,7 +144,11 @@ class VolcanoLoop:
         self.started = True
         binary = build_localsched(self.log)
         listen = f"{self.c.net.manager_address}:0"
-        argv = [str(binary), "--coordinator-listen", listen, "--credential-file", str(self.c.credential),
+        # The coordinator's token is the cluster's, not the job's (as deploy/ sets it up).
+        self.coordinator_credential = self.c.dir / "coordinator-credential"
+        self.coordinator_credential.write_text(secrets.token_hex(24))
+        self.coordinator_credential.chmod(0o600)
+        argv = [str(binary), "--coordinator-listen", listen, "--credential-file", str(self.coordinator_credential),
                 "--period", f"{self.period_ms}ms"]
         if SCHEDULER_CONF.exists():
             argv += ["--scheduler-conf", str(SCHEDULER_CONF)]
@@ -395,7 +400,8 @@ class VolcanoLoop:
 
     def _start_manager(self, key: str, rec: dict, node) -> None:
         try:
-            self.c.start_manager(node=node, coordinator=self.coordinator)
+            self.c.start_manager(node=node, coordinator=self.coordinator,
+                                 coordinator_credential=self.coordinator_credential)
         except (RuntimeError, AssertionError) as e:
             rec["process"] = self.c.manager
             self.log(f"the manager's pod {key} failed to start: {str(e).splitlines()[0]}")

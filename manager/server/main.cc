@@ -57,6 +57,10 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", port_file, "write the gRPC port here once listening");
   app.add_option("--credential-file", credential_file,
                  "the job's credential (default: $REGROUP_CREDENTIAL_FILE, $REGROUP_CREDENTIAL)");
+  std::string coordinator_credential_file;
+  app.add_option("--coordinator-credential-file", coordinator_credential_file,
+                 "the token the coordinator accepts, when it is not the job's credential (default: "
+                 "$REGROUP_COORDINATOR_CREDENTIAL_FILE, else the job's credential)");
   app.add_option("--tls-cert", tls_cert, "serve TLS with this certificate (PEM)");
   app.add_option("--tls-key", tls_key, "... and this key (PEM)");
   app.add_option("--join-window-s", join_window_s, "how long the first rendezvous waits")
@@ -138,6 +142,18 @@ int main(int argc, char** argv) {
     rd.target = coordinator;
     rd.tls_ca_file = coordinator_ca;
     rd.credential = *credential;
+    if (coordinator_credential_file.empty())
+      if (const char* v = Env("REGROUP_COORDINATOR_CREDENTIAL_FILE")) coordinator_credential_file = v;
+    if (!coordinator_credential_file.empty()) {
+      // The coordinator's token is the cluster's; the job's own credential guards this manager.
+      auto token = regroup::runtime::LoadCredential(coordinator_credential_file);
+      if (!token.ok()) {
+        std::cerr << "regroup-manager: --coordinator-credential-file: " << token.status().message()
+                  << "\n";
+        return 2;
+      }
+      rd.credential = *token;
+    }
     rd.job_id = spec.id;
     rd.epoch = ro.epoch;
     decisions = std::make_unique<regroup::runtime::RemoteDecisions>(rd);

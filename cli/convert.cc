@@ -17,6 +17,10 @@ constexpr int64_t kMaxOutputNodes = 1'000'000;
 constexpr int kManagerPort = 9601;
 constexpr char kCredentialVolume[] = "regroup-credential";
 constexpr char kCredentialDir[] = "/etc/regroup/credential";
+// The cluster's coordinator token (deploy/README.md: one Secret of this name per namespace).
+constexpr char kCoordinatorSecret[] = "regroup-credential";
+constexpr char kCoordinatorVolume[] = "regroup-coordinator-credential";
+constexpr char kCoordinatorDir[] = "/etc/regroup/coordinator";
 constexpr char kCredentialKey[] = "token";
 
 // Lookups on a const node never insert (yaml-cpp's non-const operator[] would); a missing key or
@@ -716,16 +720,33 @@ class Converter {
     c["env"].push_back(EnvField("REGROUP_NAMESPACE", "metadata.namespace"));
     c["env"].push_back(EnvValue("REGROUP_CREDENTIAL_FILE",
                                 std::string(kCredentialDir) + "/" + kCredentialKey));
-    if (!options_.coordinator.empty())
+    if (!options_.coordinator.empty()) {
       c["env"].push_back(EnvValue("REGROUP_COORDINATOR_ADDR", options_.coordinator));
+      c["env"].push_back(EnvValue("REGROUP_COORDINATOR_CREDENTIAL_FILE",
+                                  std::string(kCoordinatorDir) + "/" + kCredentialKey));
+    }
     c["ports"].push_back(Port(kManagerPort));
     c["resources"]["requests"]["cpu"] = Str("1");
     c["resources"]["requests"]["memory"] = "512Mi";
     c["resources"]["limits"]["cpu"] = Str("2");
     c["resources"]["limits"]["memory"] = "1Gi";
     c["volumeMounts"].push_back(CredentialMount());
+    if (!options_.coordinator.empty()) {
+      YAML::Node m;
+      m["name"] = kCoordinatorVolume;
+      m["mountPath"] = kCoordinatorDir;
+      m["readOnly"] = true;
+      c["volumeMounts"].push_back(m);
+    }
     pod["containers"].push_back(c);
     pod["volumes"].push_back(CredentialVolume());
+    if (!options_.coordinator.empty()) {
+      YAML::Node v;
+      v["name"] = kCoordinatorVolume;
+      v["secret"]["secretName"] = kCoordinatorSecret;
+      v["secret"]["defaultMode"] = 256;
+      pod["volumes"].push_back(v);
+    }
     Note(Kind::kAdded, "spec.tasks[manager]",
          "one CPU-only pod running regroup-manager on port " + std::to_string(kManagerPort) +
              " (taskd-port), outside the training pods so that losing any training node, rank "
@@ -735,6 +756,12 @@ class Converter {
            options_.coordinator +
                ": the manager sends the job's facts to the coordinator in the Volcano scheduler, "
                "whose engine makes the scheduling decisions (--coordinator \"\" for none)");
+    if (!options_.coordinator.empty())
+      Note(Kind::kCheck, "spec.tasks[manager] volume " + std::string(kCoordinatorVolume),
+           std::string("the coordinator accepts the cluster's token, not the job's credential: the "
+                       "namespace needs the Secret ") +
+               kCoordinatorSecret + " (key " + kCredentialKey +
+               ") holding it (deploy/README.md, step 2)");
     Note(Kind::kCheck, "spec.tasks[manager].template.spec.containers[0].image",
          options_.manager_image + " must hold regroup-manager (--manager-image to change it)");
     return task;

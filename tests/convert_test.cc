@@ -138,7 +138,13 @@ TEST(Convert, ElasticExampleBecomesTheVolcanoJobForRegroup) {
                          {"REGROUP_NAMESPACE", "fieldRef:metadata.namespace"},
                          {"REGROUP_CREDENTIAL_FILE", "/etc/regroup/credential/token"},
                          {"REGROUP_COORDINATOR_ADDR",
-                          "regroup-coordinator.volcano-system.svc:8899"}}));
+                          "regroup-coordinator.volcano-system.svc:8899"},
+                         {"REGROUP_COORDINATOR_CREDENTIAL_FILE",
+                          "/etc/regroup/coordinator/token"}}));
+  // The coordinator takes the cluster's token (the namespace's regroup-credential Secret).
+  EXPECT_EQ(manager["template"]["spec"]["volumes"][1]["secret"]["secretName"].Scalar(),
+            "regroup-credential");
+  EXPECT_EQ(mc["volumeMounts"][1]["mountPath"].Scalar(), "/etc/regroup/coordinator");
   EXPECT_EQ(mc["ports"][0]["name"].Scalar(), "taskd-port");
   EXPECT_EQ(mc["ports"][0]["containerPort"].as<int>(), 9601);
   EXPECT_EQ(mc["resources"]["requests"]["cpu"].Scalar(), "1");

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plugin/job_spec.h"
+#include "plugin/wire_fault_kind.h"
 
 namespace regroup::coordinator {
 
@@ -22,21 +23,6 @@ constexpr size_t kMaxDetailBytes = 4096;
 
 uint32_t U32(int64_t v) {
   return static_cast<uint32_t>(std::clamp<int64_t>(v, 0, std::numeric_limits<uint32_t>::max()));
-}
-
-// The engine's name of a wire fault kind; "" for none.
-std::string_view EngineFaultKind(int kind) {
-  switch (kind) {
-    case v1::FAULT_KIND_PROCESS_EXIT: return "process_exit";
-    case v1::FAULT_KIND_HANG: return "hang";
-    case v1::FAULT_KIND_COLLECTIVE_ERROR: return "collective_error";
-    case v1::FAULT_KIND_DEVICE_ERROR: return "device_error";
-    case v1::FAULT_KIND_POD_LOST: return "pod_lost";
-    // Replicas disagree on their parameters: the step is done again, as after a failed
-    // collective (the manager's embedded engine takes it the same way).
-    case v1::FAULT_KIND_CHECKSUM_MISMATCH: return "collective_error";
-    default: return "";
-  }
 }
 
 // At most `limit` bytes of valid UTF-8 `text`, cut at a character boundary.

@@ -1,22 +1,17 @@
 // regroupctl's parts: the Volcano Job reader, the fault script and the simulation.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <sstream>
 
 #include "cli/fault_script.h"
 #include "cli/simulate.h"
 #include "cli/volcano_job.h"
+#include "tests/source_file.h"
 
 namespace regroup::cli {
 namespace {
 
-std::string Read(const std::string& rel) {
-  std::ifstream in(std::string(REGROUP_SOURCE_DIR) + "/" + rel);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string Read(const std::string& rel) { return testing::ReadSourceFile(rel); }
 
 constexpr char kJob[] = R"(
 apiVersion: batch.volcano.sh/v1alpha1

@@ -1,23 +1,17 @@
 // regroupctl convert: a MindCluster AscendJob into the Volcano Job for Regroup.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <sstream>
 
 #include <yaml-cpp/yaml.h>
 
 #include "cli/convert.h"
 #include "cli/volcano_job.h"
+#include "tests/source_file.h"
 
 namespace regroup::cli {
 namespace {
 
-std::string Read(const std::string& rel) {
-  std::ifstream in(std::string(REGROUP_SOURCE_DIR) + "/" + rel);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string Read(const std::string& rel) { return testing::ReadSourceFile(rel); }
 
 ConvertResult MustConvert(const std::string& yaml, const ConvertOptions& options = {}) {
   auto result = ConvertAscendJob(yaml, options);

@@ -57,12 +57,7 @@ RemoteDecisions::~RemoteDecisions() {
 }
 
 v1::Header RemoteDecisions::MakeHeader() const {
-  v1::Header h;
-  h.set_job_id(options_.job_id);
-  h.set_sender("manager/" + std::to_string(options_.epoch));
-  h.set_epoch(options_.epoch);
-  h.set_generation(generation_);
-  return h;
+  return ManagerHeader(options_.job_id, options_.epoch, generation_);
 }
 
 void RemoteDecisions::Enqueue(v1::ManagerReport report) {

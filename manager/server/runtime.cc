@@ -5,23 +5,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plugin/wire_fault_kind.h"
+
 namespace regroup::runtime {
 
 using nlohmann::json;
 
 namespace {
 
-std::string FaultKindText(v1::FaultKind kind) {
-  switch (kind) {
-    case v1::FAULT_KIND_PROCESS_EXIT: return "process_exit";
-    case v1::FAULT_KIND_HANG: return "hang";
-    case v1::FAULT_KIND_COLLECTIVE_ERROR: return "collective_error";
-    case v1::FAULT_KIND_DEVICE_ERROR: return "device_error";
-    case v1::FAULT_KIND_POD_LOST: return "pod_lost";
-    case v1::FAULT_KIND_CHECKSUM_MISMATCH: return "collective_error";  // the engine retries it
-    default: return "collective_error";
-  }
-}
+std::string FaultKindText(v1::FaultKind kind) { return std::string(EngineFaultKind(kind)); }
 
 // Steps beyond this are refused: no job runs 10^15 steps, and arithmetic on them stays safe.
 constexpr int64_t kMaxStep = 1'000'000'000'000'000;
@@ -117,13 +109,17 @@ JobRuntime::JobRuntime(JobSpec spec, JobConfig config, RuntimeOptions options,
       agents_(static_cast<size_t>(spec_.pods)),
       rank_of_(static_cast<size_t>(spec_.pods)) {}
 
-v1::Header JobRuntime::MakeHeader() const {
+v1::Header ManagerHeader(const std::string& job_id, uint64_t epoch, uint64_t generation) {
   v1::Header h;
-  h.set_job_id(spec_.id);
-  h.set_sender("manager/" + std::to_string(options_.epoch));
-  h.set_epoch(options_.epoch);
-  h.set_generation(generation_);
+  h.set_job_id(job_id);
+  h.set_sender("manager/" + std::to_string(epoch));
+  h.set_epoch(epoch);
+  h.set_generation(generation);
   return h;
+}
+
+v1::Header JobRuntime::MakeHeader() const {
+  return ManagerHeader(spec_.id, options_.epoch, generation_);
 }
 
 v1::ManagerMessage JobRuntime::MakeRefusal(const std::string& reason, bool fenced) const {
@@ -305,8 +301,9 @@ Status JobRuntime::Handle(uint64_t stream, const v1::AgentMessage& message, int6
         if (int64_t r = RankOf(node, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
       }
       if (state_ != State::kTraining) return Status::Ok();  // already handling a fault
-      Fault(f.kind() == v1::FAULT_KIND_UNSPECIFIED ? v1::FAULT_KIND_COLLECTIVE_ERROR : f.kind(),
-            {}, ranks, f.step(), f.detail(), now);
+      // No kind, or one this manager does not know (a newer agent): a failed collective.
+      Fault(EngineFaultKind(f.kind()).empty() ? v1::FAULT_KIND_COLLECTIVE_ERROR : f.kind(), {},
+            ranks, f.step(), f.detail(), now);
       return Status::Ok();
     }
     case v1::AgentMessage::kVotes:

@@ -44,6 +44,9 @@ class Decisions {
   virtual bool Available() const { return true; }
 };
 
+// The header of every message this manager incarnation sends (to agents or to the coordinator).
+v1::Header ManagerHeader(const std::string& job_id, uint64_t epoch, uint64_t generation);
+
 // The engine of libregroup, embedded (standalone mode).
 class EmbeddedDecisions final : public Decisions {
  public:

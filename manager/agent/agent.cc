@@ -33,7 +33,7 @@ constexpr milliseconds kRegisterTimeout{5000};
 constexpr milliseconds kConnectReport{5000};
 constexpr milliseconds kDoneWait{5000};
 constexpr milliseconds kKillAfterTerm{5000};  // after a directive's grace: SIGTERM, then SIGKILL
-constexpr milliseconds kFinalFlush{1000};
+constexpr milliseconds kFinalClose{2000};  // for the manager to confirm the last messages
 constexpr size_t kMaxPending = 1024;
 
 const char* ModeName(v1::StopTraining::Mode mode) {
@@ -44,6 +44,13 @@ const char* ModeName(v1::StopTraining::Mode mode) {
     case v1::StopTraining::MODE_LEAVE: return "leave";
     default: return "unspecified";
   }
+}
+
+std::string DescribeExit(const v1::ProcessExit& exit) {
+  return exit.signal() != 0 ? fmt::format("local rank {} killed by signal {}", exit.local_rank(),
+                                          exit.signal())
+                            : fmt::format("local rank {} exited with code {}", exit.local_rank(),
+                                          exit.exit_code());
 }
 
 const char* BodyName(const v1::ManagerMessage& m) {
@@ -405,8 +412,25 @@ void Agent::BeginStop(int exit_code, std::string reason, bool wait_for_trainers)
 
 void Agent::Finish(int exit_code) {
   if (exit_code_) return;
-  if (session_ && link_ == Link::kUp && !session_->Flush(kFinalFlush))
-    spdlog::warn("the last messages to the manager may not have been sent");
+  // Every trainer exit this agent saw must reach the manager, or be named here as lost: the
+  // manager would otherwise never learn how a rank ended.
+  if (session_ && link_ == Link::kUp) {
+    spdlog::info("waiting up to {} ms for the manager to confirm this agent's last messages",
+                 kFinalClose.count());
+    ManagerSession::Closed closed = session_->Close(kFinalClose);
+    if (!closed.confirmed) {
+      spdlog::error("the manager may not have received this agent's last messages ({}); process "
+                    "exits sent in this session: {}",
+                    closed.reason, sent_exits_.empty() ? "none" : fmt::format("{}", fmt::join(sent_exits_, "; ")));
+    }
+  } else {
+    std::vector<std::string> lost;
+    for (const v1::AgentMessage& m : pending_)
+      if (m.has_process_exit()) lost.push_back(DescribeExit(m.process_exit()));
+    if (!lost.empty())
+      spdlog::error("no session with the manager: these process exits never reached it: {}",
+                    fmt::join(lost, "; "));
+  }
   exit_code_ = exit_code;
 }
 
@@ -416,6 +440,7 @@ void Agent::Finish(int exit_code) {
 
 void Agent::Connect() {
   session_ = std::make_unique<ManagerSession>(++session_ids_, channel_, credential_, &inbox_);
+  sent_exits_.clear();
   link_ = Link::kConnecting;
   connect_report_at_ = Clock::now() + kConnectReport;
   spdlog::debug("manager session {}: connecting to {}", session_->id(), options_.manager_addr);
@@ -542,7 +567,7 @@ void Agent::OnWelcome(const v1::Welcome& welcome) {
     pending_.pop_front();
     // The header is the one of now: the epoch these events are reported to.
     *m.mutable_header() = NewMessage().header();
-    session_->Send(m);
+    SendEvent(std::move(m));
   }
   SendHeartbeat();
   next_heartbeat_ = Clock::now() + heartbeat_interval_;
@@ -756,6 +781,10 @@ void Agent::SendHeartbeat() {
 
 void Agent::SendEvent(v1::AgentMessage message) {
   if (link_ == Link::kUp && session_) {
+    if (message.has_process_exit()) {
+      if (sent_exits_.size() >= kMaxPending) sent_exits_.pop_front();
+      sent_exits_.push_back(DescribeExit(message.process_exit()));
+    }
     session_->Send(message);
     return;
   }

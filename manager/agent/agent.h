@@ -168,6 +168,7 @@ class Agent final : private TrainerServer::Listener {
   bool lost_ = false;  // a session ended since the last Welcome: trainers are paused
   bool reregister_now_ = false;
   std::deque<regroup::v1::AgentMessage> pending_;  // events kept for after the next Welcome
+  std::deque<std::string> sent_exits_;  // process exits handed to the current session
   std::chrono::milliseconds heartbeat_interval_{100};
   Clock::time_point next_heartbeat_{};
 

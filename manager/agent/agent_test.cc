@@ -56,6 +56,8 @@ struct Record {
   uint32_t heartbeat_ms = 50;
   bool welcome = true;
   int refused_credentials = 0;
+  bool hold_reads = false;    // the service stops reading the stream until this is false again
+  bool reads_parked = false;  // it is waiting for that now
 };
 
 // The manager's Session RPC as the agent sees it: checks the credential, answers Register with
@@ -81,7 +83,15 @@ class FakeManagerService final : public v1::Manager::Service {
       record_->current = id;
     }
     v1::AgentMessage message;
-    while (stream->Read(&message)) {
+    for (;;) {
+      {
+        std::unique_lock lock(record_->mutex);
+        record_->reads_parked = record_->hold_reads;
+        record_->changed.notify_all();
+        record_->changed.wait(lock, [this] { return !record_->hold_reads; });
+        record_->reads_parked = false;
+      }
+      if (!stream->Read(&message)) break;
       std::unique_lock lock(record_->mutex);
       record_->received.push_back({id, RealtimeNs(), message});
       if (message.has_register_() && record_->welcome) {
@@ -157,6 +167,16 @@ class FakeManager {
           next == record_->received.size())
         return std::nullopt;
     }
+  }
+
+  // Stops reading the agent's stream (what it sends waits in gRPC's buffers), returning once
+  // the service is parked, or resumes reading.
+  bool HoldReads(bool hold, std::chrono::milliseconds timeout = 10s) {
+    std::unique_lock lock(record_->mutex);
+    record_->hold_reads = hold;
+    record_->changed.notify_all();
+    if (!hold) return true;
+    return record_->changed.wait_for(lock, timeout, [this] { return record_->reads_parked; });
   }
 
   int Count(const std::function<bool(const v1::AgentMessage&)>& match, size_t from = 0) {
@@ -656,6 +676,54 @@ TEST_F(AgentTest, TrainersThatIgnoreADumpAreTerminatedThenKilledAfterTheGrace) {
   const std::string log = AgentLog();
   EXPECT_NE(log.find("sending SIGTERM"), std::string::npos);
   EXPECT_NE(log.find("sending SIGKILL"), std::string::npos);
+}
+
+// The agent's last messages (here the exits of trainers it had to kill) sit in gRPC's buffers
+// when the agent is done; it must not exit, cancelling the call and discarding them, before the
+// manager has read them. The manager here reads nothing until the agent is waiting to exit.
+TEST_F(AgentTest, AnExitingAgentWaitsForTheManagerToReadTheLastTrainerExits) {
+  manager_.Start();
+  StartAgent(2, {"--ignore-stop", "--ignore-sigterm"}, {"--stop-grace-s", "1"});
+  WaitTraining(2);
+  ASSERT_TRUE(manager_.HoldReads(true));
+  v1::ManagerMessage stop;
+  stop.mutable_stop()->set_mode(v1::StopTraining::MODE_DUMP);
+  stop.mutable_stop()->set_reason("recovery budget spent");
+  ASSERT_TRUE(manager_.Send(stop));
+  const auto deadline = Clock::now() + 15s;
+  std::optional<int> code;
+  while (Clock::now() < deadline && !code &&
+         AgentLog().find("waiting up to") == std::string::npos) {
+    code = WaitAgentExit(20ms);
+  }
+  manager_.HoldReads(false);
+  if (!code) code = WaitAgentExit(15s);
+  ASSERT_TRUE(code);
+  EXPECT_EQ(*code, 0);
+  EXPECT_TRUE(manager_.WaitFor(IsExitOf(0), 5s)) << "local rank 0's exit was lost";
+  EXPECT_TRUE(manager_.WaitFor(IsExitOf(1), 5s)) << "local rank 1's exit was lost";
+  EXPECT_EQ(AgentLog().find("may not have received"), std::string::npos) << AgentLog();
+}
+
+// A manager that never reads again: the agent still exits within its bound, and names the
+// trainer exits the manager may not have.
+TEST_F(AgentTest, AnExitingAgentNamesTheExitsAManagerThatStoppedReadingMayLack) {
+  manager_.Start();
+  StartAgent(1, {"--ignore-stop", "--ignore-sigterm"}, {"--stop-grace-s", "1"});
+  WaitTraining(1);
+  ASSERT_TRUE(manager_.HoldReads(true));
+  v1::ManagerMessage stop;
+  stop.mutable_stop()->set_mode(v1::StopTraining::MODE_DUMP);
+  ASSERT_TRUE(manager_.Send(stop));
+  auto code = WaitAgentExit(20s);
+  manager_.HoldReads(false);
+  ASSERT_TRUE(code);
+  EXPECT_EQ(*code, 0);
+  const std::string log = AgentLog();
+  EXPECT_NE(log.find("the manager may not have received this agent's last messages"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("local rank 0 killed by signal 9"), std::string::npos) << log;
 }
 
 TEST_F(AgentTest, ABadCommandLineExitsTwoNamingTheFlag) {

@@ -80,6 +80,27 @@ bool ManagerSession::Flush(std::chrono::milliseconds timeout) {
 
 void ManagerSession::Cancel() { context_.TryCancel(); }
 
+ManagerSession::Closed ManagerSession::Close(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  half_close_ = true;
+  changed_.notify_all();
+  const bool ended = changed_.wait_for(lock, timeout, [this] { return ended_; });
+  Closed closed;
+  closed.unwritten = queue_;
+  if (!ended) {
+    closed.reason = "the manager did not end the session within " +
+                    std::to_string(timeout.count()) + " ms of the agent's last message";
+  } else if (!end_status_.ok()) {
+    closed.reason = "the session ended with code " + std::to_string(end_status_.error_code()) +
+                    ": " + end_status_.error_message();
+  } else if (!queue_.empty() || write_failed_) {
+    closed.reason = "the session ended before every message was written";
+  } else {
+    closed.confirmed = true;
+  }
+  return closed;
+}
+
 void ManagerSession::Read() {
   auto stub = regroup::v1::Manager::NewStub(channel_);
   stream_ = stub->Session(&context_);  // returns once connected (or cancelled)
@@ -101,6 +122,12 @@ void ManagerSession::Read() {
   if (writing) context_.TryCancel();
   writer_.join();
   grpc::Status status = stream_->Finish();
+  {
+    std::lock_guard lock(mutex_);
+    ended_ = true;
+    end_status_ = status;
+  }
+  changed_.notify_all();
   std::string detail = status.ok() ? "the manager ended the session"
                                    : "code " + std::to_string(status.error_code()) + ": " +
                                          status.error_message();
@@ -112,8 +139,15 @@ void ManagerSession::Write() {
     AgentMessage message;
     {
       std::unique_lock lock(mutex_);
-      changed_.wait(lock, [this] { return closing_ || !queue_.empty(); });
+      changed_.wait(lock, [this] { return closing_ || !queue_.empty() || half_close_; });
       if (closing_) return;
+      if (queue_.empty()) {  // half_close_: everything is written; tell the manager
+        lock.unlock();
+        stream_->WritesDone();
+        lock.lock();
+        changed_.wait(lock, [this] { return closing_; });
+        return;
+      }
       message = std::move(queue_.front());
       queue_.pop_front();
       writing_ = true;

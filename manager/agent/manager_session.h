@@ -65,6 +65,19 @@ class ManagerSession {
   void Send(const regroup::v1::AgentMessage& message);
   // Waits up to `timeout` for every queued message to be written (or the stream to fail).
   bool Flush(std::chrono::milliseconds timeout);
+
+  // How a Close went. `confirmed`: the manager read every message and then ended the session
+  // normally; otherwise `reason` says why not, and `unwritten` holds what never left the queue.
+  struct Closed {
+    bool confirmed = false;
+    std::string reason;
+    std::deque<regroup::v1::AgentMessage> unwritten;
+  };
+  // Ends the session gracefully: writes what is queued, half-closes the stream, and waits up to
+  // `timeout` for the manager to end it. A message gRPC accepted is only in the transport's
+  // buffer until then: cancelling the call (as the destructor does) can discard it, so an agent
+  // that exits calls this first.
+  Closed Close(std::chrono::milliseconds timeout);
   // Ends the stream; a kClosed event follows.
   void Cancel();
 
@@ -86,6 +99,9 @@ class ManagerSession {
   bool writing_ = false;      // the writer holds a message it took from the queue
   bool closing_ = false;      // the reader saw the end: the writer must stop
   bool write_failed_ = false;
+  bool half_close_ = false;   // Close() asked the writer to half-close once the queue is empty
+  bool ended_ = false;        // the call is over; end_status_ is its final status
+  grpc::Status end_status_;
   std::thread reader_;
   std::thread writer_;
 };

@@ -25,7 +25,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "manager/common/credential.h"
+#include "common/credential.h"
 #include "regroup/v1/runtime.grpc.pb.h"
 
 namespace {

@@ -4,7 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "cli/volcano_job.h"
+#include "plugin/volcano_job.h"
 
 namespace regroup::cli {
 namespace {

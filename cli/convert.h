@@ -19,14 +19,15 @@
 #include <string_view>
 #include <vector>
 
+#include "common/version.h"
 #include "plugin/job_spec.h"
-#include "plugin/status.h"
+#include "common/status.h"
 
 namespace regroup::cli {
 
 struct ConvertOptions {
   // The image of the manager task: it must hold regroup-manager.
-  std::string manager_image = "regroup/regroup:0.1.0";
+  std::string manager_image = "regroup/regroup:" REGROUP_VERSION_STRING;
   // The coordinator in the Volcano scheduler (HOST:PORT) the manager sends the job's facts to,
   // so that the scheduler's engine makes the scheduling decisions. Empty: none (the manager's
   // embedded engine decides: standalone mode).

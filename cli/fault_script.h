@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "plugin/status.h"
+#include "common/status.h"
 
 namespace regroup::cli {
 

@@ -16,7 +16,7 @@
 #include "cli/fault_script.h"
 #include "cli/simulate.h"
 #include "cli/status.h"
-#include "cli/volcano_job.h"
+#include "plugin/volcano_job.h"
 #include "plugin/config.h"
 
 namespace {
@@ -41,7 +41,7 @@ StatusOr<regroup::JobSpec> LoadJob(const std::string& path) {
   auto text = ReadFile(path);
   if (!text.ok()) return text.status();
   if (path.ends_with(".json")) return regroup::ParseJobSpec(std::string_view(*text));
-  return regroup::cli::JobSpecFromVolcanoYaml(*text);
+  return regroup::JobSpecFromVolcanoYaml(*text);
 }
 
 int Validate(const std::string& path, bool json) {

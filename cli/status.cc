@@ -7,17 +7,18 @@
 
 #include <google/protobuf/util/json_util.h>
 
-#include "manager/common/credential.h"
+#include "common/credential.h"
+#include "common/grpc_settings.h"
 #include "regroup/v1/runtime.grpc.pb.h"
 
 namespace regroup::cli {
 
 Status PrintStatus(const StatusOptions& options, std::ostream& out) {
-  auto credential = runtime::LoadCredential(options.credential_file);
+  auto credential = LoadCredential(options.credential_file);
   if (!credential.ok()) return credential.status();
-  auto stub = v1::Manager::NewStub(runtime::MakeChannel(options.manager, options.tls_ca_file));
+  auto stub = v1::Manager::NewStub(MakeChannel(options.manager, options.tls_ca_file));
   grpc::ClientContext context;
-  runtime::AttachCredential(context, *credential);
+  AttachCredential(context, *credential);
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(options.timeout_ms));
   v1::GetStatusRequest request;

@@ -4,7 +4,7 @@
 #include <iosfwd>
 #include <string>
 
-#include "plugin/status.h"
+#include "common/status.h"
 
 namespace regroup::cli {
 

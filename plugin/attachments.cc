@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plugin/job_spec.h"
-#include "plugin/wire_fault_kind.h"
+#include "plugin/wire_facts.h"
 
 namespace regroup::coordinator {
 
@@ -78,12 +78,13 @@ std::string ValidUtf8(std::string_view text) {
   return out;
 }
 
-v1::Directive DirectiveToProto(const Directive& d) {
+std::optional<v1::Directive> DirectiveToProto(const Directive& d) {
   v1::Directive p;
   p.set_id(d.id);
-  const int kind = static_cast<int>(d.kind);
-  p.set_kind(v1::Directive::Kind_IsValid(kind) ? static_cast<v1::Directive::Kind>(kind)
-                                               : v1::Directive::KIND_CONTINUE);
+  // The engine issues only kinds of its own enum: anything else is never sent as another kind.
+  const std::optional<v1::Directive::Kind> kind = DirectiveKindToWire(d.kind);
+  if (!kind) return std::nullopt;
+  p.set_kind(*kind);
   p.set_strategy(ValidUtf8(d.strategy));
   p.set_dp(U32(d.dp));
   for (int64_t r : d.keep_replicas) p.add_keep_replicas(U32(r));
@@ -122,9 +123,11 @@ Attachments::Outgoing Attachments::Refusal(uint64_t stream, std::string_view job
 bool Attachments::DirectiveFor(uint64_t stream, Attached& a, Outgoing& out) const {
   const Job* job = engine_.FindJob(a.job);
   if (!job) return false;
+  std::optional<v1::Directive> directive = DirectiveToProto(job->directive());
+  if (!directive) return false;  // not a kind of the wire: never sent as another one
   out.stream = stream;
   *out.message.mutable_header() = MakeHeader(a.job, a.epoch);
-  *out.message.mutable_directive() = DirectiveToProto(job->directive());
+  *out.message.mutable_directive() = std::move(*directive);
   a.sent_directive = job->directive().id;
   return true;
 }
@@ -199,56 +202,42 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
 
 Status Attachments::ApplyFact(const Attached& a, const v1::ManagerReport& report,
                               int64_t now_ms) {
-  json event;
   switch (report.body_case()) {
     case v1::ManagerReport::kFault: {
       const v1::FaultFacts& f = report.fault();
-      const std::string_view kind = EngineFaultKind(f.kind());
-      if (kind.empty())
-        return InvalidArgument("the fault of job " + a.job + " has kind " +
-                               std::to_string(static_cast<int>(f.kind())) +
-                               ", which is not a fault kind: set FaultFacts.kind");
       if (f.pods_size() > kMaxListEntries || f.ranks_size() > kMaxListEntries)
         return InvalidArgument("the fault of job " + a.job + " lists " +
                                std::to_string(f.pods_size()) + " pods and " +
                                std::to_string(f.ranks_size()) + " ranks, over the limit of " +
                                std::to_string(kMaxListEntries));
-      event = {{"type", "fault"},
-               {"job", a.job},
-               {"kind", kind},
-               {"pods", std::vector<uint32_t>(f.pods().begin(), f.pods().end())},
-               {"ranks", std::vector<uint32_t>(f.ranks().begin(), f.ranks().end())},
-               {"step", std::max<int64_t>(-1, f.step())},  // any negative step: not known
-               {"detail", Truncated(ValidUtf8(f.detail()), kMaxDetailBytes)}};
-      break;
+      std::optional<PendingFault> fault = FaultFromWire(f, now_ms);
+      if (!fault)
+        return InvalidArgument("the fault of job " + a.job + " has kind " +
+                               std::to_string(static_cast<int>(f.kind())) +
+                               ", which is not a fault kind: set FaultFacts.kind");
+      fault->detail = Truncated(ValidUtf8(fault->detail), kMaxDetailBytes);
+      std::unique_lock lock(engine_mu_);
+      return engine_.ReportFault(a.job, std::move(*fault));
     }
     case v1::ManagerReport::kReplacement: {
       const v1::ReplacementRegistered& r = report.replacement();
       // The replacement's pod is running with its new uid (a uid the engine has not seen for
       // that index is a new incarnation), and its agent has registered. A zombie (the lost
       // incarnation's own uid) leaves the pod event without effect and is refused by the second.
-      const json pod = {{"type", "pod"},
-                        {"job", a.job},
-                        {"index", r.pod()},
-                        {"uid", r.pod_uid()},
-                        {"phase", "running"}};
-      const json registered = {
-          {"type", "replacement_registered"}, {"job", a.job}, {"index", r.pod()},
-          {"uid", r.pod_uid()}};
       std::unique_lock lock(engine_mu_);
-      Status st = engine_.ApplyEvents(pod, now_ms);
-      if (st.ok()) st = engine_.ApplyEvents(registered, now_ms);
+      Status st = engine_.SetPodState(a.job, r.pod(), r.pod_uid(), REGROUP_POD_RUNNING, "", now_ms);
+      if (st.ok()) st = engine_.ReportReplacementRegistered(a.job, r.pod(), r.pod_uid(), now_ms);
       return st;
     }
     case v1::ManagerReport::kProgress: {
       const v1::ManagerProgress& p = report.progress();
-      event = {{"type", "manager_status"},
-               {"job", a.job},
-               {"epoch", a.epoch},
-               {"generation", p.generation()},
-               {"committed_step", std::max<int64_t>(-1, p.committed_step())},
-               {"live_ranks", p.live_ranks()}};
-      break;
+      ManagerStatus status;
+      status.epoch = static_cast<int64_t>(std::min<uint64_t>(a.epoch, INT64_MAX));
+      status.generation = static_cast<int64_t>(std::min<uint64_t>(p.generation(), INT64_MAX));
+      status.committed_step = std::max<int64_t>(-1, p.committed_step());
+      status.live_ranks = p.live_ranks();
+      std::unique_lock lock(engine_mu_);
+      return engine_.ReportManagerStatus(a.job, status);
     }
     case v1::ManagerReport::kHello:
       return FailedPrecondition("this stream is already attached for job " + a.job +
@@ -258,8 +247,6 @@ Status Attachments::ApplyFact(const Attached& a, const v1::ManagerReport& report
       return InvalidArgument("the report of job " + a.job +
                              " has no body: send a fault, replacement or progress");
   }
-  std::unique_lock lock(engine_mu_);
-  return engine_.ApplyEvents(event, now_ms);
 }
 
 std::vector<Attachments::Outgoing> Attachments::OnReport(uint64_t stream,

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <map>
 #include <shared_mutex>
 #include <string>
@@ -18,7 +19,7 @@
 #include <vector>
 
 #include "plugin/engine.h"
-#include "plugin/status.h"
+#include "common/status.h"
 #include "regroup/v1/runtime.pb.h"
 
 namespace regroup::coordinator {
@@ -26,7 +27,7 @@ namespace regroup::coordinator {
 namespace v1 = ::regroup::v1;
 
 // An engine directive in its wire form (strings made valid UTF-8, which proto3 requires).
-v1::Directive DirectiveToProto(const Directive& d);
+std::optional<v1::Directive> DirectiveToProto(const Directive& d);  // nullopt: not a wire kind
 
 // `text` with every byte that is not part of valid UTF-8 replaced by U+FFFD.
 std::string ValidUtf8(std::string_view text);

@@ -1,5 +1,6 @@
 // The C ABI over the engine. Every entry point catches everything: no C++ exception may cross
-// into cgo, where it would take the scheduler down. One mutex per engine serialises calls.
+// into cgo, where it would take the scheduler down. Each engine has a shared mutex: calls that
+// change the engine hold it exclusively, reads (decisions, the node predicate) share it.
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "abi/regroup.h"
+#include "common/version.h"
 #include "plugin/coordinator.h"
 #include "plugin/engine.h"
 #include "plugin/json_util.h"
@@ -137,7 +139,7 @@ extern "C" {
 
 uint32_t regroup_abi_version(void) { return REGROUP_ABI_VERSION; }
 
-const char* regroup_version_string(void) { return "0.1.0"; }
+const char* regroup_version_string(void) { return REGROUP_VERSION_STRING; }
 
 const char* regroup_status_name(regroup_status status) {
   switch (status) { REGROUP_STATUS_TABLE(REGROUP_STATUS_NAME_CASE_) }

@@ -374,8 +374,6 @@ void CheckVolcano(const JobConfig& c, int64_t pods, const VolcanoFacts& v, Check
 
 }  // namespace
 
-std::string_view StrategyName(Strategy s) { return kStrategyNames[static_cast<size_t>(s)]; }
-
 std::optional<Strategy> ParseStrategy(std::string_view name) {
   for (size_t i = 0; i < kStrategyNames.size(); ++i)
     if (kStrategyNames[i] == name) return static_cast<Strategy>(i);

@@ -18,7 +18,6 @@ namespace regroup {
 // The recovery ladder, cheapest first (MindCluster's order).
 enum class Strategy : uint8_t { kRetry, kRecoverInPlace, kRecover, kElasticTraining, kDump, kExit };
 inline constexpr int kStrategyCount = 6;
-std::string_view StrategyName(Strategy s);
 std::optional<Strategy> ParseStrategy(std::string_view name);
 
 enum class FaultScheduling : int64_t { kOff = 0, kGrace = 1, kForce = 2 };

@@ -7,8 +7,10 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "manager/common/credential.h"
-#include "manager/common/queued_stream.h"
+#include "common/clock.h"
+#include "common/credential.h"
+#include "common/grpc_settings.h"
+#include "common/queued_stream.h"
 #include "plugin/attachments.h"
 #include "regroup/v1/runtime.grpc.pb.h"
 
@@ -33,10 +35,10 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
       : options_(std::move(options)), attachments_(engine_mu, engine) {}
 
   Status Start() {
-    auto creds = runtime::ServerCredentials(options_.tls_cert_file, options_.tls_key_file);
+    auto creds = ServerCredentials(options_.tls_cert_file, options_.tls_key_file);
     if (!creds.ok()) return creds.status();
     grpc::ServerBuilder builder;
-    runtime::ConfigureServer(builder);
+    ConfigureServer(builder);
     // gRPC sets SO_REUSEPORT by default: a second coordinator on a port in use would start and
     // silently take part of its managers. Refuse the port instead.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -73,7 +75,7 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
   }
 
   Reactor* Attach(grpc::CallbackServerContext* context) override {
-    grpc::Status auth = runtime::CheckCredential(*context, options_.credential);
+    grpc::Status auth = CheckCredential(*context, options_.credential);
     if (!auth.ok()) return new Rejected(auth);
     std::lock_guard lock(mu_);
     if (stopping_)
@@ -85,13 +87,13 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
 
  private:
   // One manager's stream (writes queued: gRPC allows one in flight).
-  using Stream = runtime::QueuedStream<v1::ManagerReport, v1::CoordinatorDirective, Service>;
+  using Stream = QueuedStream<v1::ManagerReport, v1::CoordinatorDirective, Service>;
   friend Stream;
 
   void OnMessage(Stream* stream, const v1::ManagerReport& report) {
     std::lock_guard lock(mu_);
     if (stopping_) return;
-    Deliver(attachments_.OnReport(stream->id(), report, runtime::WallMs()));
+    Deliver(attachments_.OnReport(stream->id(), report, WallMs()));
   }
 
   void OnStreamDone(Stream* stream) {
@@ -106,7 +108,7 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
       auto it = streams_.find(o.stream);
       if (it == streams_.end()) continue;
       it->second->Send(o.message, o.close,
-                       o.close ? runtime::ToGrpcStatus(o.status)
+                       o.close ? ToGrpcStatus(o.status)
                                : grpc::Status::OK);
     }
   }

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "plugin/engine.h"
-#include "plugin/status.h"
+#include "common/status.h"
 
 namespace regroup::coordinator {
 
@@ -20,7 +20,7 @@ struct CoordinatorOptions {
   std::string tls_cert_file, tls_key_file;
 };
 
-// Facts are applied to the engine at runtime::WallMs(): milliseconds since the Unix epoch.
+// Facts are applied to the engine at WallMs(): milliseconds since the Unix epoch.
 
 class Coordinator {
  public:

@@ -3,7 +3,7 @@
 // Events (node health, pod states, fault reports, replacements registered, manager status)
 // update facts at once; decisions are taken only in Tick(now), after a fault's report window,
 // so one fault seen from several sides leads to one decision. No function reads the time.
-// The engine is not thread-safe by itself; the C ABI serialises calls on one engine.
+// The engine is not thread-safe by itself: its callers (the C ABI, the coordinator) lock it.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,7 @@
 #include "plugin/config.h"
 #include "plugin/job_spec.h"
 #include "plugin/sizing.h"
-#include "plugin/status.h"
+#include "common/status.h"
 
 namespace regroup {
 
@@ -157,17 +157,6 @@ class Job {
  private:
   friend class Engine;
 
-// FNV-1a over a name: cheap for the short names of nodes and jobs, and transparent, so tables
-// keyed by std::string are searched by string_view without building a string per lookup.
-struct NameHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const {
-    uint64_t h = 14695981039346656037ull;
-    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
-
   // Event handlers: update facts and queue faults. Return an error for an event that names a
   // pod or rank the job does not have, or a zombie incarnation.
   void OnNode(std::string_view node, NodeHealth health, std::string_view reason, int64_t now);
@@ -244,6 +233,17 @@ class Engine {
                        int64_t now);
   Status SetPodState(std::string_view job, int64_t index, std::string_view uid, PodPhase phase,
                      std::string_view node, int64_t now);
+  // Typed facts, for callers in this process (the manager's embedded engine, the coordinator).
+  // The same as the JSON events of ApplyEvents, which the C ABI uses. An unknown job is
+  // NotFound; a pod or rank the job does not have is InvalidArgument.
+  // A fault; `fault.at_ms` is when it was reported.
+  Status ReportFault(std::string_view job, PendingFault fault);
+  // A replacement pod's agent registered with the job's manager.
+  Status ReportReplacementRegistered(std::string_view job, int64_t index, std::string_view uid,
+                                     int64_t now);
+  // The job's manager's progress (epoch, generation, committed step, live ranks).
+  Status ReportManagerStatus(std::string_view job, const ManagerStatus& status);
+
   // Applies one event or an array of events (JSON). Stops at the first bad one.
   Status ApplyEvents(const nlohmann::json& events, int64_t now);
   uint32_t Tick(int64_t now);
@@ -264,6 +264,7 @@ class Engine {
     int64_t since_ms = 0;
   };
   Status ApplyEvent(const nlohmann::json& event, int64_t now, const std::string& where);
+  StatusOr<Job*> JobFor(std::string_view job, std::string_view where);
 
   EngineOptions options_;
   std::unordered_map<std::string, std::unique_ptr<Job>, NameHash, std::equal_to<>> jobs_;

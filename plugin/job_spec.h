@@ -1,5 +1,5 @@
 // A job as the engine sees it: identity, keys, size. Parsed from the JSON the C ABI accepts;
-// `regroupctl` builds it from a Volcano Job (cli/volcano_job.h).
+// `regroupctl` builds it from a Volcano Job (plugin/volcano_job.h).
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "plugin/config.h"
-#include "plugin/status.h"
+#include "common/status.h"
 
 namespace regroup {
 

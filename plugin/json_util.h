@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "plugin/status.h"
+#include "common/status.h"
 
 namespace regroup::json_util {
 

@@ -5,7 +5,7 @@
 
 #include "cli/fault_script.h"
 #include "cli/simulate.h"
-#include "cli/volcano_job.h"
+#include "plugin/volcano_job.h"
 #include "tests/source_file.h"
 
 namespace regroup::cli {

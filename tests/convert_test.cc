@@ -5,7 +5,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include "cli/convert.h"
-#include "cli/volcano_job.h"
+#include "common/version.h"
+#include "plugin/volcano_job.h"
 #include "tests/source_file.h"
 
 namespace regroup::cli {
@@ -115,7 +116,7 @@ TEST(Convert, ElasticExampleBecomesTheVolcanoJobForRegroup) {
   EXPECT_EQ(manager["policies"][0]["action"].Scalar(), "RestartTask");
   const YAML::Node mc = manager["template"]["spec"]["containers"][0];
   EXPECT_EQ(manager["template"]["spec"]["restartPolicy"].Scalar(), "OnFailure");
-  EXPECT_EQ(mc["image"].Scalar(), "regroup/regroup:0.1.0");
+  EXPECT_EQ(mc["image"].Scalar(), "regroup/regroup:" REGROUP_VERSION_STRING);
   EXPECT_EQ(Strings(mc["command"]),
             (std::vector<std::string>{
                 "regroup-manager", "--job-id", "$(REGROUP_NAMESPACE)/llama-pretrain", "--nodes",

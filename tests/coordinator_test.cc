@@ -12,16 +12,17 @@
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
-#include "manager/common/credential.h"
-#include "manager/server/remote_decisions.h"
-#include "manager/server/runtime.h"
+#include "common/credential.h"
+#include "common/grpc_settings.h"
+#include "manager/remote_decisions.h"
+#include "manager/runtime.h"
 #include "regroup.h"
 #include "regroup/v1/runtime.grpc.pb.h"
 
 namespace {
 
 namespace v1 = ::regroup::v1;
-namespace rt = ::regroup::runtime;
+namespace rt = ::regroup::manager;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
@@ -67,8 +68,8 @@ std::string Message(regroup_error* err) {
 class RawStream {
  public:
   RawStream(int port, const std::string& credential) {
-    stub_ = v1::Coordinator::NewStub(rt::MakeChannel("127.0.0.1:" + std::to_string(port)));
-    rt::AttachCredential(context_, credential);
+    stub_ = v1::Coordinator::NewStub(regroup::MakeChannel("127.0.0.1:" + std::to_string(port)));
+    regroup::AttachCredential(context_, credential);
     context_.set_deadline(std::chrono::system_clock::now() + kWait);
     stream_ = stub_->Attach(&context_);
   }
@@ -402,7 +403,7 @@ TEST_F(CoordinatorTest, BadFactsAreRefusedAndChangeNothing) {
   ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_POD_LOST, {7}, {}, -1), kJob, 2));
   v1::CoordinatorDirective m = s.Read();
   ASSERT_TRUE(m.has_refusal());
-  EXPECT_NE(m.refusal().reason().find("\"pods\" holds 7"), std::string::npos)
+  EXPECT_NE(m.refusal().reason().find("has no pod 7"), std::string::npos)
       << m.refusal().reason();
 
   v1::ManagerReport zombie;

@@ -29,7 +29,7 @@ const (
 	jobNameKey   = "volcano.sh/job-name"   // the Volcano Job's name
 )
 
-// managerTaskName is the task that runs regroup-manager (as cli/volcano_job.cc decides).
+// managerTaskName is the task that runs regroup-manager (as plugin/volcano_job.cc decides).
 const managerTaskName = "manager"
 
 // mindioWaitEnv is the env variable of the rank-0 pod that the engine reads.
@@ -304,7 +304,7 @@ func ending(t *api.TaskInfo) bool {
 }
 
 // processesPerPod reads the ranks a pod runs: an accelerator request, else torchrun's
-// --nproc-per-node, else 1 (as cli/volcano_job.cc reads a Volcano Job).
+// --nproc-per-node, else 1 (as plugin/volcano_job.cc reads a Volcano Job).
 func processesPerPod(c v1.Container) int {
 	for _, list := range []v1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
 		for name, q := range list {

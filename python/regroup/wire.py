@@ -1,6 +1,6 @@
 """Framing of the trainer <-> agent socket: a 4-byte big-endian length, then one message.
 
-The same format as manager/common/framing.h on the agent's side. Frames above ``MAX_FRAME_BYTES``
+The same format as common/framing.h on the agent's side. Frames above ``MAX_FRAME_BYTES``
 are refused so a broken peer cannot make the reader allocate without limit.
 """
 

@@ -48,7 +48,7 @@ def test_a_frame_over_the_bound_is_refused():
     reader.feed(struct.pack(">I", 101) + b"x" * 10)
     with pytest.raises(ProtocolError, match="101 bytes"):
         reader.next()
-    assert MAX_FRAME_BYTES == 16 << 20  # the agent's bound (manager/common/framing.h)
+    assert MAX_FRAME_BYTES == 16 << 20  # the agent's bound (common/framing.h)
 
 
 def test_a_payload_that_is_not_the_message_is_a_protocol_error():

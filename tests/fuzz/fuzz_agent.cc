@@ -1,4 +1,4 @@
-// fuzz_agent: what a trainer can send its agent (manager/agent): bytes through the frame reader
+// fuzz_agent: what a trainer can send its agent (agent/): bytes through the frame reader
 // in chunks, frames parsed as TrainerMessage, votes through the vote tally.
 //
 // The first input byte sets the chunk size of the stream (1 to 64 bytes); the rest is the byte
@@ -11,8 +11,8 @@
 #include <string>
 
 #include "fuzz_common.h"
-#include "manager/agent/vote_tally.h"
-#include "manager/common/framing.h"
+#include "agent/vote_tally.h"
+#include "common/framing.h"
 
 namespace {
 
@@ -24,7 +24,7 @@ constexpr size_t kBound = 4096;  // small, so the fuzzer reaches the refusal pat
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const size_t chunk = 1 + (data[0] & 63);
-  regroup::runtime::FrameReader reader(kBound);
+  regroup::FrameReader reader(kBound);
   regroup::agent::VoteTally tally;
   tally.Start(1, {0, 1, 2});
   bool refused = false;
@@ -33,15 +33,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::string payload;
     for (;;) {
       const auto result = reader.Next(&payload);
-      if (result == regroup::runtime::FrameReader::Result::kNeedMore) break;
-      if (result == regroup::runtime::FrameReader::Result::kTooLarge) {
+      if (result == regroup::FrameReader::Result::kNeedMore) break;
+      if (result == regroup::FrameReader::Result::kTooLarge) {
         refused = true;
         break;
       }
       if (refused) fuzz::Die("FrameReader::Next", "a frame after a refused one");
       if (payload.size() > kBound) fuzz::Die("FrameReader::Next", "a frame over the bound");
       v1::TrainerMessage message;
-      if (!regroup::runtime::ParseFrame(payload, &message, "a trainer message").ok()) continue;
+      if (!regroup::ParseFrame(payload, &message, "a trainer message").ok()) continue;
       if (message.has_vote()) {
         (void)tally.Add(static_cast<uint32_t>(message.vote().step() & 3), message.vote());
         for (const auto& votes : tally.TakeComplete([](uint32_t l) { return l != 3; })) {

@@ -1,4 +1,4 @@
-// fuzz_manager: agent streams through the manager's JobRuntime (manager/server/runtime.h), the
+// fuzz_manager: agent streams through the manager's JobRuntime (manager/runtime.h), the
 // part of regroup-manager that handles every agent message, with its embedded engine.
 //
 // The input is a sequence of records, like fuzz_coordinator's. A control byte with 0x20 set
@@ -15,12 +15,12 @@
 #include <string>
 
 #include "fuzz_common.h"
-#include "manager/server/runtime.h"
+#include "manager/runtime.h"
 
 namespace {
 
 namespace v1 = ::regroup::v1;
-namespace rt = ::regroup::runtime;
+namespace rt = ::regroup::manager;
 
 constexpr size_t kMaxRecords = 256;
 constexpr uint64_t kEpoch = 7;

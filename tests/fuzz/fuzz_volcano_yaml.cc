@@ -1,4 +1,4 @@
-// fuzz_volcano_yaml: a Volcano Job (YAML) through regroup::cli::JobSpecFromVolcanoYaml, the
+// fuzz_volcano_yaml: a Volcano Job (YAML) through regroup::JobSpecFromVolcanoYaml, the
 // reader of `regroupctl validate` and `regroupctl simulate`. Nothing a YAML document holds may
 // crash it or throw out of it. A job it reads then goes where the CLI and the plugin send it:
 // the validation report `regroupctl validate --json` prints, and the C ABI as job spec JSON.
@@ -9,13 +9,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/volcano_job.h"
+#include "plugin/volcano_job.h"
 #include "fuzz_common.h"
 #include "plugin/job_spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view yaml(reinterpret_cast<const char*>(data), size);
-  auto spec = regroup::cli::JobSpecFromVolcanoYaml(yaml);
+  auto spec = regroup::JobSpecFromVolcanoYaml(yaml);
   if (!spec.ok()) {
     if (spec.status().message().empty())
       fuzz::Die("JobSpecFromVolcanoYaml", "refused a document without a message");

@@ -1,0 +1,38 @@
+// Starting and stopping trainer processes: each in its own process group (so the whole tree a
+// trainer starts, DataLoader workers included, can be signalled at once), killed by the kernel
+// if the agent dies (PR_SET_PDEATHSIG), with no descriptor of the agent's leaking into it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace regroup::agent {
+
+// Resolves `name` like execvp would: a name with a '/' as is, else the first executable match
+// in `path` (a colon-separated list; empty: /usr/local/bin:/usr/bin:/bin).
+StatusOr<std::string> FindExecutable(const std::string& name, const std::string& path);
+
+// Starts `executable` with `argv` and `env` ("NAME=value" entries) in a new process group whose
+// id is the child's pid. Returns once the exec succeeded; an exec failure is an error naming the
+// program. Signals blocked or ignored by the caller are reset for the child.
+StatusOr<pid_t> SpawnProcessGroup(const std::string& executable,
+                                  const std::vector<std::string>& argv,
+                                  const std::vector<std::string>& env);
+
+// Sends `signal` to the process group `pgid`; a group already gone is not an error.
+void SignalGroup(pid_t pgid, int signal);
+
+// `base` ("NAME=value" entries) with `overrides` set, each replacing an entry of the same name.
+std::vector<std::string> MergeEnvironment(
+    const std::vector<std::string>& base,
+    const std::vector<std::pair<std::string, std::string>>& overrides);
+
+// The calling process's environment as "NAME=value" entries.
+std::vector<std::string> CurrentEnvironment();
+
+}  // namespace regroup::agent

@@ -1,0 +1,224 @@
+// The trainer socket: private, one connection per local rank, and robust to what peers send.
+#include "agent/trainer_server.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+namespace regroup::agent {
+namespace {
+
+namespace v1 = regroup::v1;
+using namespace std::chrono_literals;
+
+class Recorder : public TrainerServer::Listener {
+ public:
+  void OnHello(uint32_t local_rank, const v1::TrainerHello& hello) override {
+    {
+      std::lock_guard lock(mutex_);
+      events_.push_back("hello " + std::to_string(local_rank));
+    }
+    v1::AgentReply reply;
+    reply.mutable_welcome()->set_local_rank(local_rank);
+    reply.mutable_welcome()->set_epoch(static_cast<uint64_t>(hello.pid()));
+    server->Send(local_rank, reply);
+  }
+  void OnMessage(uint32_t local_rank, const v1::TrainerMessage& message) override {
+    std::lock_guard lock(mutex_);
+    events_.push_back("message " + std::to_string(local_rank) + " step " +
+                      std::to_string(message.heartbeat().step()));
+  }
+  void OnDisconnect(uint32_t local_rank) override {
+    std::lock_guard lock(mutex_);
+    events_.push_back("disconnect " + std::to_string(local_rank));
+  }
+  std::vector<std::string> events() {
+    std::lock_guard lock(mutex_);
+    return events_;
+  }
+  bool WaitFor(const std::string& event) {
+    for (auto deadline = std::chrono::steady_clock::now() + 5s;
+         std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(5ms)) {
+      for (const auto& e : events())
+        if (e == event) return true;
+    }
+    return false;
+  }
+
+  TrainerServer* server = nullptr;
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> events_;
+};
+
+class TrainerServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/regroup-ts-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    auto server = TrainerServer::Listen(&loop_, root_ + "/sock", 2, &recorder_);
+    ASSERT_TRUE(server.ok()) << server.status().message();
+    server_ = std::move(*server);
+    recorder_.server = server_.get();
+    thread_ = std::thread([this] {
+      while (!stop_) loop_.RunOnce(10);
+    });
+  }
+  void TearDown() override {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    server_.reset();
+    std::filesystem::remove_all(root_);
+  }
+
+  int Connect() {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", server_->socket_path().c_str());
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    timeval tv{5, 0};  // every read below is bounded
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+  }
+  static void Hello(int fd, uint32_t rank, int32_t pid) {
+    v1::TrainerMessage m;
+    m.mutable_hello()->set_local_rank(rank);
+    m.mutable_hello()->set_pid(pid);
+    ASSERT_TRUE(WriteFrame(fd, m).ok());
+  }
+  static v1::AgentReply Reply(int fd) {
+    std::string payload;
+    auto got = ReadFrame(fd, &payload);
+    EXPECT_TRUE(got.ok() && *got);
+    v1::AgentReply reply;
+    EXPECT_TRUE(reply.ParseFromString(payload));
+    return reply;
+  }
+  // True when the server closed the connection (EOF), within the receive timeout.
+  static bool Closed(int fd) {
+    char byte;
+    return read(fd, &byte, 1) == 0;
+  }
+
+  std::string root_;
+  EventLoop loop_;
+  Recorder recorder_;
+  std::unique_ptr<TrainerServer> server_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST_F(TrainerServerTest, TheSocketAndItsDirectoryArePrivate) {
+  struct stat dir {};
+  ASSERT_EQ(stat((root_ + "/sock").c_str(), &dir), 0);
+  EXPECT_EQ(dir.st_mode & 0777, 0700u);
+  struct stat sock {};
+  ASSERT_EQ(stat(server_->socket_path().c_str(), &sock), 0);
+  EXPECT_TRUE(S_ISSOCK(sock.st_mode));
+  EXPECT_EQ(sock.st_mode & 0777, 0600u);
+  EXPECT_EQ(server_->socket_path(), root_ + "/sock/agent.sock");
+}
+
+TEST_F(TrainerServerTest, AHelloBindsTheConnectionToItsLocalRank) {
+  int fd = Connect();
+  Hello(fd, 1, 4242);
+  v1::AgentReply reply = Reply(fd);
+  ASSERT_TRUE(reply.has_welcome());
+  EXPECT_EQ(reply.welcome().local_rank(), 1u);
+  EXPECT_EQ(reply.welcome().epoch(), 4242u);
+  v1::TrainerMessage beat;
+  beat.mutable_heartbeat()->set_step(17);
+  ASSERT_TRUE(WriteFrame(fd, beat).ok());
+  EXPECT_TRUE(recorder_.WaitFor("message 1 step 17"));
+  close(fd);
+  EXPECT_TRUE(recorder_.WaitFor("disconnect 1"));
+}
+
+TEST_F(TrainerServerTest, ASecondHelloForALiveRankReplacesTheOldConnection) {
+  int first = Connect();
+  Hello(first, 0, 1);
+  Reply(first);
+  int second = Connect();
+  Hello(second, 0, 2);
+  EXPECT_EQ(Reply(second).welcome().epoch(), 2u);
+  EXPECT_TRUE(Closed(first));
+  v1::TrainerMessage beat;
+  beat.mutable_heartbeat()->set_step(5);
+  ASSERT_TRUE(WriteFrame(second, beat).ok());
+  EXPECT_TRUE(recorder_.WaitFor("message 0 step 5"));
+  for (const auto& e : recorder_.events()) EXPECT_NE(e, "disconnect 0");  // replaced, not lost
+  close(first);
+  close(second);
+}
+
+TEST_F(TrainerServerTest, AnOversizeFrameClosesOnlyThatConnection) {
+  int good = Connect();
+  Hello(good, 0, 1);
+  Reply(good);
+  int bad = Connect();
+  const char header[4] = {'\x7f', '\x00', '\x00', '\x00'};  // about 2 GiB announced
+  ASSERT_EQ(write(bad, header, 4), 4);
+  EXPECT_TRUE(Closed(bad));
+  v1::TrainerMessage beat;
+  beat.mutable_heartbeat()->set_step(8);
+  ASSERT_TRUE(WriteFrame(good, beat).ok());
+  EXPECT_TRUE(recorder_.WaitFor("message 0 step 8"));
+  close(good);
+  close(bad);
+}
+
+TEST_F(TrainerServerTest, GarbageOrAMessageBeforeTheHelloClosesTheConnection) {
+  int garbage = Connect();
+  const char frame[9] = {'\x00', '\x00', '\x00', '\x05', '\xff', '\xff', '\xff', '\xff', '\xff'};
+  ASSERT_EQ(write(garbage, frame, sizeof frame), static_cast<ssize_t>(sizeof frame));
+  EXPECT_TRUE(Closed(garbage));
+  int early = Connect();
+  v1::TrainerMessage beat;
+  beat.mutable_heartbeat()->set_step(1);
+  ASSERT_TRUE(WriteFrame(early, beat).ok());
+  EXPECT_TRUE(Closed(early));
+  int out_of_range = Connect();
+  Hello(out_of_range, 2, 1);  // this server runs ranks 0 and 1
+  EXPECT_TRUE(Closed(out_of_range));
+  EXPECT_TRUE(recorder_.events().empty());
+  close(garbage);
+  close(early);
+  close(out_of_range);
+}
+
+TEST_F(TrainerServerTest, ASecondServerDoesNotTakeOverALiveSocket) {
+  EventLoop other_loop;
+  Recorder other;
+  auto second = TrainerServer::Listen(&other_loop, root_ + "/sock", 1, &other);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("another process listens"), std::string::npos)
+      << second.status().message();
+  int fd = Connect();  // the first one still serves
+  Hello(fd, 0, 3);
+  EXPECT_EQ(Reply(fd).welcome().epoch(), 3u);
+  close(fd);
+}
+
+TEST_F(TrainerServerTest, TheSocketIsRemovedWithTheServer) {
+  const std::string path = server_->socket_path();
+  stop_ = true;
+  thread_.join();
+  server_.reset();
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/sock"));
+}
+
+}  // namespace
+}  // namespace regroup::agent

@@ -1,0 +1,24 @@
+// The per-job credential every RPC carries ("authorization: Bearer <token>" metadata).
+#pragma once
+
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/status.h"
+
+namespace regroup {
+
+// Reads the job's credential: `file` if given, else $REGROUP_CREDENTIAL_FILE, else
+// $REGROUP_CREDENTIAL. An empty result means "no credential configured" (local testing only;
+// the servers then accept only clients that send none). A file that cannot be read is an error.
+StatusOr<std::string> LoadCredential(const std::string& file);
+
+// Adds the credential to an outgoing call.
+void AttachCredential(grpc::ClientContext& context, const std::string& credential);
+
+// Checks an incoming call's credential in constant time. Returns an UNAUTHENTICATED status
+// naming the peer when it is missing or wrong.
+grpc::Status CheckCredential(const grpc::ServerContextBase& context, const std::string& expected);
+
+}  // namespace regroup

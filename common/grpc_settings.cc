@@ -1,0 +1,65 @@
+#include "common/grpc_settings.h"
+
+#include "common/files.h"
+
+namespace regroup {
+
+grpc::Status ToGrpcStatus(const Status& status) {
+  grpc::StatusCode code = grpc::StatusCode::INTERNAL;
+  switch (status.code()) {
+    case REGROUP_OK: return grpc::Status::OK;
+    case REGROUP_INVALID_ARGUMENT: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case REGROUP_NOT_FOUND: code = grpc::StatusCode::NOT_FOUND; break;
+    case REGROUP_FAILED_PRECONDITION: code = grpc::StatusCode::FAILED_PRECONDITION; break;
+    case REGROUP_RESOURCE_EXHAUSTED: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+    default: break;
+  }
+  return {code, status.message()};
+}
+
+void ConfigureServer(grpc::ServerBuilder& builder) {
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             static_cast<int>(kClientPingInterval.count() / 2));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);  // never too_many_pings
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A second server on a port already in use must fail, not share it (SO_REUSEPORT).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const std::string& tls_ca_file) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(kClientPingInterval.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!tls_ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    if (auto ca = ReadSmallFile(tls_ca_file, "TLS CA"); ca.ok()) ssl.pem_root_certs = *ca;
+    creds = grpc::SslCredentials(ssl);
+  }
+  return grpc::CreateCustomChannel(target, creds, args);
+}
+
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const std::string& tls_cert_file, const std::string& tls_key_file) {
+  if (tls_cert_file.empty() && tls_key_file.empty()) return grpc::InsecureServerCredentials();
+  if (tls_cert_file.empty() || tls_key_file.empty())
+    return InvalidArgument("TLS needs both a certificate and a key file");
+  auto cert = ReadSmallFile(tls_cert_file, "TLS certificate");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadSmallFile(tls_key_file, "TLS key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace regroup

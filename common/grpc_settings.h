@@ -1,0 +1,34 @@
+// The gRPC settings every server and client of Regroup shares: message sizes, keepalives, TLS,
+// and how a library status becomes a gRPC status.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/status.h"
+
+namespace regroup {
+
+// The largest message either side accepts (a generation plan of 16,384 ranks is far smaller).
+inline constexpr int kMaxMessageBytes = 4 << 20;
+
+// The gRPC status for a library status: chosen by what the caller should do (retry the call,
+// fix the request, ...), with the message kept.
+grpc::Status ToGrpcStatus(const Status& status);
+
+// Keepalive and size settings for a server. Clients ping at most every `kClientPingInterval`;
+// the server permits pings that often, so it never answers `too_many_pings`.
+inline constexpr std::chrono::milliseconds kClientPingInterval{10000};
+void ConfigureServer(grpc::ServerBuilder& builder);
+// A client channel to `target` with matching keepalives, optionally over TLS (`tls_ca_file`
+// non-empty: the server's CA bundle).
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const std::string& tls_ca_file = "");
+// Server credentials: TLS when a certificate and key are given, else insecure.
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const std::string& tls_cert_file, const std::string& tls_key_file);
+
+}  // namespace regroup

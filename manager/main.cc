@@ -1,0 +1,192 @@
+// regroup-manager: one per job. Forms generations from the job's agents, detects faults, runs the
+// step commit and carries out the recovery decisions: made by its embedded engine (standalone),
+// or with --coordinator by the scheduler's engine, through the coordinator in libregroup.so.
+//
+//   regroup-manager --job-id default/llama --nodes 4 --nproc-per-node 8
+//       --annotation recover-strategy=recover,elastic-training --label fault-scheduling=force
+//   regroup-manager --job examples/jobs/elastic-job.yaml
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "plugin/volcano_job.h"
+#include "common/clock.h"
+#include "common/credential.h"
+#include "manager/remote_decisions.h"
+#include "manager/service.h"
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+bool SplitKeyValue(const std::string& item, std::map<std::string, std::string>& into) {
+  const auto eq = item.find('=');
+  if (eq == std::string::npos || eq == 0) return false;
+  into[item.substr(0, eq)] = item.substr(eq + 1);
+  return true;
+}
+
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"regroup-manager: the per-job manager of Regroup"};
+  std::string job_file, job_id, listen = "0.0.0.0:9601", http, credential_file, tls_cert, tls_key,
+                                port_file, coordinator, coordinator_ca;
+  int64_t nodes = 0, nproc = 0, join_window_s = 30;
+  uint64_t epoch = 0;
+  std::vector<std::string> labels, annotations, envs;
+  app.add_option("--job", job_file, "the job: a Volcano Job (YAML) or a job spec (JSON)");
+  app.add_option("--job-id", job_id, "the job's id (default: $REGROUP_JOB_ID or $MINDX_TASK_ID)");
+  app.add_option("--nodes,--node-nums", nodes, "training pods (agents) of the job");
+  app.add_option("--nproc-per-node,--proc-per-node", nproc, "processes per pod");
+  app.add_option("--label", labels, "a job label KEY=VALUE (repeatable)");
+  app.add_option("--annotation", annotations, "a job annotation KEY=VALUE (repeatable)");
+  app.add_option("--env", envs, "rank 0's environment KEY=VALUE (MINDIO_WAIT_MINDX_TIME)");
+  app.add_option("--listen", listen, "gRPC address (port 0: any free port)")->capture_default_str();
+  app.add_option("--http", http, "HTTP address for /metrics and /status (default: none)");
+  app.add_option("--port-file", port_file, "write the gRPC port here once listening");
+  app.add_option("--credential-file", credential_file,
+                 "the job's credential (default: $REGROUP_CREDENTIAL_FILE, $REGROUP_CREDENTIAL)");
+  std::string coordinator_credential_file;
+  app.add_option("--coordinator-credential-file", coordinator_credential_file,
+                 "the token the coordinator accepts, when it is not the job's credential (default: "
+                 "$REGROUP_COORDINATOR_CREDENTIAL_FILE, else the job's credential)");
+  app.add_option("--tls-cert", tls_cert, "serve TLS with this certificate (PEM)");
+  app.add_option("--tls-key", tls_key, "... and this key (PEM)");
+  app.add_option("--join-window-s", join_window_s, "how long the first rendezvous waits")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
+  app.add_option("--epoch", epoch, "this incarnation's epoch (default: the clock in ms)");
+  app.add_option("--coordinator", coordinator,
+                 "the coordinator HOST:PORT that makes the scheduling decisions (default: "
+                 "$REGROUP_COORDINATOR_ADDR; none: the embedded engine makes them)");
+  app.add_option("--coordinator-ca", coordinator_ca,
+                 "connect to the coordinator over TLS, trusting this CA bundle (PEM)");
+  CLI11_PARSE(app, argc, argv);
+
+  regroup::JobSpec spec;
+  if (!job_file.empty()) {
+    std::ifstream in(job_file);
+    if (!in) {
+      std::cerr << "regroup-manager: cannot read " << job_file << "\n";
+      return 2;
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    auto parsed = job_file.ends_with(".json") ? regroup::ParseJobSpec(std::string_view(text.str()))
+                                              : regroup::JobSpecFromVolcanoYaml(text.str());
+    if (!parsed.ok()) {
+      std::cerr << "regroup-manager: " << job_file << ": " << parsed.status().message() << "\n";
+      return 2;
+    }
+    spec = std::move(*parsed);
+  }
+  if (!job_id.empty()) spec.id = job_id;
+  if (spec.id.empty()) {
+    if (const char* v = Env("REGROUP_JOB_ID")) spec.id = v;
+    else if (const char* m = Env("MINDX_TASK_ID")) spec.id = m;
+  }
+  if (nodes > 0) spec.pods = nodes;
+  if (nproc > 0) spec.processes_per_pod = nproc;
+  for (auto [list, into] : {std::pair{&labels, &spec.labels},
+                            std::pair{&annotations, &spec.annotations},
+                            std::pair{&envs, &spec.env}})
+    for (const auto& item : *list)
+      if (!SplitKeyValue(item, *into)) {
+        std::cerr << "regroup-manager: \"" << item << "\" is not KEY=VALUE\n";
+        return 2;
+      }
+  if (spec.id.empty() || spec.pods < 1) {
+    std::cerr << "regroup-manager: give the job with --job, or --job-id (or $MINDX_TASK_ID) and "
+                 "--nodes\n";
+    return 2;
+  }
+  regroup::ResolvedConfig resolved = spec.Resolve();
+  for (const auto& p : resolved.problems)
+    std::cerr << "regroup-manager: "
+              << (p.severity == regroup::Problem::Severity::kError ? "error: " : "warning: ")
+              << p.message << "\n";
+  if (!resolved.ok()) return 2;
+
+  auto credential = regroup::LoadCredential(credential_file);
+  if (!credential.ok()) {
+    std::cerr << "regroup-manager: " << credential.status().message() << "\n";
+    return 2;
+  }
+  if (credential->empty())
+    spdlog::warn("no job credential configured: any client may talk to this manager");
+
+  regroup::manager::RuntimeOptions ro;
+  ro.epoch = epoch ? epoch : static_cast<uint64_t>(regroup::WallMs());
+  ro.join_window_ms = join_window_s * 1000;
+  if (coordinator.empty())
+    if (const char* v = Env("REGROUP_COORDINATOR_ADDR")) coordinator = v;
+  std::unique_ptr<regroup::manager::Decisions> decisions;
+  if (!coordinator.empty()) {
+    if (!coordinator_ca.empty() && !std::ifstream(coordinator_ca)) {
+      std::cerr << "regroup-manager: cannot read the coordinator's CA file " << coordinator_ca
+                << "\n";
+      return 2;
+    }
+    regroup::manager::RemoteDecisionsOptions rd;
+    rd.target = coordinator;
+    rd.tls_ca_file = coordinator_ca;
+    rd.credential = *credential;
+    if (coordinator_credential_file.empty())
+      if (const char* v = Env("REGROUP_COORDINATOR_CREDENTIAL_FILE")) coordinator_credential_file = v;
+    if (!coordinator_credential_file.empty()) {
+      // The coordinator's token is the cluster's; the job's own credential guards this manager.
+      auto token = regroup::LoadCredential(coordinator_credential_file);
+      if (!token.ok()) {
+        std::cerr << "regroup-manager: --coordinator-credential-file: " << token.status().message()
+                  << "\n";
+        return 2;
+      }
+      rd.credential = *token;
+    }
+    rd.job_id = spec.id;
+    rd.epoch = ro.epoch;
+    decisions = std::make_unique<regroup::manager::RemoteDecisions>(rd);
+    spdlog::info("regroup-manager: the coordinator at {} makes the scheduling decisions{}",
+                 coordinator, coordinator_ca.empty() ? "" : " (TLS)");
+  } else {
+    decisions = std::make_unique<regroup::manager::EmbeddedDecisions>(spec);
+  }
+  auto runtime = std::make_unique<regroup::manager::JobRuntime>(spec, resolved.config, ro,
+                                                                std::move(decisions));
+  regroup::manager::ServerOptions so;
+  so.listen = listen;
+  so.http_listen = http;
+  so.credential = *credential;
+  so.tls_cert_file = tls_cert;
+  so.tls_key_file = tls_key;
+  regroup::manager::ManagerServer server(std::move(runtime), so);
+  if (auto st = server.Start(); !st.ok()) {
+    std::cerr << "regroup-manager: " << st.message() << "\n";
+    return 1;
+  }
+  spdlog::info("regroup-manager: job {} ({} pods x {} processes), epoch {}, listening on port {}{}",
+               spec.id, spec.pods, spec.processes_per_pod, ro.epoch, server.port(),
+               http.empty() ? "" : ", HTTP on port " + std::to_string(server.http_port()));
+  if (!port_file.empty()) {
+    std::ofstream(port_file + ".tmp") << server.port() << "\n";
+    std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  spdlog::info("regroup-manager: stopping");
+  server.Stop();
+  return 0;
+}

@@ -1,0 +1,102 @@
+// The coordinator as the manager's decision maker (DESIGN.md, "Who decides what"): the runtime's
+// facts go up one stream (Coordinator.Attach) to the coordinator beside the scheduler's engine,
+// and the engine's directives come down it.
+//
+// A thread keeps the stream: it attaches (hello with the job and this manager's epoch), sends the
+// facts in the order they were reported, and reconnects after any failure with a backoff of
+// 100 ms doubling to 2 s. Facts reported while detached are queued and sent, in order, after the
+// next attach; a fact being written when the stream breaks may be lost, never sent twice (a
+// fault counted twice could look like a poison step). A second thread reads the directives.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "manager/runtime.h"
+
+namespace grpc {
+class ClientContext;
+}
+
+namespace regroup::manager {
+
+struct RemoteDecisionsOptions {
+  std::string target;       // the coordinator, HOST:PORT
+  std::string tls_ca_file;  // non-empty: TLS, trusting this CA bundle (PEM)
+  std::string credential;   // the job's credential
+  std::string job_id;
+  uint64_t epoch = 1;       // this manager incarnation
+  std::chrono::milliseconds initial_backoff{100};
+  std::chrono::milliseconds max_backoff{2000};
+  size_t max_queued = 65536;  // facts kept while detached; the oldest are dropped beyond
+};
+
+class RemoteDecisions final : public Decisions {
+ public:
+  // Starts attaching at once; never blocks.
+  explicit RemoteDecisions(RemoteDecisionsOptions options);
+  // Ends the stream and joins the threads (within the time a cancelled call takes to end).
+  ~RemoteDecisions() override;
+  RemoteDecisions(const RemoteDecisions&) = delete;
+  RemoteDecisions& operator=(const RemoteDecisions&) = delete;
+
+  // The scheduler reports pods to the engine itself; a replacement's new uid goes up with
+  // ReplacementRegistered.
+  void PodRunning(int64_t pod, const std::string& uid, const std::string& node,
+                  int64_t now) override;
+  void Fault(const v1::FaultFacts& fault, int64_t now) override;
+  void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override;
+  void Progress(uint64_t epoch, uint64_t generation, int64_t committed_step, uint32_t live_ranks,
+                int64_t now) override;
+  // The engine ticks beside the scheduler: nothing to do here.
+  void Tick(int64_t now) override;
+  // The newest directive received and not yet returned. The directive the coordinator holds
+  // when this manager first attaches was issued to an earlier incarnation: it is taken as seen.
+  std::optional<Directive> Poll() override;
+  // True while attached.
+  bool Available() const override;
+
+  // Waits until attached (true) or until `timeout` passes (false).
+  bool WaitAvailable(std::chrono::milliseconds timeout) const;
+  // Why the last attempt to attach failed, or the last refusal of a fact; "" if none.
+  std::string last_error() const;
+  // Facts not sent yet.
+  size_t queued() const;
+  // Times this manager attached.
+  uint64_t attaches() const;
+
+ private:
+  void Run();
+  void Enqueue(v1::ManagerReport report);
+  v1::Header MakeHeader() const;
+  void OnDirective(const v1::CoordinatorDirective& message, bool first);
+  void Fail(const std::string& what);  // holds mu_
+  bool Sleep(std::chrono::milliseconds d);  // false when stopping
+
+  const RemoteDecisionsOptions options_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::deque<v1::ManagerReport> queue_;
+  bool stopping_ = false;
+  bool attached_ = false;
+  bool broken_ = false;            // the attached stream ended: the writer stops
+  bool writing_ = false;           // the queue's front is being written
+  bool ever_attached_ = false;
+  uint64_t attaches_ = 0;
+  uint64_t generation_ = 0;        // the last generation reported, for headers
+  uint64_t newest_id_ = 0;         // the highest directive id received
+  std::optional<Directive> unseen_;  // received, not yet returned by Poll
+  std::string last_error_;
+  size_t dropped_ = 0;
+  grpc::ClientContext* context_ = nullptr;  // the live call, cancelled on stop
+  std::thread thread_;
+};
+
+}  // namespace regroup::manager

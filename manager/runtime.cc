@@ -1,0 +1,948 @@
+#include "manager/runtime.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "plugin/wire_facts.h"
+
+namespace regroup::manager {
+
+using nlohmann::json;
+
+namespace {
+
+std::string FaultKindText(v1::FaultKind kind) { return std::string(EngineFaultKind(kind)); }
+
+// Steps beyond this are refused: no job runs 10^15 steps, and arithmetic on them stays safe.
+constexpr int64_t kMaxStep = 1'000'000'000'000'000;
+
+// A rank's state as an agent reports it: steps within [-1, kMaxStep] and a local rank the pod
+// has. The error names what is wrong.
+Status CheckRanks(const google::protobuf::RepeatedPtrField<v1::LocalRank>& ranks, uint32_t nproc) {
+  for (const auto& r : ranks) {
+    if (r.local_rank() >= nproc)
+      return InvalidArgument("local rank " + std::to_string(r.local_rank()) +
+                             " is out of range: the pod runs " + std::to_string(nproc));
+    for (int64_t step : {r.step(), r.committed_step(), r.heard_commit_step()})
+      if (step < -1 || step > kMaxStep)
+        return InvalidArgument("local rank " + std::to_string(r.local_rank()) + " reports step " +
+                               std::to_string(step) + ", outside -1 to " +
+                               std::to_string(kMaxStep));
+  }
+  return Status::Ok();
+}
+
+std::string Join(const std::vector<int64_t>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + std::to_string(items[i]);
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The embedded engine
+// ---------------------------------------------------------------------------------------------
+
+EmbeddedDecisions::EmbeddedDecisions(const JobSpec& spec) : job_id_(spec.id) {
+  Status st = engine_.UpsertJob(spec, nullptr, 0);
+  (void)st;  // the spec was validated before the runtime was built
+}
+
+void EmbeddedDecisions::PodRunning(int64_t pod, const std::string& uid, const std::string& node,
+                                   int64_t now) {
+  (void)engine_.SetPodState(job_id_, pod, uid, REGROUP_POD_RUNNING, node, now);
+}
+
+void EmbeddedDecisions::Fault(const v1::FaultFacts& fault, int64_t now) {
+  if (auto typed = FaultFromWire(fault, now)) (void)engine_.ReportFault(job_id_, std::move(*typed));
+}
+
+void EmbeddedDecisions::ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) {
+  (void)engine_.ReportReplacementRegistered(job_id_, pod, uid, now);
+}
+
+void EmbeddedDecisions::Progress(uint64_t epoch, uint64_t generation, int64_t committed_step,
+                                 uint32_t live_ranks, int64_t now) {
+  (void)now;
+  ManagerStatus status;
+  status.epoch = static_cast<int64_t>(epoch);
+  status.generation = static_cast<int64_t>(generation);
+  status.committed_step = std::max<int64_t>(-1, committed_step);
+  status.live_ranks = live_ranks;
+  (void)engine_.ReportManagerStatus(job_id_, status);
+}
+
+void EmbeddedDecisions::Tick(int64_t now) { engine_.Tick(now); }
+
+std::optional<Directive> EmbeddedDecisions::Poll() {
+  const Job* job = engine_.FindJob(job_id_);
+  if (!job || job->directive().id == last_directive_) return std::nullopt;
+  last_directive_ = job->directive().id;
+  return job->directive();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registration and messages
+// ---------------------------------------------------------------------------------------------
+
+JobRuntime::JobRuntime(JobSpec spec, JobConfig config, RuntimeOptions options,
+                       std::unique_ptr<Decisions> decisions)
+    : spec_(std::move(spec)),
+      config_(config),
+      options_(options),
+      decisions_(std::move(decisions)),
+      layout_(Layout::Of(config_, spec_.pods)),
+      heartbeat_interval_ms_(options.heartbeat_interval_ms
+                                 ? options.heartbeat_interval_ms
+                                 : static_cast<uint32_t>(config_.heartbeat_interval_ms)),
+      agents_(static_cast<size_t>(spec_.pods)),
+      rank_of_(static_cast<size_t>(spec_.pods)) {}
+
+v1::Header ManagerHeader(const std::string& job_id, uint64_t epoch, uint64_t generation) {
+  v1::Header h;
+  h.set_job_id(job_id);
+  h.set_sender("manager/" + std::to_string(epoch));
+  h.set_epoch(epoch);
+  h.set_generation(generation);
+  return h;
+}
+
+v1::Header JobRuntime::MakeHeader() const {
+  return ManagerHeader(spec_.id, options_.epoch, generation_);
+}
+
+v1::ManagerMessage JobRuntime::MakeRefusal(const std::string& reason, bool fenced) const {
+  v1::ManagerMessage m;
+  *m.mutable_header() = MakeHeader();
+  v1::Refusal& r = *m.mutable_refusal();
+  r.set_reason(reason);
+  r.set_epoch(options_.epoch);
+  r.set_generation(generation_);
+  r.set_directive_id(directive_id_);
+  r.set_fenced(fenced);
+  return m;
+}
+
+void JobRuntime::Event(int64_t now, const std::string& kind, const std::string& message) {
+  v1::JobEvent e;
+  e.set_at_ms(now);
+  e.set_kind(kind);
+  e.set_message(message);
+  events_.push_back(std::move(e));
+  while (events_.size() > options_.event_log) events_.pop_front();
+}
+
+void JobRuntime::Send(int64_t node_rank, v1::ManagerMessage message, bool close) {
+  *message.mutable_header() = MakeHeader();
+  outgoing_.push_back({node_rank, std::move(message), close});
+}
+
+std::vector<JobRuntime::Outgoing> JobRuntime::TakeOutgoing() {
+  std::vector<Outgoing> out;
+  out.swap(outgoing_);
+  return out;
+}
+
+JobRuntime::Agent* JobRuntime::AgentOf(uint64_t stream, int64_t* node_rank) {
+  auto it = stream_node_.find(stream);
+  if (it == stream_node_.end()) return nullptr;
+  *node_rank = it->second;
+  return &agents_[static_cast<size_t>(it->second)];
+}
+
+bool JobRuntime::Ready(const std::vector<int64_t>& replicas) const {
+  for (int64_t r : replicas)
+    for (int64_t p : layout_.PodsOfReplica(r))
+      if (!Available(p)) return false;
+  return !replicas.empty();
+}
+
+bool JobRuntime::Available(int64_t node) const {
+  const Agent& a = agents_[static_cast<size_t>(node)];
+  if (!a.connected || a.state == AgentState::kLost || a.state == AgentState::kLeaving ||
+      a.state == AgentState::kDone || !a.restarting.empty())
+    return false;
+  // Every process must be alive and have said hello to its agent (not STARTING): a generation
+  // formed before would leave the survivors waiting in its rendezvous.
+  for (const auto& r : a.ranks)
+    if (!r.alive() || r.phase() == v1::PHASE_STARTING || r.phase() == v1::PHASE_UNSPECIFIED)
+      return false;
+  return a.ranks.size() == a.nproc;
+}
+
+StatusOr<int64_t> JobRuntime::Register(uint64_t stream, const v1::Header& header,
+                                       const v1::Register& reg, int64_t now) {
+  if (header.job_id() != spec_.id)
+    return NotFound("this manager serves job " + spec_.id + ", not " + header.job_id());
+  if (header.epoch() > options_.epoch)
+    return FailedPrecondition("fenced: the agent follows manager epoch " +
+                              std::to_string(header.epoch()) + ", newer than this manager's " +
+                              std::to_string(options_.epoch));
+  if (reg.pod_uid().empty() || reg.pod_uid().size() > 256)
+    return InvalidArgument("a registration needs a pod uid of 1 to 256 characters");
+  if (header.sender() != reg.pod_uid())
+    return InvalidArgument("the header's sender " + header.sender() +
+                           " is not the registering pod " + reg.pod_uid());
+  if (lost_uids_.count(reg.pod_uid()))
+    return FailedPrecondition("pod " + reg.pod_uid() +
+                              " was declared lost (a zombie); its replacement must register "
+                              "with a new pod uid");
+  if (reg.nproc() != spec_.processes_per_pod)
+    return InvalidArgument("the agent runs " + std::to_string(reg.nproc()) +
+                           " processes but job " + spec_.id + " has " +
+                           std::to_string(spec_.processes_per_pod) + " per pod");
+  REGROUP_RETURN_IF_ERROR(CheckRanks(reg.ranks(), reg.nproc()));
+  int64_t node = reg.node_rank();
+  if (node < 0) {
+    // Assign the first free node rank: never registered, or lost.
+    for (size_t n = 0; n < agents_.size() && node < 0; ++n)
+      if (!agents_[n].connected &&
+          (agents_[n].pod_uid.empty() || agents_[n].state == AgentState::kLost))
+        node = static_cast<int64_t>(n);
+    if (node < 0) return FailedPrecondition("every node rank of job " + spec_.id + " is taken");
+  }
+  if (node >= spec_.pods)
+    return InvalidArgument("node rank " + std::to_string(node) + " is out of range: job " +
+                           spec_.id + " has " + std::to_string(spec_.pods) + " pods");
+  Agent& a = agents_[static_cast<size_t>(node)];
+  if (a.connected && a.pod_uid != reg.pod_uid())
+    return FailedPrecondition("node rank " + std::to_string(node) + " is held by pod " +
+                              a.pod_uid + "; pod " + reg.pod_uid() + " cannot take it");
+  const bool replacement =
+      !a.pod_uid.empty() && a.pod_uid != reg.pod_uid();
+  if (replacement && a.state != AgentState::kLost) lost_uids_.insert(a.pod_uid);
+  if (a.connected) stream_node_.erase(a.stream);  // the same pod on a new stream
+
+  a.stream = stream;
+  a.connected = true;
+  a.pod_uid = reg.pod_uid();
+  a.pod_name = reg.pod_name();
+  a.node_name = reg.node_name();
+  a.host = reg.host();
+  a.nproc = reg.nproc();
+  a.free_port = reg.free_port();
+  a.last_seen_ms = now;
+  a.last_generation_agents = reg.last_generation_agents();
+  a.restarting.clear();
+  a.ranks.assign(a.nproc, v1::LocalRank());
+  a.step_since_ms.assign(a.nproc, now);
+  for (uint32_t l = 0; l < a.nproc; ++l) {
+    a.ranks[l].set_local_rank(l);
+    a.ranks[l].set_alive(true);
+    a.ranks[l].set_committed_step(-1);
+    a.ranks[l].set_heard_commit_step(-1);
+  }
+  for (const auto& r : reg.ranks())
+    if (r.local_rank() < a.nproc) a.ranks[r.local_rank()] = r;
+  a.state = state_ == State::kJoining ? AgentState::kRegistered : AgentState::kStandby;
+  stream_node_[stream] = node;
+  if (join_started_ms_ < 0) join_started_ms_ = now;
+
+  decisions_->PodRunning(node, a.pod_uid, a.node_name, now);
+  if (replacement || (state_ != State::kJoining && generation_ > 0))
+    decisions_->ReplacementRegistered(node, a.pod_uid, now);
+  Event(now, "register",
+        "pod " + a.pod_uid + " registered as node rank " + std::to_string(node) +
+            (a.node_name.empty() ? "" : " on " + a.node_name) +
+            (replacement ? " (a replacement)" : ""));
+
+  v1::ManagerMessage m;
+  auto* w = m.mutable_welcome();
+  w->set_node_rank(static_cast<uint32_t>(node));
+  w->set_epoch(options_.epoch);
+  w->set_generation(generation_);
+  w->set_heartbeat_interval_ms(heartbeat_interval_ms_);
+  Send(node, std::move(m));
+  return node;
+}
+
+Status JobRuntime::Handle(uint64_t stream, const v1::AgentMessage& message, int64_t now) {
+  int64_t node = -1;
+  Agent* agent = AgentOf(stream, &node);
+  if (!agent) return FailedPrecondition("the stream has not registered: send Register first");
+  const v1::Header& h = message.header();
+  if (h.job_id() != spec_.id)
+    return InvalidArgument("the message is for job " + h.job_id() + ", not " + spec_.id);
+  if (h.sender() != agent->pod_uid)
+    return InvalidArgument("the sender " + h.sender() + " is not this stream's pod " +
+                           agent->pod_uid);
+  if (h.epoch() != options_.epoch)
+    return FailedPrecondition("epoch " + std::to_string(h.epoch()) + " is not this manager's " +
+                              std::to_string(options_.epoch));
+  agent->last_seen_ms = now;
+  switch (message.body_case()) {
+    case v1::AgentMessage::kHeartbeat:
+      REGROUP_RETURN_IF_ERROR(CheckRanks(message.heartbeat().ranks(), agent->nproc));
+      OnHeartbeat(node, *agent, message.heartbeat(), now);
+      return Status::Ok();
+    case v1::AgentMessage::kProcessExit:
+      if (message.process_exit().local_rank() >= agent->nproc)
+        return InvalidArgument("local rank " + std::to_string(message.process_exit().local_rank()) +
+                               " is out of range: the pod runs " + std::to_string(agent->nproc));
+      OnProcessExit(node, *agent, message.process_exit(), now);
+      return Status::Ok();
+    case v1::AgentMessage::kFault: {
+      const auto& f = message.fault();
+      std::vector<uint32_t> ranks;
+      for (uint32_t l : f.local_ranks()) {
+        if (l >= agent->nproc)
+          return InvalidArgument("local rank " + std::to_string(l) + " is out of range");
+        if (int64_t r = RankOf(node, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
+      }
+      if (state_ != State::kTraining) return Status::Ok();  // already handling a fault
+      // No kind, or one this manager does not know (a newer agent): a failed collective.
+      Fault(EngineFaultKind(f.kind()).empty() ? v1::FAULT_KIND_COLLECTIVE_ERROR : f.kind(), {},
+            ranks, f.step(), f.detail(), now);
+      return Status::Ok();
+    }
+    case v1::AgentMessage::kVotes:
+      return OnVotes(node, *agent, message.votes(), now);
+    case v1::AgentMessage::kLeave:
+      OnLeave(node, *agent, message.leave(), now);
+      return Status::Ok();
+    case v1::AgentMessage::kAck:
+      return Status::Ok();
+    case v1::AgentMessage::kRegister:
+      return FailedPrecondition("the stream is already registered");
+    default:
+      return InvalidArgument("the message has no body");
+  }
+}
+
+void JobRuntime::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, int64_t now) {
+  (void)node;
+  if (hb.free_port()) a.free_port = hb.free_port();
+  for (const auto& r : hb.ranks()) {
+    if (r.local_rank() >= a.nproc) continue;
+    v1::LocalRank& mine = a.ranks[r.local_rank()];
+    if (r.step() != mine.step()) a.step_since_ms[r.local_rank()] = now;
+    const bool was_restarting = a.restarting.count(r.local_rank()) > 0;
+    mine = r;
+    // A process restarted in place is back once it is alive and has said hello (fresh).
+    if (was_restarting && r.alive() && r.pid() > 0 && r.generation() == 0 &&
+        r.phase() != v1::PHASE_STARTING && r.phase() != v1::PHASE_UNSPECIFIED)
+      a.restarting.erase(r.local_rank());
+  }
+}
+
+void JobRuntime::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e, int64_t now) {
+  v1::LocalRank& r = a.ranks[e.local_rank()];
+  r.set_alive(false);
+  if (a.restarting.count(e.local_rank())) return;  // we asked for it
+  if (state_ == State::kStopped) return;
+  const int64_t rank = RankOf(node, e.local_rank());
+  if (e.exit_code() == 0 && e.signal() == 0) {
+    Event(now, "rank_done",
+          "rank " + std::to_string(rank) + " (pod " + std::to_string(node) + ") finished");
+    bool all_done = !places_.empty();
+    for (const auto& p : places_)
+      all_done = all_done && !agents_[static_cast<size_t>(p.node_rank)].ranks[p.local_rank].alive();
+    if (all_done) {
+      // Tell every agent, so each exits at once instead of waiting for an acknowledgement.
+      StopAll(v1::StopTraining::MODE_LEAVE,
+              "training finished at step " + std::to_string(committed_step_), now);
+      Event(now, "done", "training finished at step " + std::to_string(committed_step_));
+    }
+    return;
+  }
+  const std::string why = e.signal() ? "killed by signal " + std::to_string(e.signal())
+                                     : "exit code " + std::to_string(e.exit_code());
+  if (rank < 0) {
+    Event(now, "standby_exit", "a standby process of pod " + std::to_string(node) + " exited (" +
+                                   why + ")");
+    return;
+  }
+  Fault(v1::FAULT_KIND_PROCESS_EXIT, {node}, {static_cast<uint32_t>(rank)}, e.step(),
+        "rank " + std::to_string(rank) + " " + why, now);
+}
+
+Status JobRuntime::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64_t now) {
+  (void)a;
+  if (votes.generation() != generation_)
+    return FailedPrecondition("the votes are for generation " +
+                              std::to_string(votes.generation()) + "; the current one is " +
+                              std::to_string(generation_));
+  if (state_ != State::kTraining)
+    return FailedPrecondition("the generation was aborted; the step is not voted on");
+  if (votes.step() < 0 || votes.step() != committed_step_ + 1)
+    return FailedPrecondition("the votes are for step " + std::to_string(votes.step()) +
+                              "; the step in flight is " + std::to_string(committed_step_ + 1));
+  if (vote_step_ != votes.step()) {
+    vote_step_ = votes.step();
+    voted_.assign(places_.size(), false);
+    checksums_.assign(places_.size(), 0);
+    vote_ok_ = true;
+  }
+  for (int i = 0; i < votes.local_ranks_size(); ++i) {
+    const uint32_t l = votes.local_ranks(i);
+    const int64_t rank = RankOf(node, l);
+    if (rank < 0)
+      return InvalidArgument("local rank " + std::to_string(l) + " of pod " +
+                             std::to_string(node) + " has no rank in generation " +
+                             std::to_string(generation_));
+    voted_[static_cast<size_t>(rank)] = true;
+    if (i < votes.checksums_size()) checksums_[static_cast<size_t>(rank)] = votes.checksums(i);
+  }
+  vote_ok_ = vote_ok_ && votes.ok();
+  if (std::find(voted_.begin(), voted_.end(), false) != voted_.end()) return Status::Ok();
+
+  // Every rank voted. Replicas must agree on their parameters where a checksum was taken.
+  const int64_t per_replica = layout_.replica_ranks();
+  bool mismatch = false;
+  for (size_t r = per_replica; r < checksums_.size() && !mismatch; ++r) {
+    const uint64_t first = checksums_[r % per_replica];
+    mismatch = checksums_[r] != 0 && first != 0 && checksums_[r] != first;
+  }
+  if (!vote_ok_ || mismatch) {
+    v1::ManagerMessage m;
+    auto* o = m.mutable_outcome();
+    o->set_generation(generation_);
+    o->set_step(votes.step());
+    o->set_commit(false);
+    o->set_checksum_mismatch(mismatch);
+    std::set<int64_t> nodes;
+    for (const auto& p : places_) nodes.insert(p.node_rank);
+    for (int64_t n : nodes) Send(n, m);
+    vote_step_ = -1;
+    if (mismatch)
+      Fault(v1::FAULT_KIND_CHECKSUM_MISMATCH, {}, {}, votes.step(),
+            "replicas disagree on their parameters at step " + std::to_string(votes.step()), now);
+    return Status::Ok();
+  }
+  Commit(votes.step(), now);
+  return Status::Ok();
+}
+
+void JobRuntime::Commit(int64_t step, int64_t now) {
+  committed_step_ = step;
+  vote_step_ = -1;
+  ++counters_.commits;
+  v1::ManagerMessage m;
+  auto* o = m.mutable_outcome();
+  o->set_generation(generation_);
+  o->set_step(step);
+  o->set_commit(true);
+  std::set<int64_t> nodes;
+  for (const auto& p : places_) nodes.insert(p.node_rank);
+  for (int64_t n : nodes) Send(n, m);
+  if (last_commit_ms_ >= 0) {
+    step_times_ms_.push_back(now - last_commit_ms_);
+    while (step_times_ms_.size() > 31) step_times_ms_.pop_front();
+    counters_.step_seconds = static_cast<double>(MedianStepMs()) / 1000.0;
+  }
+  last_commit_ms_ = now;
+  if (abort_ms_ >= 0) {
+    counters_.last_recovery_ms = static_cast<double>(now - abort_ms_);
+    Event(now, "resumed",
+          "first step committed " + std::to_string(now - abort_ms_) + " ms after the abort");
+    abort_ms_ = -1;
+  }
+  decisions_->Progress(options_.epoch, generation_, committed_step_, world_size(), now);
+
+  // Work that waits for a step boundary.
+  if (!leaving_.empty()) {
+    std::vector<int64_t> pods(leaving_.begin(), leaving_.end());
+    leaving_.clear();
+    Abort("pods " + Join(pods) + " leave at the step boundary (planned departure)", now);
+    for (int64_t n : pods) Depart(n, now);
+    return;
+  }
+  // A scale-out waits for the boundary and for every new rank to have said hello: survivors
+  // must not wait in the next generation's rendezvous while new processes still start.
+  if (pending_ && pending_->kind == REGROUP_DIRECTIVE_SCALE_OUT && Ready(pending_->keep_replicas)) {
+    Directive d = *pending_;
+    pending_.reset();
+    Abort("scaling out at the step boundary", now);
+    if (!FormGeneration(std::vector<int64_t>(d.keep_replicas.begin(), d.keep_replicas.end()),
+                        d.microbatches, d.reason, now))
+      pending_ = d;
+  }
+}
+
+// A planned departure now: the pod stops (MODE_LEAVE), its uid is gone for good, and the
+// decision maker hears of the lost pod like any other.
+void JobRuntime::Depart(int64_t node, int64_t now) {
+  Agent& a = agents_[static_cast<size_t>(node)];
+  v1::ManagerMessage stop;
+  stop.mutable_stop()->set_directive_id(++directive_id_);
+  stop.mutable_stop()->set_mode(v1::StopTraining::MODE_LEAVE);
+  stop.mutable_stop()->set_reason("planned departure: " + a.pod_uid);
+  Send(node, std::move(stop));
+  a.state = AgentState::kLost;
+  lost_uids_.insert(a.pod_uid);
+  v1::FaultFacts f;
+  f.set_kind(v1::FAULT_KIND_POD_LOST);
+  f.add_pods(static_cast<uint32_t>(node));
+  f.set_step(-1);
+  f.set_detail("pod " + a.pod_uid + " left (planned departure)");
+  decisions_->Fault(f, now);
+}
+
+void JobRuntime::OnLeave(int64_t node, Agent& a, const v1::Leave& leave, int64_t now) {
+  Event(now, "leave", "pod " + a.pod_uid + " asks to leave: " + leave.reason());
+  bool in_generation = false;
+  for (const auto& p : places_) in_generation = in_generation || p.node_rank == node;
+  if (!in_generation || state_ != State::kTraining) {
+    Depart(node, now);
+    return;
+  }
+  a.state = AgentState::kLeaving;
+  leaving_.insert(node);
+}
+
+void JobRuntime::Disconnected(uint64_t stream, int64_t now) {
+  auto it = stream_node_.find(stream);
+  if (it == stream_node_.end()) return;
+  const int64_t node = it->second;
+  stream_node_.erase(it);
+  Agent& a = agents_[static_cast<size_t>(node)];
+  if (a.stream != stream) return;
+  a.connected = false;
+  if (a.state == AgentState::kLost || a.state == AgentState::kDone || state_ == State::kStopped)
+    return;
+  if (state_ == State::kJoining) {
+    Event(now, "disconnect", "pod " + a.pod_uid + " disconnected before the first generation");
+    return;
+  }
+  std::vector<uint32_t> ranks;
+  for (int32_t r : rank_of_[static_cast<size_t>(node)])
+    if (r >= 0) ranks.push_back(static_cast<uint32_t>(r));
+  Fault(v1::FAULT_KIND_POD_LOST, {node}, ranks, -1,
+        "the stream of pod " + a.pod_uid + " broke (node lost or agent gone)", now);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Faults and directives
+// ---------------------------------------------------------------------------------------------
+
+void JobRuntime::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
+                       int64_t step, const std::string& detail, int64_t now) {
+  if (pods.empty())
+    for (uint32_t r : ranks)
+      if (r < places_.size()) pods.push_back(places_[r].node_rank);
+  std::sort(pods.begin(), pods.end());
+  pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
+  ++counters_.faults[FaultKindText(kind)];
+  Event(now, "fault", FaultKindText(kind) + ": " + detail);
+  if (kind == v1::FAULT_KIND_POD_LOST) {
+    for (int64_t p : pods) {
+      Agent& a = agents_[static_cast<size_t>(p)];
+      a.state = AgentState::kLost;
+      if (!a.pod_uid.empty()) lost_uids_.insert(a.pod_uid);
+    }
+  }
+  if (state_ == State::kTraining) {
+    first_fault_ms_ = now;
+    Abort(FaultKindText(kind) + ": " + detail, now);
+  }
+  v1::FaultFacts f;
+  f.set_kind(kind);
+  for (int64_t p : pods) f.add_pods(static_cast<uint32_t>(p));
+  for (uint32_t r : ranks) f.add_ranks(r);
+  f.set_step(step);
+  f.set_detail(detail);
+  decisions_->Fault(f, now);
+}
+
+void JobRuntime::Abort(const std::string& reason, int64_t now) {
+  if (state_ != State::kTraining) return;
+  state_ = State::kAborted;
+  abort_ms_ = now;
+  vote_step_ = -1;
+  v1::ManagerMessage m;
+  auto* a = m.mutable_abort();
+  a->set_directive_id(++directive_id_);
+  a->set_epoch(options_.epoch);
+  a->set_generation(generation_);
+  a->set_committed_step(committed_step_);
+  a->set_reason(reason);
+  std::set<int64_t> nodes;
+  for (const auto& p : places_) nodes.insert(p.node_rank);
+  for (int64_t n : nodes)
+    if (agents_[static_cast<size_t>(n)].connected) Send(n, m);
+  Event(now, "abort", "generation " + std::to_string(generation_) + " aborted: " + reason);
+}
+
+bool JobRuntime::FormGeneration(const std::vector<int64_t>& replicas,
+                                const std::vector<int64_t>& micro, const std::string& reason,
+                                int64_t now) {
+  if (replicas.empty()) {
+    Event(now, "wait", "generation not formed: no replica to form it from");
+    return false;
+  }
+  for (int64_t r : replicas)
+    for (int64_t p : layout_.PodsOfReplica(r))
+      if (!Available(p)) {
+        Event(now, "wait", "generation not formed: pod " + std::to_string(p) +
+                               " is not available yet");
+        return false;
+      }
+  // The step to resume from: the highest any survivor committed, or heard commit for.
+  for (int64_t r : replicas)
+    for (int64_t p : layout_.PodsOfReplica(r))
+      for (const auto& lr : agents_[static_cast<size_t>(p)].ranks)
+        committed_step_ = std::max({committed_step_, lr.committed_step(), lr.heard_commit_step()});
+
+  ++generation_;
+  ++counters_.generations;
+  replicas_ = replicas;
+  const int64_t per_replica = layout_.replica_ranks();
+  const int64_t ppp = spec_.processes_per_pod;
+  places_.clear();
+  for (auto& locals : rank_of_) locals.assign(static_cast<size_t>(ppp), -1);
+  for (size_t k = 0; k < replicas.size(); ++k)
+    for (int64_t local = 0; local < per_replica; ++local) {
+      const int64_t global = replicas[k] * per_replica + local;
+      rank_of_[static_cast<size_t>(global / ppp)][static_cast<size_t>(global % ppp)] =
+          static_cast<int32_t>(places_.size());
+      places_.push_back({global / ppp, static_cast<uint32_t>(global % ppp),
+                         static_cast<uint32_t>(k)});
+    }
+  const int64_t micro_total =
+      config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size : 0;
+  microbatches_ = !micro.empty() ? micro
+                  : micro_total > 0
+                      ? SpreadMicroBatches(micro_total, static_cast<int64_t>(replicas.size()))
+                      : std::vector<int64_t>();
+  std::vector<int64_t> begin(replicas.size(), 0);
+  for (size_t k = 1; k < microbatches_.size() && k < begin.size(); ++k)
+    begin[k] = begin[k - 1] + microbatches_[k - 1];
+
+  // State sync: a source at the committed step; fresh or behind ranks receive.
+  const bool first = generation_ == 1 && committed_step_ < 0;
+  int64_t source = -1;
+  std::vector<uint32_t> needs;
+  for (size_t g = 0; g < places_.size(); ++g) {
+    const auto& lr = agents_[static_cast<size_t>(places_[g].node_rank)].ranks[places_[g].local_rank];
+    const bool current = lr.generation() > 0 && lr.committed_step() >= committed_step_;
+    if (source < 0 && (current || (first && g == 0))) source = static_cast<int64_t>(g);
+  }
+  if (source < 0) source = 0;
+  for (size_t g = 0; g < places_.size(); ++g) {
+    const auto& lr = agents_[static_cast<size_t>(places_[g].node_rank)].ranks[places_[g].local_rank];
+    const bool current = lr.generation() > 0 && lr.committed_step() >= committed_step_;
+    if (static_cast<int64_t>(g) != source && (!current || first))
+      needs.push_back(static_cast<uint32_t>(g));
+  }
+
+  const Agent& host = agents_[static_cast<size_t>(places_[0].node_rank)];
+  std::set<int64_t> training_nodes;
+  for (const auto& p : places_) training_nodes.insert(p.node_rank);
+  generation_agents_ = static_cast<uint32_t>(training_nodes.size());
+
+  v1::GenerationPlan plan;
+  plan.set_epoch(options_.epoch);
+  plan.set_generation(generation_);
+  plan.set_world_size(static_cast<uint32_t>(places_.size()));
+  plan.set_tensor_parallel(static_cast<uint32_t>(config_.tensor_parallel));
+  plan.set_pipeline_parallel(static_cast<uint32_t>(config_.pipeline_parallel));
+  plan.set_data_parallel(static_cast<uint32_t>(replicas.size()));
+  plan.set_store_host(host.host);
+  plan.set_store_port(host.free_port ? host.free_port
+                                     : 29500 + static_cast<uint32_t>(generation_ % 1000));
+  plan.set_committed_step(committed_step_);
+  plan.set_sync_source_rank(static_cast<uint32_t>(source));
+  if (first) plan.set_all_need_state(true);
+  else
+    for (uint32_t n : needs) plan.add_needs_state(n);
+  plan.set_microbatches_per_step(static_cast<uint64_t>(micro_total));
+  plan.set_reason(reason);
+  plan.set_agents(generation_agents_);
+
+  const uint64_t id = ++directive_id_;
+  for (size_t n = 0; n < agents_.size(); ++n) {
+    Agent& a = agents_[n];
+    if (!Available(static_cast<int64_t>(n))) continue;
+    v1::ManagerMessage m;
+    auto* start = m.mutable_start();
+    start->set_directive_id(id);
+    *start->mutable_plan() = plan;
+    for (size_t g = 0; g < places_.size(); ++g) {
+      if (places_[g].node_rank != static_cast<int64_t>(n)) continue;
+      auto* ra = start->mutable_plan()->add_ranks();
+      ra->set_local_rank(places_[g].local_rank);
+      ra->set_rank(static_cast<uint32_t>(g));
+      ra->set_replica(places_[g].replica);
+      if (!microbatches_.empty()) {
+        ra->set_microbatch_begin(static_cast<uint64_t>(begin[places_[g].replica]));
+        ra->set_microbatch_count(static_cast<uint64_t>(microbatches_[places_[g].replica]));
+      }
+    }
+    a.state = training_nodes.count(static_cast<int64_t>(n)) ? AgentState::kActive
+                                                             : AgentState::kStandby;
+    for (auto& since : a.step_since_ms) since = now;
+    Send(static_cast<int64_t>(n), std::move(m));
+  }
+  state_ = State::kTraining;
+  vote_step_ = -1;
+  last_commit_ms_ = -1;
+  Event(now, "generation",
+        "generation (" + std::to_string(options_.epoch) + ", " + std::to_string(generation_) +
+            "): " + std::to_string(places_.size()) + " ranks, dp " +
+            std::to_string(replicas.size()) + ", resuming after step " +
+            std::to_string(committed_step_) + "; " + reason);
+  decisions_->Progress(options_.epoch, generation_, committed_step_, world_size(), now);
+  return true;
+}
+
+void JobRuntime::StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now) {
+  v1::ManagerMessage m;
+  m.mutable_stop()->set_directive_id(++directive_id_);
+  m.mutable_stop()->set_mode(mode);
+  m.mutable_stop()->set_reason(reason);
+  for (size_t n = 0; n < agents_.size(); ++n)
+    if (agents_[n].connected) Send(static_cast<int64_t>(n), m);
+  state_ = State::kStopped;
+  Event(now, "stop", reason);
+}
+
+void JobRuntime::Apply(const Directive& d, int64_t now) {
+  ++counters_.directives[std::string(DirectiveKindName(d.kind))];
+  Event(now, "directive", std::string(DirectiveKindName(d.kind)) +
+                              (d.strategy.empty() ? "" : " [" + d.strategy + "]") + ": " +
+                              d.reason);
+  std::vector<int64_t> keep(d.keep_replicas.begin(), d.keep_replicas.end());
+  switch (d.kind) {
+    case REGROUP_DIRECTIVE_CONTINUE:
+    case REGROUP_DIRECTIVE_WAIT:
+      return;  // survivors stay paused (aborted) until the next directive
+    case REGROUP_DIRECTIVE_RETRY:
+      FormGeneration(replicas_, microbatches_, d.reason, now);
+      return;
+    case REGROUP_DIRECTIVE_RESTART_IN_PLACE: {
+      std::map<int64_t, std::vector<uint32_t>> by_node;
+      for (int64_t rank : d.restart_ranks)
+        if (rank >= 0 && static_cast<size_t>(rank) < places_.size())
+          by_node[places_[static_cast<size_t>(rank)].node_rank].push_back(
+              places_[static_cast<size_t>(rank)].local_rank);
+      for (auto& [node, locals] : by_node) {
+        Agent& a = agents_[static_cast<size_t>(node)];
+        v1::ManagerMessage m;
+        m.mutable_restart()->set_directive_id(++directive_id_);
+        for (uint32_t l : locals) {
+          m.mutable_restart()->add_local_ranks(l);
+          a.restarting.insert(l);
+        }
+        m.mutable_restart()->set_reason(d.reason);
+        Send(node, std::move(m));
+      }
+      pending_ = d;
+      pending_->keep_replicas.assign(replicas_.begin(), replicas_.end());
+      return;
+    }
+    case REGROUP_DIRECTIVE_SCALE_OUT:
+      if (state_ == State::kTraining) {
+        pending_ = d;  // at the next step boundary
+        return;
+      }
+      [[fallthrough]];
+    case REGROUP_DIRECTIVE_RESUME:
+    case REGROUP_DIRECTIVE_SCALE_IN:
+      if (!FormGeneration(keep, d.microbatches, d.reason, now)) pending_ = d;
+      return;
+    case REGROUP_DIRECTIVE_DUMP:
+      StopAll(v1::StopTraining::MODE_DUMP, d.reason, now);
+      return;
+    case REGROUP_DIRECTIVE_EXIT:
+    case REGROUP_DIRECTIVE_RESTART_JOB:
+      StopAll(v1::StopTraining::MODE_EXIT, d.reason, now);
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Time
+// ---------------------------------------------------------------------------------------------
+
+int64_t JobRuntime::MedianStepMs() const {
+  if (step_times_ms_.empty()) return 0;
+  std::vector<int64_t> t(step_times_ms_.begin(), step_times_ms_.end());
+  std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
+  return t[t.size() / 2];
+}
+
+int64_t JobRuntime::HangTimeoutMs() const {
+  return std::max(config_.hang_timeout_min_s * 1000, config_.hang_step_factor * MedianStepMs());
+}
+
+void JobRuntime::DetectFailures(int64_t now) {
+  const int64_t liveness = config_.heartbeat_interval_ms * config_.liveness_misses;
+  for (size_t n = 0; n < agents_.size() && state_ == State::kTraining; ++n) {
+    Agent& a = agents_[n];
+    if (a.state != AgentState::kActive || !a.connected) continue;
+    if (now - a.last_seen_ms > liveness) {
+      std::vector<uint32_t> ranks;
+      for (size_t r = 0; r < places_.size(); ++r)
+        if (places_[r].node_rank == static_cast<int64_t>(n)) ranks.push_back(static_cast<uint32_t>(r));
+      Fault(v1::FAULT_KIND_POD_LOST, {static_cast<int64_t>(n)}, ranks, -1,
+            "no heartbeat from pod " + a.pod_uid + " for " +
+                std::to_string(now - a.last_seen_ms) + " ms",
+            now);
+      return;
+    }
+  }
+  const int64_t hang = HangTimeoutMs();
+  for (size_t g = 0; g < places_.size() && state_ == State::kTraining; ++g) {
+    const RankPlace& p = places_[g];
+    Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+    const v1::LocalRank& lr = a.ranks[p.local_rank];
+    if (!lr.alive() || lr.phase() == v1::PHASE_DONE) continue;
+    // A process still starting (importing, loading) has not said hello yet: it gets the hang
+    // timeout, not the liveness one.
+    const bool starting =
+        lr.phase() == v1::PHASE_STARTING || lr.phase() == v1::PHASE_UNSPECIFIED;
+    if (lr.beat_age_ms() > (starting ? hang : liveness)) {
+      Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
+            "rank " + std::to_string(g) + " sent no heartbeat for " +
+                std::to_string(lr.beat_age_ms()) + " ms (frozen process)",
+            now);
+      return;
+    }
+    if (now - a.step_since_ms[p.local_rank] > hang && lr.phase() != v1::PHASE_PAUSED) {
+      Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
+            "rank " + std::to_string(g) + " has been at step " + std::to_string(lr.step()) +
+                " for " + std::to_string(now - a.step_since_ms[p.local_rank]) +
+                " ms (hang timeout " + std::to_string(hang) + " ms)",
+            now);
+      return;
+    }
+  }
+}
+
+void JobRuntime::TryFirstGeneration(int64_t now) {
+  if (join_started_ms_ < 0) return;
+  std::vector<int64_t> missing;
+  uint32_t registered = 0, last_agents = 0;
+  for (size_t n = 0; n < agents_.size(); ++n) {
+    if (Available(static_cast<int64_t>(n))) ++registered;
+    else missing.push_back(static_cast<int64_t>(n));
+    last_agents = std::max(last_agents, agents_[n].last_generation_agents);
+  }
+  const bool window_over = now >= join_started_ms_ + options_.join_window_ms;
+  if (!missing.empty() && !window_over) return;
+  // After a manager restart: only a majority of the last generation may form a new one, so two
+  // managers can never both train.
+  if (last_agents > 0 && registered * 2 <= last_agents) {
+    if (!majority_reported_) {
+      majority_reported_ = true;
+      Event(now, "error", "only " + std::to_string(registered) + " of the last generation's " +
+                              std::to_string(last_agents) +
+                              " agents registered: waiting for a majority before forming a "
+                              "generation");
+    }
+    return;
+  }
+  std::vector<int64_t> all;
+  for (int64_t r = 0; r < layout_.replicas(); ++r) all.push_back(r);
+  if (missing.empty()) {
+    FormGeneration(all, {}, "all " + std::to_string(agents_.size()) + " pods registered", now);
+    return;
+  }
+  if (missing_reported_) return;
+  missing_reported_ = true;
+  std::string why;
+  std::vector<bool> available(agents_.size());
+  for (size_t n = 0; n < agents_.size(); ++n) available[n] = Available(static_cast<int64_t>(n));
+  if (!PlanGeneration(config_, layout_, available, &why))
+    Event(now, "error", "the join window closed with node ranks " + Join(missing) +
+                            " missing: " + why + "; waiting for them");
+  // The missing pods are faults like any other: the decision maker says whether to wait for
+  // them or start smaller.
+  state_ = State::kAborted;
+  v1::FaultFacts f;
+  f.set_kind(v1::FAULT_KIND_POD_LOST);
+  for (int64_t p : missing) f.add_pods(static_cast<uint32_t>(p));
+  f.set_step(-1);
+  f.set_detail("node ranks " + Join(missing) + " did not register within the join window");
+  decisions_->Fault(f, now);
+}
+
+void JobRuntime::Tick(int64_t now) {
+  if (state_ == State::kJoining) TryFirstGeneration(now);
+  if (state_ == State::kTraining) DetectFailures(now);
+  decisions_->Tick(now);
+  while (auto d = decisions_->Poll()) {
+    if (state_ == State::kStopped) break;
+    pending_.reset();
+    Apply(*d, now);
+  }
+  // Work waiting for restarted processes or pods to come back (a scale-out while training
+  // waits for a step boundary instead: see Commit).
+  if (pending_ && state_ != State::kTraining && state_ != State::kStopped &&
+      Ready(pending_->keep_replicas)) {
+    Directive d = *pending_;
+    pending_.reset();
+    if (!FormGeneration(std::vector<int64_t>(d.keep_replicas.begin(), d.keep_replicas.end()),
+                        d.microbatches, d.reason, now))
+      pending_ = d;
+  }
+  CheckDecisionWait(now);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decision wait (DESIGN.md, "Who decides what"): with a coordinator the manager never makes
+// a scheduling decision itself. While the coordinator is unreachable and survivors wait for a
+// decision (a generation aborted, no directive being carried out), they stay paused until it
+// returns or MINDIO_WAIT_MINDX_TIME runs out; then the ladder's last steps: dump if the job
+// allows it, else exit. (The embedded engine is always available: this never applies to it.)
+// ---------------------------------------------------------------------------------------------
+
+void JobRuntime::CheckDecisionWait(int64_t now) {
+  const bool waiting = state_ == State::kAborted && !pending_;
+  if (!waiting || decisions_->Available()) {
+    if (waiting && decisions_unavailable_ms_ >= 0)
+      Event(now, "decisions_available", "the coordinator is reachable again after " +
+                                            std::to_string(now - decisions_unavailable_ms_) +
+                                            " ms; survivors wait for its decision");
+    decisions_unavailable_ms_ = -1;
+    return;
+  }
+  const int64_t wait_ms = config_.mindio_wait_s * 1000;
+  if (decisions_unavailable_ms_ < 0) {
+    decisions_unavailable_ms_ = now;
+    Event(now, "decisions_unavailable",
+          "the coordinator is unreachable while survivors wait for a decision: they stay paused "
+          "for up to " + std::to_string(config_.mindio_wait_s) + " s (MINDIO_WAIT_MINDX_TIME)");
+    return;
+  }
+  if (now - decisions_unavailable_ms_ < wait_ms) return;
+  const bool dump = config_.allows(Strategy::kDump);
+  const std::string reason =
+      "no decision: the coordinator was unreachable for " +
+      std::to_string(now - decisions_unavailable_ms_) + " ms, past the decision wait of " +
+      std::to_string(config_.mindio_wait_s) + " s (MINDIO_WAIT_MINDX_TIME); " +
+      (dump ? "survivors dump a checkpoint and stop" : "the job stops (dump is not allowed)");
+  Event(now, "decision_timeout", reason);
+  decisions_unavailable_ms_ = -1;
+  StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT, reason, now);
+}
+
+v1::GetStatusResponse JobRuntime::StatusReport() const {
+  v1::GetStatusResponse s;
+  s.set_job_id(spec_.id);
+  s.set_epoch(options_.epoch);
+  s.set_generation(generation_);
+  s.set_world_size(world_size());
+  s.set_data_parallel(static_cast<uint32_t>(replicas_.size()));
+  s.set_committed_step(committed_step_);
+  static const char* kStates[] = {"joining", "training", "aborted", "stopped"};
+  s.set_phase(kStates[static_cast<int>(state_)]);
+  static const char* kAgentStates[] = {"registered", "active", "standby", "lost", "leaving", "done"};
+  for (size_t n = 0; n < agents_.size(); ++n) {
+    const Agent& a = agents_[n];
+    auto* ns = s.add_nodes();
+    ns->set_node_rank(static_cast<uint32_t>(n));
+    ns->set_node_name(a.node_name);
+    ns->set_pod_uid(a.pod_uid);
+    ns->set_state(a.pod_uid.empty() ? "missing" : kAgentStates[static_cast<int>(a.state)]);
+    for (size_t g = 0; g < places_.size(); ++g)
+      if (places_[g].node_rank == static_cast<int64_t>(n)) ns->add_ranks(static_cast<uint32_t>(g));
+  }
+  for (const auto& e : events_) *s.add_events() = e;
+  return s;
+}
+
+}  // namespace regroup::manager

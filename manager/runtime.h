@@ -1,0 +1,236 @@
+// The manager's job runtime: membership, generations, fencing, fault detection and the step
+// commit, as a clocked state machine with no threads and no sockets. The gRPC service
+// (service.h) feeds it agent messages and drains what it has to send; tests drive it directly
+// with thousands of simulated agents.
+//
+// Who decides what (DESIGN.md): the runtime carries out directives; the scheduling decisions
+// (wait, scale in or out, dump, exit) come from a Decisions source: the engine embedded in the
+// manager (standalone) or the coordinator in the scheduler.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "plugin/engine.h"
+#include "plugin/job_spec.h"
+#include "plugin/sizing.h"
+#include "common/status.h"
+#include "regroup/v1/runtime.pb.h"
+
+namespace regroup::manager {
+
+namespace v1 = ::regroup::v1;
+
+// What the runtime tells the decision maker, and what it hears back.
+class Decisions {
+ public:
+  virtual ~Decisions() = default;
+  virtual void PodRunning(int64_t pod, const std::string& uid, const std::string& node,
+                          int64_t now) = 0;
+  virtual void Fault(const v1::FaultFacts& fault, int64_t now) = 0;
+  virtual void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) = 0;
+  virtual void Progress(uint64_t epoch, uint64_t generation, int64_t committed_step,
+                        uint32_t live_ranks, int64_t now) = 0;
+  virtual void Tick(int64_t now) = 0;
+  // A directive newer than the last one returned, if any.
+  virtual std::optional<Directive> Poll() = 0;
+  // False while the decision maker cannot be reached (survivors then stay paused).
+  virtual bool Available() const { return true; }
+};
+
+// The header of every message this manager incarnation sends (to agents or to the coordinator).
+v1::Header ManagerHeader(const std::string& job_id, uint64_t epoch, uint64_t generation);
+
+// The engine of libregroup, embedded (standalone mode).
+class EmbeddedDecisions final : public Decisions {
+ public:
+  explicit EmbeddedDecisions(const JobSpec& spec);
+  void PodRunning(int64_t pod, const std::string& uid, const std::string& node,
+                  int64_t now) override;
+  void Fault(const v1::FaultFacts& fault, int64_t now) override;
+  void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override;
+  void Progress(uint64_t epoch, uint64_t generation, int64_t committed_step, uint32_t live_ranks,
+                int64_t now) override;
+  void Tick(int64_t now) override;
+  std::optional<Directive> Poll() override;
+
+ private:
+  Engine engine_;
+  std::string job_id_;
+  uint64_t last_directive_ = 0;
+};
+
+struct RuntimeOptions {
+  uint64_t epoch = 1;                // this manager incarnation
+  int64_t join_window_ms = 30000;    // how long the first (or a restarted) rendezvous waits
+  uint32_t heartbeat_interval_ms = 0;  // 0: the job's regroup.io/heartbeat-interval-ms
+  size_t event_log = 256;            // events kept for status
+};
+
+// A rank's place: which agent (node rank) and which of its processes.
+struct RankPlace {
+  int64_t node_rank = -1;
+  uint32_t local_rank = 0;
+  uint32_t replica = 0;  // in the generation
+};
+
+class JobRuntime {
+ public:
+  // One message for one agent (by node rank).
+  struct Outgoing {
+    int64_t node_rank;
+    v1::ManagerMessage message;
+    bool close = false;  // end that agent's stream after this message
+  };
+
+  JobRuntime(JobSpec spec, JobConfig config, RuntimeOptions options,
+             std::unique_ptr<Decisions> decisions);
+
+  // An agent stream's first message. On success the stream belongs to the returned node rank.
+  // Refused (with the status to answer): another job, a duplicate node rank, a zombie pod uid, a
+  // node rank out of range, a fenced epoch.
+  StatusOr<int64_t> Register(uint64_t stream, const v1::Header& header, const v1::Register& reg,
+                             int64_t now);
+  // Any later message of a registered stream. An error is answered with a Refusal carrying the
+  // current epoch, generation and directive; nothing changes.
+  Status Handle(uint64_t stream, const v1::AgentMessage& message, int64_t now);
+  // The stream ended (agent gone, network lost).
+  void Disconnected(uint64_t stream, int64_t now);
+  // Advances time: join window, liveness and hang detection, decisions, deadlines.
+  void Tick(int64_t now);
+
+  std::vector<Outgoing> TakeOutgoing();
+  v1::GetStatusResponse StatusReport() const;
+  // A refusal of a message, stamped with this manager's header; `fenced` when the refused pod
+  // was declared lost and must stop.
+  v1::ManagerMessage MakeRefusal(const std::string& reason, bool fenced = false) const;
+  bool IsFenced(const std::string& pod_uid) const { return lost_uids_.count(pod_uid) > 0; }
+
+  uint64_t epoch() const { return options_.epoch; }
+  uint64_t generation() const { return generation_; }
+  int64_t committed_step() const { return committed_step_; }
+  bool training() const { return state_ == State::kTraining; }
+  uint32_t world_size() const { return static_cast<uint32_t>(places_.size()); }
+  const JobSpec& spec() const { return spec_; }
+  uint32_t heartbeat_interval_ms() const { return heartbeat_interval_ms_; }
+
+  // Counters for metrics.
+  struct Counters {
+    std::map<std::string, uint64_t> faults;      // by kind
+    std::map<std::string, uint64_t> directives;  // by kind
+    uint64_t generations = 0;
+    uint64_t commits = 0;
+    double last_recovery_ms = 0;   // abort -> first commit of the next generation
+    double step_seconds = 0;       // median step time
+  };
+  const Counters& counters() const { return counters_; }
+
+ private:
+  enum class State { kJoining, kTraining, kAborted, kStopped };
+  enum class AgentState { kRegistered, kActive, kStandby, kLost, kLeaving, kDone };
+
+  struct Agent {
+    uint64_t stream = 0;
+    bool connected = false;
+    std::string pod_uid;
+    std::string pod_name;
+    std::string node_name;
+    std::string host;
+    uint32_t nproc = 0;
+    uint32_t free_port = 0;
+    AgentState state = AgentState::kRegistered;
+    int64_t last_seen_ms = 0;
+    std::vector<v1::LocalRank> ranks;       // as last reported, by local rank
+    std::vector<int64_t> step_since_ms;     // when each local rank's step last changed
+    std::set<uint32_t> restarting;          // local ranks restarted in place, not back yet
+    uint32_t last_generation_agents = 0;
+  };
+
+  void Event(int64_t now, const std::string& kind, const std::string& message);
+  void Send(int64_t node_rank, v1::ManagerMessage message, bool close = false);
+  v1::Header MakeHeader() const;
+  Agent* AgentOf(uint64_t stream, int64_t* node_rank);
+
+  void OnHeartbeat(int64_t node, Agent& agent, const v1::Heartbeat& hb, int64_t now);
+  void OnProcessExit(int64_t node, Agent& agent, const v1::ProcessExit& exit, int64_t now);
+  Status OnVotes(int64_t node, Agent& agent, const v1::Votes& votes, int64_t now);
+  void OnLeave(int64_t node, Agent& agent, const v1::Leave& leave, int64_t now);
+  void Depart(int64_t node, int64_t now);
+
+  // A fault: abort the generation at once and tell the decision maker.
+  void Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
+             int64_t step, const std::string& detail, int64_t now);
+  void Abort(const std::string& reason, int64_t now);
+  void Apply(const Directive& d, int64_t now);
+  // Forms and announces a generation over these replicas (original indices, in order).
+  bool FormGeneration(const std::vector<int64_t>& replicas, const std::vector<int64_t>& micro,
+                      const std::string& reason, int64_t now);
+  void StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now);
+  void TryFirstGeneration(int64_t now);
+  void DetectFailures(int64_t now);
+  void Commit(int64_t step, int64_t now);
+  int64_t HangTimeoutMs() const;
+  int64_t MedianStepMs() const;
+  bool Available(int64_t node) const;
+  // Every pod of these replicas is Available.
+  bool Ready(const std::vector<int64_t>& replicas) const;
+  // With a coordinator: the decision wait while it is unreachable (see runtime.cc).
+  void CheckDecisionWait(int64_t now);
+
+  JobSpec spec_;
+  JobConfig config_;
+  RuntimeOptions options_;
+  std::unique_ptr<Decisions> decisions_;
+  Layout layout_;
+  uint32_t heartbeat_interval_ms_;
+
+  State state_ = State::kJoining;
+  std::vector<Agent> agents_;                  // by node rank
+  std::map<uint64_t, int64_t> stream_node_;    // stream -> node rank
+  std::set<std::string> lost_uids_;            // pods that were lost: zombies if they return
+  int64_t join_started_ms_ = -1;
+  bool majority_reported_ = false;  // "waiting for a majority" said once
+  bool missing_reported_ = false;   // the missing pods were reported to the decision maker
+
+  uint64_t generation_ = 0;                    // n of (epoch, n)
+  uint64_t directive_id_ = 0;
+  std::vector<int64_t> replicas_;              // the generation's replicas (original indices)
+  std::vector<RankPlace> places_;              // by global rank
+  std::vector<std::vector<int32_t>> rank_of_;  // [node rank][local rank] -> global rank or -1
+  int64_t RankOf(int64_t node, uint32_t local) const {
+    const auto& locals = rank_of_[static_cast<size_t>(node)];
+    return local < locals.size() ? locals[local] : -1;
+  }
+  std::vector<int64_t> microbatches_;
+  int64_t committed_step_ = -1;
+  uint32_t generation_agents_ = 0;
+
+  // The vote of the step in flight.
+  int64_t vote_step_ = -1;
+  std::vector<bool> voted_;
+  std::vector<uint64_t> checksums_;
+  bool vote_ok_ = true;
+
+  // Pending work.
+  std::optional<Directive> pending_;           // waits for restarted ranks or a step boundary
+  std::set<int64_t> leaving_;                  // agents that asked to leave (SIGTERM)
+  int64_t abort_ms_ = -1;                      // when the running generation was aborted
+  int64_t first_fault_ms_ = -1;
+  std::deque<int64_t> step_times_ms_;          // recent commit intervals
+  int64_t last_commit_ms_ = -1;
+
+  // Since when survivors wait for a decision while the decision maker is unreachable; -1: not.
+  int64_t decisions_unavailable_ms_ = -1;
+
+  std::deque<v1::JobEvent> events_;
+  std::vector<Outgoing> outgoing_;
+  Counters counters_;
+};
+
+}  // namespace regroup::manager

@@ -1,0 +1,492 @@
+// The manager's runtime with simulated agents and a simulated clock: rendezvous, detection,
+// the step commit, fencing, refusals, recovery through the embedded engine, manager restarts.
+#include "manager/runtime.h"
+
+#include <gtest/gtest.h>
+
+namespace regroup::manager {
+namespace {
+
+using Map = std::map<std::string, std::string>;
+
+// A job of `pods` simulated agents of `ppp` processes. Pod n registers on stream n+1 as
+// "pod-<n>" with host 10.0.0.<n> and free port 30000+n.
+class Sim {
+ public:
+  Sim(int64_t pods, int64_t ppp, Map labels, Map annotations, RuntimeOptions options = {}) {
+    spec_.id = "default/job";
+    spec_.uid = "job-uid";
+    spec_.pods = pods;
+    spec_.processes_per_pod = ppp;
+    spec_.labels = std::move(labels);
+    spec_.annotations = std::move(annotations);
+    auto resolved = spec_.Resolve();
+    EXPECT_TRUE(resolved.ok());
+    options.join_window_ms = 5000;
+    rt = std::make_unique<JobRuntime>(spec_, resolved.config, options,
+                                      std::make_unique<EmbeddedDecisions>(spec_));
+    uids_.resize(static_cast<size_t>(pods));
+    for (int64_t n = 0; n < pods; ++n) uids_[static_cast<size_t>(n)] = "pod-" + std::to_string(n);
+  }
+
+  v1::Header Header(int64_t node) const {
+    v1::Header h;
+    h.set_job_id(spec_.id);
+    h.set_sender(uids_[static_cast<size_t>(node)]);
+    h.set_epoch(rt->epoch());
+    h.set_generation(rt->generation());
+    return h;
+  }
+
+  StatusOr<int64_t> Register(int64_t node, const std::string& uid = "",
+                             std::vector<v1::LocalRank> ranks = {}, uint32_t last_agents = 0,
+                             uint64_t stream = 0) {
+    if (!uid.empty()) uids_[static_cast<size_t>(node)] = uid;
+    v1::Register reg;
+    reg.set_pod_uid(uids_[static_cast<size_t>(node)]);
+    reg.set_node_rank(static_cast<int32_t>(node));
+    reg.set_node_name("node-" + std::to_string(node));
+    reg.set_host("10.0.0." + std::to_string(node));
+    reg.set_nproc(static_cast<uint32_t>(spec_.processes_per_pod));
+    reg.set_free_port(30000 + static_cast<uint32_t>(node));
+    reg.set_last_generation_agents(last_agents);
+    if (ranks.empty()) {  // trainers that said hello and wait for a generation
+      ranks.resize(static_cast<size_t>(spec_.processes_per_pod));
+      for (size_t l = 0; l < ranks.size(); ++l) {
+        ranks[l].set_local_rank(static_cast<uint32_t>(l));
+        ranks[l].set_alive(true);
+        ranks[l].set_phase(v1::PHASE_PAUSED);
+        ranks[l].set_committed_step(-1);
+        ranks[l].set_heard_commit_step(-1);
+      }
+    }
+    for (auto& r : ranks) *reg.add_ranks() = r;
+    v1::Header h = Header(node);
+    h.set_epoch(0);
+    streams_[node] = stream ? stream : next_stream_++;
+    return rt->Register(streams_[node], h, reg, now);
+  }
+  void RegisterAll() {
+    for (int64_t n = 0; n < spec_.pods; ++n) ASSERT_TRUE(Register(n).ok());
+  }
+
+  Status Send(int64_t node, v1::AgentMessage m) {
+    *m.mutable_header() = Header(node);
+    return rt->Handle(streams_[node], m, now);
+  }
+  // Every process of `node` heartbeats: alive, at `step`, in generation `generation`.
+  Status Beat(int64_t node, int64_t step, uint64_t generation, int64_t committed = -1) {
+    v1::AgentMessage m;
+    for (int64_t l = 0; l < spec_.processes_per_pod; ++l) {
+      auto* r = m.mutable_heartbeat()->add_ranks();
+      r->set_local_rank(static_cast<uint32_t>(l));
+      r->set_pid(1000 + static_cast<int32_t>(l));
+      r->set_alive(true);
+      r->set_step(step);
+      r->set_phase(v1::PHASE_COMPUTING);
+      r->set_generation(generation);
+      r->set_committed_step(committed);
+      r->set_heard_commit_step(committed);
+    }
+    return Send(node, m);
+  }
+  void BeatAll(int64_t step) {
+    for (int64_t n = 0; n < spec_.pods; ++n)
+      if (!gone_.count(n)) (void)Beat(n, step, rt->generation(), step - 1);
+  }
+  Status Vote(int64_t node, int64_t step, uint64_t checksum = 0, bool ok = true) {
+    v1::AgentMessage m;
+    m.mutable_votes()->set_generation(rt->generation());
+    m.mutable_votes()->set_step(step);
+    m.mutable_votes()->set_ok(ok);
+    for (const auto& r : assigned_[node]) {
+      m.mutable_votes()->add_local_ranks(r);
+      m.mutable_votes()->add_checksums(checksum);
+    }
+    return Send(node, m);
+  }
+  Status Exit(int64_t node, uint32_t local, int32_t code, int32_t signal = 0) {
+    v1::AgentMessage m;
+    m.mutable_process_exit()->set_local_rank(local);
+    m.mutable_process_exit()->set_exit_code(code);
+    m.mutable_process_exit()->set_signal(signal);
+    return Send(node, m);
+  }
+  // Advances the clock in 20 ms ticks, heartbeating as live agents do.
+  void Run(int64_t ms, int64_t step = -2) {
+    for (int64_t t = 0; t < ms; t += 20) {
+      now += 20;
+      if (step != -2) BeatAll(step);
+      rt->Tick(now);
+      Collect();
+    }
+  }
+  void Collect() {
+    for (auto& o : rt->TakeOutgoing()) {
+      if (o.message.has_start()) {
+        assigned_[o.node_rank].clear();
+        for (const auto& r : o.message.start().plan().ranks())
+          assigned_[o.node_rank].push_back(r.local_rank());
+        starts_[o.node_rank] = o.message.start();
+      }
+      inbox_[o.node_rank].push_back(std::move(o.message));
+    }
+  }
+  int Count(int64_t node, v1::ManagerMessage::BodyCase body) {
+    int n = 0;
+    for (const auto& m : inbox_[node]) n += m.body_case() == body;
+    return n;
+  }
+  void Gone(int64_t node) { gone_.insert(node); }
+  void Clear() { inbox_.clear(); }
+
+  JobSpec spec_;
+  std::unique_ptr<JobRuntime> rt;
+  int64_t now = 1000;
+  std::vector<std::string> uids_;
+  std::map<int64_t, uint64_t> streams_;
+  uint64_t next_stream_ = 1;
+  std::map<int64_t, std::vector<v1::ManagerMessage>> inbox_;
+  std::map<int64_t, std::vector<uint32_t>> assigned_;
+  std::map<int64_t, v1::StartGeneration> starts_;
+  std::set<int64_t> gone_;
+};
+
+// The job's events, by value (a range-for over a temporary's member would dangle).
+std::vector<v1::JobEvent> Events(Sim& sim) {
+  const auto status = sim.rt->StatusReport();
+  return {status.events().begin(), status.events().end()};
+}
+
+const Map kForce = {{"fault-scheduling", "force"}};
+const Map kElastic = {{"recover-strategy", "recover-in-place,elastic-training"},
+                      {"regroup.io/prefer-elastic", "true"},
+                      {"regroup.io/tensor-parallel", "2"}};
+
+TEST(Runtime, FirstGenerationFormsWhenAllAgentsRegistered) {
+  Sim sim(4, 2, kForce, kElastic);
+  for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Register(n).ok());
+  sim.Run(100);
+  EXPECT_EQ(sim.rt->generation(), 0u) << "one pod is still missing";
+  ASSERT_TRUE(sim.Register(3).ok());
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  const auto& plan = sim.starts_[2].plan();
+  EXPECT_EQ(plan.world_size(), 8u);
+  EXPECT_EQ(plan.data_parallel(), 4u);
+  EXPECT_EQ(plan.store_host(), "10.0.0.0") << "rank 0's pod hosts the store";
+  EXPECT_EQ(plan.store_port(), 30000u);
+  ASSERT_EQ(plan.ranks_size(), 2);
+  EXPECT_EQ(plan.ranks(0).rank(), 4u);
+  EXPECT_EQ(plan.ranks(1).rank(), 5u);
+  EXPECT_EQ(plan.ranks(1).replica(), 2u);
+  EXPECT_TRUE(plan.all_need_state()) << "the first generation gets rank 0's initial state";
+  EXPECT_EQ(plan.needs_state_size(), 0);
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kWelcome), 1);
+}
+
+TEST(Runtime, JoinWindowClosingWithAMissingPodAsksTheEngine) {
+  Sim sim(4, 2, kForce, kElastic);
+  for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Register(n).ok());
+  sim.Run(5200);
+  ASSERT_EQ(sim.rt->generation(), 1u) << "prefer-elastic: start smaller at once";
+  EXPECT_EQ(sim.starts_[0].plan().data_parallel(), 3u);
+  auto status = sim.rt->StatusReport();
+  EXPECT_EQ(status.nodes(3).state(), "missing");
+}
+
+TEST(Runtime, StepCommitsWhenEveryRankVoted) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  sim.Clear();
+  ASSERT_TRUE(sim.Vote(0, 0).ok());
+  EXPECT_EQ(sim.rt->committed_step(), -1) << "pod 1 has not voted";
+  ASSERT_TRUE(sim.Vote(1, 0).ok());
+  EXPECT_EQ(sim.rt->committed_step(), 0);
+  sim.Collect();
+  ASSERT_EQ(sim.Count(0, v1::ManagerMessage::kOutcome), 1);
+  EXPECT_TRUE(sim.inbox_[1].back().outcome().commit());
+  // A vote for a step that is not in flight is refused and changes nothing.
+  Status st = sim.Vote(0, 5);
+  EXPECT_EQ(st.code(), REGROUP_FAILED_PRECONDITION);
+  EXPECT_EQ(st.message(), "the votes are for step 5; the step in flight is 1");
+}
+
+TEST(Runtime, ARankDyingBetweenItsPodsVoteAndTheDecisionLeavesTheStepUncommitted) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_TRUE(sim.Vote(0, 0).ok());
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(1, 0, 9, 9).ok());  // pod 1's rank dies before its pod votes
+  sim.Collect();
+  EXPECT_EQ(sim.rt->committed_step(), -1);
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kOutcome), 0) << "no outcome: the step is redone";
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kAbort), 1);
+  EXPECT_EQ(sim.inbox_[0].back().abort().committed_step(), -1) << "survivors roll back to it";
+  // A late vote of the dead generation changes nothing.
+  EXPECT_EQ(sim.Vote(1, 0).code(), REGROUP_FAILED_PRECONDITION);
+  EXPECT_EQ(sim.rt->committed_step(), -1);
+}
+
+TEST(Runtime, ChecksumMismatchAbortsTheStep) {
+  Sim sim(2, 2, kForce, {{"recover-strategy", "retry"}, {"regroup.io/tensor-parallel", "2"}});
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_TRUE(sim.Vote(0, 0, 111).ok());
+  ASSERT_TRUE(sim.Vote(1, 0, 222).ok());
+  sim.Collect();
+  EXPECT_EQ(sim.rt->committed_step(), -1);
+  EXPECT_FALSE(sim.inbox_[0].back().has_outcome() && sim.inbox_[0].back().outcome().commit());
+  sim.Run(300);
+  EXPECT_EQ(sim.rt->generation(), 2u) << "retried in a fresh generation";
+}
+
+TEST(Runtime, ProcessCrashIsRestartedInPlaceAndRejoins) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_TRUE(sim.Vote(0, 0).ok());
+  ASSERT_TRUE(sim.Vote(1, 0).ok());
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(1, 1, 1).ok());
+  sim.Collect();
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kAbort), 1) << "survivors leave at once";
+  sim.Run(200, 1);
+  ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1);
+  EXPECT_EQ(sim.inbox_[1].back().restart().local_ranks(0), 1u);
+  EXPECT_EQ(sim.rt->generation(), 1u) << "waits for the restarted process";
+  // The restarted process says hello: alive, fresh (generation 0).
+  v1::AgentMessage hb;
+  for (uint32_t l = 0; l < 2; ++l) {
+    auto* r = hb.mutable_heartbeat()->add_ranks();
+    r->set_local_rank(l);
+    r->set_pid(2000 + static_cast<int32_t>(l));
+    r->set_alive(true);
+    r->set_generation(l == 1 ? 0 : 1);
+    r->set_committed_step(l == 1 ? -1 : 0);
+    r->set_phase(v1::PHASE_PAUSED);
+  }
+  ASSERT_TRUE(sim.Send(1, hb).ok());
+  sim.Run(40);
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  const auto& plan = sim.starts_[0].plan();
+  EXPECT_EQ(plan.committed_step(), 0);
+  EXPECT_EQ(plan.world_size(), 4u);
+  ASSERT_EQ(plan.needs_state_size(), 1);
+  EXPECT_EQ(plan.needs_state(0), 3u) << "only the restarted rank receives state";
+}
+
+TEST(Runtime, LostAgentScalesInAndItsReplacementScalesOut) {
+  Sim sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  sim.rt->Disconnected(sim.streams_[2], sim.now);  // the node dies: its stream breaks
+  sim.Gone(2);
+  sim.Run(400, 0);
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  EXPECT_EQ(sim.starts_[0].plan().data_parallel(), 3u);
+  EXPECT_EQ(sim.rt->world_size(), 6u);
+  // The zombie cannot come back under its old uid, and its refusal tells it to stop.
+  EXPECT_EQ(sim.Register(2).status().code(), REGROUP_FAILED_PRECONDITION);
+  const std::string zombie = sim.Header(2).sender();
+  ASSERT_TRUE(sim.rt->IsFenced(zombie));
+  const v1::ManagerMessage refusal = sim.rt->MakeRefusal("zombie", true);
+  EXPECT_TRUE(refusal.refusal().fenced());
+  EXPECT_EQ(refusal.header().epoch(), sim.rt->epoch());
+  // Its replacement registers with a new uid: scale out at the next step boundary.
+  ASSERT_TRUE(sim.Register(2, "pod-2-b").ok());
+  sim.Run(200, 0);
+  EXPECT_EQ(sim.rt->generation(), 2u) << "not in the middle of a step";
+  for (int64_t n : {0, 1, 3}) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  sim.Run(40, 1);
+  EXPECT_EQ(sim.rt->generation(), 3u);
+  EXPECT_EQ(sim.rt->world_size(), 8u);
+}
+
+TEST(Runtime, ScaleOutWaitsForTheReplacementsTrainersToSayHello) {
+  Sim sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  sim.rt->Disconnected(sim.streams_[3], sim.now);
+  sim.Gone(3);
+  sim.Run(400, 0);
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  // The replacement's agent registers while its trainers still import torch (STARTING).
+  std::vector<v1::LocalRank> starting(2);
+  for (uint32_t l = 0; l < 2; ++l) {
+    starting[l].set_local_rank(l);
+    starting[l].set_alive(true);
+    starting[l].set_phase(v1::PHASE_STARTING);
+  }
+  ASSERT_TRUE(sim.Register(3, "pod-3-b", starting).ok());
+  sim.Run(400);
+  for (int64_t n : {0, 1, 2}) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  sim.Run(100);
+  EXPECT_EQ(sim.rt->generation(), 2u) << "the survivors keep training";
+  EXPECT_TRUE(sim.rt->training());
+  // The trainers said hello: the next step boundary scales out.
+  ASSERT_TRUE(sim.Beat(3, 0, 0).ok());
+  for (int64_t n : {0, 1, 2}) ASSERT_TRUE(sim.Vote(n, 1).ok());
+  sim.Run(40);
+  EXPECT_EQ(sim.rt->generation(), 3u);
+  EXPECT_EQ(sim.rt->world_size(), 8u);
+}
+
+TEST(Runtime, MissedHeartbeatsAreALostPod) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  sim.Gone(1);  // frozen agent: no more heartbeats, the stream stays open
+  sim.Run(1000, 0);
+  const auto status = sim.rt->StatusReport();
+  bool lost = false;
+  for (const auto& e : Events(sim))
+    lost = lost || e.message().find("no heartbeat from pod pod-1") != std::string::npos;
+  EXPECT_TRUE(lost);
+  EXPECT_EQ(status.nodes(1).state(), "lost");
+}
+
+TEST(Runtime, AHungStepIsDetected) {
+  Sim sim(2, 2, kForce,
+          {{"recover-strategy", "recover-in-place"}, {"regroup.io/tensor-parallel", "2"},
+           {"regroup.io/hang-timeout-min-s", "2"}, {"regroup.io/heartbeat-interval-ms", "100"}});
+  sim.RegisterAll();
+  sim.Run(20);
+  sim.Run(2100, 0);  // heartbeats keep coming, the step never advances
+  bool hang = false;
+  for (const auto& e : Events(sim))
+    hang = hang || (e.kind() == "fault" && e.message().rfind("hang:", 0) == 0);
+  EXPECT_TRUE(hang);
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kAbort), 1);
+}
+
+TEST(Runtime, StaleAndForeignMessagesAreRefusedAndChangeNothing) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  v1::AgentMessage vote;
+  vote.mutable_votes()->set_generation(7);
+  vote.mutable_votes()->set_step(0);
+  EXPECT_EQ(sim.Send(0, vote).message(),
+            "the votes are for generation 7; the current one is 1");
+  v1::AgentMessage m;
+  m.mutable_heartbeat();
+  *m.mutable_header() = sim.Header(0);
+  m.mutable_header()->set_epoch(sim.rt->epoch() - 1);
+  EXPECT_EQ(sim.rt->Handle(sim.streams_[0], m, sim.now).code(), REGROUP_FAILED_PRECONDITION);
+  m.mutable_header()->set_epoch(sim.rt->epoch());
+  m.mutable_header()->set_sender("pod-1");
+  EXPECT_EQ(sim.rt->Handle(sim.streams_[0], m, sim.now).message(),
+            "the sender pod-1 is not this stream's pod pod-0");
+  EXPECT_EQ(sim.rt->Handle(999, m, sim.now).code(), REGROUP_FAILED_PRECONDITION);
+  v1::AgentMessage exit;
+  exit.mutable_process_exit()->set_local_rank(9);
+  EXPECT_EQ(sim.Send(0, exit).code(), REGROUP_INVALID_ARGUMENT);
+  EXPECT_EQ(sim.rt->generation(), 1u);
+  EXPECT_TRUE(sim.rt->training());
+}
+
+TEST(Runtime, RegistrationRefusals) {
+  Sim sim(2, 2, kForce, kElastic);
+  ASSERT_TRUE(sim.Register(0).ok());
+  // A duplicate node rank from another pod.
+  auto dup = sim.Register(0, "intruder", {}, 0, 77);
+  EXPECT_EQ(dup.status().code(), REGROUP_FAILED_PRECONDITION);
+  EXPECT_EQ(dup.status().message(), "node rank 0 is held by pod pod-0; pod intruder cannot take it");
+  sim.uids_[0] = "pod-0";
+  // Out of range.
+  EXPECT_EQ(sim.Register(1, "", {}, 0, 78).ok(), true);
+  v1::Register bad;
+  bad.set_pod_uid("x");
+  bad.set_node_rank(5);
+  bad.set_nproc(2);
+  v1::Header h = sim.Header(0);
+  h.set_sender("x");
+  EXPECT_EQ(sim.rt->Register(90, h, bad, sim.now).status().message(),
+            "node rank 5 is out of range: job default/job has 2 pods");
+  bad.set_node_rank(1);
+  bad.set_nproc(4);
+  EXPECT_EQ(sim.rt->Register(91, h, bad, sim.now).status().code(), REGROUP_INVALID_ARGUMENT);
+  h.set_job_id("other/job");
+  EXPECT_EQ(sim.rt->Register(92, h, bad, sim.now).status().code(), REGROUP_NOT_FOUND);
+  h.set_job_id("default/job");
+  h.set_epoch(sim.rt->epoch() + 1);
+  EXPECT_EQ(sim.rt->Register(93, h, bad, sim.now).status().message().rfind("fenced", 0), 0u);
+}
+
+TEST(Runtime, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
+  // A new manager incarnation (epoch 2): agents report what their trainers hold. Rank 3 heard
+  // commit for step 41 before the old manager died; the others only voted.
+  RuntimeOptions o;
+  o.epoch = 2;
+  Sim sim(2, 2, kForce, kElastic, o);
+  for (int64_t n = 0; n < 2; ++n) {
+    std::vector<v1::LocalRank> ranks(2);
+    for (uint32_t l = 0; l < 2; ++l) {
+      ranks[l].set_local_rank(l);
+      ranks[l].set_alive(true);
+      ranks[l].set_phase(v1::PHASE_PAUSED);
+      ranks[l].set_generation(9);
+      ranks[l].set_committed_step(40);
+      ranks[l].set_heard_commit_step(n == 1 && l == 1 ? 41 : 40);
+    }
+    ASSERT_TRUE(sim.Register(n, "", ranks, 2).ok());
+  }
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 41);
+  EXPECT_EQ(sim.starts_[0].plan().epoch(), 2u);
+}
+
+TEST(Runtime, AMinorityOfTheLastGenerationMustNotFormOne) {
+  RuntimeOptions o;
+  o.epoch = 3;
+  Sim sim(4, 2, kForce, kElastic, o);
+  ASSERT_TRUE(sim.Register(0, "", {}, 4).ok());
+  ASSERT_TRUE(sim.Register(1, "", {}, 4).ok());
+  sim.Run(6000);
+  EXPECT_EQ(sim.rt->generation(), 0u) << "2 of 4 is no majority";
+  bool said = false;
+  for (const auto& e : Events(sim))
+    said = said || e.message().find("waiting for a majority") != std::string::npos;
+  EXPECT_TRUE(said);
+  ASSERT_TRUE(sim.Register(2, "", {}, 4).ok());
+  sim.Run(400);  // the missing pod goes through the engine's report window
+  EXPECT_EQ(sim.rt->generation(), 1u) << "3 of 4 is";
+}
+
+TEST(Runtime, PlannedDepartureLeavesAtTheStepBoundaryWithNoLostWork) {
+  Sim sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  v1::AgentMessage leave;
+  leave.mutable_leave()->set_reason("SIGTERM");
+  ASSERT_TRUE(sim.Send(3, leave).ok());
+  sim.Collect();
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kAbort), 0) << "the step in flight goes on";
+  for (int64_t n = 0; n < 4; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  EXPECT_EQ(sim.rt->committed_step(), 0) << "the step committed with the leaver's work";
+  sim.Collect();
+  EXPECT_EQ(sim.Count(3, v1::ManagerMessage::kStop), 1);
+  EXPECT_EQ(sim.inbox_[3].back().stop().mode(), v1::StopTraining::MODE_LEAVE);
+  sim.Gone(3);
+  sim.Run(400, 1);
+  EXPECT_EQ(sim.rt->generation(), 2u);
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 0);
+  EXPECT_EQ(sim.starts_[0].plan().data_parallel(), 3u);
+}
+
+TEST(Runtime, TrainingFinishesWhenEveryRankExitsCleanly) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  for (int64_t n = 0; n < 2; ++n)
+    for (uint32_t l = 0; l < 2; ++l) ASSERT_TRUE(sim.Exit(n, l, 0).ok());
+  EXPECT_EQ(sim.rt->StatusReport().phase(), "stopped");
+}
+
+}  // namespace
+}  // namespace regroup::manager

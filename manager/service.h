@@ -1,0 +1,86 @@
+// regroup-manager's servers: the gRPC Manager service (one bidirectional stream per agent, on
+// gRPC's callback API so thousands of agents need no thread each), a ticker, and an HTTP
+// endpoint with Prometheus metrics and the JSON status.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/queued_stream.h"
+#include "manager/runtime.h"
+#include "regroup/v1/runtime.grpc.pb.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace regroup::manager {
+
+struct ServerOptions {
+  std::string listen = "0.0.0.0:9601";  // port 0: chosen by the system
+  std::string credential;                // empty: no credential required
+  std::string tls_cert_file, tls_key_file;
+  std::string http_listen;               // "" : no HTTP endpoint; "127.0.0.1:0" for any port
+  std::chrono::milliseconds tick{20};
+};
+
+
+class ManagerServer final : public v1::Manager::CallbackService {
+ public:
+  ManagerServer(std::unique_ptr<JobRuntime> runtime, ServerOptions options);
+  ~ManagerServer() override;
+
+  // Starts listening and ticking. Errors name the address.
+  Status Start();
+  // Stops accepting, ends every stream, stops the ticker. Safe to call twice.
+  void Stop();
+
+  int port() const { return port_; }
+  int http_port() const { return http_port_; }
+
+  std::string MetricsText();
+  std::string StatusJson();
+
+  grpc::ServerBidiReactor<v1::AgentMessage, v1::ManagerMessage>* Session(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const v1::GetStatusRequest* request,
+                                      v1::GetStatusResponse* response) override;
+
+ private:
+  using Stream = QueuedStream<v1::AgentMessage, v1::ManagerMessage, ManagerServer>;
+  friend Stream;
+
+  void OnMessage(Stream* stream, const v1::AgentMessage& message);
+  void OnStreamDone(Stream* stream);
+  void Flush();  // sends what the runtime queued; holds mu_
+  void TickLoop();
+
+  ServerOptions options_;
+  std::mutex mu_;
+  std::unique_ptr<JobRuntime> runtime_;
+  std::map<uint64_t, Stream*> streams_;   // every live stream, by id
+  std::map<int64_t, Stream*> by_node_;    // registered streams, by node rank
+  uint64_t next_stream_ = 1;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  std::thread ticker_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+  int port_ = 0;
+  int http_port_ = 0;
+  std::atomic<uint64_t> messages_{0};
+  std::atomic<uint64_t> refusals_{0};
+};
+
+}  // namespace regroup::manager

@@ -1,0 +1,171 @@
+// The manager's gRPC service in process, with real streams: credentials, deadlines, sizes, a
+// broken stream, status.
+#include "manager/service.h"
+
+#include <gtest/gtest.h>
+
+#include "common/credential.h"
+#include "common/grpc_settings.h"
+
+namespace regroup::manager {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::unique_ptr<ManagerServer> StartManager(int64_t pods, const std::string& credential) {
+  JobSpec spec;
+  spec.id = "default/svc";
+  spec.pods = pods;
+  spec.processes_per_pod = 1;
+  spec.labels = {{"fault-scheduling", "force"}};
+  spec.annotations = {{"recover-strategy", "elastic-training"},
+                      {"regroup.io/prefer-elastic", "true"}};
+  auto resolved = spec.Resolve();
+  RuntimeOptions ro;
+  ro.epoch = 5;
+  ro.join_window_ms = 60000;
+  auto runtime = std::make_unique<JobRuntime>(spec, resolved.config, ro,
+                                              std::make_unique<EmbeddedDecisions>(spec));
+  ServerOptions so;
+  so.listen = "127.0.0.1:0";
+  so.http_listen = "127.0.0.1:0";
+  so.credential = credential;
+  so.tick = 5ms;
+  auto server = std::make_unique<ManagerServer>(std::move(runtime), so);
+  Status st = server->Start();
+  EXPECT_TRUE(st.ok()) << st.message();
+  return server;
+}
+
+// A simulated agent on a real stream.
+struct Agent {
+  Agent(int port, const std::string& credential, int node) : node(node) {
+    channel = MakeChannel("127.0.0.1:" + std::to_string(port));
+    stub = v1::Manager::NewStub(channel);
+    AttachCredential(context, credential);
+    stream = stub->Session(&context);
+  }
+  bool Register(const std::string& uid) {
+    v1::AgentMessage m;
+    m.mutable_header()->set_job_id("default/svc");
+    m.mutable_header()->set_sender(uid);
+    m.mutable_register_()->set_pod_uid(uid);
+    m.mutable_register_()->set_node_rank(node);
+    m.mutable_register_()->set_nproc(1);
+    m.mutable_register_()->set_host("127.0.0.1");
+    m.mutable_register_()->set_free_port(40000 + static_cast<uint32_t>(node));
+    auto* rank = m.mutable_register_()->add_ranks();  // its trainer said hello
+    rank->set_alive(true);
+    rank->set_phase(v1::PHASE_PAUSED);
+    return stream->Write(m);
+  }
+  // Reads until a message with `body` arrives (or the stream ends).
+  std::optional<v1::ManagerMessage> ReadUntil(v1::ManagerMessage::BodyCase body) {
+    v1::ManagerMessage m;
+    while (stream->Read(&m))
+      if (m.body_case() == body) return m;
+    return std::nullopt;
+  }
+  int node;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Manager::Stub> stub;
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::ManagerMessage>> stream;
+};
+
+TEST(ManagerService, AgentsRegisterAndReceiveTheirGeneration) {
+  auto server = StartManager(3, "secret");
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int n = 0; n < 3; ++n) {
+    agents.push_back(std::make_unique<Agent>(server->port(), "secret", n));
+    ASSERT_TRUE(agents.back()->Register("pod-" + std::to_string(n)));
+  }
+  for (auto& a : agents) {
+    auto welcome = a->ReadUntil(v1::ManagerMessage::kWelcome);
+    ASSERT_TRUE(welcome);
+    EXPECT_EQ(welcome->welcome().epoch(), 5u);
+    auto start = a->ReadUntil(v1::ManagerMessage::kStart);
+    ASSERT_TRUE(start);
+    EXPECT_EQ(start->start().plan().world_size(), 3u);
+    EXPECT_EQ(start->start().plan().ranks(0).rank(), static_cast<uint32_t>(a->node));
+  }
+  // A node's stream breaks: the others are aborted at once and scale in.
+  agents[2]->context.TryCancel();
+  auto abort = agents[0]->ReadUntil(v1::ManagerMessage::kAbort);
+  ASSERT_TRUE(abort);
+  EXPECT_NE(abort->abort().reason().find("pod_lost"), std::string::npos) << abort->abort().reason();
+  auto next = agents[0]->ReadUntil(v1::ManagerMessage::kStart);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->start().plan().world_size(), 2u);
+  for (auto& a : agents) a->context.TryCancel();
+  server->Stop();
+}
+
+TEST(ManagerService, AWrongCredentialIsRefused) {
+  auto server = StartManager(1, "secret");
+  Agent a(server->port(), "guess", 0);
+  a.Register("pod-0");
+  v1::ManagerMessage m;
+  EXPECT_FALSE(a.stream->Read(&m));
+  grpc::Status st = a.stream->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(st.error_message().find("a wrong credential"), std::string::npos);
+  server->Stop();
+}
+
+TEST(ManagerService, ARefusedRegistrationCarriesTheCurrentEpoch) {
+  auto server = StartManager(1, "");
+  Agent a(server->port(), "", 4);  // node rank 4 of a 1-pod job
+  a.Register("pod-x");
+  auto refusal = a.ReadUntil(v1::ManagerMessage::kRefusal);
+  ASSERT_TRUE(refusal);
+  EXPECT_EQ(refusal->refusal().epoch(), 5u);
+  EXPECT_EQ(refusal->header().epoch(), 5u) << "agents drop messages of older epochs";
+  EXPECT_FALSE(refusal->refusal().fenced());
+  EXPECT_EQ(refusal->refusal().reason(), "node rank 4 is out of range: job default/svc has 1 pods");
+  EXPECT_EQ(a.stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  server->Stop();
+}
+
+TEST(ManagerService, OversizedMessageIsRefused) {
+  auto server = StartManager(1, "");
+  Agent a(server->port(), "", 0);
+  v1::AgentMessage m;
+  m.mutable_register_()->set_pod_uid(std::string(kMaxMessageBytes + 10, 'x'));
+  a.stream->Write(m);
+  v1::ManagerMessage out;
+  EXPECT_FALSE(a.stream->Read(&out));
+  EXPECT_EQ(a.stream->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  server->Stop();
+}
+
+TEST(ManagerService, GetStatusNeedsADeadline) {
+  auto server = StartManager(1, "secret");
+  auto stub = v1::Manager::NewStub(MakeChannel("127.0.0.1:" + std::to_string(server->port())));
+  v1::GetStatusRequest req;
+  v1::GetStatusResponse res;
+  {
+    grpc::ClientContext ctx;
+    AttachCredential(ctx, "secret");
+    grpc::Status st = stub->GetStatus(&ctx, req, &res);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(st.error_message(),
+              "GetStatus needs a deadline: every unary call to the manager must set one");
+  }
+  {
+    grpc::ClientContext ctx;
+    AttachCredential(ctx, "secret");
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    grpc::Status st = stub->GetStatus(&ctx, req, &res);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(res.job_id(), "default/svc");
+    EXPECT_EQ(res.phase(), "joining");
+  }
+  EXPECT_NE(server->MetricsText().find("regroup_generation{job=\"default/svc\"} 0"),
+            std::string::npos);
+  EXPECT_NE(server->StatusJson().find("\"job_id\": \"default/svc\""), std::string::npos);
+  server->Stop();
+}
+
+}  // namespace
+}  // namespace regroup::manager

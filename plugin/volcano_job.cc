@@ -1,0 +1,237 @@
+#include "plugin/volcano_job.h"
+
+#include <charconv>
+
+#include <yaml-cpp/yaml.h>
+
+#include "plugin/json_util.h"
+
+namespace regroup {
+namespace {
+
+constexpr size_t kMaxYamlBytes = 4u << 20;
+constexpr int kMaxNesting = 200;
+
+// yaml-cpp recurses per nesting level; refuse absurd nesting before it does.
+bool NestingTooDeep(std::string_view text) {
+  int depth = 0;
+  for (char c : text) {
+    if (c == '[' || c == '{') {
+      if (++depth > kMaxNesting) return true;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return false;
+}
+
+// yaml-cpp throws on any use of a missing key's node, so every lookup goes through Child():
+// a missing key, or a parent that is not a map, gives a null node.
+YAML::Node Child(const YAML::Node& n, const char* key) {
+  if (!n || !n.IsMap()) return YAML::Node();
+  YAML::Node c = n[key];
+  return c ? c : YAML::Node();
+}
+
+std::string Scalar(const YAML::Node& n) { return n && n.IsScalar() ? n.Scalar() : std::string(); }
+
+Status ReadStringMap(const YAML::Node& n, const std::string& where,
+                     std::map<std::string, std::string>& out) {
+  if (!n || n.IsNull()) return Status::Ok();
+  if (!n.IsMap()) return InvalidArgument(where + " must be a map of strings");
+  for (const auto& kv : n) {
+    if (!kv.first.IsScalar() || !(kv.second.IsScalar() || kv.second.IsNull()))
+      return InvalidArgument(where + " must map names to string values");
+    out[kv.first.Scalar()] = kv.second.IsNull() ? "" : kv.second.Scalar();
+  }
+  return Status::Ok();
+}
+
+std::optional<int64_t> ToInt(const std::string& s) {
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || ptr != s.data() + s.size() || s.empty()) return std::nullopt;
+  return v;
+}
+
+// Every string of a container's command and args, joined by spaces.
+std::string CommandLine(const YAML::Node& container) {
+  std::string out;
+  for (const char* field : {"command", "args"}) {
+    const YAML::Node list = Child(container, field);
+    if (!list || !list.IsSequence()) continue;
+    for (const auto& item : list)
+      if (item.IsScalar()) out += item.Scalar() + " ";
+  }
+  return out;
+}
+
+YAML::Node FirstContainer(const YAML::Node& task) {
+  const YAML::Node containers = Child(Child(Child(task, "template"), "spec"), "containers");
+  if (containers && containers.IsSequence() && containers.size() > 0 && containers[0].IsMap())
+    return containers[0];
+  return YAML::Node();
+}
+
+bool IsManagerTask(const YAML::Node& task) {
+  if (Scalar(Child(task, "name")) == "manager") return true;
+  const YAML::Node containers = Child(Child(Child(task, "template"), "spec"), "containers");
+  if (!containers || !containers.IsSequence()) return false;
+  for (const auto& c : containers)
+    if (c.IsMap() && CommandLine(c).find("regroup-manager") != std::string::npos) return true;
+  return false;
+}
+
+// Processes per pod: an accelerator request, else --nproc-per-node, else 1.
+std::optional<int64_t> ProcessesPerPod(const YAML::Node& container) {
+  if (!container) return std::nullopt;
+  for (const char* kind : {"limits", "requests"}) {
+    const YAML::Node res = Child(Child(container, "resources"), kind);
+    if (!res || !res.IsMap()) continue;
+    for (const auto& kv : res) {
+      if (!IsAcceleratorResource(Scalar(kv.first))) continue;
+      if (auto v = ToInt(Scalar(kv.second)); v && *v > 0) return v;
+    }
+  }
+  // --nproc-per-node=N, --nproc_per_node N (torchrun's spellings).
+  const std::string cmd = CommandLine(container);
+  for (const char* flag : {"--nproc-per-node", "--nproc_per_node"}) {
+    size_t at = cmd.find(flag);
+    if (at == std::string::npos) continue;
+    at += std::string_view(flag).size();
+    while (at < cmd.size() && (cmd[at] == '=' || cmd[at] == ' ')) ++at;
+    size_t end = at;
+    while (end < cmd.size() && cmd[end] >= '0' && cmd[end] <= '9') ++end;
+    if (auto v = ToInt(cmd.substr(at, end - at)); v && *v > 0) return v;
+  }
+  return std::nullopt;
+}
+
+Status ReadPolicies(const YAML::Node& n, const std::string& where,
+                    std::vector<VolcanoFacts::Policy>& out) {
+  if (!n || n.IsNull()) return Status::Ok();
+  if (!n.IsSequence()) return InvalidArgument(where + " must be a list");
+  for (size_t i = 0; i < n.size(); ++i) {
+    const YAML::Node p = n[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    if (!p.IsMap()) return InvalidArgument(at + " must be a map");
+    const std::string action = Scalar(Child(p, "action"));
+    std::vector<std::string> events;
+    if (Child(p, "event").IsScalar()) events.push_back(Scalar(Child(p, "event")));
+    if (Child(p, "events").IsSequence())
+      for (const auto& e : Child(p, "events")) events.push_back(Scalar(e));
+    for (const auto& e : events) out.push_back({e, action, at});
+  }
+  return Status::Ok();
+}
+
+StatusOr<JobSpec> Convert(const YAML::Node& doc) {
+  if (!doc.IsMap()) return InvalidArgument("the document is not a YAML map (a Volcano Job)");
+  const std::string kind = Scalar(Child(doc, "kind"));
+  if (kind != "Job")
+    return InvalidArgument("kind is \"" + kind + "\"; expected a Volcano Job (kind: Job)" +
+                           (kind == "AscendJob" ? "; convert it with `regroupctl convert`" : ""));
+  const YAML::Node meta = Child(doc, "metadata");
+  if (!meta || !meta.IsMap()) return InvalidArgument("metadata is missing or not a map");
+  JobSpec spec;
+  const std::string name = Scalar(Child(meta, "name"));
+  if (name.empty()) return InvalidArgument("metadata.name is missing");
+  std::string ns = Scalar(Child(meta, "namespace"));
+  spec.id = (ns.empty() ? "default" : ns) + "/" + name;
+  REGROUP_RETURN_IF_ERROR(CheckJobId(spec.id, "the job id (metadata.namespace/metadata.name)"));
+  spec.uid = Scalar(Child(meta, "uid"));
+  REGROUP_RETURN_IF_ERROR(ReadStringMap(Child(meta, "labels"), "metadata.labels", spec.labels));
+  REGROUP_RETURN_IF_ERROR(
+      ReadStringMap(Child(meta, "annotations"), "metadata.annotations", spec.annotations));
+
+  const YAML::Node s = Child(doc, "spec");
+  if (!s || !s.IsMap()) return InvalidArgument("spec is missing or not a map");
+  VolcanoFacts volcano;
+  if (const YAML::Node min = Child(s, "minAvailable"); min && !min.IsNull()) {
+    auto v = ToInt(Scalar(min));
+    if (!v || *v < 0 || *v > 2 * kMaxPods)
+      return InvalidArgument("spec.minAvailable must be an integer from 0 to " +
+                             std::to_string(2 * kMaxPods));
+    volcano.min_available = v;
+  }
+  REGROUP_RETURN_IF_ERROR(ReadPolicies(Child(s, "policies"), "spec.policies", volcano.policies));
+
+  const YAML::Node tasks = Child(s, "tasks");
+  if (!tasks || !tasks.IsSequence() || tasks.size() == 0)
+    return InvalidArgument("spec.tasks must be a non-empty list");
+  bool first_training = true;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const YAML::Node task = tasks[i];
+    const std::string where = "spec.tasks[" + std::to_string(i) + "]";
+    if (!task.IsMap()) return InvalidArgument(where + " must be a map");
+    const YAML::Node replicas_node = Child(task, "replicas");
+    auto replicas = replicas_node.IsNull() ? std::optional<int64_t>(1)
+                                           : ToInt(Scalar(replicas_node));
+    if (!replicas || *replicas < 0 || *replicas > kMaxPods)
+      return InvalidArgument(where + ".replicas must be an integer from 0 to " +
+                             std::to_string(kMaxPods));
+    const std::string task_name = Scalar(Child(task, "name"));
+    REGROUP_RETURN_IF_ERROR(ReadPolicies(Child(task, "policies"),
+                                         "tasks[" + (task_name.empty() ? std::to_string(i) : task_name) +
+                                             "].policies",
+                                         volcano.policies));
+    if (IsManagerTask(task)) {
+      volcano.manager_pods += *replicas;
+      if (volcano.manager_pods > kMaxPods)
+        return InvalidArgument("the job has more than " + std::to_string(kMaxPods) +
+                               " manager pods");
+      continue;
+    }
+    spec.pods += *replicas;
+    if (spec.pods > kMaxPods) return InvalidArgument("the job has more than 100000 pods");
+    if (!first_training) continue;
+    first_training = false;
+    const YAML::Node container = FirstContainer(task);
+    if (auto ppp = ProcessesPerPod(container)) {
+      if (*ppp > kMaxProcessesPerPod)
+        return InvalidArgument(where + " asks for " + std::to_string(*ppp) +
+                               " processes per pod; at most 1024 are supported");
+      spec.processes_per_pod = *ppp;
+    }
+    if (container) {
+      const YAML::Node env = Child(container, "env");
+      if (env && env.IsSequence())
+        for (const auto& e : env)
+          if (Child(e, "name").IsScalar() && Child(e, "value").IsScalar())
+            spec.env[Scalar(Child(e, "name"))] = Scalar(Child(e, "value"));
+    }
+  }
+  if (spec.pods < 1) return InvalidArgument("the job has no training pods (spec.tasks replicas)");
+  spec.volcano = std::move(volcano);
+  return spec;
+}
+
+}  // namespace
+
+Status CheckYamlText(std::string_view yaml) {
+  if (yaml.size() > kMaxYamlBytes) return InvalidArgument("the YAML document is over 4 MiB");
+  if (NestingTooDeep(yaml)) return InvalidArgument("the YAML document is nested too deeply");
+  if (size_t bad = json_util::InvalidUtf8At(yaml); bad != std::string_view::npos)
+    return InvalidArgument("the YAML document is not valid UTF-8 (byte " + std::to_string(bad) +
+                           ")");
+  return Status::Ok();
+}
+
+bool IsAcceleratorResource(std::string_view name) {
+  return name.find("gpu") != std::string_view::npos || name.find("npu") != std::string_view::npos ||
+         name.find("Ascend") != std::string_view::npos;
+}
+
+StatusOr<JobSpec> JobSpecFromVolcanoYaml(std::string_view yaml) {
+  REGROUP_RETURN_IF_ERROR(CheckYamlText(yaml));
+  try {
+    const YAML::Node doc = YAML::Load(std::string(yaml));
+    return Convert(doc);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(std::string("the job is not valid YAML: ") + e.what());
+  } catch (const std::exception& e) {
+    return InvalidArgument(std::string("the job could not be read: ") + e.what());
+  }
+}
+
+}  // namespace regroup

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""The release is written once, in VERSION. Checks that everything else takes it from there.
+
+CMake reads VERSION (project(), and common/version.h for the library and regroupctl); the Python
+package's version is VERSION through the link python/VERSION; the manifests in deploy/ and
+examples/ name Regroup's images with that tag. Run by ctest as `Version`; exits 1 naming each
+place that disagrees.
+"""
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def problems(version: str):
+    link = ROOT / "python" / "VERSION"
+    if not link.is_symlink() or link.resolve() != (ROOT / "VERSION").resolve():
+        yield "python/VERSION must be a link to ../VERSION"
+    pyproject = (ROOT / "python" / "pyproject.toml").read_text()
+    if 'dynamic = ["version"]' not in pyproject or 'version = {file = "VERSION"}' not in pyproject:
+        yield "python/pyproject.toml must take its version from VERSION (dynamic, file = VERSION)"
+    if re.search(r'^version\s*=\s*"', pyproject, re.M):
+        yield "python/pyproject.toml writes a version of its own"
+    for folder in ("deploy", "examples"):
+        for path in sorted((ROOT / folder).rglob("*.yaml")):
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                m = re.search(r"image:\s*regroup/([\w.-]+):([\w.-]+)", line)
+                if m and m.group(2) not in (version, "latest"):
+                    yield (f"{path.relative_to(ROOT)}:{number}: image regroup/{m.group(1)} is "
+                           f"tagged {m.group(2)}, but VERSION says {version}")
+    for path in (ROOT / "plugin" / "c_api.cc", ROOT / "cli" / "convert.h"):
+        if re.search(r'"\d+\.\d+\.\d+"', path.read_text()):
+            yield f"{path.relative_to(ROOT)} writes a release number; use REGROUP_VERSION_STRING"
+
+
+def main() -> int:
+    version = (ROOT / "VERSION").read_text().strip()
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        print(f"VERSION holds {version!r}, not MAJOR.MINOR.PATCH")
+        return 1
+    found = list(problems(version))
+    for p in found:
+        print(p)
+    if not found:
+        print(f"version: {version} is written once, in VERSION")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

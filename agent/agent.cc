@@ -19,6 +19,7 @@
 
 #include "agent/process.h"
 #include "common/grpc_settings.h"
+#include "common/text.h"
 
 namespace regroup::agent {
 
@@ -172,6 +173,7 @@ int Agent::NextTimeoutMs() const {
 
 void Agent::OnTimers() {
   const auto now = Clock::now();
+  server_->CloseSilent(now);
   if (stopping_) {
     if (!stopping_->termed && now >= stopping_->term_at) {
       stopping_->termed = true;
@@ -880,14 +882,16 @@ void Agent::OnMessage(uint32_t r, const v1::TrainerMessage& message) {
     }
     case v1::TrainerMessage::kFault: {
       const v1::TrainerFault& fault = message.fault();
+      // A trainer's text goes on to the manager, its events and the scheduler: bounded here.
+      std::string detail = BoundedText(fault.detail(), kMaxDetailBytes);
       spdlog::warn("local rank {} reports a fault ({}) at step {}: {}", r,
-                   v1::FaultKind_Name(fault.kind()), fault.step(), fault.detail());
+                   v1::FaultKind_Name(fault.kind()), fault.step(), detail);
       v1::AgentMessage m = NewMessage();
       auto* report = m.mutable_fault();
       report->set_kind(fault.kind());
       report->add_local_ranks(r);
       report->set_step(fault.step());
-      report->set_detail(fault.detail());
+      report->set_detail(std::move(detail));
       SendEvent(std::move(m));
       break;
     }

@@ -22,6 +22,7 @@
 #include "agent/process.h"
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "common/text.h"
 #include "regroup/v1/runtime.grpc.pb.h"
 
 namespace regroup::agent {
@@ -516,6 +517,24 @@ TEST_F(AgentTest, ATrainerFaultIsReportedWithItsRank) {
   EXPECT_EQ(fault->message.fault().local_ranks(0), 1u);
   EXPECT_EQ(fault->message.fault().step(), 0);
   EXPECT_EQ(fault->message.fault().detail(), "allreduce failed");
+}
+
+// A trainer's fault detail ends up in the manager's events and the scheduler's state: the agent
+// cuts it to 4 KiB. Before, a 6 MiB detail broke the agent's stream (over gRPC's 4 MiB) and the
+// pod was taken for a zombie.
+TEST_F(AgentTest, AHugeFaultDetailIsCutAndThePodStaysConnected) {
+  manager_.Start();
+  StartAgent(1, {"--fault-on-start", "--fault-detail-bytes", std::to_string(6 << 20)});
+  WaitTraining(1);
+  ASSERT_TRUE(manager_.Send(Start(1, -1, {{0, 0}})));
+  auto fault = manager_.WaitFor([](const v1::AgentMessage& m) { return m.has_fault(); });
+  ASSERT_TRUE(fault);
+  const std::string& detail = fault->message.fault().detail();
+  EXPECT_LE(detail.size(), kMaxDetailBytes);
+  EXPECT_NE(detail.find("bytes cut]"), std::string::npos) << detail.substr(detail.size() - 40);
+  const size_t mark = manager_.Mark();
+  EXPECT_TRUE(manager_.WaitFor(IsHeartbeat, 10s, mark)) << "the session goes on";
+  EXPECT_EQ(manager_.record().sessions, 1u);
 }
 
 TEST_F(AgentTest, MessagesFromALowerEpochAreIgnored) {

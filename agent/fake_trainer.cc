@@ -3,7 +3,7 @@
 // it receives to <log>.rank<L>, so a test can see what reached each trainer.
 //
 //   regroup_fake_trainer --log PREFIX [--heartbeat-ms N] [--step-base N] [--vote-on-start]
-//       [--ack] [--fault-on-start] [--exit-rank R --exit-after-ms N --exit-code C]
+//       [--ack] [--fault-on-start [--fault-detail-bytes N]] [--exit-rank R --exit-after-ms N --exit-code C]
 //       [--finish-after-ms N] [--ignore-stop] [--ignore-sigterm] [--checksum N] [--votes N]
 //
 // --exit-rank: that rank exits with code C N ms after its hello, once (a marker file keeps its
@@ -43,6 +43,7 @@ struct Flags {
   bool vote_on_start = false;
   bool ack = false;
   bool fault_on_start = false;
+  size_t fault_detail_bytes = 0;  // 0: "allreduce failed"
   int exit_rank = -1;
   int exit_after_ms = 0;
   int exit_code = 0;
@@ -186,7 +187,9 @@ class Trainer {
           fault.mutable_fault()->set_kind(v1::FAULT_KIND_COLLECTIVE_ERROR);
           fault.mutable_fault()->set_generation(generation_);
           fault.mutable_fault()->set_step(step_);
-          fault.mutable_fault()->set_detail("allreduce failed");
+          fault.mutable_fault()->set_detail(flags_.fault_detail_bytes
+                                                ? std::string(flags_.fault_detail_bytes, 'x')
+                                                : std::string("allreduce failed"));
           Send(fault);
         }
         break;
@@ -244,6 +247,7 @@ int main(int argc, char** argv) {
     else if (a == "--vote-on-start") flags.vote_on_start = true;
     else if (a == "--ack") flags.ack = true;
     else if (a == "--fault-on-start") flags.fault_on_start = true;
+    else if (a == "--fault-detail-bytes") flags.fault_detail_bytes = std::strtoul(next().c_str(), nullptr, 10);
     else if (a == "--exit-rank") flags.exit_rank = std::atoi(next().c_str());
     else if (a == "--exit-after-ms") flags.exit_after_ms = std::atoi(next().c_str());
     else if (a == "--exit-code") flags.exit_code = std::atoi(next().c_str());

@@ -1,6 +1,7 @@
 #include "agent/trainer_server.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -19,6 +20,9 @@ using regroup::v1::AgentReply;
 using regroup::v1::TrainerMessage;
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// Whether process `pid` exists (a zombie counts until its parent reaps it).
+bool ProcessLives(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
 
 // mkdir -p with mode 0700 for what it creates; the last component must end up a directory
 // owned by this user with mode 0700.
@@ -117,8 +121,22 @@ void TrainerServer::Accept() {
         spdlog::error("trainer socket: accept failed: {}", std::strerror(errno));
       return;
     }
-    auto c = std::make_unique<Connection>(max_frame_bytes_);
+    const auto now = std::chrono::steady_clock::now();
+    if (anonymous() >= kMaxAnonymous) {
+      close(fd);
+      ++refused_at_accept_;
+      if (now - refusal_logged_ >= std::chrono::seconds(5)) {  // rate-limited
+        spdlog::error("trainer socket: {} connection(s) refused: {} connections have not said "
+                      "hello yet (at most {})",
+                      refused_at_accept_, anonymous(), kMaxAnonymous);
+        refused_at_accept_ = 0;
+        refusal_logged_ = now;
+      }
+      continue;
+    }
+    auto c = std::make_unique<Connection>(kMaxHelloBytes);
     c->fd = fd;
+    c->accepted = now;
     ucred cred{};
     socklen_t len = sizeof cred;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) c->peer_pid = cred.pid;
@@ -195,12 +213,20 @@ void TrainerServer::ReadFrom(Connection& c) {
         }
         auto old = ranks_.find(rank);
         if (old != ranks_.end()) {
+          const pid_t holder = connections_.at(old->second)->peer_pid;
+          if (holder > 0 && holder != c.peer_pid && ProcessLives(holder)) {
+            CloseWithError(c, "hello for local rank " + std::to_string(rank) +
+                                  ", which process " + std::to_string(holder) +
+                                  " holds and is alive");
+            return;
+          }
           spdlog::info("trainer socket: local rank {} connected again (pid {}); closing its older "
-                       "connection",
-                       rank, c.peer_pid);
+                       "connection (pid {}, gone)",
+                       rank, c.peer_pid, holder);
           Close(old->second, /*notify=*/false);
         }
         c.local_rank = rank;
+        c.reader.set_max_bytes(max_frame_bytes_);
         ranks_[rank] = fd;
       }
       listener_->OnHello(rank, message.hello());
@@ -281,6 +307,15 @@ std::string TrainerServer::Describe(const Connection& c) const {
                                       : std::string("an unidentified connection");
   if (c.peer_pid > 0) out += " (pid " + std::to_string(c.peer_pid) + ")";
   return out;
+}
+
+void TrainerServer::CloseSilent(std::chrono::steady_clock::time_point now) {
+  std::vector<int> silent;
+  for (const auto& [fd, c] : connections_)
+    if (c->local_rank < 0 && now - c->accepted >= kHelloTimeout) silent.push_back(fd);
+  for (int fd : silent)
+    CloseWithError(*connections_.at(fd), "no hello within " +
+                                             std::to_string(kHelloTimeout.count()) + " ms");
 }
 
 pid_t TrainerServer::peer_pid(uint32_t local_rank) const {

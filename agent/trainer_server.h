@@ -3,14 +3,19 @@
 // (common/framing.h): TrainerMessage in, AgentReply out.
 //
 // A connection is anonymous until its first message, which must be a hello naming its local
-// rank; a second hello for a rank replaces that rank's connection (the old one is closed).
-// A frame over the bound, a payload that does not parse, or any message before the hello closes
-// that connection with a logged error; the server itself never fails for what a peer sends.
+// rank. A hello for a rank that is connected is refused while that connection's process lives
+// (another process cannot take a rank over); a restarted trainer's hello replaces the dead
+// process's connection. Anonymous connections are bounded: at most kMaxAnonymous at once (more
+// are closed at accept), each must say hello within kHelloTimeout, and its frames may be at most
+// kMaxHelloBytes until it has. A frame over the bound, a payload that does not parse, or any
+// message before the hello closes that connection with a logged error; the server itself never
+// fails for what a peer sends.
 // Everything runs on the EventLoop's thread; the listener's callbacks run there too.
 #pragma once
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,6 +44,10 @@ class TrainerServer {
 
   // The largest reply backlog a trainer may leave unread before its connection is closed.
   static constexpr size_t kMaxPendingBytes = 64u << 20;
+  // Bounds on connections that have not said hello (see above).
+  static constexpr size_t kMaxAnonymous = 64;
+  static constexpr std::chrono::milliseconds kHelloTimeout{10000};
+  static constexpr size_t kMaxHelloBytes = 64u << 10;
 
   // Creates `dir` (mode 0700; an existing one must be a directory owned by this user) and
   // listens on `dir`/agent.sock (mode 0600) for ranks 0..nproc-1.
@@ -53,12 +62,17 @@ class TrainerServer {
   bool Send(uint32_t local_rank, const regroup::v1::AgentReply& reply);
   // The peer pid of the rank's connection (SO_PEERCRED), 0 when unknown.
   pid_t peer_pid(uint32_t local_rank) const;
+  // Closes the connections that have not said hello within kHelloTimeout of `now`. The agent
+  // calls it from its timers.
+  void CloseSilent(std::chrono::steady_clock::time_point now);
+  size_t anonymous() const { return connections_.size() - ranks_.size(); }
 
  private:
   struct Connection {
     int fd = -1;
     int64_t local_rank = -1;  // -1 until the hello
     pid_t peer_pid = 0;
+    std::chrono::steady_clock::time_point accepted;
     FrameReader reader;
     std::string pending;  // unsent bytes of queued replies
     explicit Connection(size_t max_frame_bytes) : reader(max_frame_bytes) {}
@@ -86,6 +100,8 @@ class TrainerServer {
   bool owns_socket_ = false;  // bound by this server: removed with it
   std::unordered_map<int, std::unique_ptr<Connection>> connections_;  // by descriptor
   std::unordered_map<uint32_t, int> ranks_;                           // local rank -> descriptor
+  uint64_t refused_at_accept_ = 0;  // over kMaxAnonymous, since the last log line about it
+  std::chrono::steady_clock::time_point refusal_logged_{};
 };
 
 }  // namespace regroup::agent

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -72,7 +73,12 @@ class TrainerServerTest : public ::testing::Test {
     server_ = std::move(*server);
     recorder_.server = server_.get();
     thread_ = std::thread([this] {
-      while (!stop_) loop_.RunOnce(10);
+      while (!stop_) {
+        loop_.RunOnce(10);
+        // The agent calls this from its timers; a test moves its clock ahead by skew_ms_.
+        server_->CloseSilent(std::chrono::steady_clock::now() +
+                             std::chrono::milliseconds(skew_ms_.load()));
+      }
     });
   }
   void TearDown() override {
@@ -117,8 +123,37 @@ class TrainerServerTest : public ::testing::Test {
   Recorder recorder_;
   std::unique_ptr<TrainerServer> server_;
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> skew_ms_{0};
   std::thread thread_;
 };
+
+// In a child process: connects, says hello for `rank` and reads the answer. Exits 0 when the
+// server closed the connection, 1 when it answered, 2 on a failure. Only system calls after
+// the fork (the frame is encoded before it).
+pid_t HelloFromAnotherProcess(const std::string& socket_path, uint32_t rank) {
+  v1::TrainerMessage m;
+  m.mutable_hello()->set_local_rank(rank);
+  const std::string frame = EncodeFrame(m);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket_path.c_str());
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) _exit(2);
+  if (write(fd, frame.data(), frame.size()) != static_cast<ssize_t>(frame.size())) _exit(2);
+  char byte;
+  const ssize_t n = read(fd, &byte, 1);
+  _exit(n == 0 ? 0 : n > 0 ? 1 : 2);
+}
+
+int ExitCodeOf(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
 
 TEST_F(TrainerServerTest, TheSocketAndItsDirectoryArePrivate) {
   struct stat dir {};
@@ -161,6 +196,105 @@ TEST_F(TrainerServerTest, ASecondHelloForALiveRankReplacesTheOldConnection) {
   for (const auto& e : recorder_.events()) EXPECT_NE(e, "disconnect 0");  // replaced, not lost
   close(first);
   close(second);
+}
+
+TEST_F(TrainerServerTest, AnotherProcessCannotTakeOverARankWhoseProcessLives) {
+  int holder = Connect();
+  Hello(holder, 0, 1);
+  Reply(holder);
+  EXPECT_EQ(ExitCodeOf(HelloFromAnotherProcess(server_->socket_path(), 0)), 0)
+      << "the intruder's connection must be closed, not answered";
+  v1::TrainerMessage beat;
+  beat.mutable_heartbeat()->set_step(4);
+  ASSERT_TRUE(WriteFrame(holder, beat).ok());
+  EXPECT_TRUE(recorder_.WaitFor("message 0 step 4")) << "the holder keeps its rank";
+  for (const auto& e : recorder_.events()) EXPECT_NE(e, "disconnect 0");
+  close(holder);
+}
+
+TEST_F(TrainerServerTest, ARestartedTrainerTakesOverTheRankOfItsDeadProcess) {
+  // A process says hello for rank 1 and dies while its connection stays open (a child of it
+  // holds the descriptor), as a crashed trainer's may until the agent sees it closed.
+  int pids[2];
+  ASSERT_EQ(pipe(pids), 0);
+  v1::TrainerMessage m;
+  m.mutable_hello()->set_local_rank(1);
+  const std::string frame = EncodeFrame(m);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", server_->socket_path().c_str());
+  pid_t dead = fork();
+  if (dead == 0) {
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) _exit(2);
+    if (write(fd, frame.data(), frame.size()) != static_cast<ssize_t>(frame.size())) _exit(2);
+    char reply[64];
+    if (read(fd, reply, sizeof reply) <= 0) _exit(2);  // the welcome: rank 1 is this process's
+    pid_t keeper = fork();
+    if (keeper == 0) {
+      pause();  // holds the connection open until killed
+      _exit(0);
+    }
+    if (write(pids[1], &keeper, sizeof keeper) != sizeof keeper) _exit(2);
+    _exit(0);
+  }
+  pid_t keeper = 0;
+  ASSERT_EQ(read(pids[0], &keeper, sizeof keeper), static_cast<ssize_t>(sizeof keeper));
+  ASSERT_EQ(ExitCodeOf(dead), 0);  // reaped: its pid no longer exists
+  EXPECT_TRUE(recorder_.WaitFor("hello 1"));
+
+  int restarted = Connect();
+  Hello(restarted, 1, 7);
+  EXPECT_EQ(Reply(restarted).welcome().epoch(), 7u);
+  kill(keeper, SIGKILL);
+  waitpid(keeper, nullptr, 0);
+  close(pids[0]);
+  close(pids[1]);
+  close(restarted);
+}
+
+TEST_F(TrainerServerTest, ConnectionsThatNeverSayHelloAreBoundedAndTimedOut) {
+  // Accepted in the order they connect: the one after the bound is closed at accept.
+  std::vector<int> silent;
+  for (size_t i = 0; i < TrainerServer::kMaxAnonymous; ++i) silent.push_back(Connect());
+  int extra = Connect();
+  EXPECT_TRUE(Closed(extra)) << "a connection over the bound is closed at once";
+  close(extra);
+
+  // One of them starts a frame larger than a hello may be.
+  const char big[4] = {'\x00', '\x02', '\x00', '\x00'};  // 128 KiB announced
+  ASSERT_EQ(write(silent[0], big, 4), 4);
+  EXPECT_TRUE(Closed(silent[0]));
+
+  // A trainer that says hello is not affected, and may then send large frames.
+  skew_ms_ = 0;
+  close(silent[1]);  // room for one more
+  int trainer = -1;
+  for (auto deadline = std::chrono::steady_clock::now() + 5s;
+       std::chrono::steady_clock::now() < deadline && trainer < 0; std::this_thread::sleep_for(5ms)) {
+    trainer = Connect();
+    Hello(trainer, 0, 9);
+    char byte;
+    if (recv(trainer, &byte, 1, MSG_PEEK) <= 0) {
+      close(trainer);
+      trainer = -1;
+    }
+  }
+  ASSERT_GE(trainer, 0);
+  EXPECT_EQ(Reply(trainer).welcome().epoch(), 9u);
+  v1::TrainerMessage large;
+  large.mutable_fault()->set_detail(std::string(200 << 10, 'x'));
+  ASSERT_TRUE(WriteFrame(trainer, large).ok());
+  EXPECT_TRUE(recorder_.WaitFor("message 0 step 0")) << "a 200 KiB frame after the hello";
+
+  // The silent ones are closed once they have waited kHelloTimeout.
+  skew_ms_ = TrainerServer::kHelloTimeout.count() + 1000;
+  for (size_t i = 2; i < silent.size(); ++i) EXPECT_TRUE(Closed(silent[i])) << i;
+  for (int fd : silent) close(fd);
+  close(trainer);
+  stop_ = true;
+  thread_.join();
+  EXPECT_EQ(server_->anonymous(), 0u);
 }
 
 TEST_F(TrainerServerTest, AnOversizeFrameClosesOnlyThatConnection) {

@@ -43,6 +43,9 @@ class FrameReader {
   explicit FrameReader(size_t max_bytes = kMaxFrameBytes) : max_bytes_(max_bytes) {}
 
   void Append(const char* data, size_t size) { buffer_.append(data, size); }
+  // Changes the bound for the frames not yet taken out (a peer earns a larger one by saying who
+  // it is).
+  void set_max_bytes(size_t max_bytes) { max_bytes_ = max_bytes; }
   // Moves the next whole frame's payload into `payload`.
   Result Next(std::string* payload);
   // The length the last refused header announced (for error messages).

@@ -5,7 +5,9 @@
 //   regroup-manager --job-id default/llama --nodes 4 --nproc-per-node 8
 //       --annotation recover-strategy=recover,elastic-training --label fault-scheduling=force
 //   regroup-manager --job examples/jobs/elastic-job.yaml
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -15,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "plugin/volcano_job.h"
+#include "common/address.h"
 #include "common/clock.h"
 #include "common/credential.h"
 #include "manager/remote_decisions.h"
@@ -43,13 +46,14 @@ int main(int argc, char** argv) {
   CLI::App app{"regroup-manager: the per-job manager of Regroup"};
   std::string job_file, job_id, listen = "0.0.0.0:9601", http, credential_file, tls_cert, tls_key,
                                 port_file, coordinator, coordinator_ca;
-  int64_t nodes = 0, nproc = 0, join_window_s = 30;
-  uint64_t epoch = 0;
+  int64_t nodes = 0, nproc = 0, join_window_s = 30, epoch = 0;
   std::vector<std::string> labels, annotations, envs;
   app.add_option("--job", job_file, "the job: a Volcano Job (YAML) or a job spec (JSON)");
   app.add_option("--job-id", job_id, "the job's id (default: $REGROUP_JOB_ID or $MINDX_TASK_ID)");
-  app.add_option("--nodes,--node-nums", nodes, "training pods (agents) of the job");
-  app.add_option("--nproc-per-node,--proc-per-node", nproc, "processes per pod");
+  app.add_option("--nodes,--node-nums", nodes, "training pods (agents) of the job")
+      ->check(CLI::Range(int64_t{1}, regroup::kMaxPods));
+  app.add_option("--nproc-per-node,--proc-per-node", nproc, "processes per pod")
+      ->check(CLI::Range(int64_t{1}, regroup::kMaxProcessesPerPod));
   app.add_option("--label", labels, "a job label KEY=VALUE (repeatable)");
   app.add_option("--annotation", annotations, "a job annotation KEY=VALUE (repeatable)");
   app.add_option("--env", envs, "rank 0's environment KEY=VALUE (MINDIO_WAIT_MINDX_TIME)");
@@ -67,13 +71,25 @@ int main(int argc, char** argv) {
   app.add_option("--join-window-s", join_window_s, "how long the first rendezvous waits")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
-  app.add_option("--epoch", epoch, "this incarnation's epoch (default: the clock in ms)");
+  app.add_option("--epoch", epoch, "this incarnation's epoch (default: the clock in ms)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 60));
   app.add_option("--coordinator", coordinator,
                  "the coordinator HOST:PORT that makes the scheduling decisions (default: "
                  "$REGROUP_COORDINATOR_ADDR; none: the embedded engine makes them)");
   app.add_option("--coordinator-ca", coordinator_ca,
                  "connect to the coordinator over TLS, trusting this CA bundle (PEM)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; any bad command line is 2, as the agent's
+  }
+  for (auto [flag, address] : {std::pair{"--listen", &listen}, std::pair{"--http", &http}}) {
+    if (address->empty()) continue;
+    if (auto st = regroup::CheckHostPort(*address, flag, /*port_zero_allowed=*/true); !st.ok()) {
+      std::cerr << "regroup-manager: " << st.message() << "\n";
+      return 2;
+    }
+  }
 
   regroup::JobSpec spec;
   if (!job_file.empty()) {
@@ -128,7 +144,7 @@ int main(int argc, char** argv) {
     spdlog::warn("no job credential configured: any client may talk to this manager");
 
   regroup::manager::RuntimeOptions ro;
-  ro.epoch = epoch ? epoch : static_cast<uint64_t>(regroup::WallMs());
+  ro.epoch = static_cast<uint64_t>(epoch ? epoch : regroup::WallMs());
   ro.join_window_ms = join_window_s * 1000;
   if (coordinator.empty())
     if (const char* v = Env("REGROUP_COORDINATOR_ADDR")) coordinator = v;
@@ -180,8 +196,17 @@ int main(int argc, char** argv) {
                spec.id, spec.pods, spec.processes_per_pod, ro.epoch, server.port(),
                http.empty() ? "" : ", HTTP on port " + std::to_string(server.http_port()));
   if (!port_file.empty()) {
-    std::ofstream(port_file + ".tmp") << server.port() << "\n";
-    std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream out(tmp);
+    out << server.port() << "\n";
+    out.close();
+    if (!out || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      std::cerr << "regroup-manager: --port-file: cannot write " << port_file << ": "
+                << std::strerror(errno) << "\n";
+      std::remove(tmp.c_str());
+      server.Stop();
+      return 1;
+    }
   }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);

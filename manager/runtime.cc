@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/text.h"
 #include "plugin/wire_facts.h"
 
 namespace regroup::manager {
@@ -295,7 +296,7 @@ Status JobRuntime::Handle(uint64_t stream, const v1::AgentMessage& message, int6
       if (state_ != State::kTraining) return Status::Ok();  // already handling a fault
       // No kind, or one this manager does not know (a newer agent): a failed collective.
       Fault(EngineFaultKind(f.kind()).empty() ? v1::FAULT_KIND_COLLECTIVE_ERROR : f.kind(), {},
-            ranks, f.step(), f.detail(), now);
+            ranks, f.step(), BoundedText(f.detail(), kMaxDetailBytes), now);
       return Status::Ok();
     }
     case v1::AgentMessage::kVotes:

@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "manager/prometheus_text.h"
 
 namespace regroup::manager {
 
@@ -57,6 +58,16 @@ Status ManagerServer::Start() {
       return InvalidArgument("regroup-manager cannot serve HTTP on " + options_.http_listen);
     }
     http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+    // httplib's stop() does nothing until the listening loop runs; a Stop() right after Start()
+    // would then leave that loop in accept() for good. Start returns once it runs.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!http_->is_running() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!http_->is_running()) {
+      Stop();
+      return FailedPrecondition("regroup-manager's HTTP server on " + options_.http_listen +
+                                " did not start within 10 s");
+    }
   }
   ticker_ = std::thread([this] { TickLoop(); });
   return Status::Ok();
@@ -201,37 +212,41 @@ std::string ManagerServer::MetricsText() {
   std::lock_guard lock(mu_);
   const JobRuntime& r = *runtime_;
   const auto& c = r.counters();
-  const std::string job = "{job=\"" + r.spec().id + "\"}";
-  std::ostringstream m;
-  auto gauge = [&](const char* name, const char* help, double value) {
-    m << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
-      << name << job << " " << value << "\n";
+  const std::string& id = r.spec().id;
+  const PrometheusText::Labels job = {{"job", id}};
+  PrometheusText m;
+  auto gauge = [&](std::string_view name, std::string_view help, auto value) {
+    m.Family(name, "gauge", help);
+    m.Sample(name, job, value);
   };
-  gauge("regroup_epoch", "The manager incarnation.", static_cast<double>(r.epoch()));
+  auto counter = [&](std::string_view name, std::string_view help, uint64_t value) {
+    m.Family(name, "counter", help);
+    m.Sample(name, job, value);
+  };
+  gauge("regroup_epoch", "The manager incarnation.", static_cast<uint64_t>(r.epoch()));
   gauge("regroup_generation", "The current generation n of (epoch, n).",
-        static_cast<double>(r.generation()));
-  gauge("regroup_world_size", "Ranks in the current generation.", r.world_size());
-  gauge("regroup_committed_step", "The last committed step.", static_cast<double>(r.committed_step()));
-  gauge("regroup_training", "1 while a generation trains.", r.training() ? 1 : 0);
-  gauge("regroup_agents_connected", "Agents with a live stream.", static_cast<double>(by_node_.size()));
-  gauge("regroup_step_seconds", "Median step time.", c.step_seconds);
+        static_cast<uint64_t>(r.generation()));
+  gauge("regroup_world_size", "Ranks in the current generation.",
+        static_cast<int64_t>(r.world_size()));
+  gauge("regroup_committed_step", "The last committed step.",
+        static_cast<int64_t>(r.committed_step()));
+  gauge("regroup_training", "1 while a generation trains.", int64_t{r.training() ? 1 : 0});
+  gauge("regroup_agents_connected", "Agents with a live stream.",
+        static_cast<uint64_t>(by_node_.size()));
+  gauge("regroup_step_seconds", "Median step time.", static_cast<double>(c.step_seconds));
   gauge("regroup_last_recovery_ms", "From the last abort to the next generation's first commit.",
-        c.last_recovery_ms);
-  m << "# HELP regroup_faults_total Faults by kind.\n# TYPE regroup_faults_total counter\n";
+        static_cast<double>(c.last_recovery_ms));
+  m.Family("regroup_faults_total", "counter", "Faults by kind.");
   for (const auto& [kind, n] : c.faults)
-    m << "regroup_faults_total{job=\"" << r.spec().id << "\",kind=\"" << kind << "\"} " << n << "\n";
-  m << "# HELP regroup_directives_total Directives carried out, by kind.\n"
-       "# TYPE regroup_directives_total counter\n";
+    m.Sample("regroup_faults_total", {{"job", id}, {"kind", kind}}, static_cast<uint64_t>(n));
+  m.Family("regroup_directives_total", "counter", "Directives carried out, by kind.");
   for (const auto& [kind, n] : c.directives)
-    m << "regroup_directives_total{job=\"" << r.spec().id << "\",kind=\"" << kind << "\"} " << n
-      << "\n";
-  m << "# TYPE regroup_commits_total counter\nregroup_commits_total" << job << " " << c.commits
-    << "\n";
-  m << "# TYPE regroup_messages_total counter\nregroup_messages_total" << job << " " << messages_
-    << "\n";
-  m << "# TYPE regroup_refusals_total counter\nregroup_refusals_total" << job << " " << refusals_
-    << "\n";
-  return m.str();
+    m.Sample("regroup_directives_total", {{"job", id}, {"kind", kind}}, static_cast<uint64_t>(n));
+  counter("regroup_commits_total", "Steps committed.", static_cast<uint64_t>(c.commits));
+  counter("regroup_messages_total", "Agent messages received.", static_cast<uint64_t>(messages_));
+  counter("regroup_refusals_total", "Sessions and messages refused.",
+          static_cast<uint64_t>(refusals_));
+  return m.text();
 }
 
 }  // namespace regroup::manager

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/text.h"
 #include "plugin/job_spec.h"
 #include "plugin/wire_facts.h"
 
@@ -19,19 +20,9 @@ namespace {
 // Bounds on what one fact may carry: its lists are pods and ranks of one job, and its detail
 // ends up in the engine's reasons and history, which are exported to the PodGroup.
 constexpr int kMaxListEntries = static_cast<int>(kMaxPods);
-constexpr size_t kMaxDetailBytes = 4096;
 
 uint32_t U32(int64_t v) {
   return static_cast<uint32_t>(std::clamp<int64_t>(v, 0, std::numeric_limits<uint32_t>::max()));
-}
-
-// At most `limit` bytes of valid UTF-8 `text`, cut at a character boundary.
-std::string Truncated(std::string text, size_t limit) {
-  if (text.size() <= limit) return text;
-  size_t end = limit;
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
-  text.resize(end);
-  return text;
 }
 
 std::string_view FactName(v1::ManagerReport::BodyCase body) {
@@ -47,36 +38,6 @@ std::string_view FactName(v1::ManagerReport::BodyCase body) {
 uint64_t Served(uint64_t served, uint64_t asking) { return served ? served : asking; }
 
 }  // namespace
-
-std::string ValidUtf8(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned char c = p[i];
-    size_t len = 0;
-    uint32_t min = 0, cp = 0;
-    if (c < 0x80) len = 1, cp = c;
-    else if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
-    bool ok = len > 0 && i + len <= n;
-    for (size_t k = 1; ok && k < len; ++k) {
-      ok = (p[i + k] & 0xC0) == 0x80;
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    ok = ok && cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    if (ok) {
-      out.append(text.substr(i, len));
-      i += len;
-    } else {
-      out += "\xEF\xBF\xBD";  // U+FFFD
-      ++i;
-    }
-  }
-  return out;
-}
 
 std::optional<v1::Directive> DirectiveToProto(const Directive& d) {
   v1::Directive p;
@@ -215,7 +176,7 @@ Status Attachments::ApplyFact(const Attached& a, const v1::ManagerReport& report
         return InvalidArgument("the fault of job " + a.job + " has kind " +
                                std::to_string(static_cast<int>(f.kind())) +
                                ", which is not a fault kind: set FaultFacts.kind");
-      fault->detail = Truncated(ValidUtf8(fault->detail), kMaxDetailBytes);
+      fault->detail = BoundedText(fault->detail, kMaxDetailBytes);
       std::unique_lock lock(engine_mu_);
       return engine_.ReportFault(a.job, std::move(*fault));
     }

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/text.h"
 #include "plugin/engine.h"
 #include "common/status.h"
 #include "regroup/v1/runtime.pb.h"
@@ -28,9 +29,6 @@ namespace v1 = ::regroup::v1;
 
 // An engine directive in its wire form (strings made valid UTF-8, which proto3 requires).
 std::optional<v1::Directive> DirectiveToProto(const Directive& d);  // nullopt: not a wire kind
-
-// `text` with every byte that is not part of valid UTF-8 replaced by U+FFFD.
-std::string ValidUtf8(std::string_view text);
 
 class Attachments {
  public:

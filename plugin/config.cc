@@ -241,9 +241,16 @@ void CheckSizing(const JobConfig& c, int64_t pods, Checker& check) {
   const int64_t ppp = c.processes_per_pod;
   const std::string tp_pp = std::to_string(c.tensor_parallel) + "x" +
                             std::to_string(c.pipeline_parallel) + "=" + std::to_string(ranks);
-  if (ppp < 1) {
+  if (ppp < 1 || ppp > kMaxProcessesPerPod) {
     check.Error("processes_per_pod", std::to_string(ppp),
-                "the job has " + std::to_string(ppp) + " processes per pod; it needs at least 1");
+                "the job has " + std::to_string(ppp) + " processes per pod; it may have 1 to " +
+                    std::to_string(kMaxProcessesPerPod));
+    return;
+  }
+  if (pods < 1 || pods > kMaxPods) {
+    check.Error("pods", std::to_string(pods),
+                "the job has " + std::to_string(pods) + " pods; it may have 1 to " +
+                    std::to_string(kMaxPods));
     return;
   }
   if (ranks % ppp != 0 && ppp % ranks != 0) {

@@ -15,6 +15,10 @@
 
 namespace regroup {
 
+// The largest job the engine takes: pods, and processes per pod.
+inline constexpr int64_t kMaxPods = 100000;
+inline constexpr int64_t kMaxProcessesPerPod = 1024;
+
 // The recovery ladder, cheapest first (MindCluster's order).
 enum class Strategy : uint8_t { kRetry, kRecoverInPlace, kRecover, kElasticTraining, kDump, kExit };
 inline constexpr int kStrategyCount = 6;

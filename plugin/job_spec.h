@@ -15,9 +15,6 @@
 
 namespace regroup {
 
-inline constexpr int64_t kMaxPods = 100000;
-inline constexpr int64_t kMaxProcessesPerPod = 1024;
-
 struct JobSpec {
   std::string id;
   std::string uid;

@@ -338,6 +338,15 @@ func (p *plugin) syncJob(ssn *framework.Session, job *api.JobInfo, id string) *s
 		avoid:    map[string]bool{},
 		scores:   map[api.TaskID]map[string]int32{},
 	}
+	if v.spec.Pods == 0 {
+		// The job controller has not created the training pods yet (a session can see the
+		// PodGroup, or only its manager pod, first): there is nothing to size or validate, and
+		// the job is not invalid. It waits for a session that sees its pods.
+		sj.invalid = fmt.Sprintf("job %s has no training pods yet: waiting for the job controller "+
+			"to create them", id)
+		klog.V(3).Infof("regroup: %s", sj.invalid)
+		return sj
+	}
 	if first || !v.spec.equal(&rec.specOf) {
 		spec, err := v.spec.encode()
 		if err != nil {

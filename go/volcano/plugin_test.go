@@ -274,6 +274,33 @@ func TestBadRegroupKeyFailsValidationWithTheEnginesMessage(t *testing.T) {
 	}
 }
 
+// A session can see a job's PodGroup (and its manager pod) before the job controller has created
+// the training pods. Before, the plugin sized the job at 0 pods and failed its validation
+// ("pods is 0"), which the localsched suite hit about once in ten runs.
+func TestAJobWhoseTrainingPodsAreNotCreatedYetIsNotInvalid(t *testing.T) {
+	w := newWorld(t)
+	for _, n := range []string{"n1", "n2", "n3"} {
+		w.addNode(n, 8)
+	}
+	labels, annotations := elasticKeys()
+	w.addJob("train", 2, labels, annotations, 8) // the PodGroup alone
+	w.addPod("train", "manager", 0, 1, "")
+	w.run(defaultActions())
+	if ev := w.rec.eventsWithReason(ReasonInvalid); len(ev) != 0 {
+		t.Fatalf("events %+v; want none: a job whose pods are not created yet is not invalid", ev)
+	}
+	for i := 0; i < 2; i++ {
+		w.addPod("train", "worker", i, 8, "")
+	}
+	w.clock.set(t0 + 1000)
+	if s := w.run(defaultActions()); len(s.bound) != 3 {
+		t.Errorf("bound %v; want the manager and both workers once the pods exist", s.bound)
+	}
+	if ev := w.rec.eventsWithReason(ReasonInvalid); len(ev) != 0 {
+		t.Errorf("events %+v; want none", ev)
+	}
+}
+
 func TestBadMindClusterValueIsScheduledWithAWarning(t *testing.T) {
 	w := newWorld(t)
 	for _, n := range []string{"n1", "n2", "n3", "n4"} {

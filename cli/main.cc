@@ -28,12 +28,24 @@ std::string Dump(const nlohmann::json& j) {
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// The most regroupctl reads from any input: a job, a fault script, a MindCluster job.
+constexpr size_t kMaxInputBytes = 4u << 20;
+
+// At most kMaxInputBytes of `path`, read in chunks, so that a device (/dev/zero) or an endless
+// pipe is refused after the limit instead of filling memory.
 StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return regroup::InvalidArgument("cannot read " + path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    text.append(chunk, static_cast<size_t>(in.gcount()));
+    if (text.size() > kMaxInputBytes)
+      return regroup::InvalidArgument(path + " is larger than " +
+                                      std::to_string(kMaxInputBytes >> 20) + " MiB");
+  }
+  if (in.bad()) return regroup::InvalidArgument("cannot read " + path);
+  return text;
 }
 
 // A job file: a Volcano Job in YAML, or the engine's job spec in JSON (*.json).

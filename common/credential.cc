@@ -31,6 +31,9 @@ StatusOr<std::string> LoadCredential(const std::string& file) {
   }
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' '))
     token.pop_back();
+  // A file that was named must hold a token: an empty one would silently turn authentication off.
+  if (!path.empty() && token.empty())
+    return InvalidArgument("the credential file " + path + " is empty: it must hold the token");
   return token;
 }
 

@@ -11,7 +11,8 @@ namespace regroup {
 
 // Reads the job's credential: `file` if given, else $REGROUP_CREDENTIAL_FILE, else
 // $REGROUP_CREDENTIAL. An empty result means "no credential configured" (local testing only;
-// the servers then accept only clients that send none). A file that cannot be read is an error.
+// the servers then accept only clients that send none). A file that cannot be read, is a
+// directory or holds no token is an error, never "no credential".
 StatusOr<std::string> LoadCredential(const std::string& file);
 
 // Adds the credential to an outgoing call.

@@ -24,6 +24,11 @@ void ConfigureServer(grpc::ServerBuilder& builder) {
                              static_cast<int>(kClientPingInterval.count() / 2));
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);  // never too_many_pings
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // The server pings too, so that a peer that vanished (a paused or partitioned pod, a reset
+  // that never reached us) frees its stream within kServerPingInterval + kPingTimeout instead
+  // of after TCP's retransmissions (minutes), which would keep its node rank held.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(kServerPingInterval.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(kPingTimeout.count()));
   // A second server on a port already in use must fail, not share it (SO_REUSEPORT).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
 }
@@ -34,7 +39,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(kClientPingInterval.count()));
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(kPingTimeout.count()));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);

@@ -22,6 +22,9 @@ grpc::Status ToGrpcStatus(const Status& status);
 // Keepalive and size settings for a server. Clients ping at most every `kClientPingInterval`;
 // the server permits pings that often, so it never answers `too_many_pings`.
 inline constexpr std::chrono::milliseconds kClientPingInterval{10000};
+// The server pings its clients as often; a ping unanswered for kPingTimeout ends the connection.
+inline constexpr std::chrono::milliseconds kServerPingInterval{10000};
+inline constexpr std::chrono::milliseconds kPingTimeout{5000};
 void ConfigureServer(grpc::ServerBuilder& builder);
 // A client channel to `target` with matching keepalives, optionally over TLS (`tls_ca_file`
 // non-empty: the server's CA bundle).

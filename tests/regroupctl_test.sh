@@ -42,6 +42,15 @@ out=$("$ctl" validate "$tmp" --json 2>&1); rc=$?
 [ $rc -eq 2 ] || fail "invalid UTF-8: validate must refuse the document (exit 2), got $rc: $out"
 grep -q "not valid UTF-8" <<<"$out" || fail "invalid UTF-8 report: $out"
 
+# Every input is read up to a limit: a device or an endless pipe is refused, never read whole.
+out=$(timeout 20 "$ctl" validate /dev/zero 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "/dev/zero: validate must refuse it (exit 2), got $rc: $out"
+grep -qF "/dev/zero is larger than 4 MiB" <<<"$out" || fail "/dev/zero report: $out"
+out=$(yes 'kind: Job' | timeout 20 "$ctl" validate /dev/stdin 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "an endless pipe: validate must refuse it (exit 2), got $rc: $out"
+out=$(timeout 20 "$ctl" simulate "$src/examples/jobs/elastic-job.yaml" /dev/zero 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "/dev/zero as a fault script must be refused (exit 2), got $rc: $out"
+
 out=$("$ctl" keys) || fail "keys"
 grep -qF '`wait-reschedule-timeout` | annotation | an integer from 30 to 270 | 270' <<<"$out" || fail "$out"
 

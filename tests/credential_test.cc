@@ -1,0 +1,83 @@
+// A credential that was asked for is either loaded or refused with a reason; a bad path never
+// turns authentication off.
+#include "common/credential.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+namespace regroup {
+namespace {
+
+class CredentialTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::unsetenv("REGROUP_CREDENTIAL_FILE");
+    ::unsetenv("REGROUP_CREDENTIAL");
+    dir_ = std::filesystem::temp_directory_path() /
+           ("regroup-credential-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Write(const std::string& name, const std::string& text) {
+    auto path = dir_ / name;
+    std::ofstream(path, std::ios::binary) << text;
+    return path.string();
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(CredentialTest, AFileIsReadWithItsTrailingNewlineRemoved) {
+  auto token = LoadCredential(Write("token", "s3cret\n"));
+  ASSERT_TRUE(token.ok()) << token.status().message();
+  EXPECT_EQ(*token, "s3cret");
+}
+
+TEST_F(CredentialTest, AnEmptyFileIsAnErrorNotAnOpenServer) {
+  auto path = Write("token", " \n");
+  auto token = LoadCredential(path);
+  ASSERT_FALSE(token.ok());
+  EXPECT_NE(token.status().message().find("is empty"), std::string::npos) << token.status().message();
+  EXPECT_NE(token.status().message().find(path), std::string::npos);
+}
+
+TEST_F(CredentialTest, ASecretsMountFolderIsAnErrorThatNamesTheFileToGive) {
+  auto token = LoadCredential(dir_.string());
+  ASSERT_FALSE(token.ok());
+  EXPECT_NE(token.status().message().find("is a directory"), std::string::npos)
+      << token.status().message();
+  EXPECT_NE(token.status().message().find(dir_.string() + "/token"), std::string::npos);
+}
+
+TEST_F(CredentialTest, AMissingFileIsAnError) {
+  EXPECT_FALSE(LoadCredential((dir_ / "absent").string()).ok());
+}
+
+TEST_F(CredentialTest, AHugeFileIsRefused) {
+  auto token = LoadCredential(Write("token", std::string(2 << 20, 'x')));
+  ASSERT_FALSE(token.ok());
+  EXPECT_NE(token.status().message().find("more than"), std::string::npos) << token.status().message();
+}
+
+TEST_F(CredentialTest, TheFileNamedByTheEnvironmentIsCheckedTheSameWay) {
+  ::setenv("REGROUP_CREDENTIAL_FILE", Write("token", "").c_str(), 1);
+  EXPECT_FALSE(LoadCredential("").ok());
+  ::unsetenv("REGROUP_CREDENTIAL_FILE");
+}
+
+TEST_F(CredentialTest, NoneConfiguredIsEmpty) {
+  auto token = LoadCredential("");
+  ASSERT_TRUE(token.ok());
+  EXPECT_TRUE(token->empty());
+}
+
+}  // namespace
+}  // namespace regroup

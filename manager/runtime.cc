@@ -209,7 +209,8 @@ StatusOr<int64_t> JobRuntime::Register(uint64_t stream, const v1::Header& header
     return InvalidArgument("node rank " + std::to_string(node) + " is out of range: job " +
                            spec_.id + " has " + std::to_string(spec_.pods) + " pods");
   Agent& a = agents_[static_cast<size_t>(node)];
-  if (a.connected && a.pod_uid != reg.pod_uid())
+  // A pod declared lost holds its node rank no longer, even while its fenced stream ends.
+  if (a.connected && a.state != AgentState::kLost && a.pod_uid != reg.pod_uid())
     return FailedPrecondition("node rank " + std::to_string(node) + " is held by pod " +
                               a.pod_uid + "; pod " + reg.pod_uid() + " cannot take it");
   const bool replacement =
@@ -533,9 +534,18 @@ void JobRuntime::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
       Agent& a = agents_[static_cast<size_t>(p)];
       a.state = AgentState::kLost;
       if (!a.pod_uid.empty()) lost_uids_.insert(a.pod_uid);
+      // Declared lost while its stream is still open (a paused or partitioned agent): tell it
+      // at once, so that it stops its trainers instead of waiting in limbo, and end the stream.
+      if (a.connected)
+        Send(p, MakeRefusal("pod " + a.pod_uid + " was declared lost: " + detail, true), true);
     }
   }
-  if (state_ == State::kTraining) {
+  // Only a fault that touches the running generation aborts it: a lost standby or spare, or a
+  // replacement that fails before it joins, leaves the generation training.
+  bool touches_generation = !ranks.empty() || pods.empty();
+  for (int64_t p : pods)
+    for (int32_t r : rank_of_[static_cast<size_t>(p)]) touches_generation |= r >= 0;
+  if (state_ == State::kTraining && touches_generation) {
     first_fault_ms_ = now;
     Abort(FaultKindText(kind) + ": " + detail, now);
   }

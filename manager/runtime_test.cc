@@ -306,6 +306,34 @@ TEST(Runtime, LostAgentScalesInAndItsReplacementScalesOut) {
   EXPECT_EQ(sim.rt->world_size(), 8u);
 }
 
+// Issue 11, finding 2: a fault that touches no rank of the running generation never aborts it.
+TEST(Runtime, LosingAStandbyPodDoesNotAbortTheGeneration) {
+  Sim sim(4, 1, kForce, kElastic);  // tp 2: a replica is 2 pods, dp 2
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->world_size(), 4u);
+  sim.rt->Disconnected(sim.streams_[3], sim.now);  // replica 1 breaks: dp 1, pod 2 stands by
+  sim.Gone(3);
+  sim.Run(400, 0);
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  ASSERT_EQ(sim.rt->world_size(), 2u);
+  ASSERT_TRUE(sim.rt->training());
+  sim.Clear();
+  sim.rt->Disconnected(sim.streams_[2], sim.now);  // the standby is lost
+  sim.Gone(2);
+  sim.Run(400, 0);
+  EXPECT_TRUE(sim.rt->training()) << "no rank of the generation was touched";
+  EXPECT_EQ(sim.rt->generation(), 2u);
+  for (int64_t n : {0, 1}) EXPECT_EQ(sim.Count(n, v1::ManagerMessage::kAbort), 0) << "pod " << n;
+  // Training goes on: the step commits.
+  for (int64_t n : {0, 1}) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  sim.Run(40, 1);
+  EXPECT_EQ(sim.rt->committed_step(), 0);
+  bool fault_seen = false;
+  for (const auto& e : Events(sim)) fault_seen = fault_seen || e.kind() == "fault";
+  EXPECT_TRUE(fault_seen) << "the lost standby is still a fault the decision maker hears of";
+}
+
 TEST(Runtime, ScaleOutWaitsForTheReplacementsTrainersToSayHello) {
   Sim sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
@@ -347,6 +375,32 @@ TEST(Runtime, MissedHeartbeatsAreALostPod) {
     lost = lost || e.message().find("no heartbeat from pod pod-1") != std::string::npos;
   EXPECT_TRUE(lost);
   EXPECT_EQ(status.nodes(1).state(), "lost");
+}
+
+// Issue 11, finding 1: a paused agent declared lost is told so at once (a fenced refusal that
+// ends its stream), and its still-open stream never blocks its replacement.
+TEST(Runtime, APodDeclaredLostWhileConnectedIsFencedAndDoesNotBlockItsReplacement) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  sim.Gone(1);  // paused (SIGSTOP): no heartbeats, the stream stays open
+  bool closed = false, fenced = false;
+  for (int64_t t = 0; t < 1000 && !closed; t += 20) {
+    sim.now += 20;
+    sim.BeatAll(0);
+    sim.rt->Tick(sim.now);
+    for (auto& o : sim.rt->TakeOutgoing())
+      if (o.node_rank == 1 && o.message.has_refusal()) {
+        fenced = o.message.refusal().fenced();
+        closed = o.close;
+      }
+  }
+  EXPECT_TRUE(fenced) << "the lost pod must learn it is fenced";
+  EXPECT_TRUE(closed) << "and its stream must end";
+  // Its replacement registers while the old stream has not gone yet.
+  auto node = sim.Register(1, "pod-1-b");
+  ASSERT_TRUE(node.ok()) << node.status().message();
+  EXPECT_EQ(*node, 1);
 }
 
 TEST(Runtime, AHungStepIsDetected) {

@@ -124,14 +124,10 @@ void TrainerServer::Accept() {
     const auto now = std::chrono::steady_clock::now();
     if (anonymous() >= kMaxAnonymous) {
       close(fd);
-      ++refused_at_accept_;
-      if (now - refusal_logged_ >= std::chrono::seconds(5)) {  // rate-limited
+      if (auto held = refusal_log_.Allow(now))
         spdlog::error("trainer socket: {} connection(s) refused: {} connections have not said "
                       "hello yet (at most {})",
-                      refused_at_accept_, anonymous(), kMaxAnonymous);
-        refused_at_accept_ = 0;
-        refusal_logged_ = now;
-      }
+                      *held + 1, anonymous(), kMaxAnonymous);
       continue;
     }
     auto c = std::make_unique<Connection>(kMaxHelloBytes);

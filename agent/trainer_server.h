@@ -24,6 +24,7 @@
 
 #include "agent/event_loop.h"
 #include "common/framing.h"
+#include "common/log_limit.h"
 #include "common/status.h"
 #include "regroup/v1/runtime.pb.h"
 
@@ -100,8 +101,7 @@ class TrainerServer {
   bool owns_socket_ = false;  // bound by this server: removed with it
   std::unordered_map<int, std::unique_ptr<Connection>> connections_;  // by descriptor
   std::unordered_map<uint32_t, int> ranks_;                           // local rank -> descriptor
-  uint64_t refused_at_accept_ = 0;  // over kMaxAnonymous, since the last log line about it
-  std::chrono::steady_clock::time_point refusal_logged_{};
+  LogLimit refusal_log_{std::chrono::seconds(5)};  // connections refused over kMaxAnonymous
 };
 
 }  // namespace regroup::agent

@@ -145,7 +145,9 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
     }
     if (!st.ok()) {
       ++refusals_;
-      spdlog::warn("refused a registration: {}", st.message());
+      if (auto held = registration_refusal_log_.Allow(LogLimit::Clock::now()))
+        spdlog::warn("refused a registration: {}{}", st.message(),
+                     *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
       const bool fenced =
           message.has_register_() && runtime_->IsFenced(message.register_().pod_uid());
       stream->Send(runtime_->MakeRefusal(st.message(), fenced), true, ToGrpcStatus(st));
@@ -159,7 +161,9 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
     Status st = runtime_->Handle(stream->id(), message, now);
     if (!st.ok()) {
       ++refusals_;
-      spdlog::info("refused a message of node rank {}: {}", stream->tag, st.message());
+      if (auto held = message_refusal_log_.Allow(LogLimit::Clock::now()))
+        spdlog::info("refused a message of node rank {}: {}{}", stream->tag, st.message(),
+                     *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
       stream->Send(runtime_->MakeRefusal(st.message()), false);
     }
   }

@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "common/log_limit.h"
 #include "common/queued_stream.h"
 #include "manager/runtime.h"
 #include "regroup/v1/runtime.grpc.pb.h"
@@ -81,6 +82,9 @@ class ManagerServer final : public v1::Manager::CallbackService {
   int http_port_ = 0;
   std::atomic<uint64_t> messages_{0};
   std::atomic<uint64_t> refusals_{0};
+  // A zombie retrying, or a flood of bad messages, logs one line a second (under mu_).
+  LogLimit registration_refusal_log_{std::chrono::seconds(1)};
+  LogLimit message_refusal_log_{std::chrono::seconds(1)};
 };
 
 }  // namespace regroup::manager

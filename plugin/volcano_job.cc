@@ -13,14 +13,49 @@ constexpr size_t kMaxYamlBytes = 4u << 20;
 constexpr int kMaxNesting = 200;
 
 // yaml-cpp recurses per nesting level; refuse absurd nesting before it does.
-bool NestingTooDeep(std::string_view text) {
+// Whether the document's flow collections ([...], {...}) nest deeper than kMaxNesting: yaml-cpp
+// recurses once per level. Brackets inside quoted scalars and comments are text, not nesting, so
+// they are skipped; a quote counts as one only where a YAML scalar can begin (at the start of a
+// line, after a line's leading "- " or "? ", or after ": ", "[", "{" or ","), as the parser
+// would read it. A quoted scalar
+// left open at the end is read the conservative way: every bracket counts.
+bool NestingTooDeep(std::string_view text, bool skip_quoted = true) {
   int depth = 0;
-  for (char c : text) {
+  char last = '\n';  // the last character that was not a space or tab
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == ' ' || c == '\t') continue;
+    const bool after_space = i > 0 && (text[i - 1] == ' ' || text[i - 1] == '\t');
+    const bool scalar_may_begin = last == '\n' || last == '[' || last == '{' || last == ',' ||
+                                  (last == ':' && after_space);
+    // "- " and "? " at the start of a line (a sequence entry, a complex key): a scalar may
+    // begin after them as at the start of the line. Elsewhere they are text.
+    if ((c == '-' || c == '?') && last == '\n' &&
+        (i + 1 == text.size() || text[i + 1] == ' ' || text[i + 1] == '\t' || text[i + 1] == '\n'))
+      continue;
+    if (skip_quoted && (c == '\'' || c == '"') && scalar_may_begin) {
+      size_t j = i + 1;
+      for (; j < text.size(); ++j) {
+        if (c == '"' && text[j] == '\\') { ++j; continue; }
+        if (text[j] != c) continue;
+        if (c == '\'' && j + 1 < text.size() && text[j + 1] == '\'') { ++j; continue; }  // ''
+        break;
+      }
+      if (j >= text.size()) return NestingTooDeep(text, false);
+      i = j;
+      last = c;
+      continue;
+    }
+    if (c == '#' && (last == '\n' || after_space)) {  // a comment, to the end of the line
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+      continue;
+    }
     if (c == '[' || c == '{') {
       if (++depth > kMaxNesting) return true;
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
     }
+    last = c == '\r' ? '\n' : c;
   }
   return false;
 }

@@ -98,6 +98,34 @@ TEST(VolcanoJob, BadDocumentsGiveClearErrors) {
   EXPECT_FALSE(JobSpecFromVolcanoYaml(std::string(5000, '[')).ok());
 }
 
+// Brackets inside a quoted string or a comment are text: only real nesting is refused, and an
+// unterminated quote never hides it.
+TEST(VolcanoJob, BracketsInQuotedStringsAndCommentsAreNotNesting) {
+  const std::string deep(300, '[');
+  for (const std::string& value : {"\"" + deep + "\"", "'" + deep + "'", "'it''s " + deep + "'"}) {
+    std::string yaml = "kind: Job\nmetadata:\n  name: j\n  annotations:\n    note: " + value +
+                       "  # " + deep + "\nspec:\n  tasks: [{replicas: 1}]\n";
+    auto spec = JobSpecFromVolcanoYaml(yaml);
+    ASSERT_TRUE(spec.ok()) << value << ": " << spec.status().message();
+    EXPECT_EQ(spec->annotations.at("note").size(), value.size() - 2 - (value[1] == 'i'));
+  }
+  // A quote that does not begin a scalar (inside a plain one) hides nothing.
+  auto hidden = JobSpecFromVolcanoYaml("kind: Job\nmetadata: {name: j}\nx: it's\ny: " + deep +
+                                       "\n'\n");
+  EXPECT_EQ(hidden.status().message(), "the YAML document is nested too deeply");
+  auto dash = JobSpecFromVolcanoYaml("kind: Job\nmetadata: {name: j}\nx: a - 'b\ny: " + deep +
+                                     "\n'\n");
+  EXPECT_EQ(dash.status().message(), "the YAML document is nested too deeply");
+  auto entry = JobSpecFromVolcanoYaml("kind: Job\nmetadata: {name: j}\nx:\n  - '" + deep +
+                                      "'\n  - - \"" + deep + "\"\nspec: {tasks: [{replicas: 1}]}\n");
+  EXPECT_TRUE(entry.ok()) << entry.status().message();
+  // Nor does a quote left open.
+  EXPECT_EQ(JobSpecFromVolcanoYaml("kind: Job\nx: '" + deep).status().message(),
+            "the YAML document is nested too deeply");
+  EXPECT_EQ(JobSpecFromVolcanoYaml("kind: Job\nx: \"\\\"" + deep).status().message(),
+            "the YAML document is nested too deeply");
+}
+
 TEST(FaultScript, ParsesTimesSubjectsAndVerbs) {
   auto s = ParseFaultScript(
       "# a comment\n200s node node-8 joins\n10s node node-3 fails NPU lost\n1.5s rank 5 exits\n"

@@ -8,7 +8,7 @@
 // steady state, a step vote's round trip, the time for an abort and for the next generation to
 // reach every agent after a process exits and is restarted in place, the time to detect a killed
 // agent and to re-form without it, and the time to detect a frozen one (the liveness timeout:
-// --liveness-misses heartbeats, 20 by default, i.e. 2 s).
+// --liveness-misses heartbeats, 50 by default, i.e. 5 s).
 //
 // The simulated agents speak today's protocol as agent/agent.cc does: Register carries every
 // rank's state (alive, said hello: PAUSED), a heartbeat follows the Welcome at once and then one
@@ -335,7 +335,7 @@ std::string LoadAverage() {
 int main(int argc, char** argv) {
   CLI::App app{"Load on regroup-manager from simulated agents"};
   std::string manager_bin = "build/regroup-manager";
-  int agents_n = 256, nproc = 8, seconds = 10, timeout_s = 60, liveness_misses = 20;
+  int agents_n = 256, nproc = 8, seconds = 10, timeout_s = 60, liveness_misses = 50;
   app.add_option("--manager-bin", manager_bin)->capture_default_str();
   app.add_option("--agents", agents_n, "simulated agents (pods), at least 4")
       ->capture_default_str()

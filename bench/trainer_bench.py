@@ -5,6 +5,7 @@
     /usr/bin/python3 bench/trainer_bench.py --only abort,sync --reps 2 --no-write
     /usr/bin/python3 bench/trainer_bench.py --e2e      # also the real regroup-manager/regroup-agent run
     /usr/bin/python3 bench/trainer_bench.py --e2e --compare-plain   # and part 1 with plain dist.all_reduce
+    /usr/bin/python3 bench/trainer_bench.py --smoke --json out.json  # tiny sizes, once each (bench/smoke)
 
 Parts (every process started here is killed at the end of its part; every wait is bounded):
 
@@ -166,13 +167,13 @@ def worker_abort(rank: int, world: int, port: int, numel: int, mode: str = "libr
     os._exit(0)  # a broken group: do not wait in its destructor
 
 
-def _big_model():
+def _big_model(width: int = 2560):
     import torch
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Linear(2560, 2560) for _ in range(4)])
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
 
 
-def worker_sync(rank: int, port: int, reps: int) -> None:
+def worker_sync(rank: int, port: int, reps: int, width: int = 2560) -> None:
     import torch
     import torch.distributed as dist
     from regroup.abort import GroupSockets
@@ -183,7 +184,7 @@ def worker_sync(rank: int, port: int, reps: int) -> None:
     groups = build_groups(store_host="127.0.0.1", store_port=port, layout=Layout(2, rank, 1), backend="gloo",
                           rendezvous_s=60, collective_s=120, aborted=threading.Event(),
                           sockets=GroupSockets(port))
-    state = TrainingState(_big_model())
+    state = TrainingState(_big_model(width))
     nbytes = sum(p.numel() * p.element_size() for p in state.model.parameters())
     cpu = torch.device("cpu")
     results = []
@@ -234,6 +235,7 @@ def worker_sync(rank: int, port: int, reps: int) -> None:
 
 def part_abort(reps: int, world: int = 8, victim: int = 5, numel: int = 1 << 18, wait_s: float = 20,
                mode: str = "library"):
+    victim = min(victim, world - 1)
     print(f"  (survivors wait: {mode})", flush=True)
     runs = []
     tmp = Path(tempfile.mkdtemp(prefix="regroup-bench-abort-"))
@@ -461,11 +463,11 @@ def part_recovery_e2e(timeout: float = 150):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def part_sync(reps: int):
+def part_sync(reps: int, width: int = 2560):
     procs = Procs()
     try:
         port = free_port()
-        ps = [procs.start([PY, __file__, "_sync", str(r), str(port), str(reps)], stdout=subprocess.PIPE,
+        ps = [procs.start([PY, __file__, "_sync", str(r), str(port), str(reps), str(width)], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE) for r in range(2)]
         out, err = ps[0].communicate(timeout=300)
         ps[1].wait(timeout=60)
@@ -543,11 +545,11 @@ def part_vote(steps: int = 200):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def part_checksum(reps: int):
+def part_checksum(reps: int, width: int = 2560):
     import torch
     from regroup.contract import checksum
     torch.set_num_threads(1)
-    params = [p.detach() for p in _big_model().parameters()]
+    params = [p.detach() for p in _big_model(width).parameters()]
     nbytes = sum(p.numel() * p.element_size() for p in params)
     times = []
     for _ in range(reps):
@@ -589,16 +591,29 @@ def main():
     ap.add_argument("--compare-plain", action="store_true",
                     help="also part 1 with the survivors blocked in a plain dist.all_reduce")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes, once each (3 ranks, a 1 MB model, 15 steps), no e2e, nothing written "
+                         "to bench/; exits 1 if a part failed. Its figures say only that it runs")
+    ap.add_argument("--json", default="", help="also write the results as JSON to this file")
     args = ap.parse_args()
     parts = set(args.only.split(","))
     res = {"machine": machine(), "command": "/usr/bin/python3 bench/trainer_bench.py " + " ".join(sys.argv[1:])}
     started = time.monotonic()
-    steps = [("abort", lambda: part_abort(max(4 * args.reps, 12))),
-             ("abort_plain", lambda: part_abort(max(4 * args.reps, 12), mode="plain")),
-             ("recovery", lambda: part_recovery_fake(args.reps)),
-             ("sync", lambda: part_sync(args.reps)),
-             ("vote", lambda: part_vote()),
-             ("checksum", lambda: part_checksum(max(args.reps, 5)))]
+    if args.smoke:
+        args.no_write, args.e2e = True, False
+        steps = [("abort", lambda: part_abort(1, world=3, numel=1 << 10, wait_s=5)),
+                 ("abort_plain", lambda: part_abort(1, world=3, numel=1 << 10, wait_s=5, mode="plain")),
+                 ("recovery", lambda: part_recovery_fake(1, world=3)),
+                 ("sync", lambda: part_sync(1, width=256)),
+                 ("vote", lambda: part_vote(steps=15)),
+                 ("checksum", lambda: part_checksum(1, width=256))]
+    else:
+        steps = [("abort", lambda: part_abort(max(4 * args.reps, 12))),
+                 ("abort_plain", lambda: part_abort(max(4 * args.reps, 12), mode="plain")),
+                 ("recovery", lambda: part_recovery_fake(args.reps)),
+                 ("sync", lambda: part_sync(args.reps)),
+                 ("vote", lambda: part_vote()),
+                 ("checksum", lambda: part_checksum(max(args.reps, 5)))]
     if args.compare_plain:
         parts.add("abort_plain")
     if args.e2e:
@@ -623,6 +638,17 @@ def main():
     if not args.no_write:
         (REPO / "bench" / "trainer_results.md").write_text(table)
         print("written to bench/trainer_results.md")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    failed = [name for name, _ in steps if name in parts and err_of(res.get(name))]
+    if failed:
+        print(f"parts that failed: {', '.join(failed)}", flush=True)
+    return 1 if args.smoke and failed else 0
+
+
+def err_of(v):
+    """A part's error, if it failed."""
+    return v.get("error") if isinstance(v, dict) and "error" in v else None
 
 
 def _fmt(xs, unit="ms", digits=1):
@@ -768,6 +794,7 @@ if __name__ == "__main__":
         worker_abort(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
                      sys.argv[6] if len(sys.argv) > 6 else "library")
     elif len(sys.argv) > 1 and sys.argv[1] == "_sync":
-        worker_sync(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        worker_sync(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
+                    int(sys.argv[5]) if len(sys.argv) > 5 else 2560)
     else:
-        main()
+        sys.exit(main())

@@ -31,27 +31,37 @@ const (
 	benchFaultyNodes = 10
 )
 
+// benchSize is the cluster's size: in -short mode (bench/smoke, which checks only that the
+// benchmark runs and reports) a tenth of it.
+func benchSize() (nodes, jobs int) {
+	if testing.Short() {
+		return benchNodes / 10, benchJobs / 10
+	}
+	return benchNodes, benchJobs
+}
+
 // benchCluster builds a scheduler cache holding the cluster: every job running on its own 8
 // nodes, benchPendingJobs of them with a pending replacement too large for any node, and
 // benchFaultyNodes free nodes carrying the fault label.
 func benchCluster(b *testing.B) (*cache.SchedulerCache, chan struct{}) {
 	b.Helper()
-	sc := cache.NewCustomMockSchedulerCache("volcano", util.NewFakeBinder(benchJobs*benchPodsPerJob),
-		util.NewFakeEvictor(benchJobs*benchPodsPerJob), &util.FakeStatusUpdater{}, nil, &record.FakeRecorder{})
+	nodes, jobs := benchSize()
+	sc := cache.NewCustomMockSchedulerCache("volcano", util.NewFakeBinder(jobs*benchPodsPerJob),
+		util.NewFakeEvictor(jobs*benchPodsPerJob), &util.FakeStatusUpdater{}, nil, &record.FakeRecorder{})
 	stop := make(chan struct{})
 	sc.Run(stop)
 	sc.WaitForCacheSync(stop)
 	sc.AddQueueV1beta1(util.BuildQueue("default", 1, nil))
-	for i := 0; i < benchNodes; i++ {
+	for i := 0; i < nodes; i++ {
 		n := util.BuildNode("node-"+strconv.Itoa(i), api.BuildResourceList("8", "32Gi",
 			api.ScalarResource{Name: "pods", Value: "110"}), map[string]string{})
-		if i >= benchNodes-benchFaultyNodes {
+		if i >= nodes-benchFaultyNodes {
 			n.Labels["regroup.io/health"] = "faulty"
 		}
 		sc.AddOrUpdateNode(n)
 	}
 	labels, annotations := elasticKeys()
-	for j := 0; j < benchJobs; j++ {
+	for j := 0; j < jobs; j++ {
 		name := "job-" + strconv.Itoa(j)
 		pg := util.BuildPodGroup(name+"-pg", ns, "default", 2, nil, schedulingv1beta1.PodGroupRunning)
 		pg.Labels, pg.Annotations = copyMap(labels), copyMap(annotations)
@@ -139,8 +149,8 @@ func BenchmarkSession1000Jobs10000Nodes(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if n := len(rt.jobs); n != benchJobs {
-		b.Fatalf("the engine holds %d jobs; want %d", n, benchJobs)
+	if _, jobs := benchSize(); len(rt.jobs) != jobs {
+		b.Fatalf("the engine holds %d jobs; want %d", len(rt.jobs), jobs)
 	}
 	for id, r := range rt.jobs {
 		if !r.valid {

@@ -99,19 +99,6 @@ def descendants(pid: int) -> List[int]:
     return out
 
 
-def environ_of(pid: int) -> Dict[str, str]:
-    try:
-        data = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in data.split(b"\0"):
-        if b"=" in item:
-            k, v = item.split(b"=", 1)
-            env[k.decode(errors="replace")] = v.decode(errors="replace")
-    return env
-
-
 # ---------------------------------------------------------------------------------------------
 # Weights and ledgers
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ receive it from a rank at their position in a replica that holds it (regroup.sta
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -15,6 +16,8 @@ from regroup.state import recv_state, send_state
 
 if TYPE_CHECKING:
     from regroup.trainer import Trainer
+
+log = logging.getLogger("regroup")
 
 
 def sync_state(t: Trainer, plan: Any, layout: Layout, groups: ProcessGroups) -> None:
@@ -74,3 +77,4 @@ def sync_state(t: Trainer, plan: Any, layout: Layout, groups: ProcessGroups) -> 
                 raise StateSyncError(f"rank {src} sent the state of step {got}, not "
                                      f"{plan.committed_step}")
             t.committed_step = got
+            log.info("regroup: received the state of step %d from rank %d", got, src)

@@ -412,3 +412,26 @@ def test_an_abort_frees_a_rank_waiting_for_its_generations_store(job, tmp_path_f
     assert outside and set(outside) == {-1}, outside
     j.form([0, 1], needs_state=[1])
     j.finish(tmp_path_factory)
+
+
+@pytest.mark.xfail(strict=True, reason="the trainer follows the manager's needs_state, which counts a rank "
+                                       "told of a generation as holding its state")
+def test_a_rank_that_never_finished_a_state_sync_receives_the_state_before_the_first_commit(job, tmp_path_factory):
+    j = job(extra=["--verbose"])
+    j.launch(0), j.launch(1)
+    # Generation 1 never forms: only rank 1 hears of it, and its store (rank 0's) never comes up.
+    j.generation, j.directive, j.ranks = 1, 1, [0, 1]
+    j.agent.send(1, FakeAgent.start(1, j.epoch, 1, 2, 1, free_port(), -1, [1], local_rank=1))
+    wait_for(lambda: j.agent.last_phase(1) == pb.PHASE_SYNCING, 30, "rank 1 to start forming generation 1")
+    sent = time.monotonic()
+    j.abort("rank 0 is gone")
+    wait_for(lambda: any(t > sent and b.phase == pb.PHASE_PAUSED for t, b in j.agent.heartbeats[1]), 10,
+             "rank 1 to give up generation 1")
+    # The agent records a rank as in generation 1 once it delivered the start, so the manager,
+    # judging from its records, lists nobody as needing the state. Rank 1 holds only its own
+    # initialisation all the same (the example's is the same on every rank, so the weights alone
+    # would not show it).
+    j.form([0, 1])
+    j.finish(tmp_path_factory)
+    assert "received the state of step -1 from rank 0" in j.log(1)
+

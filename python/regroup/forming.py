@@ -50,9 +50,6 @@ def enter_standalone(t: Trainer) -> None:
     plan.store_host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     plan.store_port = int(os.environ.get("MASTER_PORT", "29500"))
     plan.committed_step = t.committed_step
-    plan.sync_source_rank = 0
-    if t._resume_from is None:
-        plan.needs_state.extend(range(1, world))
     start.assignment.rank = rank
     start.assignment.replica = rank // t.config.tensor_parallel
     enter(t, start)

@@ -109,6 +109,7 @@ class Trainer:
         self.checkpointer = Checkpointer(config.checkpoint_dir, config.keep_checkpoints) \
             if config.checkpoint_dir else None
         self._resume_from: Optional[CheckpointInfo] = None
+        self._synced = False              # through a generation's state sync: holds the job's state
         self._link: Optional[AgentLink] = None
         self._groups: Optional[ProcessGroups] = None
         self._ddp: Optional[torch.nn.parallel.DistributedDataParallel] = None

@@ -414,8 +414,6 @@ def test_an_abort_frees_a_rank_waiting_for_its_generations_store(job, tmp_path_f
     j.finish(tmp_path_factory)
 
 
-@pytest.mark.xfail(strict=True, reason="the trainer follows the manager's needs_state, which counts a rank "
-                                       "told of a generation as holding its state")
 def test_a_rank_that_never_finished_a_state_sync_receives_the_state_before_the_first_commit(job, tmp_path_factory):
     j = job(extra=["--verbose"])
     j.launch(0), j.launch(1)

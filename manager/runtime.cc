@@ -622,22 +622,9 @@ bool JobRuntime::FormGeneration(const std::vector<int64_t>& replicas,
   for (size_t k = 1; k < microbatches_.size() && k < begin.size(); ++k)
     begin[k] = begin[k - 1] + microbatches_[k - 1];
 
-  // State sync: a source at the committed step; fresh or behind ranks receive.
-  const bool first = generation_ == 1 && committed_step_ < 0;
-  int64_t source = -1;
-  std::vector<uint32_t> needs;
-  for (size_t g = 0; g < places_.size(); ++g) {
-    const auto& lr = agents_[static_cast<size_t>(places_[g].node_rank)].ranks[places_[g].local_rank];
-    const bool current = lr.generation() > 0 && lr.committed_step() >= committed_step_;
-    if (source < 0 && (current || (first && g == 0))) source = static_cast<int64_t>(g);
-  }
-  if (source < 0) source = 0;
-  for (size_t g = 0; g < places_.size(); ++g) {
-    const auto& lr = agents_[static_cast<size_t>(places_[g].node_rank)].ranks[places_[g].local_rank];
-    const bool current = lr.generation() > 0 && lr.committed_step() >= committed_step_;
-    if (static_cast<int64_t>(g) != source && (!current || first))
-      needs.push_back(static_cast<uint32_t>(g));
-  }
+  // No state-sync plan here: the ranks of the new generation choose who sends the state to whom
+  // from a census over their new group (python/regroup/sync.py); only they know what they hold
+  // once their votes are settled. The plan names the step they resume after.
 
   const Agent& host = agents_[static_cast<size_t>(places_[0].node_rank)];
   std::set<int64_t> training_nodes;
@@ -655,10 +642,6 @@ bool JobRuntime::FormGeneration(const std::vector<int64_t>& replicas,
   plan.set_store_port(host.free_port ? host.free_port
                                      : 29500 + static_cast<uint32_t>(generation_ % 1000));
   plan.set_committed_step(committed_step_);
-  plan.set_sync_source_rank(static_cast<uint32_t>(source));
-  if (first) plan.set_all_need_state(true);
-  else
-    for (uint32_t n : needs) plan.add_needs_state(n);
   plan.set_microbatches_per_step(static_cast<uint64_t>(micro_total));
   plan.set_reason(reason);
   plan.set_agents(generation_agents_);

@@ -180,8 +180,6 @@ TEST(Runtime, FirstGenerationFormsWhenAllAgentsRegistered) {
   EXPECT_EQ(plan.ranks(0).rank(), 4u);
   EXPECT_EQ(plan.ranks(1).rank(), 5u);
   EXPECT_EQ(plan.ranks(1).replica(), 2u);
-  EXPECT_TRUE(plan.all_need_state()) << "the first generation gets rank 0's initial state";
-  EXPECT_EQ(plan.needs_state_size(), 0);
   EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kWelcome), 1);
 }
 
@@ -275,8 +273,6 @@ TEST(Runtime, ProcessCrashIsRestartedInPlaceAndRejoins) {
   const auto& plan = sim.starts_[0].plan();
   EXPECT_EQ(plan.committed_step(), 0);
   EXPECT_EQ(plan.world_size(), 4u);
-  ASSERT_EQ(plan.needs_state_size(), 1);
-  EXPECT_EQ(plan.needs_state(0), 3u) << "only the restarted rank receives state";
 }
 
 TEST(Runtime, LostAgentScalesInAndItsReplacementScalesOut) {

@@ -21,7 +21,8 @@ from regroup.api import (EXIT_ABORT_STUCK, AgentConnectionError, AgentError, Che
                          StateSyncError, StepFailed, StepRolledBack, StopMode, Timeouts, TrainerConfig,
                          TrainingStopped, UsageError, init_manager, start_manager)
 from regroup.abort import Abandoned, all_reduce
-from regroup.trainer import Generation, MicroBatch, Step, Trainer
+from regroup.step import Generation, MicroBatch, Step
+from regroup.trainer import Trainer
 
 __all__ = [
     "Abandoned", "all_reduce", "AgentConnectionError", "AgentError", "CheckpointError", "CollectiveFailed", "ConfigError",

@@ -451,13 +451,11 @@ class Watchdog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._timer: Optional[threading.Timer] = None
-        self.armed_at: Optional[float] = None
 
     def arm(self, seconds: float, code: int, why: str) -> None:
         with self._lock:
             if self._timer is not None:
                 return
-            self.armed_at = time.monotonic()
 
             def fire() -> None:
                 try:
@@ -479,8 +477,3 @@ class Watchdog:
                 self._timer.cancel()
                 self._timer.join(timeout=1.0)
                 self._timer = None
-            self.armed_at = None
-
-    @property
-    def armed(self) -> bool:
-        return self._timer is not None

@@ -1,8 +1,8 @@
 """Public types of the Regroup trainer library: configuration, timeouts, errors, stop modes.
 
 Everything a training script names comes from here (or from ``regroup`` itself, which re-exports
-it). The classes that run training (``Trainer``, ``Step``, ``MicroBatch``) live in
-``regroup.trainer``.
+it). The classes that run training live in ``regroup.trainer`` (``Trainer``) and
+``regroup.step`` (``Step``, ``MicroBatch``, ``Generation``).
 
 Errors form one hierarchy under :class:`RegroupError`:
 

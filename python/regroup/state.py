@@ -190,6 +190,13 @@ class TrainingState:
     def parameters(self) -> List[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def step_optimizer(self) -> None:
+        """What applying a committed step does: the optimizer's step, then the scheduler's."""
+        if self.optimizer is not None:
+            self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
     def zero_grad(self) -> None:
         for p in self.parameters():
             p.grad = None

@@ -99,19 +99,6 @@ def descendants(pid: int) -> List[int]:
     return out
 
 
-def environ_of(pid: int) -> Dict[str, str]:
-    try:
-        data = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in data.split(b"\0"):
-        if b"=" in item:
-            k, v = item.split(b"=", 1)
-            env[k.decode(errors="replace")] = v.decode(errors="replace")
-    return env
-
-
 # ---------------------------------------------------------------------------------------------
 # Weights and ledgers
 # ---------------------------------------------------------------------------------------------
@@ -325,6 +312,9 @@ class FakeAgent:
     def start(directive_id: int, epoch: int, generation: int, world: int, rank: int, port: int,
               committed_step: int, needs_state: Sequence[int] = (), source: int = 0, tp: int = 1,
               microbatches: int = 0, begin: int = 0, count: int = 0, local_rank: int = 0) -> pb.AgentReply:
+        """A StartGeneration for one rank. ``needs_state`` and ``source`` are ignored: the plan no
+        longer carries the state sync (the trainers decide it, regroup.sync); they stay for the
+        callers that still pass them (bench/trainer_bench.py)."""
         reply = pb.AgentReply()
         s = reply.start
         s.directive_id = directive_id
@@ -332,8 +322,7 @@ class FakeAgent:
         p.epoch, p.generation, p.world_size = epoch, generation, world
         p.tensor_parallel, p.pipeline_parallel, p.data_parallel = tp, 1, world // tp
         p.store_host, p.store_port = "127.0.0.1", port
-        p.committed_step, p.sync_source_rank = committed_step, source
-        p.needs_state.extend(needs_state)
+        p.committed_step = committed_step
         p.microbatches_per_step = microbatches
         p.agents = 1
         a = s.assignment

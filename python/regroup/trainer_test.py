@@ -124,8 +124,7 @@ class FakeJob:
         logs = sorted(self.tmp.glob(f"rank{r}.*.log"))
         return logs[-1].read_text()[-4000:] if logs else ""
 
-    def form(self, ranks: Sequence[int], needs_state: Sequence[int] = (), committed: Optional[int] = None,
-             source: int = 0) -> None:
+    def form(self, ranks: Sequence[int], committed: Optional[int] = None) -> None:
         """A new generation over these local ranks (global rank = position in the list)."""
         self.generation += 1
         self.directive += 1
@@ -135,8 +134,7 @@ class FakeJob:
         port = free_port()
         for rank, local in enumerate(ranks):
             self.agent.send(local, FakeAgent.start(self.directive, self.epoch, self.generation, len(ranks),
-                                                   rank, port, self.committed, needs_state, source,
-                                                   local_rank=local))
+                                                   rank, port, self.committed, local_rank=local))
 
     def votes(self, step: int, timeout: float = 120) -> Dict[int, pb.TrainerVote]:
         out = {}
@@ -205,7 +203,7 @@ def test_every_step_is_voted_and_applied_only_on_commit(job, tmp_path_factory):
         assert (hello.local_rank, hello.epoch, hello.generation, hello.committed_step,
                 hello.heard_commit_step) == (r, 0, 0, -1, -1)
         assert hello.pid == j.processes[r].pid
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     assert j.agent.next(0, ["ack"], 60).ack.directive_id == j.directive
     j.run_until(3)
     # No commit: nobody moves past the vote.
@@ -222,7 +220,7 @@ def test_every_step_is_voted_and_applied_only_on_commit(job, tmp_path_factory):
 def test_a_step_committed_before_the_abort_is_applied_after_it(job, tmp_path_factory):
     j = job()
     j.launch(0), j.launch(1)
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.run_until(5)
     j.votes(6)          # both voted for step 6; the manager committed it, then the abort came
     j.abort("a fault right after the commit")
@@ -233,7 +231,7 @@ def test_a_step_committed_before_the_abort_is_applied_after_it(job, tmp_path_fac
 def test_a_step_not_committed_before_the_abort_is_done_again(job, tmp_path_factory):
     j = job()
     j.launch(0), j.launch(1)
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.run_until(5)
     j.votes(6)
     j.abort("a fault before the commit")
@@ -244,7 +242,7 @@ def test_a_step_not_committed_before_the_abort_is_done_again(job, tmp_path_facto
 def test_a_rolled_back_step_is_restored_and_done_again(job, tmp_path_factory):
     j = job()
     j.launch(0), j.launch(1)
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.run_until(2)
     j.votes(3)
     j.outcome(3, commit=False)
@@ -258,7 +256,7 @@ def test_an_abort_frees_a_rank_blocked_in_a_collective_and_a_restarted_rank_gets
         job, tmp_path_factory, ddp):
     j = job(extra=["--step-sleep", "0.05"] + (["--ddp"] if ddp else []))
     j.launch(0), j.launch(1)
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.run_until(4)
     os.kill(j.processes[1].pid, signal.SIGSTOP)          # frozen: its sockets stay open
     # The library reduces after the micro-batches; DDP inside the last backward pass.
@@ -279,7 +277,7 @@ def test_an_abort_frees_a_rank_blocked_in_a_collective_and_a_restarted_rank_gets
     hello = j.agent.hellos[1][-1]
     assert (hello.generation, hello.committed_step) == (0, -1)
     formed = time.monotonic()
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.votes(j.committed + 1)
     print(f"new generation -> first vote: {(time.monotonic() - formed) * 1000:.0f} ms")
     j.outcome(j.committed + 1)
@@ -289,7 +287,7 @@ def test_an_abort_frees_a_rank_blocked_in_a_collective_and_a_restarted_rank_gets
 def test_a_collective_failure_without_an_abort_is_reported_as_a_fault(job):
     j = job(extra=["--step-sleep", "0.05"])
     j.launch(0), j.launch(1)
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.run_until(2)
     os.kill(j.processes[1].pid, signal.SIGKILL)
     fault = j.agent.next(0, ["fault"], 30).fault
@@ -302,7 +300,7 @@ def test_a_collective_failure_without_an_abort_is_reported_as_a_fault(job):
 def test_a_rank_that_does_not_leave_its_step_after_an_abort_exits_with_the_distinctive_code(job):
     j = job(extra=["--step-sleep", "30", "--abort-exit", "1"])
     j.launch(0), j.launch(1)
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     wait_for(lambda: j.agent.last_phase(0) == pb.PHASE_COMPUTING, 60, "rank 0 to start its step")
     sent = time.monotonic()
     j.abort("test")
@@ -313,7 +311,7 @@ def test_a_rank_that_does_not_leave_its_step_after_an_abort_exits_with_the_disti
 def test_standby_keeps_the_state_and_a_later_generation_catches_the_rank_up(job, tmp_path_factory):
     j = job()
     j.launch(0), j.launch(1)
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.run_until(4)
     j.votes(5)
     j.abort("scale in")
@@ -323,14 +321,14 @@ def test_standby_keeps_the_state_and_a_later_generation_catches_the_rank_up(job,
     assert j.processes[1].poll() is None
     j.votes(10)
     j.abort("scale out")
-    j.form([0, 1], needs_state=[1])  # rank 1 is behind: it receives the state of step 9
+    j.form([0, 1])  # rank 1 is behind: it receives the state of step 9
     j.finish(tmp_path_factory)
 
 
 def test_a_pause_holds_new_steps_until_the_next_generation(job, tmp_path_factory):
     j = job()
     j.launch(0), j.launch(1)
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.run_until(3)
     pause = pb.AgentReply()
     pause.pause.reason, pause.pause.timeout_ms = "the manager is unreachable", 30000
@@ -348,7 +346,7 @@ def test_a_pause_holds_new_steps_until_the_next_generation(job, tmp_path_factory
 def test_leave_exits_0_at_the_step_boundary(job):
     j = job()
     j.launch(0), j.launch(1)
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.run_until(3)
     j.votes(4)
     j.outcome(4)
@@ -361,7 +359,7 @@ def test_leave_exits_0_at_the_step_boundary(job):
 def test_exit_stops_with_a_non_zero_code_and_the_reason(job):
     j = job()
     j.launch(0), j.launch(1)
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.run_until(2)
     for r in range(2):
         j.agent.send(r, FakeAgent.stop(pb.StopTraining.MODE_EXIT, "poison step 3"))
@@ -374,7 +372,7 @@ def test_dump_writes_a_checkpoint_that_a_fresh_start_resumes_from(job, tmp_path,
     ckpt = tmp_path / "ckpt"
     j = job(extra=["--checkpoint-dir", str(ckpt)])
     j.launch(0), j.launch(1)
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.run_until(6)
     j.votes(7)
     j.abort("fault")
@@ -398,7 +396,7 @@ def test_an_abort_frees_a_rank_waiting_for_its_generations_store(job, tmp_path_f
     j.launch(0), j.launch(1)
     # Only rank 1 hears of generation 1: its store (hosted by rank 0) never comes up.
     j.generation, j.directive, j.ranks = 1, 1, [0, 1]
-    j.agent.send(1, FakeAgent.start(1, j.epoch, 1, 2, 1, free_port(), -1, [1], local_rank=1))
+    j.agent.send(1, FakeAgent.start(1, j.epoch, 1, 2, 1, free_port(), -1, local_rank=1))
     wait_for(lambda: j.agent.last_phase(1) == pb.PHASE_SYNCING, 30, "rank 1 to start forming generation 1")
     time.sleep(0.3)
     sent = time.monotonic()
@@ -410,5 +408,26 @@ def test_an_abort_frees_a_rank_waiting_for_its_generations_store(job, tmp_path_f
     # generation is not "the resumed step failing again" to the engine's poison-step guard.
     outside = [b.step for _, b in j.agent.heartbeats[1] if b.phase in (pb.PHASE_PAUSED, pb.PHASE_SYNCING)]
     assert outside and set(outside) == {-1}, outside
-    j.form([0, 1], needs_state=[1])
+    j.form([0, 1])
     j.finish(tmp_path_factory)
+
+
+def test_a_rank_that_never_finished_a_state_sync_receives_the_state_before_the_first_commit(job, tmp_path_factory):
+    j = job(extra=["--verbose"])
+    j.launch(0), j.launch(1)
+    # Generation 1 never forms: only rank 1 hears of it, and its store (rank 0's) never comes up.
+    j.generation, j.directive, j.ranks = 1, 1, [0, 1]
+    j.agent.send(1, FakeAgent.start(1, j.epoch, 1, 2, 1, free_port(), -1, local_rank=1))
+    wait_for(lambda: j.agent.last_phase(1) == pb.PHASE_SYNCING, 30, "rank 1 to start forming generation 1")
+    sent = time.monotonic()
+    j.abort("rank 0 is gone")
+    wait_for(lambda: any(t > sent and b.phase == pb.PHASE_PAUSED for t, b in j.agent.heartbeats[1]), 10,
+             "rank 1 to give up generation 1")
+    # The agent records a rank as in generation 1 once it delivered the start, so a manager
+    # judging from its records would list nobody as needing the state. Rank 1 holds only its own
+    # initialisation all the same (the example's is the same on every rank, so the weights alone
+    # would not show it).
+    j.form([0, 1])
+    j.finish(tmp_path_factory)
+    assert "received the state of step -1 from rank 0" in j.log(1)
+

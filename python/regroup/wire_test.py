@@ -61,7 +61,7 @@ def test_round_trip_over_a_unix_socket():
     with a, b:
         reply = pb.AgentReply()
         reply.start.plan.world_size = 4
-        reply.start.plan.needs_state.extend([1, 3])
+        reply.start.plan.ranks.add(local_rank=1, rank=3, replica=1)
         send_frame(a, reply)
         send_frame(a, pb.AgentReply())
         assert recv_frame(b, pb.AgentReply) == reply

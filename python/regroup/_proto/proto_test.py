@@ -21,8 +21,8 @@ def test_the_trainer_messages_have_the_fields_the_library_uses():
                "StopTraining", "Pause")}
     assert {"local_rank", "pid", "epoch", "generation", "committed_step", "heard_commit_step"} <= fields["TrainerHello"]
     assert {"generation", "step", "ok", "checksum"} <= fields["TrainerVote"]
-    assert {"store_host", "store_port", "committed_step", "sync_source_rank", "needs_state",
-            "microbatches_per_step", "tensor_parallel", "pipeline_parallel"} <= fields["GenerationPlan"]
+    assert {"store_host", "store_port", "committed_step", "microbatches_per_step", "tensor_parallel",
+            "pipeline_parallel"} <= fields["GenerationPlan"]
     assert {"rank", "replica", "microbatch_begin", "microbatch_count"} <= fields["RankAssignment"]
     assert {"commit", "checksum_mismatch"} <= fields["StepOutcome"]
     assert pb.StopTraining.MODE_LEAVE == 4 and pb.PHASE_PAUSED == 7

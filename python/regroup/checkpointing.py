@@ -1,0 +1,64 @@
+"""When the trainer writes checkpoints: every ``checkpoint_interval`` committed steps (replica 0
+only, asynchronously), and at once when a stop asks for a dump. The files themselves (names,
+manifests, fencing by generation, loading) are regroup.checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from regroup._proto import runtime_pb2 as pb
+from regroup.api import CheckpointError, TrainerConfig
+from regroup.dispatch import NO_GENERATION
+from regroup.state import cpu_clone
+
+if TYPE_CHECKING:
+    from regroup.step import Step
+    from regroup.trainer import Trainer
+
+log = logging.getLogger("regroup")
+
+
+def maybe_checkpoint(t: Trainer, step: Step) -> None:
+    """After a commit: every ``checkpoint_interval`` steps, replica 0 writes its shards."""
+    interval = t.config.checkpoint_interval
+    if t.checkpointer is None or not interval or (step.number + 1) % interval:
+        return
+    g = step.generation
+    if g.replica != 0:
+        return
+    t._phase(pb.PHASE_CHECKPOINTING, step.number)
+    try:
+        t.checkpointer.wait(t.config.timeouts.checkpoint)
+    except CheckpointError as e:
+        log.warning("regroup: %s", e)
+    state = cpu_clone(t.state.state_dict(step.number))
+    t.checkpointer.write_async(state, step=step.number, epoch=g.epoch, generation=g.number,
+                               position=g.tp_rank, replica_size=g.tp, meta=meta(t.config))
+
+
+def meta(c: TrainerConfig) -> dict:
+    """What a checkpoint records of the step contract, so a resume can check it."""
+    return {"dataset_size": c.dataset_size, "micro_batch_size": c.micro_batch_size,
+            "microbatches_per_step": c.microbatches_per_step, "seed": c.seed,
+            "tensor_parallel": c.tensor_parallel}
+
+
+def checkpoint_now(t: Trainer) -> str:
+    """Writes this rank's shard of the committed state now (blocking); returns the path.
+
+    Raises:
+        CheckpointError: no checkpoint directory, or the write failed.
+    """
+    if t.checkpointer is None:
+        raise CheckpointError("no checkpoint_dir is configured: nothing can be dumped")
+    g = t.generation
+    epoch, number = (g.epoch, g.number) if g is not None else (t._active if t._active != NO_GENERATION else (0, 0))
+    tp = g.tp if g is not None else t.config.tensor_parallel
+    position = g.tp_rank if g is not None else t._position
+    t.checkpointer.wait(t.config.timeouts.checkpoint)
+    path = t.checkpointer.write(t.state.state_dict(t.committed_step), step=t.committed_step,
+                                epoch=epoch, generation=number, position=position,
+                                replica_size=tp, meta=meta(t.config))
+    return str(path)

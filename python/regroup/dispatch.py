@@ -1,0 +1,134 @@
+"""Message dispatch: what the agent sends a trainer, and where each message is handled.
+
+Two paths. Urgent items (an abort, a lost link) are handled on the link's own thread by
+:func:`on_urgent`, which frees the training thread at once (it shuts the generation's sockets
+down). Everything else is read by the training thread with :func:`next_item` where it waits
+(for a step's outcome, or for the next generation) and handed to :func:`dispatch`, which either
+handles it (a pause, an abort, a standby) or raises to where it is handled: a newer generation
+(:class:`NewStart`) or a stop (:class:`regroup.stops.Stop`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Optional, Tuple
+
+from regroup.agent import LinkLost
+from regroup.api import EXIT_ABORT_STUCK, AgentConnectionError, GenerationAborted, StopMode
+from regroup.stops import Stop
+
+if TYPE_CHECKING:
+    from regroup.step import Step
+    from regroup.trainer import Trainer
+
+log = logging.getLogger("regroup")
+
+Mark = Tuple[int, int]  # (epoch, generation): compared as a pair
+NO_GENERATION: Mark = (-1, -1)
+
+
+class NewStart(Exception):
+    """Internal: a StartGeneration arrived while a generation was running."""
+
+    def __init__(self, start: Any):
+        super().__init__("a new generation started")
+        self.start = start
+
+
+def on_urgent(t: Trainer, item: Any) -> None:
+    """On the link thread: an abort or a lost link. Free the training thread at once."""
+    if isinstance(item, LinkLost):
+        mark = (1 << 62, 1 << 62)
+        reason = item.reason
+    else:
+        a = item.abort
+        mark = (a.epoch, a.generation)
+        reason = a.reason
+    with t._lock:
+        if mark < t._active and not isinstance(item, LinkLost):
+            return  # an abort of an older generation
+        if t._abort_mark < mark:
+            t.metrics["aborts"] += 1
+        t._abort_mark = max(t._abort_mark, mark)
+        t._abort_reason = reason
+        t._abort_at = time.monotonic()
+        sockets = t._sockets
+        if sockets is not None:
+            sockets.shutdown(include_store=True)
+        if t._groups is not None and t._groups.backend == "nccl":
+            t._groups.abort_nccl()
+    if t._busy:
+        t._watchdog.arm(t.config.timeouts.abort_exit, EXIT_ABORT_STUCK, reason)
+
+
+def next_item(t: Trainer, deadline: Optional[float], waiting_for: str) -> Any:
+    """The next item from the agent (None at the deadline). A lost link raises."""
+    assert t._link is not None
+    while True:
+        timeout = None if deadline is None else deadline - time.monotonic()
+        if t._pause_deadline is not None:
+            left = t._pause_deadline - time.monotonic()
+            if left <= 0:
+                raise AgentConnectionError(f"the manager was away longer than the agent's pause "
+                                           f"timeout while waiting for {waiting_for}")
+            timeout = left if timeout is None else min(timeout, left)
+        if timeout is not None and timeout <= 0:
+            return None
+        item = t._link.get(timeout if timeout is None else max(0.0, timeout))
+        if item is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            continue
+        if isinstance(item, LinkLost):
+            raise AgentConnectionError(f"lost the agent while waiting for {waiting_for}: {item.reason}")
+        return item
+
+
+def dispatch(t: Trainer, item: Any, step: Optional[Step]) -> None:
+    """Handles an agent reply that is not the one being waited for."""
+    kind = item.WhichOneof("body")
+    if kind == "welcome":
+        return
+    if kind == "pause":
+        p = item.pause
+        t._pause_deadline = time.monotonic() + p.timeout_ms / 1000.0 if p.timeout_ms > 0 else None
+        log.warning("regroup: paused by the agent: %s", p.reason)
+        return
+    if kind == "abort":
+        a = item.abort
+        if (a.epoch, a.generation) >= t._active and t._active != NO_GENERATION:
+            with t._lock:
+                t._abort_mark = max(t._abort_mark, (a.epoch, a.generation))
+                t._abort_reason = a.reason
+            if step is not None:
+                raise GenerationAborted(step.number, a.generation, a.reason)
+            t._leave_generation()
+            t.generation = None
+        return
+    if kind == "start":
+        plan = item.start.plan
+        if (plan.epoch, plan.generation) <= t._active:
+            return  # the one we are in (replayed), or older
+        t._pause_deadline = None
+        if step is not None:
+            t._link.unget(item)
+            with t._lock:
+                t._abort_mark = max(t._abort_mark, t._active)
+            raise GenerationAborted(step.number, t._active[1], "a newer generation started")
+        raise NewStart(item.start)
+    if kind == "stop":
+        mode = StopMode(item.stop.mode) if item.stop.mode in (1, 2, 3, 4) else StopMode.EXIT
+        if mode != StopMode.STANDBY:
+            raise Stop(mode, item.stop.reason)
+        # No rank in the next generation: keep the state, wait for a start.
+        log.info("regroup: standing by: %s", item.stop.reason)
+        with t._lock:
+            t._abort_mark = max(t._abort_mark, t._active)
+        if step is not None:
+            raise GenerationAborted(step.number, t._active[1], f"standby: {item.stop.reason}")
+        t._leave_generation()
+        t.generation = None
+        return
+    if kind == "outcome":
+        return  # late outcome of a step no longer in flight

@@ -1,0 +1,256 @@
+"""Forming a generation: from a StartGeneration to a rank that can run the generation's steps.
+
+:func:`enter` does it in order: settle this rank's vote (a step it voted for may have been
+committed after the abort), check that it is not ahead of the generation, build the process
+groups on the generation's own store, sync the state (regroup.sync), then build the
+DistributedDataParallel wrapper if the script uses one. A failure leaves the rank outside the
+generation, waiting for the next one (reported to the agent unless an abort explains it).
+Without an agent, :func:`enter_standalone` makes the one generation of the run from torchrun's
+environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from regroup import contract
+from regroup._proto import runtime_pb2 as pb
+from regroup.abort import GroupSockets
+from regroup.api import AgentConnectionError, CheckpointError, ConfigError, StateSyncError, TrainerConfig
+from regroup.group import Layout, ProcessGroups, build_groups
+from regroup.step import Generation, Step
+from regroup.sync import sync_state
+
+if TYPE_CHECKING:
+    from regroup.trainer import Trainer
+
+log = logging.getLogger("regroup")
+
+
+def enter_standalone(t: Trainer) -> None:
+    """Without an agent: the run's one generation, from torchrun's environment (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT; a single process without them).
+
+    Raises:
+        StateSyncError: the generation could not be formed.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    start = pb.StartGeneration(directive_id=0)
+    plan = start.plan
+    plan.epoch, plan.generation, plan.world_size = 0, 1, world
+    plan.tensor_parallel, plan.pipeline_parallel = t.config.tensor_parallel, 1
+    plan.data_parallel = world // t.config.tensor_parallel if world % t.config.tensor_parallel == 0 else 0
+    plan.store_host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    plan.store_port = int(os.environ.get("MASTER_PORT", "29500"))
+    plan.committed_step = t.committed_step
+    start.assignment.rank = rank
+    start.assignment.replica = rank // t.config.tensor_parallel
+    enter(t, start)
+    if t.generation is None:
+        raise StateSyncError("the process group could not be formed (see the log)")
+
+
+def plan_layout(config: TrainerConfig, start: Any) -> Tuple[Layout, int, int]:
+    """This rank's place in the generation: its layout and its replica's micro-batches
+    ``[begin, begin + count)``.
+
+    Raises:
+        ConfigError: the job and the script disagree on the sizes.
+    """
+    plan, a = start.plan, start.assignment
+    replica_size = max(1, plan.tensor_parallel) * max(1, plan.pipeline_parallel)
+    if replica_size != config.tensor_parallel:
+        raise ConfigError(f"generation {plan.generation} has replicas of {replica_size} ranks "
+                          f"(tensor {plan.tensor_parallel} x pipeline {plan.pipeline_parallel}) but "
+                          f"the script has tensor_parallel={config.tensor_parallel}: give the job "
+                          "and the script the same sizes")
+    layout = Layout(plan.world_size, a.rank, replica_size)
+    M = config.microbatches_per_step
+    if plan.microbatches_per_step:
+        if plan.microbatches_per_step != M:
+            raise ConfigError(f"the job has {plan.microbatches_per_step} micro-batches per step "
+                              f"(regroup.io/global-batch-size / micro-batch-size) but the script has "
+                              f"{M}: make them equal")
+        begin, count = a.microbatch_begin, a.microbatch_count
+        if begin + count > M:
+            raise ConfigError(f"generation {plan.generation} gives replica {a.replica} micro-batches "
+                              f"[{begin}, {begin + count}) of {M}")
+    else:
+        begin, count = contract.replica_range(M, layout.dp, layout.replica)
+    if config.ddp and count == 0:
+        raise ConfigError(f"replica {layout.replica} has no micro-batch in a step ({M} micro-batches "
+                          f"over {layout.dp} replicas): the DDP wrapper needs at least one")
+    return layout, begin, count
+
+
+def settle_vote(t: Trainer, plan: Any, layout: Layout, begin: int, count: int) -> None:
+    """The step this rank voted for before the abort: applied when the new generation resumes
+    after it (it was committed after all), else its start is restored."""
+    voted = t._voted
+    if voted is None:
+        return
+    t._voted = None
+    if plan.committed_step == voted.step == t.committed_step + 1:
+        t._phase(pb.PHASE_APPLYING, voted.step)
+        t.state.step_optimizer()
+        t.committed_step = voted.step
+        t.heard_commit_step = max(t.heard_commit_step, voted.step)
+        log.info("regroup: applied step %d, committed after the abort", voted.step)
+        if t.on_commit is not None:
+            done = Step(t, voted.step, Generation(plan.epoch, plan.generation, layout.rank,
+                                                  layout.world_size, layout.dp, layout.replica,
+                                                  layout.replica_size, layout.position, begin,
+                                                  count, plan.committed_step))
+            done.committed = True
+            t.on_commit(done)
+    else:
+        t.state.restore(voted.snapshot)
+    t.state.zero_grad()
+
+
+def enter(t: Trainer, start: Any) -> None:
+    """Forms a generation: groups, state sync, the DDP wrapper. On failure, stays out of it."""
+    plan = start.plan
+    mark = (plan.epoch, plan.generation)
+    layout, begin, count = plan_layout(t.config, start)
+    settle_vote(t, plan, layout, begin, count)
+    if plan.committed_step < t.committed_step:
+        detail = (f"generation {plan.generation} resumes after step {plan.committed_step}, but this "
+                  f"rank holds step {t.committed_step}"
+                  + (f" (checkpoint {t._resume_from.path})" if t._resume_from else "")
+                  + ": it needs a generation formed with its state")
+        log.error("regroup: %s", detail)
+        if t.managed and t._link is not None:
+            t._link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, plan.generation, plan.committed_step + 1, detail)
+            return
+        raise StateSyncError(detail)
+    t._busy = True
+    t._phase(pb.PHASE_SYNCING, plan.committed_step + 1)
+    started = time.monotonic()
+    sockets = GroupSockets(plan.store_port)
+    with t._lock:
+        t._active = mark
+        t._sockets = sockets
+        t._abort_reason = ""
+    aborted_event = _AbortFlag(t)
+    groups: Optional[ProcessGroups] = None
+    try:
+        if not t.managed and layout.world_size == 1:
+            groups = single_process_groups(layout, t.backend)
+        else:
+            groups = build_groups(store_host=plan.store_host, store_port=plan.store_port,
+                                  layout=layout, backend=t.backend,
+                                  rendezvous_s=t.config.timeouts.rendezvous,
+                                  collective_s=t.config.timeouts.collective,
+                                  aborted=aborted_event, sockets=sockets)
+        with t._lock:
+            t._groups = groups
+        if t._aborted():
+            raise RuntimeError("aborted while forming the groups")
+        sync_state(t, plan, layout, groups)
+        if t.config.ddp:
+            t._ddp = build_ddp(t.state.model, groups, t.config.global_batch_size)
+    except (RuntimeError, StateSyncError, CheckpointError) as e:
+        aborted = t._aborted()
+        if isinstance(e, CheckpointError) or (not t.managed):
+            t._busy = False
+            t._leave_generation()
+            raise
+        if not aborted:
+            time.sleep(0)  # an abort may be on its way; report if none within the grace
+            deadline = time.monotonic() + t.config.timeouts.abort_grace
+            while time.monotonic() < deadline and not t._aborted():
+                time.sleep(0.005)
+        if not t._aborted():
+            detail = f"rank {layout.rank} could not form generation {plan.generation}: {e}"
+            log.warning("regroup: %s", detail)
+            try:
+                assert t._link is not None
+                t._link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, plan.generation, plan.committed_step + 1, detail)
+            except AgentConnectionError:
+                pass
+        else:
+            log.info("regroup: generation %d aborted while forming: %s", plan.generation, e)
+        if groups is None:
+            with t._lock:
+                t._sockets = None
+            sockets.release()
+        t._leave_generation()
+        t._busy = False
+        return
+    t._busy = False
+    t.committed_step = plan.committed_step
+    t.heard_commit_step = max(t.heard_commit_step, plan.committed_step)
+    t._resume_from = None
+    t._position = layout.position
+    t.generation = Generation(plan.epoch, plan.generation, layout.rank, layout.world_size,
+                              layout.dp, layout.replica, layout.replica_size, layout.position,
+                              begin, count, plan.committed_step, groups)
+    t.metrics["generations"] += 1
+    t.metrics["rebuild_s"].append(time.monotonic() - started)
+    if t.managed and t._link is not None:
+        try:
+            t._link.ack(start.directive_id)
+        except AgentConnectionError:
+            pass
+    log.info("regroup: generation %d (epoch %d): rank %d of %d, dp %d, micro-batches [%d, %d), "
+             "resuming at step %d; formed in %.1f ms", plan.generation, plan.epoch, layout.rank,
+             layout.world_size, layout.dp, begin, begin + count, plan.committed_step + 1,
+             (time.monotonic() - started) * 1000)
+
+
+class _AbortFlag:
+    """``is_set()`` for the rendezvous: whether the generation being formed was aborted."""
+
+    def __init__(self, trainer: Trainer):
+        self._trainer = trainer
+
+    def is_set(self) -> bool:
+        return self._trainer._aborted()
+
+
+def single_process_groups(layout: Layout, backend: str) -> ProcessGroups:
+    """A world of one without an agent: a group over an in-memory store (no sockets)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    store = dist.HashStore()
+    dist.init_process_group(backend, store=store, rank=0, world_size=1)
+    groups = ProcessGroups(layout, backend, store, GroupSockets(0))
+    groups.dp_group = dist.group.WORLD
+    return groups
+
+
+def build_ddp(model: torch.nn.Module, groups: ProcessGroups, global_batch: int) -> Any:
+    """DistributedDataParallel over the data-parallel group: buffers not broadcast, gradients
+    summed then divided by the global batch size (the step contract), never averaged."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # Each replica keeps its own buffers (batch-norm statistics): not broadcast at construction
+    # either, where DDP would otherwise copy replica 0's over the others at every rebuild.
+    buffers = [name for name, _ in model.named_buffers()]
+    if buffers and hasattr(DDP, "_set_params_and_buffers_to_ignore_for_model"):
+        DDP._set_params_and_buffers_to_ignore_for_model(model, buffers)
+    ddp = DDP(model, process_group=groups.dp_group, broadcast_buffers=False)
+    gloo = groups.backend == "gloo"
+    sockets = groups.sockets
+
+    def sum_hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket
+        tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state, async_op=True)
+        if gloo:  # an abort fails the future at once, so backward() raises (see regroup.abort)
+            return sockets.future(work, lambda t: t.div_(global_batch))
+
+        def divide(f):
+            return f.value()[0].div_(global_batch)
+
+        return work.get_future().then(divide)
+
+    ddp.register_comm_hook(groups.dp_group, sum_hook)
+    return ddp

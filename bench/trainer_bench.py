@@ -330,14 +330,14 @@ def part_recovery_fake(transitions: int = 3, world: int = 8):
         gen, directive, committed = 0, 0, -1
         ranks = list(range(world))
 
-        def form(needs):
+        def form():
             nonlocal gen, directive
             gen += 1
             directive += 1
             port = free_port()
             for g, local in enumerate(ranks):
-                agent.send(local, FakeAgent.start(directive, 1, gen, len(ranks), g, port, committed, needs,
-                                                  0, local_rank=local))
+                agent.send(local, FakeAgent.start(directive, 1, gen, len(ranks), g, port, committed,
+                                                  local_rank=local))
 
         def votes(step):
             for local in ranks:
@@ -352,7 +352,7 @@ def part_recovery_fake(transitions: int = 3, world: int = 8):
                 agent.send(local, FakeAgent.outcome(gen, step, True))
             committed = step
 
-        form(list(range(1, world)))
+        form()
         for s in range(4):
             votes(s)
             commit(s)
@@ -378,7 +378,7 @@ def part_recovery_fake(transitions: int = 3, world: int = 8):
                 time.sleep(0.002)
             t_paused = time.monotonic()
             ranks = survivors
-            form([])
+            form()
             t_form = time.monotonic()
             votes(committed + 1)
             commit(committed + 1)
@@ -523,7 +523,7 @@ def part_vote(steps: int = 200):
                 if time.monotonic() > deadline:
                     raise RuntimeError("no hello")
                 time.sleep(0.02)
-            agent.send(0, FakeAgent.start(1, 1, 1, 1, 0, free_port(), -1, [], 0, local_rank=0))
+            agent.send(0, FakeAgent.start(1, 1, 1, 1, 0, free_port(), -1, local_rank=0))
 
             def committer():  # commits each vote as soon as it arrives
                 while not stop.is_set():

@@ -310,11 +310,10 @@ class FakeAgent:
 
     @staticmethod
     def start(directive_id: int, epoch: int, generation: int, world: int, rank: int, port: int,
-              committed_step: int, needs_state: Sequence[int] = (), source: int = 0, tp: int = 1,
-              microbatches: int = 0, begin: int = 0, count: int = 0, local_rank: int = 0) -> pb.AgentReply:
-        """A StartGeneration for one rank. ``needs_state`` and ``source`` are ignored: the plan no
-        longer carries the state sync (the trainers decide it, regroup.sync); they stay for the
-        callers that still pass them (bench/trainer_bench.py)."""
+              committed_step: int, tp: int = 1, microbatches: int = 0, begin: int = 0, count: int = 0,
+              local_rank: int = 0) -> pb.AgentReply:
+        """A StartGeneration for one rank. The plan carries no state sync: the trainers decide it
+        (regroup.sync)."""
         reply = pb.AgentReply()
         s = reply.start
         s.directive_id = directive_id

@@ -301,7 +301,7 @@ REGROUP_EXTERN regroup_status regroup_engine_restore(regroup_engine *engine,
  * The coordinator
  * ------------------------------------------------------------------------------------------- */
 /* The coordinator: a gRPC server inside the library (service regroup.v1.Coordinator of
- * proto/regroup/v1/runtime.proto) that connects the jobs' managers to an engine. Each manager
+ * proto/regroup/v1/wire.proto) that connects the jobs' managers to an engine. Each manager
  * keeps one stream (Attach). Its first message is `hello`, with the job's id in the header and the
  * manager's epoch; a job the engine does not know is refused (NOT_FOUND). Only the highest epoch
  * of a job is served: an older manager is refused as fenced (FAILED_PRECONDITION), and a newer one

@@ -4,7 +4,7 @@
 // signalfd, so an exit is seen at once), SIGTERM/SIGINT, timers, and the events of the manager
 // session, whose gRPC stream runs on two threads of its own (manager_session.h).
 //
-// What it promises the manager (proto/regroup/v1/runtime.proto):
+// What it promises the manager (proto/regroup/v1/wire.proto):
 //  - Register first on every stream (with the trainers' current states), then a Heartbeat every
 //    Welcome.heartbeat_interval_ms, a ProcessExit as soon as a child exits (never restarting it on
 //    its own), one Votes per (generation, step) once every live assigned rank voted, a
@@ -39,7 +39,7 @@
 #include "agent/options.h"
 #include "agent/trainer_server.h"
 #include "agent/vote_tally.h"
-#include "regroup/v1/runtime.pb.h"
+#include "regroup/v1/wire.pb.h"
 
 namespace regroup::agent {
 

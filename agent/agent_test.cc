@@ -23,7 +23,7 @@
 #include "common/credential.h"
 #include "common/grpc_settings.h"
 #include "common/text.h"
-#include "regroup/v1/runtime.grpc.pb.h"
+#include "regroup/v1/wire.grpc.pb.h"
 
 namespace regroup::agent {
 namespace {

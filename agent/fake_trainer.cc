@@ -29,7 +29,7 @@
 #include <string>
 
 #include "common/framing.h"
-#include "regroup/v1/runtime.pb.h"
+#include "regroup/v1/wire.pb.h"
 
 namespace {
 

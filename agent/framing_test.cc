@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "regroup/v1/runtime.pb.h"
+#include "regroup/v1/wire.pb.h"
 
 namespace regroup {
 namespace {

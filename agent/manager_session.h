@@ -14,8 +14,8 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "regroup/v1/runtime.grpc.pb.h"
-#include "regroup/v1/runtime.pb.h"
+#include "regroup/v1/wire.grpc.pb.h"
+#include "regroup/v1/wire.pb.h"
 
 namespace regroup::agent {
 

@@ -26,7 +26,7 @@
 #include "common/framing.h"
 #include "common/log_limit.h"
 #include "common/status.h"
-#include "regroup/v1/runtime.pb.h"
+#include "regroup/v1/wire.pb.h"
 
 namespace regroup::agent {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "regroup/v1/runtime.pb.h"
+#include "regroup/v1/wire.pb.h"
 
 namespace regroup::agent {
 

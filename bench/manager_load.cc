@@ -43,7 +43,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/credential.h"
-#include "regroup/v1/runtime.grpc.pb.h"
+#include "regroup/v1/wire.grpc.pb.h"
 
 namespace {
 

@@ -308,7 +308,7 @@ def part_abort(reps: int, world: int = 8, victim: int = 5, numel: int = 1 << 18,
 
 
 def part_recovery_fake(transitions: int = 3, world: int = 8):
-    from regroup._proto import runtime_pb2 as pb
+    from regroup._proto import wire_pb2 as pb
     from regroup.testing import FakeAgent
 
     tmp = Path(tempfile.mkdtemp(prefix="regroup-bench-"))

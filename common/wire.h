@@ -1,6 +1,6 @@
 // The one mapping between the wire's enums (regroup.v1) and the engine's: fault kinds and
 // directive kinds. Shared by the coordinator in libregroup (protobuf lite) and the manager (full
-// protobuf): header-only, so each includes the runtime.pb.h of its own protocol library.
+// protobuf): header-only, so each includes the wire.pb.h of its own protocol library.
 
 #ifndef REGROUP_COMMON_WIRE_H_
 #define REGROUP_COMMON_WIRE_H_
@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "abi/regroup.h"
-#include "regroup/v1/runtime.pb.h"
+#include "regroup/v1/wire.pb.h"
 
 namespace regroup {
 

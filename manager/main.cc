@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
   if (credential->empty())
     spdlog::warn("no job credential configured: any client may talk to this manager");
 
-  regroup::manager::RuntimeOptions ro;
+  regroup::manager::JobControlOptions ro;
   ro.epoch = static_cast<uint64_t>(epoch ? epoch : regroup::WallMs());
   ro.join_window_ms = join_window_s * 1000;
   if (coordinator.empty())
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
   } else {
     decisions = std::make_unique<regroup::manager::EmbeddedDecisions>(spec);
   }
-  auto runtime = std::make_unique<regroup::manager::JobRuntime>(spec, resolved.config, ro,
+  auto job = std::make_unique<regroup::manager::JobControl>(spec, resolved.config, ro,
                                                                 std::move(decisions));
   regroup::manager::ServerOptions so;
   so.listen = listen;
@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
   so.credential = *credential;
   so.tls_cert_file = tls_cert;
   so.tls_key_file = tls_key;
-  regroup::manager::ManagerServer server(std::move(runtime), so);
+  regroup::manager::ManagerServer server(std::move(job), so);
   if (auto st = server.Start(); !st.ok()) {
     std::cerr << "regroup-manager: " << st.message() << "\n";
     return 1;

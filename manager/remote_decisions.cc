@@ -8,7 +8,7 @@
 #include "common/credential.h"
 #include "common/grpc_settings.h"
 #include "common/wire.h"
-#include "regroup/v1/runtime.grpc.pb.h"
+#include "regroup/v1/wire.grpc.pb.h"
 
 namespace regroup::manager {
 namespace {

@@ -1,4 +1,4 @@
-// The coordinator as the manager's decision maker (DESIGN.md, "Who decides what"): the runtime's
+// The coordinator as the manager's decision maker (DESIGN.md, "Who decides what"): the job control's
 // facts go up one stream (Coordinator.Attach) to the coordinator beside the scheduler's engine,
 // and the engine's directives come down it.
 //
@@ -19,7 +19,7 @@
 #include <string>
 #include <thread>
 
-#include "manager/runtime.h"
+#include "manager/job_control.h"
 
 namespace grpc {
 class ClientContext;

@@ -25,8 +25,8 @@ class Rejected final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::Mana
 
 }  // namespace
 
-ManagerServer::ManagerServer(std::unique_ptr<JobRuntime> runtime, ServerOptions options)
-    : options_(std::move(options)), runtime_(std::move(runtime)) {}
+ManagerServer::ManagerServer(std::unique_ptr<JobControl> job, ServerOptions options)
+    : options_(std::move(options)), job_(std::move(job)) {}
 
 ManagerServer::~ManagerServer() { Stop(); }
 
@@ -118,13 +118,13 @@ grpc::ServerUnaryReactor* ManagerServer::GetStatus(grpc::CallbackServerContext* 
     return reactor;
   }
   std::lock_guard lock(mu_);
-  if (!request->job_id().empty() && request->job_id() != runtime_->spec().id) {
+  if (!request->job_id().empty() && request->job_id() != job_->spec().id) {
     reactor->Finish({grpc::StatusCode::NOT_FOUND,
-                     "this manager serves job " + runtime_->spec().id + ", not " +
+                     "this manager serves job " + job_->spec().id + ", not " +
                          request->job_id()});
     return reactor;
   }
-  *response = runtime_->StatusReport();
+  *response = job_->StatusReport();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -139,7 +139,7 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
                     : FailedPrecondition("the first message of a session must be Register");
     int64_t node = -1;
     if (st.ok()) {
-      auto registered = runtime_->Register(stream->id(), message.header(), message.register_(), now);
+      auto registered = job_->Register(stream->id(), message.header(), message.register_(), now);
       if (registered.ok()) node = *registered;
       else st = registered.status();
     }
@@ -149,8 +149,8 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
         spdlog::warn("refused a registration: {}{}", st.message(),
                      *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
       const bool fenced =
-          message.has_register_() && runtime_->IsFenced(message.register_().pod_uid());
-      stream->Send(runtime_->MakeRefusal(st.message(), fenced), true, ToGrpcStatus(st));
+          message.has_register_() && job_->IsFenced(message.register_().pod_uid());
+      stream->Send(job_->MakeRefusal(st.message(), fenced), true, ToGrpcStatus(st));
       return;
     }
     if (auto old = by_node_.find(node); old != by_node_.end() && old->second != stream)
@@ -158,13 +158,13 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
     stream->tag = node;
     by_node_[node] = stream;
   } else {
-    Status st = runtime_->Handle(stream->id(), message, now);
+    Status st = job_->Handle(stream->id(), message, now);
     if (!st.ok()) {
       ++refusals_;
       if (auto held = message_refusal_log_.Allow(LogLimit::Clock::now()))
         spdlog::info("refused a message of node rank {}: {}{}", stream->tag, st.message(),
                      *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
-      stream->Send(runtime_->MakeRefusal(st.message()), false);
+      stream->Send(job_->MakeRefusal(st.message()), false);
     }
   }
   Flush();
@@ -177,12 +177,12 @@ void ManagerServer::OnStreamDone(Stream* stream) {
     auto it = by_node_.find(stream->tag);
     if (it != by_node_.end() && it->second == stream) by_node_.erase(it);
   }
-  runtime_->Disconnected(stream->id(), WallMs());
+  job_->Disconnected(stream->id(), WallMs());
   Flush();
 }
 
 void ManagerServer::Flush() {
-  for (auto& out : runtime_->TakeOutgoing()) {
+  for (auto& out : job_->TakeOutgoing()) {
     auto it = by_node_.find(out.node_rank);
     if (it == by_node_.end()) continue;
     it->second->Send(out.message, out.close);
@@ -192,7 +192,7 @@ void ManagerServer::Flush() {
 void ManagerServer::TickLoop() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
-    runtime_->Tick(WallMs());
+    job_->Tick(WallMs());
     Flush();
     stop_cv_.wait_for(lock, options_.tick, [this] { return stopping_; });
   }
@@ -202,7 +202,7 @@ std::string ManagerServer::StatusJson() {
   v1::GetStatusResponse status;
   {
     std::lock_guard lock(mu_);
-    status = runtime_->StatusReport();
+    status = job_->StatusReport();
   }
   std::string out;
   google::protobuf::util::JsonPrintOptions options;
@@ -214,7 +214,7 @@ std::string ManagerServer::StatusJson() {
 
 std::string ManagerServer::MetricsText() {
   std::lock_guard lock(mu_);
-  const JobRuntime& r = *runtime_;
+  const JobControl& r = *job_;
   const auto& c = r.counters();
   const std::string& id = r.spec().id;
   const PrometheusText::Labels job = {{"job", id}};

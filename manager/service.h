@@ -17,8 +17,8 @@
 
 #include "common/log_limit.h"
 #include "common/queued_stream.h"
-#include "manager/runtime.h"
-#include "regroup/v1/runtime.grpc.pb.h"
+#include "manager/job_control.h"
+#include "regroup/v1/wire.grpc.pb.h"
 
 namespace httplib {
 class Server;
@@ -37,7 +37,7 @@ struct ServerOptions {
 
 class ManagerServer final : public v1::Manager::CallbackService {
  public:
-  ManagerServer(std::unique_ptr<JobRuntime> runtime, ServerOptions options);
+  ManagerServer(std::unique_ptr<JobControl> job, ServerOptions options);
   ~ManagerServer() override;
 
   // Starts listening and ticking. Errors name the address.
@@ -63,12 +63,12 @@ class ManagerServer final : public v1::Manager::CallbackService {
 
   void OnMessage(Stream* stream, const v1::AgentMessage& message);
   void OnStreamDone(Stream* stream);
-  void Flush();  // sends what the runtime queued; holds mu_
+  void Flush();  // sends what the job control queued; holds mu_
   void TickLoop();
 
   ServerOptions options_;
   std::mutex mu_;
-  std::unique_ptr<JobRuntime> runtime_;
+  std::unique_ptr<JobControl> job_;
   std::map<uint64_t, Stream*> streams_;   // every live stream, by id
   std::map<int64_t, Stream*> by_node_;    // registered streams, by node rank
   uint64_t next_stream_ = 1;

@@ -22,17 +22,17 @@ std::unique_ptr<ManagerServer> StartManager(int64_t pods, const std::string& cre
   spec.annotations = {{"recover-strategy", "elastic-training"},
                       {"regroup.io/prefer-elastic", "true"}};
   auto resolved = spec.Resolve();
-  RuntimeOptions ro;
+  JobControlOptions ro;
   ro.epoch = 5;
   ro.join_window_ms = 60000;
-  auto runtime = std::make_unique<JobRuntime>(spec, resolved.config, ro,
+  auto job = std::make_unique<JobControl>(spec, resolved.config, ro,
                                               std::make_unique<EmbeddedDecisions>(spec));
   ServerOptions so;
   so.listen = "127.0.0.1:0";
   so.http_listen = "127.0.0.1:0";
   so.credential = credential;
   so.tick = 5ms;
-  auto server = std::make_unique<ManagerServer>(std::move(runtime), so);
+  auto server = std::make_unique<ManagerServer>(std::move(job), so);
   Status st = server->Start();
   EXPECT_TRUE(st.ok()) << st.message();
   return server;

@@ -21,7 +21,7 @@
 #include "common/text.h"
 #include "plugin/engine.h"
 #include "common/status.h"
-#include "regroup/v1/runtime.pb.h"
+#include "regroup/v1/wire.pb.h"
 
 namespace regroup::coordinator {
 

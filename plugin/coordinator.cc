@@ -12,7 +12,7 @@
 #include "common/grpc_settings.h"
 #include "common/queued_stream.h"
 #include "plugin/attachments.h"
-#include "regroup/v1/runtime.grpc.pb.h"
+#include "regroup/v1/wire.grpc.pb.h"
 
 namespace regroup::coordinator {
 

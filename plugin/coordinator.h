@@ -1,4 +1,4 @@
-// The coordinator: the gRPC service (regroup.v1.Coordinator, proto/regroup/v1/runtime.proto) in
+// The coordinator: the gRPC service (regroup.v1.Coordinator, proto/regroup/v1/wire.proto) in
 // libregroup.so that connects the jobs' managers to the scheduler's engine. One bidirectional
 // stream per manager, on gRPC's callback API; the logic of a stream is Attachments
 // (attachments.h). The C ABI wraps it as regroup_coordinator.

@@ -1,6 +1,6 @@
 // Facts that arrive on the wire (regroup.v1) as the engine's typed facts, for the coordinator
 // (protobuf lite) and the manager's embedded engine (full protobuf): header-only, so each
-// includes the runtime.pb.h of its own protocol library.
+// includes the wire.pb.h of its own protocol library.
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // The coordinator in libregroup.so (through its C ABI, over a real engine) with real managers:
-// the manager's JobRuntime over RemoteDecisions in this process, and raw gRPC clients for the
+// the manager's JobControl over RemoteDecisions in this process, and raw gRPC clients for the
 // refusals. Every server is on a port the OS chooses; every wait is bounded.
 #include <gtest/gtest.h>
 
@@ -15,9 +15,9 @@
 #include "common/credential.h"
 #include "common/grpc_settings.h"
 #include "manager/remote_decisions.h"
-#include "manager/runtime.h"
+#include "manager/job_control.h"
 #include "regroup.h"
-#include "regroup/v1/runtime.grpc.pb.h"
+#include "regroup/v1/wire.grpc.pb.h"
 
 namespace {
 
@@ -115,7 +115,7 @@ v1::ManagerReport FaultReport(v1::FaultKind kind, std::vector<uint32_t> pods,
   return r;
 }
 
-// A job's manager: the real JobRuntime over RemoteDecisions, with two simulated agents (pods p0
+// A job's manager: the real JobControl over RemoteDecisions, with two simulated agents (pods p0
 // and p1, one process each) and a simulated clock.
 class Manager {
  public:
@@ -133,14 +133,14 @@ class Manager {
     o.epoch = epoch;
     auto remote = std::make_unique<rt::RemoteDecisions>(o);
     remote_ = remote.get();
-    rt::RuntimeOptions ro;
+    rt::JobControlOptions ro;
     ro.epoch = epoch;
     ro.join_window_ms = 5000;
-    runtime_ = std::make_unique<rt::JobRuntime>(spec_, resolved.config, ro, std::move(remote));
+    job_ = std::make_unique<rt::JobControl>(spec_, resolved.config, ro, std::move(remote));
   }
 
   rt::RemoteDecisions& remote() { return *remote_; }
-  rt::JobRuntime& runtime() { return *runtime_; }
+  rt::JobControl& job() { return *job_; }
   int64_t now = 1000;
 
   // Both agents register; the first generation forms.
@@ -158,33 +158,33 @@ class Manager {
       v1::Header h;
       h.set_job_id(spec_.id);
       h.set_sender(Uid(n));
-      auto registered = runtime_->Register(Stream(n), h, reg, now);
+      auto registered = job_->Register(Stream(n), h, reg, now);
       ASSERT_TRUE(registered.ok()) << registered.status().message();
     }
     Tick();
-    ASSERT_TRUE(runtime_->training());
+    ASSERT_TRUE(job_->training());
   }
-  // Pod n's process exits with code 1: a fault the runtime reports to the decision maker.
+  // Pod n's process exits with code 1: a fault the job control reports to the decision maker.
   void ProcessExits(int64_t n, int64_t step) {
     v1::AgentMessage m;
     m.mutable_header()->set_job_id(spec_.id);
     m.mutable_header()->set_sender(Uid(n));
-    m.mutable_header()->set_epoch(runtime_->epoch());
+    m.mutable_header()->set_epoch(job_->epoch());
     m.mutable_process_exit()->set_local_rank(0);
     m.mutable_process_exit()->set_exit_code(1);
     m.mutable_process_exit()->set_step(step);
-    regroup::Status st = runtime_->Handle(Stream(n), m, now);
+    regroup::Status st = job_->Handle(Stream(n), m, now);
     ASSERT_TRUE(st.ok()) << st.message();
-    ASSERT_FALSE(runtime_->training()) << "the generation is aborted at once";
+    ASSERT_FALSE(job_->training()) << "the generation is aborted at once";
   }
-  // One tick of the runtime at `now`; what it sends is kept.
+  // One tick of the job control at `now`; what it sends is kept.
   void Tick() {
-    runtime_->Tick(now);
-    for (auto& o : runtime_->TakeOutgoing()) sent_.push_back(std::move(o));
+    job_->Tick(now);
+    for (auto& o : job_->TakeOutgoing()) sent_.push_back(std::move(o));
   }
-  // Ticks (real time passing, the runtime's clock 1 ms a tick) until a message for an agent
+  // Ticks (real time passing, the job control's clock 1 ms a tick) until a message for an agent
   // satisfies `match`.
-  bool TickUntilSent(const std::function<bool(const rt::JobRuntime::Outgoing&)>& match) {
+  bool TickUntilSent(const std::function<bool(const rt::JobControl::Outgoing&)>& match) {
     return Eventually([&] {
       ++now;
       Tick();
@@ -194,21 +194,21 @@ class Manager {
     });
   }
   bool HasEvent(const std::string& kind) const {
-    const v1::GetStatusResponse status = runtime_->StatusReport();
+    const v1::GetStatusResponse status = job_->StatusReport();
     for (const auto& e : status.events())
       if (e.kind() == kind) return true;
     return false;
   }
-  const std::vector<rt::JobRuntime::Outgoing>& sent() const { return sent_; }
+  const std::vector<rt::JobControl::Outgoing>& sent() const { return sent_; }
 
  private:
   static std::string Uid(int64_t n) { return "p" + std::to_string(n); }
   static uint64_t Stream(int64_t n) { return static_cast<uint64_t>(n) + 1; }
 
   regroup::JobSpec spec_;
-  rt::RemoteDecisions* remote_ = nullptr;  // owned by runtime_
-  std::unique_ptr<rt::JobRuntime> runtime_;
-  std::vector<rt::JobRuntime::Outgoing> sent_;
+  rt::RemoteDecisions* remote_ = nullptr;  // owned by job_
+  std::unique_ptr<rt::JobControl> job_;
+  std::vector<rt::JobControl::Outgoing> sent_;
 };
 
 class CoordinatorTest : public ::testing::Test {
@@ -276,10 +276,10 @@ class CoordinatorTest : public ::testing::Test {
   int port_ = 0;
 };
 
-bool IsRestart(const rt::JobRuntime::Outgoing& o, int64_t node) {
+bool IsRestart(const rt::JobControl::Outgoing& o, int64_t node) {
   return o.node_rank == node && o.message.has_restart();
 }
-bool IsStop(const rt::JobRuntime::Outgoing& o, v1::StopTraining::Mode mode) {
+bool IsStop(const rt::JobControl::Outgoing& o, v1::StopTraining::Mode mode) {
   return o.message.has_stop() && o.message.stop().mode() == mode;
 }
 
@@ -464,7 +464,7 @@ TEST_F(CoordinatorTest, CoordinatorDownPausesSurvivorsThenDumpsAfterTheDecisionW
   int dumps = 0;
   for (const auto& o : m.sent()) dumps += IsStop(o, v1::StopTraining::MODE_DUMP);
   EXPECT_EQ(dumps, 2) << "both agents are told to dump";
-  EXPECT_EQ(m.runtime().StatusReport().phase(), "stopped");
+  EXPECT_EQ(m.job().StatusReport().phase(), "stopped");
 }
 
 TEST_F(CoordinatorTest, CoordinatorDownWithoutDumpExitsAfterTheDecisionWait) {

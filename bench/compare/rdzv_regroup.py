@@ -5,7 +5,7 @@ a real `regroup-manager`, then one of them dies and the survivors get the next g
     /usr/bin/python3 bench/compare/rdzv_regroup.py --nodes 1024 [--nproc 8] [--timeout 120]
 
 The agents are one asyncio task each in this process, speaking the manager's gRPC protocol
-(`regroup.v1.Manager/Session`, proto/regroup/v1/runtime.proto; messages generated with protoc
+(`regroup.v1.Manager/Session`, proto/regroup/v1/wire.proto; messages generated with protoc
 into a temporary directory, the stream driven through grpcio's generic stream-stream call). Each
 agent registers its `--nproc` ranks, reports them up as soon as it is welcomed (a heartbeat),
 heartbeats them every --heartbeat-ms, and records when its
@@ -41,10 +41,10 @@ from common import BUILD, REPO, CpuSampler, loadavg, proc_cpu_seconds, proc_hwm_
 def load_proto():
     out = tempfile.mkdtemp(prefix="regroup-bench-pb-")
     subprocess.run(["protoc", f"-I{REPO / 'proto'}", f"--python_out={out}",
-                    str(REPO / "proto" / "regroup" / "v1" / "runtime.proto")], check=True)
+                    str(REPO / "proto" / "regroup" / "v1" / "wire.proto")], check=True)
     sys.path.insert(0, out)
-    from regroup.v1 import runtime_pb2  # type: ignore  # noqa: E402
-    return runtime_pb2
+    from regroup.v1 import wire_pb2  # type: ignore  # noqa: E402
+    return wire_pb2
 
 
 pb = load_proto()

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable, Optional, Union
 
-from regroup._proto import runtime_pb2 as pb
+from regroup._proto import wire_pb2 as pb
 from regroup.api import AgentConnectionError, ProtocolError, Timeouts
 from regroup.wire import FrameReader, decode_payload, encode_frame
 

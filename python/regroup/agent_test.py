@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from regroup._proto import runtime_pb2 as pb
+from regroup._proto import wire_pb2 as pb
 from regroup.agent import AgentLink, LinkLost
 from regroup.api import AgentConnectionError, Timeouts
 from regroup.testing import FakeAgent, wait_for

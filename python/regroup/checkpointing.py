@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from regroup._proto import runtime_pb2 as pb
+from regroup._proto import wire_pb2 as pb
 from regroup.api import CheckpointError, TrainerConfig
 from regroup.dispatch import NO_GENERATION
 from regroup.state import cpu_clone

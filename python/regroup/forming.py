@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from regroup import contract
-from regroup._proto import runtime_pb2 as pb
+from regroup._proto import wire_pb2 as pb
 from regroup.abort import GroupSockets
 from regroup.api import AgentConnectionError, CheckpointError, ConfigError, StateSyncError, TrainerConfig
 from regroup.group import Layout, ProcessGroups, build_groups

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from regroup._proto import runtime_pb2 as pb
+from regroup._proto import wire_pb2 as pb
 from regroup.wire import FrameReader, decode_payload, encode_frame
 
 REPO = Path(__file__).resolve().parents[2]

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from regroup import checkpointing, contract, forming
-from regroup._proto import runtime_pb2 as pb
+from regroup._proto import wire_pb2 as pb
 from regroup.abort import GroupSockets, Watchdog
 from regroup.agent import AgentLink, LinkLost
 from regroup.api import (AgentConnectionError, CheckpointError, CollectiveFailed, ConfigError,

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 import torch
 
-from regroup._proto import runtime_pb2 as pb
+from regroup._proto import wire_pb2 as pb
 from regroup.testing import (EXAMPLE, PYTHON, FakeAgent, check_ledger, free_port, relative_error,
                              wait_for)
 

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from regroup._proto import runtime_pb2 as pb
+from regroup._proto import wire_pb2 as pb
 from regroup.api import ProtocolError
 from regroup.wire import MAX_FRAME_BYTES, FrameReader, decode_payload, encode_frame, recv_frame, send_frame
 

@@ -1,4 +1,4 @@
-// fuzz_manager: agent streams through the manager's JobRuntime (manager/runtime.h), the
+// fuzz_manager: agent streams through the manager's JobControl (manager/job_control.h), the
 // part of regroup-manager that handles every agent message, with its embedded engine.
 //
 // The input is a sequence of records, like fuzz_coordinator's. A control byte with 0x20 set
@@ -6,7 +6,7 @@
 // disconnects; otherwise a 2-byte little-endian length follows, then that many bytes of a
 // serialized regroup.v1.AgentMessage on stream (control & 3): its first accepted message must
 // register. Bytes that do not parse are skipped. After every record the harness checks what the
-// runtime sends: only to node ranks the job has, every message with a body and this manager's
+// job control sends: only to node ranks the job has, every message with a body and this manager's
 // epoch, every refusal with a reason, and a status report that always builds.
 #include <cstddef>
 #include <cstdint>
@@ -15,7 +15,7 @@
 #include <string>
 
 #include "fuzz_common.h"
-#include "manager/runtime.h"
+#include "manager/job_control.h"
 
 namespace {
 
@@ -25,7 +25,7 @@ namespace rt = ::regroup::manager;
 constexpr size_t kMaxRecords = 256;
 constexpr uint64_t kEpoch = 7;
 
-std::unique_ptr<rt::JobRuntime> NewRuntime() {
+std::unique_ptr<rt::JobControl> NewJobControl() {
   regroup::JobSpec spec;
   spec.id = "default/fuzz";
   spec.uid = "f1";
@@ -39,33 +39,33 @@ std::unique_ptr<rt::JobRuntime> NewRuntime() {
                       {"regroup.io/micro-batch-size", "4"},
                       {"regroup.io/hang-timeout-min-s", "2"}};
   auto resolved = spec.Resolve();
-  if (!resolved.ok()) fuzz::Die("NewRuntime", "the harness's job is invalid");
-  rt::RuntimeOptions options;
+  if (!resolved.ok()) fuzz::Die("NewJobControl", "the harness's job is invalid");
+  rt::JobControlOptions options;
   options.epoch = kEpoch;
   options.join_window_ms = 1000;
-  return std::make_unique<rt::JobRuntime>(spec, resolved.config, options,
+  return std::make_unique<rt::JobControl>(spec, resolved.config, options,
                                           std::make_unique<rt::EmbeddedDecisions>(spec));
 }
 
-void Check(rt::JobRuntime& runtime) {
-  for (const auto& o : runtime.TakeOutgoing()) {
+void Check(rt::JobControl& job) {
+  for (const auto& o : job.TakeOutgoing()) {
     if (o.node_rank < 0 || o.node_rank >= 4)
-      fuzz::Die("JobRuntime", "a message for node rank " + std::to_string(o.node_rank));
+      fuzz::Die("JobControl", "a message for node rank " + std::to_string(o.node_rank));
     if (o.message.body_case() == v1::ManagerMessage::BODY_NOT_SET)
-      fuzz::Die("JobRuntime", "a message without a body");
+      fuzz::Die("JobControl", "a message without a body");
     if (o.message.header().epoch() != kEpoch)
-      fuzz::Die("JobRuntime", "a message with another epoch");
+      fuzz::Die("JobControl", "a message with another epoch");
     if (o.message.has_start() && o.message.start().plan().world_size() == 0)
-      fuzz::Die("JobRuntime", "a generation of no rank");
+      fuzz::Die("JobControl", "a generation of no rank");
   }
-  const auto status = runtime.StatusReport();
-  if (status.nodes_size() != 4) fuzz::Die("JobRuntime", "a status without the job's 4 nodes");
+  const auto status = job.StatusReport();
+  if (status.nodes_size() != 4) fuzz::Die("JobControl", "a status without the job's 4 nodes");
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto runtime = NewRuntime();
+  auto job = NewJobControl();
   std::map<uint64_t, bool> registered;
   int64_t now = 1000;
   size_t at = 0;
@@ -74,9 +74,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint64_t stream = (control & 3) + 1;
     if (control & 0x20) {
       now += 100;
-      runtime->Tick(now);
+      job->Tick(now);
     } else if (control & 0x10) {
-      runtime->Disconnected(stream, now);
+      job->Disconnected(stream, now);
       registered.erase(stream);
     } else {
       if (at + 2 > size) break;
@@ -88,21 +88,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       at += len;
       if (!parsed) continue;
       if (!registered[stream] && message.has_register_()) {
-        auto node = runtime->Register(stream, message.header(), message.register_(), now);
+        auto node = job->Register(stream, message.header(), message.register_(), now);
         if (node.ok()) {
           registered[stream] = true;
         } else if (node.status().message().empty()) {
-          fuzz::Die("JobRuntime::Register", "a refusal without a reason");
+          fuzz::Die("JobControl::Register", "a refusal without a reason");
         }
       } else {
-        regroup::Status st = runtime->Handle(stream, message, now);
+        regroup::Status st = job->Handle(stream, message, now);
         if (!st.ok() && st.message().empty())
-          fuzz::Die("JobRuntime::Handle", "a refusal without a reason");
-        if (!st.ok() && runtime->MakeRefusal(st.message()).refusal().epoch() != kEpoch)
-          fuzz::Die("JobRuntime::MakeRefusal", "a refusal without this manager's epoch");
+          fuzz::Die("JobControl::Handle", "a refusal without a reason");
+        if (!st.ok() && job->MakeRefusal(st.message()).refusal().epoch() != kEpoch)
+          fuzz::Die("JobControl::MakeRefusal", "a refusal without this manager's epoch");
       }
     }
-    Check(*runtime);
+    Check(*job);
   }
   return 0;
 }

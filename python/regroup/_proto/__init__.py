@@ -1,7 +1,7 @@
-"""The wire messages of proto/regroup/v1/runtime.proto, generated with protoc on first use.
+"""The wire messages of proto/regroup/v1/wire.proto, generated with protoc on first use.
 
 The .proto file in the repository is the one source of the messages. The generated module is
-not committed: it is written here (``runtime_pb2.py``) by ``protoc`` the first time the package
+not committed: it is written here (``wire_pb2.py``) by ``protoc`` the first time the package
 is imported, and again whenever the .proto changes (a stamp holds the hash of the .proto it was
 made from). Several trainer processes may import the package at the same moment, so the module
 is written under a temporary name and renamed into place.
@@ -20,13 +20,13 @@ import tempfile
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-_GENERATED = _HERE / "runtime_pb2.py"
-_STAMP = _HERE / "runtime_pb2.stamp"
-_PROTO_RELATIVE = Path("regroup") / "v1" / "runtime.proto"
+_GENERATED = _HERE / "wire_pb2.py"
+_STAMP = _HERE / "wire_pb2.stamp"
+_PROTO_RELATIVE = Path("regroup") / "v1" / "wire.proto"
 
 
 def proto_root() -> Path | None:
-    """Returns the directory that holds ``regroup/v1/runtime.proto``, or None when not found."""
+    """Returns the directory that holds ``regroup/v1/wire.proto``, or None when not found."""
     override = os.environ.get("REGROUP_PROTO_DIR")
     candidates = [Path(override)] if override else []
     candidates.append(_HERE.parents[2] / "proto")  # python/regroup/_proto -> <repo>/proto
@@ -44,14 +44,14 @@ def _protoc() -> str:
     found = os.environ.get("PROTOC") or shutil.which("protoc") or "/usr/bin/protoc"
     if not os.path.exists(found):
         raise RuntimeError(
-            "regroup needs protoc to generate its wire messages from runtime.proto: install "
+            "regroup needs protoc to generate its wire messages from wire.proto: install "
             "protobuf-compiler (Debian) or set $PROTOC"
         )
     return found
 
 
 def generate(force: bool = False) -> bool:
-    """Writes runtime_pb2.py from the repository's .proto when it is missing or stale.
+    """Writes wire_pb2.py from the repository's .proto when it is missing or stale.
 
     Args:
         force: regenerate even when the stamp says the module is current.
@@ -67,7 +67,7 @@ def generate(force: bool = False) -> bool:
         if _GENERATED.exists():
             return False  # an installed package: use what was built
         raise RuntimeError(
-            "regroup cannot find proto/regroup/v1/runtime.proto to generate its wire messages: "
+            "regroup cannot find proto/regroup/v1/wire.proto to generate its wire messages: "
             "set $REGROUP_PROTO_DIR to the repository's proto/ directory"
         )
     source = root / _PROTO_RELATIVE
@@ -83,7 +83,7 @@ def generate(force: bool = False) -> bool:
         )
         if result.returncode != 0:
             raise RuntimeError(f"protoc failed on {source}: {result.stderr.strip()}")
-        made = Path(out) / "regroup" / "v1" / "runtime_pb2.py"
+        made = Path(out) / "regroup" / "v1" / "wire_pb2.py"
         stamp = Path(out) / "stamp"
         stamp.write_text(digest + "\n")
         os.replace(made, _GENERATED)
@@ -93,6 +93,6 @@ def generate(force: bool = False) -> bool:
 
 generate()
 
-from regroup._proto import runtime_pb2  # noqa: E402  (generated just above)
+from regroup._proto import wire_pb2  # noqa: E402  (generated just above)
 
-__all__ = ["runtime_pb2", "generate", "proto_root"]
+__all__ = ["wire_pb2", "generate", "proto_root"]

@@ -1,4 +1,4 @@
-"""``python -m regroup._proto [--force]``: regenerate runtime_pb2.py from the .proto."""
+"""``python -m regroup._proto [--force]``: regenerate wire_pb2.py from the .proto."""
 
 import sys
 

@@ -1,15 +1,15 @@
-"""The generated wire messages match proto/regroup/v1/runtime.proto."""
+"""The generated wire messages match proto/regroup/v1/wire.proto."""
 
 import hashlib
 
 from regroup import _proto
-from regroup._proto import runtime_pb2 as pb
+from regroup._proto import wire_pb2 as pb
 
 
 def test_the_generated_module_was_made_from_the_current_proto():
     root = _proto.proto_root()
     assert root is not None
-    digest = hashlib.sha256((root / "regroup" / "v1" / "runtime.proto").read_bytes()).hexdigest()
+    digest = hashlib.sha256((root / "regroup" / "v1" / "wire.proto").read_bytes()).hexdigest()
     assert _proto._STAMP.read_text().strip() == digest
     assert _proto.generate() is False  # current: nothing to do
 

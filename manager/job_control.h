@@ -1,9 +1,9 @@
-// The manager's job runtime: membership, generations, fencing, fault detection and the step
+// The manager's control of one job: membership, generations, fencing, fault detection and the step
 // commit, as a clocked state machine with no threads and no sockets. The gRPC service
 // (service.h) feeds it agent messages and drains what it has to send; tests drive it directly
 // with thousands of simulated agents.
 //
-// Who decides what (DESIGN.md): the runtime carries out directives; the scheduling decisions
+// Who decides what (DESIGN.md): the job control carries out directives; the scheduling decisions
 // (wait, scale in or out, dump, exit) come from a Decisions source: the engine embedded in the
 // manager (standalone) or the coordinator in the scheduler.
 #pragma once
@@ -21,13 +21,13 @@
 #include "plugin/job_spec.h"
 #include "plugin/sizing.h"
 #include "common/status.h"
-#include "regroup/v1/runtime.pb.h"
+#include "regroup/v1/wire.pb.h"
 
 namespace regroup::manager {
 
 namespace v1 = ::regroup::v1;
 
-// What the runtime tells the decision maker, and what it hears back.
+// What the job control tells the decision maker, and what it hears back.
 class Decisions {
  public:
   virtual ~Decisions() = default;
@@ -66,7 +66,7 @@ class EmbeddedDecisions final : public Decisions {
   uint64_t last_directive_ = 0;
 };
 
-struct RuntimeOptions {
+struct JobControlOptions {
   uint64_t epoch = 1;                // this manager incarnation
   int64_t join_window_ms = 30000;    // how long the first (or a restarted) rendezvous waits
   uint32_t heartbeat_interval_ms = 0;  // 0: the job's regroup.io/heartbeat-interval-ms
@@ -80,7 +80,7 @@ struct RankPlace {
   uint32_t replica = 0;  // in the generation
 };
 
-class JobRuntime {
+class JobControl {
  public:
   // One message for one agent (by node rank).
   struct Outgoing {
@@ -89,7 +89,7 @@ class JobRuntime {
     bool close = false;  // end that agent's stream after this message
   };
 
-  JobRuntime(JobSpec spec, JobConfig config, RuntimeOptions options,
+  JobControl(JobSpec spec, JobConfig config, JobControlOptions options,
              std::unique_ptr<Decisions> decisions);
 
   // An agent stream's first message. On success the stream belongs to the returned node rank.
@@ -180,12 +180,12 @@ class JobRuntime {
   bool Available(int64_t node) const;
   // Every pod of these replicas is Available.
   bool Ready(const std::vector<int64_t>& replicas) const;
-  // With a coordinator: the decision wait while it is unreachable (see runtime.cc).
+  // With a coordinator: the decision wait while it is unreachable (see job_control.cc).
   void CheckDecisionWait(int64_t now);
 
   JobSpec spec_;
   JobConfig config_;
-  RuntimeOptions options_;
+  JobControlOptions options_;
   std::unique_ptr<Decisions> decisions_;
   Layout layout_;
   uint32_t heartbeat_interval_ms_;

@@ -1,6 +1,6 @@
-// The manager's runtime with simulated agents and a simulated clock: rendezvous, detection,
+// The manager's job control with simulated agents and a simulated clock: rendezvous, detection,
 // the step commit, fencing, refusals, recovery through the embedded engine, manager restarts.
-#include "manager/runtime.h"
+#include "manager/job_control.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@ using Map = std::map<std::string, std::string>;
 // "pod-<n>" with host 10.0.0.<n> and free port 30000+n.
 class Sim {
  public:
-  Sim(int64_t pods, int64_t ppp, Map labels, Map annotations, RuntimeOptions options = {}) {
+  Sim(int64_t pods, int64_t ppp, Map labels, Map annotations, JobControlOptions options = {}) {
     spec_.id = "default/job";
     spec_.uid = "job-uid";
     spec_.pods = pods;
@@ -23,7 +23,7 @@ class Sim {
     auto resolved = spec_.Resolve();
     EXPECT_TRUE(resolved.ok());
     options.join_window_ms = 5000;
-    rt = std::make_unique<JobRuntime>(spec_, resolved.config, options,
+    rt = std::make_unique<JobControl>(spec_, resolved.config, options,
                                       std::make_unique<EmbeddedDecisions>(spec_));
     uids_.resize(static_cast<size_t>(pods));
     for (int64_t n = 0; n < pods; ++n) uids_[static_cast<size_t>(n)] = "pod-" + std::to_string(n);
@@ -141,7 +141,7 @@ class Sim {
   void Clear() { inbox_.clear(); }
 
   JobSpec spec_;
-  std::unique_ptr<JobRuntime> rt;
+  std::unique_ptr<JobControl> rt;
   int64_t now = 1000;
   std::vector<std::string> uids_;
   std::map<int64_t, uint64_t> streams_;
@@ -163,7 +163,7 @@ const Map kElastic = {{"recover-strategy", "recover-in-place,elastic-training"},
                       {"regroup.io/prefer-elastic", "true"},
                       {"regroup.io/tensor-parallel", "2"}};
 
-TEST(Runtime, FirstGenerationFormsWhenAllAgentsRegistered) {
+TEST(JobControl, FirstGenerationFormsWhenAllAgentsRegistered) {
   Sim sim(4, 2, kForce, kElastic);
   for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Register(n).ok());
   sim.Run(100);
@@ -183,7 +183,7 @@ TEST(Runtime, FirstGenerationFormsWhenAllAgentsRegistered) {
   EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kWelcome), 1);
 }
 
-TEST(Runtime, JoinWindowClosingWithAMissingPodAsksTheEngine) {
+TEST(JobControl, JoinWindowClosingWithAMissingPodAsksTheEngine) {
   Sim sim(4, 2, kForce, kElastic);
   for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Register(n).ok());
   sim.Run(5200);
@@ -193,7 +193,7 @@ TEST(Runtime, JoinWindowClosingWithAMissingPodAsksTheEngine) {
   EXPECT_EQ(status.nodes(3).state(), "missing");
 }
 
-TEST(Runtime, StepCommitsWhenEveryRankVoted) {
+TEST(JobControl, StepCommitsWhenEveryRankVoted) {
   Sim sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
@@ -212,7 +212,7 @@ TEST(Runtime, StepCommitsWhenEveryRankVoted) {
   EXPECT_EQ(st.message(), "the votes are for step 5; the step in flight is 1");
 }
 
-TEST(Runtime, ARankDyingBetweenItsPodsVoteAndTheDecisionLeavesTheStepUncommitted) {
+TEST(JobControl, ARankDyingBetweenItsPodsVoteAndTheDecisionLeavesTheStepUncommitted) {
   Sim sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
@@ -229,7 +229,7 @@ TEST(Runtime, ARankDyingBetweenItsPodsVoteAndTheDecisionLeavesTheStepUncommitted
   EXPECT_EQ(sim.rt->committed_step(), -1);
 }
 
-TEST(Runtime, ChecksumMismatchAbortsTheStep) {
+TEST(JobControl, ChecksumMismatchAbortsTheStep) {
   Sim sim(2, 2, kForce, {{"recover-strategy", "retry"}, {"regroup.io/tensor-parallel", "2"}});
   sim.RegisterAll();
   sim.Run(20);
@@ -242,7 +242,7 @@ TEST(Runtime, ChecksumMismatchAbortsTheStep) {
   EXPECT_EQ(sim.rt->generation(), 2u) << "retried in a fresh generation";
 }
 
-TEST(Runtime, ProcessCrashIsRestartedInPlaceAndRejoins) {
+TEST(JobControl, ProcessCrashIsRestartedInPlaceAndRejoins) {
   Sim sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
@@ -275,7 +275,7 @@ TEST(Runtime, ProcessCrashIsRestartedInPlaceAndRejoins) {
   EXPECT_EQ(plan.world_size(), 4u);
 }
 
-TEST(Runtime, LostAgentScalesInAndItsReplacementScalesOut) {
+TEST(JobControl, LostAgentScalesInAndItsReplacementScalesOut) {
   Sim sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
@@ -303,7 +303,7 @@ TEST(Runtime, LostAgentScalesInAndItsReplacementScalesOut) {
 }
 
 // Issue 11, finding 2: a fault that touches no rank of the running generation never aborts it.
-TEST(Runtime, LosingAStandbyPodDoesNotAbortTheGeneration) {
+TEST(JobControl, LosingAStandbyPodDoesNotAbortTheGeneration) {
   Sim sim(4, 1, kForce, kElastic);  // tp 2: a replica is 2 pods, dp 2
   sim.RegisterAll();
   sim.Run(20);
@@ -330,7 +330,7 @@ TEST(Runtime, LosingAStandbyPodDoesNotAbortTheGeneration) {
   EXPECT_TRUE(fault_seen) << "the lost standby is still a fault the decision maker hears of";
 }
 
-TEST(Runtime, ScaleOutWaitsForTheReplacementsTrainersToSayHello) {
+TEST(JobControl, ScaleOutWaitsForTheReplacementsTrainersToSayHello) {
   Sim sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
@@ -359,7 +359,7 @@ TEST(Runtime, ScaleOutWaitsForTheReplacementsTrainersToSayHello) {
   EXPECT_EQ(sim.rt->world_size(), 8u);
 }
 
-TEST(Runtime, MissedHeartbeatsAreALostPod) {
+TEST(JobControl, MissedHeartbeatsAreALostPod) {
   Sim sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
@@ -375,7 +375,7 @@ TEST(Runtime, MissedHeartbeatsAreALostPod) {
 
 // Issue 11, finding 1: a paused agent declared lost is told so at once (a fenced refusal that
 // ends its stream), and its still-open stream never blocks its replacement.
-TEST(Runtime, APodDeclaredLostWhileConnectedIsFencedAndDoesNotBlockItsReplacement) {
+TEST(JobControl, APodDeclaredLostWhileConnectedIsFencedAndDoesNotBlockItsReplacement) {
   Sim sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
@@ -399,7 +399,7 @@ TEST(Runtime, APodDeclaredLostWhileConnectedIsFencedAndDoesNotBlockItsReplacemen
   EXPECT_EQ(*node, 1);
 }
 
-TEST(Runtime, AHungStepIsDetected) {
+TEST(JobControl, AHungStepIsDetected) {
   Sim sim(2, 2, kForce,
           {{"recover-strategy", "recover-in-place"}, {"regroup.io/tensor-parallel", "2"},
            {"regroup.io/hang-timeout-min-s", "2"}, {"regroup.io/heartbeat-interval-ms", "100"}});
@@ -413,7 +413,7 @@ TEST(Runtime, AHungStepIsDetected) {
   EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kAbort), 1);
 }
 
-TEST(Runtime, StaleAndForeignMessagesAreRefusedAndChangeNothing) {
+TEST(JobControl, StaleAndForeignMessagesAreRefusedAndChangeNothing) {
   Sim sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
@@ -439,7 +439,7 @@ TEST(Runtime, StaleAndForeignMessagesAreRefusedAndChangeNothing) {
   EXPECT_TRUE(sim.rt->training());
 }
 
-TEST(Runtime, RegistrationRefusals) {
+TEST(JobControl, RegistrationRefusals) {
   Sim sim(2, 2, kForce, kElastic);
   ASSERT_TRUE(sim.Register(0).ok());
   // A duplicate node rank from another pod.
@@ -467,10 +467,10 @@ TEST(Runtime, RegistrationRefusals) {
   EXPECT_EQ(sim.rt->Register(93, h, bad, sim.now).status().message().rfind("fenced", 0), 0u);
 }
 
-TEST(Runtime, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
+TEST(JobControl, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
   // A new manager incarnation (epoch 2): agents report what their trainers hold. Rank 3 heard
   // commit for step 41 before the old manager died; the others only voted.
-  RuntimeOptions o;
+  JobControlOptions o;
   o.epoch = 2;
   Sim sim(2, 2, kForce, kElastic, o);
   for (int64_t n = 0; n < 2; ++n) {
@@ -491,8 +491,8 @@ TEST(Runtime, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
   EXPECT_EQ(sim.starts_[0].plan().epoch(), 2u);
 }
 
-TEST(Runtime, AMinorityOfTheLastGenerationMustNotFormOne) {
-  RuntimeOptions o;
+TEST(JobControl, AMinorityOfTheLastGenerationMustNotFormOne) {
+  JobControlOptions o;
   o.epoch = 3;
   Sim sim(4, 2, kForce, kElastic, o);
   ASSERT_TRUE(sim.Register(0, "", {}, 4).ok());
@@ -508,7 +508,7 @@ TEST(Runtime, AMinorityOfTheLastGenerationMustNotFormOne) {
   EXPECT_EQ(sim.rt->generation(), 1u) << "3 of 4 is";
 }
 
-TEST(Runtime, PlannedDepartureLeavesAtTheStepBoundaryWithNoLostWork) {
+TEST(JobControl, PlannedDepartureLeavesAtTheStepBoundaryWithNoLostWork) {
   Sim sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
@@ -529,7 +529,7 @@ TEST(Runtime, PlannedDepartureLeavesAtTheStepBoundaryWithNoLostWork) {
   EXPECT_EQ(sim.starts_[0].plan().data_parallel(), 3u);
 }
 
-TEST(Runtime, TrainingFinishesWhenEveryRankExitsCleanly) {
+TEST(JobControl, TrainingFinishesWhenEveryRankExitsCleanly) {
   Sim sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);

@@ -1,4 +1,4 @@
-#include "manager/runtime.h"
+#include "manager/job_control.h"
 
 #include <algorithm>
 #include <numeric>
@@ -49,7 +49,7 @@ std::string Join(const std::vector<int64_t>& items) {
 
 EmbeddedDecisions::EmbeddedDecisions(const JobSpec& spec) : job_id_(spec.id) {
   Status st = engine_.UpsertJob(spec, nullptr, 0);
-  (void)st;  // the spec was validated before the runtime was built
+  (void)st;  // the spec was validated before the job control was built
 }
 
 void EmbeddedDecisions::PodRunning(int64_t pod, const std::string& uid, const std::string& node,
@@ -89,7 +89,7 @@ std::optional<Directive> EmbeddedDecisions::Poll() {
 // Registration and messages
 // ---------------------------------------------------------------------------------------------
 
-JobRuntime::JobRuntime(JobSpec spec, JobConfig config, RuntimeOptions options,
+JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options,
                        std::unique_ptr<Decisions> decisions)
     : spec_(std::move(spec)),
       config_(config),
@@ -111,11 +111,11 @@ v1::Header ManagerHeader(const std::string& job_id, uint64_t epoch, uint64_t gen
   return h;
 }
 
-v1::Header JobRuntime::MakeHeader() const {
+v1::Header JobControl::MakeHeader() const {
   return ManagerHeader(spec_.id, options_.epoch, generation_);
 }
 
-v1::ManagerMessage JobRuntime::MakeRefusal(const std::string& reason, bool fenced) const {
+v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fenced) const {
   v1::ManagerMessage m;
   *m.mutable_header() = MakeHeader();
   v1::Refusal& r = *m.mutable_refusal();
@@ -127,7 +127,7 @@ v1::ManagerMessage JobRuntime::MakeRefusal(const std::string& reason, bool fence
   return m;
 }
 
-void JobRuntime::Event(int64_t now, const std::string& kind, const std::string& message) {
+void JobControl::Event(int64_t now, const std::string& kind, const std::string& message) {
   v1::JobEvent e;
   e.set_at_ms(now);
   e.set_kind(kind);
@@ -136,32 +136,32 @@ void JobRuntime::Event(int64_t now, const std::string& kind, const std::string& 
   while (events_.size() > options_.event_log) events_.pop_front();
 }
 
-void JobRuntime::Send(int64_t node_rank, v1::ManagerMessage message, bool close) {
+void JobControl::Send(int64_t node_rank, v1::ManagerMessage message, bool close) {
   *message.mutable_header() = MakeHeader();
   outgoing_.push_back({node_rank, std::move(message), close});
 }
 
-std::vector<JobRuntime::Outgoing> JobRuntime::TakeOutgoing() {
+std::vector<JobControl::Outgoing> JobControl::TakeOutgoing() {
   std::vector<Outgoing> out;
   out.swap(outgoing_);
   return out;
 }
 
-JobRuntime::Agent* JobRuntime::AgentOf(uint64_t stream, int64_t* node_rank) {
+JobControl::Agent* JobControl::AgentOf(uint64_t stream, int64_t* node_rank) {
   auto it = stream_node_.find(stream);
   if (it == stream_node_.end()) return nullptr;
   *node_rank = it->second;
   return &agents_[static_cast<size_t>(it->second)];
 }
 
-bool JobRuntime::Ready(const std::vector<int64_t>& replicas) const {
+bool JobControl::Ready(const std::vector<int64_t>& replicas) const {
   for (int64_t r : replicas)
     for (int64_t p : layout_.PodsOfReplica(r))
       if (!Available(p)) return false;
   return !replicas.empty();
 }
 
-bool JobRuntime::Available(int64_t node) const {
+bool JobControl::Available(int64_t node) const {
   const Agent& a = agents_[static_cast<size_t>(node)];
   if (!a.connected || a.state == AgentState::kLost || a.state == AgentState::kLeaving ||
       a.state == AgentState::kDone || !a.restarting.empty())
@@ -174,7 +174,7 @@ bool JobRuntime::Available(int64_t node) const {
   return a.ranks.size() == a.nproc;
 }
 
-StatusOr<int64_t> JobRuntime::Register(uint64_t stream, const v1::Header& header,
+StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header,
                                        const v1::Register& reg, int64_t now) {
   if (header.job_id() != spec_.id)
     return NotFound("this manager serves job " + spec_.id + ", not " + header.job_id());
@@ -261,7 +261,7 @@ StatusOr<int64_t> JobRuntime::Register(uint64_t stream, const v1::Header& header
   return node;
 }
 
-Status JobRuntime::Handle(uint64_t stream, const v1::AgentMessage& message, int64_t now) {
+Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int64_t now) {
   int64_t node = -1;
   Agent* agent = AgentOf(stream, &node);
   if (!agent) return FailedPrecondition("the stream has not registered: send Register first");
@@ -314,7 +314,7 @@ Status JobRuntime::Handle(uint64_t stream, const v1::AgentMessage& message, int6
   }
 }
 
-void JobRuntime::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, int64_t now) {
+void JobControl::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, int64_t now) {
   (void)node;
   if (hb.free_port()) a.free_port = hb.free_port();
   for (const auto& r : hb.ranks()) {
@@ -330,7 +330,7 @@ void JobRuntime::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, in
   }
 }
 
-void JobRuntime::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e, int64_t now) {
+void JobControl::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e, int64_t now) {
   v1::LocalRank& r = a.ranks[e.local_rank()];
   r.set_alive(false);
   if (a.restarting.count(e.local_rank())) return;  // we asked for it
@@ -361,7 +361,7 @@ void JobRuntime::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e,
         "rank " + std::to_string(rank) + " " + why, now);
 }
 
-Status JobRuntime::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64_t now) {
+Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64_t now) {
   (void)a;
   if (votes.generation() != generation_)
     return FailedPrecondition("the votes are for generation " +
@@ -418,7 +418,7 @@ Status JobRuntime::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
   return Status::Ok();
 }
 
-void JobRuntime::Commit(int64_t step, int64_t now) {
+void JobControl::Commit(int64_t step, int64_t now) {
   committed_step_ = step;
   vote_step_ = -1;
   ++counters_.commits;
@@ -466,7 +466,7 @@ void JobRuntime::Commit(int64_t step, int64_t now) {
 
 // A planned departure now: the pod stops (MODE_LEAVE), its uid is gone for good, and the
 // decision maker hears of the lost pod like any other.
-void JobRuntime::Depart(int64_t node, int64_t now) {
+void JobControl::Depart(int64_t node, int64_t now) {
   Agent& a = agents_[static_cast<size_t>(node)];
   v1::ManagerMessage stop;
   stop.mutable_stop()->set_directive_id(++directive_id_);
@@ -483,7 +483,7 @@ void JobRuntime::Depart(int64_t node, int64_t now) {
   decisions_->Fault(f, now);
 }
 
-void JobRuntime::OnLeave(int64_t node, Agent& a, const v1::Leave& leave, int64_t now) {
+void JobControl::OnLeave(int64_t node, Agent& a, const v1::Leave& leave, int64_t now) {
   Event(now, "leave", "pod " + a.pod_uid + " asks to leave: " + leave.reason());
   bool in_generation = false;
   for (const auto& p : places_) in_generation = in_generation || p.node_rank == node;
@@ -495,7 +495,7 @@ void JobRuntime::OnLeave(int64_t node, Agent& a, const v1::Leave& leave, int64_t
   leaving_.insert(node);
 }
 
-void JobRuntime::Disconnected(uint64_t stream, int64_t now) {
+void JobControl::Disconnected(uint64_t stream, int64_t now) {
   auto it = stream_node_.find(stream);
   if (it == stream_node_.end()) return;
   const int64_t node = it->second;
@@ -520,7 +520,7 @@ void JobRuntime::Disconnected(uint64_t stream, int64_t now) {
 // Faults and directives
 // ---------------------------------------------------------------------------------------------
 
-void JobRuntime::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
+void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
                        int64_t step, const std::string& detail, int64_t now) {
   if (pods.empty())
     for (uint32_t r : ranks)
@@ -558,7 +558,7 @@ void JobRuntime::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   decisions_->Fault(f, now);
 }
 
-void JobRuntime::Abort(const std::string& reason, int64_t now) {
+void JobControl::Abort(const std::string& reason, int64_t now) {
   if (state_ != State::kTraining) return;
   state_ = State::kAborted;
   abort_ms_ = now;
@@ -577,7 +577,7 @@ void JobRuntime::Abort(const std::string& reason, int64_t now) {
   Event(now, "abort", "generation " + std::to_string(generation_) + " aborted: " + reason);
 }
 
-bool JobRuntime::FormGeneration(const std::vector<int64_t>& replicas,
+bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
                                 const std::vector<int64_t>& micro, const std::string& reason,
                                 int64_t now) {
   if (replicas.empty()) {
@@ -682,7 +682,7 @@ bool JobRuntime::FormGeneration(const std::vector<int64_t>& replicas,
   return true;
 }
 
-void JobRuntime::StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now) {
+void JobControl::StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now) {
   v1::ManagerMessage m;
   m.mutable_stop()->set_directive_id(++directive_id_);
   m.mutable_stop()->set_mode(mode);
@@ -693,7 +693,7 @@ void JobRuntime::StopAll(v1::StopTraining::Mode mode, const std::string& reason,
   Event(now, "stop", reason);
 }
 
-void JobRuntime::Apply(const Directive& d, int64_t now) {
+void JobControl::Apply(const Directive& d, int64_t now) {
   ++counters_.directives[std::string(DirectiveKindName(d.kind))];
   Event(now, "directive", std::string(DirectiveKindName(d.kind)) +
                               (d.strategy.empty() ? "" : " [" + d.strategy + "]") + ": " +
@@ -751,18 +751,18 @@ void JobRuntime::Apply(const Directive& d, int64_t now) {
 // Time
 // ---------------------------------------------------------------------------------------------
 
-int64_t JobRuntime::MedianStepMs() const {
+int64_t JobControl::MedianStepMs() const {
   if (step_times_ms_.empty()) return 0;
   std::vector<int64_t> t(step_times_ms_.begin(), step_times_ms_.end());
   std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
   return t[t.size() / 2];
 }
 
-int64_t JobRuntime::HangTimeoutMs() const {
+int64_t JobControl::HangTimeoutMs() const {
   return std::max(config_.hang_timeout_min_s * 1000, config_.hang_step_factor * MedianStepMs());
 }
 
-void JobRuntime::DetectFailures(int64_t now) {
+void JobControl::DetectFailures(int64_t now) {
   const int64_t liveness = config_.heartbeat_interval_ms * config_.liveness_misses;
   for (size_t n = 0; n < agents_.size() && state_ == State::kTraining; ++n) {
     Agent& a = agents_[n];
@@ -806,7 +806,7 @@ void JobRuntime::DetectFailures(int64_t now) {
   }
 }
 
-void JobRuntime::TryFirstGeneration(int64_t now) {
+void JobControl::TryFirstGeneration(int64_t now) {
   if (join_started_ms_ < 0) return;
   std::vector<int64_t> missing;
   uint32_t registered = 0, last_agents = 0;
@@ -854,7 +854,7 @@ void JobRuntime::TryFirstGeneration(int64_t now) {
   decisions_->Fault(f, now);
 }
 
-void JobRuntime::Tick(int64_t now) {
+void JobControl::Tick(int64_t now) {
   if (state_ == State::kJoining) TryFirstGeneration(now);
   if (state_ == State::kTraining) DetectFailures(now);
   decisions_->Tick(now);
@@ -884,7 +884,7 @@ void JobRuntime::Tick(int64_t now) {
 // allows it, else exit. (The embedded engine is always available: this never applies to it.)
 // ---------------------------------------------------------------------------------------------
 
-void JobRuntime::CheckDecisionWait(int64_t now) {
+void JobControl::CheckDecisionWait(int64_t now) {
   const bool waiting = state_ == State::kAborted && !pending_;
   if (!waiting || decisions_->Available()) {
     if (waiting && decisions_unavailable_ms_ >= 0)
@@ -914,7 +914,7 @@ void JobRuntime::CheckDecisionWait(int64_t now) {
   StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT, reason, now);
 }
 
-v1::GetStatusResponse JobRuntime::StatusReport() const {
+v1::GetStatusResponse JobControl::StatusReport() const {
   v1::GetStatusResponse s;
   s.set_job_id(spec_.id);
   s.set_epoch(options_.epoch);

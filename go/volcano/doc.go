@@ -5,7 +5,7 @@
 // # A session
 //
 // Volcano builds a new plugin for every session; the engine, the coordinator and what the plugin
-// last told the engine outlive it in a process-wide [Runtime] ([Shared]; tests call
+// last told the engine outlive it in a process-wide [Runtime] ([Shared], shared.go; tests call
 // [ResetShared]). In OnSessionOpen the plugin
 //
 //   - upserts every job whose PodGroup carries Regroup or MindCluster keys (labels, annotations,

@@ -44,9 +44,10 @@
 extern "C" {
 #endif
 
-/* ABI version. Since 1.0; minor 1 (the coordinator) since 1.1. */
+/* ABI version. Since 1.0; minor 1 (the coordinator) since 1.1; minor 2 (reading a job's keys
+ * and a Volcano Job) since 1.2. */
 #define REGROUP_ABI_VERSION_MAJOR 1
-#define REGROUP_ABI_VERSION_MINOR 1
+#define REGROUP_ABI_VERSION_MINOR 2
 /* (major << 16) | minor of this header; compare with regroup_abi_version(). */
 #define REGROUP_ABI_VERSION ((REGROUP_ABI_VERSION_MAJOR << 16) | REGROUP_ABI_VERSION_MINOR)
 
@@ -108,6 +109,43 @@ REGROUP_EXTERN void regroup_string_free(char *string);
  * Since 1.0. */
 REGROUP_EXTERN regroup_status regroup_validate_job(char **out, const char *job_json, size_t len,
                                                    regroup_error **err);
+
+/* ---------------------------------------------------------------------------------------------
+ * Reading a job: the rules a scheduler plugin shares with regroupctl and regroup-manager
+ * ------------------------------------------------------------------------------------------- */
+/* Whether a job's keys make it Regroup's: a MindCluster label or annotation of the
+ * configuration table (`regroupctl keys`: a label such as fault-scheduling, an annotation such as
+ * recover-strategy), or any label or annotation whose name starts with "regroup.io/". A job
+ * without one is left to the scheduler's other plugins. Only the names count, not the values.
+ * label_keys[0..label_count) and annotation_keys[0..annotation_count) are the names,
+ * NUL-terminated; a list may be NULL when its count is 0. *out receives 1 or 0.
+ * REGROUP_INVALID_ARGUMENT for a NULL out, a NULL list with a count, or a NULL name (the message
+ * says which list and index). Thread-safe. Since 1.2. */
+REGROUP_EXTERN regroup_status regroup_job_has_keys(uint8_t *out, const char *const *label_keys,
+                                                   size_t label_count,
+                                                   const char *const *annotation_keys,
+                                                   size_t annotation_count, regroup_error **err);
+
+/* Reads a Volcano Job (batch.volcano.sh/v1alpha1, kind Job; `len` bytes of YAML or JSON, at most
+ * 4 MiB) into the engine's job spec, as `regroupctl validate` and `regroup-manager --job` read it.
+ * Read: metadata.name, namespace (default "default"; the id is "namespace/name"), uid, labels and
+ * annotations; spec.minAvailable and spec.policies; of each spec.tasks[i]: name, replicas
+ * (default 1) and policies, and template.spec.containers[] command, args, env (name/value pairs)
+ * and resources (limits, requests). A task named "manager", or with a container whose command or
+ * args contain "regroup-manager", runs the job's manager: its replicas are manager pods, not
+ * training pods. The first other task gives the processes per pod (an accelerator request
+ * whose resource name holds "gpu", "npu" or "Ascend", else `--nproc-per-node` in the command,
+ * else 1) and the env (its first container's variables that the configuration table reads,
+ * MINDIO_WAIT_MINDX_TIME). *out receives
+ *   {"job": <job spec>, "manager_tasks": [indexes into spec.tasks]}.
+ * A job with no training pods (none created yet, or only the manager's task) is read with
+ * "pods": 0; regroup_engine_upsert_job refuses such a spec, so a caller waits for its pods.
+ * REGROUP_INVALID_ARGUMENT with a message naming the field (and what it must be) when the
+ * document is not a Volcano Job: not valid YAML or UTF-8, nested too deeply, another kind, a
+ * field of the wrong type or out of range; REGROUP_RESOURCE_EXHAUSTED over 4 MiB. The spec is
+ * read, not validated: upsert it, or call regroup_validate_job. Thread-safe. Since 1.2. */
+REGROUP_EXTERN regroup_status regroup_volcano_job_read(char **out, const char *job, size_t len,
+                                                       regroup_error **err);
 
 /* ---------------------------------------------------------------------------------------------
  * The engine

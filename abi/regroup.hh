@@ -98,6 +98,28 @@ inline Result<Validation> ValidateJob(std::string_view job_json) {
   return Validation{st, report ? report.get() : "", error ? regroup_error_message(error.get()) : ""};
 }
 
+// Whether a job's label and annotation names make it Regroup's (regroup_job_has_keys).
+inline Result<bool> JobHasKeys(const std::vector<std::string>& label_keys,
+                               const std::vector<std::string>& annotation_keys) {
+  std::vector<const char*> labels, annotations;
+  for (const auto& k : label_keys) labels.push_back(k.c_str());
+  for (const auto& k : annotation_keys) annotations.push_back(k.c_str());
+  uint8_t has = 0;
+  regroup_error* err = nullptr;
+  regroup_status st = regroup_job_has_keys(&has, labels.data(), labels.size(), annotations.data(),
+                                           annotations.size(), &err);
+  if (st != REGROUP_OK) return detail::TakeError(st, err);
+  return has != 0;
+}
+
+// A Volcano Job (YAML or JSON) read into {"job": <job spec>, "manager_tasks": [...]}
+// (regroup_volcano_job_read).
+inline Result<std::string> ReadVolcanoJob(std::string_view job) {
+  return detail::CallString([&](char** out, regroup_error** err) {
+    return regroup_volcano_job_read(out, job.data(), job.size(), err);
+  });
+}
+
 class Engine {
  public:
   static Result<Engine> Create(const regroup_engine_options* options = nullptr) {

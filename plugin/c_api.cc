@@ -17,6 +17,7 @@
 #include "plugin/coordinator.h"
 #include "plugin/engine.h"
 #include "plugin/json_util.h"
+#include "plugin/volcano_job.h"
 
 struct regroup_error {
   regroup_status status;
@@ -182,6 +183,63 @@ regroup_status regroup_validate_job(char** out, const char* job_json, size_t len
       return Fail(err, REGROUP_VALIDATION_FAILED, message);
     }
     return REGROUP_OK;
+  });
+}
+
+regroup_status regroup_job_has_keys(uint8_t* out, const char* const* label_keys, size_t label_count,
+                                    const char* const* annotation_keys, size_t annotation_count,
+                                    regroup_error** err) {
+  return Guard(err, [&]() -> regroup_status {
+    if (!out) return Fail(err, REGROUP_INVALID_ARGUMENT, "the out pointer is NULL");
+    *out = 0;
+    struct List {
+      const char* what;
+      const char* const* keys;
+      size_t count;
+      regroup::KeySource source;
+    };
+    const List lists[] = {{"label", label_keys, label_count, regroup::KeySource::kLabel},
+                          {"annotation", annotation_keys, annotation_count,
+                           regroup::KeySource::kAnnotation}};
+    // Every name is checked before any answer, so a bad list is refused whatever it holds.
+    for (const List& l : lists) {
+      if (l.count && !l.keys)
+        return Fail(err, REGROUP_INVALID_ARGUMENT,
+                    std::string("the ") + l.what + " key list is NULL but its count is " +
+                        std::to_string(l.count));
+      for (size_t i = 0; i < l.count; ++i)
+        if (!l.keys[i])
+          return Fail(err, REGROUP_INVALID_ARGUMENT,
+                      std::string(l.what) + " key " + std::to_string(i) + " is NULL");
+    }
+    for (const List& l : lists)
+      for (size_t i = 0; i < l.count; ++i)
+        if (regroup::MakesJobRegroups(l.source, l.keys[i])) {
+          *out = 1;
+          return REGROUP_OK;
+        }
+    return REGROUP_OK;
+  });
+}
+
+regroup_status regroup_volcano_job_read(char** out, const char* job, size_t len,
+                                        regroup_error** err) {
+  return Guard(err, [&]() -> regroup_status {
+    if (!out) return Fail(err, REGROUP_INVALID_ARGUMENT, "the out pointer is NULL");
+    *out = nullptr;
+    if (!job) return Fail(err, REGROUP_INVALID_ARGUMENT, "the Volcano Job text is NULL");
+    constexpr size_t kMaxJobBytes = 4u << 20;
+    if (len > kMaxJobBytes)
+      return Fail(err, REGROUP_RESOURCE_EXHAUSTED,
+                  "the Volcano Job is " + std::to_string(len) + " bytes, over the limit of " +
+                      std::to_string(kMaxJobBytes));
+    regroup::VolcanoReadOptions options;
+    options.allow_no_training_pods = true;
+    auto reading = regroup::ReadVolcanoJob(std::string_view(job, len), options);
+    if (!reading.ok()) return Report(err, reading.status());
+    json result = {{"job", regroup::JobSpecToJson(reading->spec)},
+                   {"manager_tasks", reading->manager_tasks}};
+    return Give(out, Dump(result), err);
   });
 }
 

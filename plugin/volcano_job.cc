@@ -142,6 +142,12 @@ std::optional<int64_t> ProcessesPerPod(const YAML::Node& container) {
   return std::nullopt;
 }
 
+// Only the env variables the configuration table reads (MINDIO_WAIT_MINDX_TIME) enter the spec.
+bool IsConfigEnv(const std::string& name) {
+  const KeySpec* key = FindKey(name);
+  return key && key->source == KeySource::kEnv;
+}
+
 Status ReadPolicies(const YAML::Node& n, const std::string& where,
                     std::vector<VolcanoFacts::Policy>& out) {
   if (!n || n.IsNull()) return Status::Ok();
@@ -160,7 +166,7 @@ Status ReadPolicies(const YAML::Node& n, const std::string& where,
   return Status::Ok();
 }
 
-StatusOr<JobSpec> Convert(const YAML::Node& doc) {
+StatusOr<VolcanoJobReading> Convert(const YAML::Node& doc, const VolcanoReadOptions& options) {
   if (!doc.IsMap()) return InvalidArgument("the document is not a YAML map (a Volcano Job)");
   const std::string kind = Scalar(Child(doc, "kind"));
   if (kind != "Job")
@@ -168,7 +174,8 @@ StatusOr<JobSpec> Convert(const YAML::Node& doc) {
                            (kind == "AscendJob" ? "; convert it with `regroupctl convert`" : ""));
   const YAML::Node meta = Child(doc, "metadata");
   if (!meta || !meta.IsMap()) return InvalidArgument("metadata is missing or not a map");
-  JobSpec spec;
+  VolcanoJobReading reading;
+  JobSpec& spec = reading.spec;
   const std::string name = Scalar(Child(meta, "name"));
   if (name.empty()) return InvalidArgument("metadata.name is missing");
   std::string ns = Scalar(Child(meta, "namespace"));
@@ -211,6 +218,7 @@ StatusOr<JobSpec> Convert(const YAML::Node& doc) {
                                              "].policies",
                                          volcano.policies));
     if (IsManagerTask(task)) {
+      reading.manager_tasks.push_back(i);
       volcano.manager_pods += *replicas;
       if (volcano.manager_pods > kMaxPods)
         return InvalidArgument("the job has more than " + std::to_string(kMaxPods) +
@@ -232,13 +240,15 @@ StatusOr<JobSpec> Convert(const YAML::Node& doc) {
       const YAML::Node env = Child(container, "env");
       if (env && env.IsSequence())
         for (const auto& e : env)
-          if (Child(e, "name").IsScalar() && Child(e, "value").IsScalar())
+          if (Child(e, "name").IsScalar() && Child(e, "value").IsScalar() &&
+              IsConfigEnv(Scalar(Child(e, "name"))))
             spec.env[Scalar(Child(e, "name"))] = Scalar(Child(e, "value"));
     }
   }
-  if (spec.pods < 1) return InvalidArgument("the job has no training pods (spec.tasks replicas)");
+  if (spec.pods < 1 && !options.allow_no_training_pods)
+    return InvalidArgument("the job has no training pods (spec.tasks replicas)");
   spec.volcano = std::move(volcano);
-  return spec;
+  return reading;
 }
 
 }  // namespace
@@ -252,16 +262,29 @@ Status CheckYamlText(std::string_view yaml) {
   return Status::Ok();
 }
 
+bool MakesJobRegroups(KeySource source, std::string_view name) {
+  if (source == KeySource::kEnv) return false;
+  if (name.substr(0, kRegroupKeyPrefix.size()) == kRegroupKeyPrefix) return true;
+  const KeySpec* key = FindKey(name);
+  return key && key->source == source;
+}
+
 bool IsAcceleratorResource(std::string_view name) {
   return name.find("gpu") != std::string_view::npos || name.find("npu") != std::string_view::npos ||
          name.find("Ascend") != std::string_view::npos;
 }
 
 StatusOr<JobSpec> JobSpecFromVolcanoYaml(std::string_view yaml) {
+  auto reading = ReadVolcanoJob(yaml);
+  if (!reading.ok()) return reading.status();
+  return std::move(reading->spec);
+}
+
+StatusOr<VolcanoJobReading> ReadVolcanoJob(std::string_view yaml, VolcanoReadOptions options) {
   REGROUP_RETURN_IF_ERROR(CheckYamlText(yaml));
   try {
     const YAML::Node doc = YAML::Load(std::string(yaml));
-    return Convert(doc);
+    return Convert(doc, options);
   } catch (const YAML::Exception& e) {
     return InvalidArgument(std::string("the job is not valid YAML: ") + e.what());
   } catch (const std::exception& e) {

@@ -5,7 +5,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plugin/config.h"
+#include "plugin/job_spec.h"
+#include "plugin/volcano_job.h"
 #include "regroup.hh"
+#include "tests/source_file.h"
 
 namespace {
 
@@ -103,6 +107,146 @@ TEST(Abi, BadInputGivesClearErrors) {
   ASSERT_TRUE(limited->UpsertJob(kJob, 0).ok());
   EXPECT_EQ(limited->UpsertJob(R"({"id":"other","pods":1})", 0).status(),
             REGROUP_RESOURCE_EXHAUSTED);
+}
+
+// regroup_job_has_keys answers from the configuration table: every key read from a label or an
+// annotation counts there and only there, and any Regroup-prefixed name counts in both.
+TEST(Abi, JobHasKeysFollowsTheConfigurationTable) {
+  using regroup::abi::JobHasKeys;
+  for (const auto& key : regroup::ConfigKeys()) {
+    const std::string name(key.name);
+    const bool prefixed = name.rfind("regroup.io/", 0) == 0;
+    const bool label = key.source == regroup::KeySource::kLabel || prefixed;
+    const bool annotation = key.source == regroup::KeySource::kAnnotation || prefixed;
+    EXPECT_EQ(*JobHasKeys({"app", name}, {}), label) << name;
+    EXPECT_EQ(*JobHasKeys({}, {name, "app"}), annotation) << name;
+  }
+  EXPECT_TRUE(*JobHasKeys({"regroup.io/anything"}, {}));
+  EXPECT_TRUE(*JobHasKeys({}, {"regroup.io/not-a-key"}));
+  EXPECT_FALSE(*JobHasKeys({"app", "regroup.io"}, {"scheduler.regroup.io/state", "x/regroup.io/y"}));
+  EXPECT_FALSE(*JobHasKeys({}, {}));
+  EXPECT_FALSE(*JobHasKeys({""}, {""}));
+  const char* with_null[] = {"app", nullptr};
+  regroup_error* err = nullptr;
+  uint8_t has = 9;
+  EXPECT_EQ(regroup_job_has_keys(&has, nullptr, 0, with_null, 2, &err), REGROUP_INVALID_ARGUMENT);
+  ASSERT_NE(err, nullptr);
+  EXPECT_STREQ(regroup_error_message(err), "annotation key 1 is NULL");
+  regroup_error_free(err);
+  EXPECT_EQ(has, 0);
+}
+
+// The ABI reads a Volcano Job exactly as regroupctl and regroup-manager --job do (one reader).
+TEST(Abi, VolcanoJobReadIsRegroupctlsReader) {
+  for (const char* file : {"examples/jobs/elastic-job.yaml", "examples/jobs/bad-regroup-key.yaml",
+                           "deploy/examples/pytorch-job.yaml"}) {
+    const std::string yaml = regroup::testing::ReadSourceFile(file);
+    auto read = regroup::abi::ReadVolcanoJob(yaml);
+    ASSERT_TRUE(read.ok()) << file << ": " << read.error().message;
+    auto direct = regroup::JobSpecFromVolcanoYaml(yaml);
+    ASSERT_TRUE(direct.ok()) << file;
+    const json got = json::parse(*read);
+    EXPECT_EQ(got["job"], regroup::JobSpecToJson(*direct)) << file;
+    // Its job spec is the engine's: it parses back to the same spec.
+    auto parsed = regroup::ParseJobSpec(got["job"]);
+    ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+    EXPECT_EQ(regroup::JobSpecToJson(*parsed), got["job"]);
+  }
+  const json elastic = json::parse(
+      *regroup::abi::ReadVolcanoJob(regroup::testing::ReadSourceFile("examples/jobs/elastic-job.yaml")));
+  EXPECT_EQ(elastic["manager_tasks"], json::array({0}));
+  EXPECT_EQ(elastic["job"]["pods"], 4);
+  EXPECT_EQ(elastic["job"]["processes_per_pod"], 8);
+}
+
+// The document a scheduler plugin writes: JSON, the tasks it sees, quantities as strings.
+TEST(Abi, VolcanoJobReadFromJson) {
+  const std::string job = R"({"apiVersion":"batch.volcano.sh/v1alpha1","kind":"Job",
+    "metadata":{"name":"t","namespace":"ml","uid":"u1","labels":{"fault-scheduling":"force"},
+      "annotations":{"recover-strategy":"recover","regroup.io/tensor-parallel":"2"}},
+    "spec":{"minAvailable":3,"tasks":[
+      {"name":"master","replicas":1,"template":{"spec":{"containers":[{"name":"c",
+        "command":["regroup-agent","--nproc_per_node","4"],
+        "env":[{"name":"MINDIO_WAIT_MINDX_TIME","value":"45"},{"name":"FROM_SECRET"},{"name":"PATH","value":"/bin"}]}]}}},
+      {"name":"worker","replicas":3,"template":{"spec":{"containers":[{"name":"c",
+        "resources":{"limits":{"huawei.com/Ascend910":"8"}}}]}}},
+      {"name":"lead","replicas":1,"template":{"spec":{"containers":[{"name":"side"},
+        {"name":"m","args":["/bin/regroup-manager","--listen=:9601"]}]}}}]}})";
+  auto read = regroup::abi::ReadVolcanoJob(job);
+  ASSERT_TRUE(read.ok()) << read.error().message;
+  const json got = json::parse(*read);
+  EXPECT_EQ(got["manager_tasks"], json::array({2}));
+  EXPECT_EQ(got["job"]["id"], "ml/t");
+  EXPECT_EQ(got["job"]["uid"], "u1");
+  EXPECT_EQ(got["job"]["pods"], 4);
+  EXPECT_EQ(got["job"]["processes_per_pod"], 4);  // the first training task's
+  EXPECT_EQ(got["job"]["env"], json({{"MINDIO_WAIT_MINDX_TIME", "45"}}));
+  EXPECT_EQ(got["job"]["volcano"]["manager_pods"], 1);
+  EXPECT_EQ(got["job"]["volcano"]["min_available"], 3);
+}
+
+TEST(Abi, VolcanoJobWithoutTrainingPodsIsReadWithZeroPods) {
+  auto read = regroup::abi::ReadVolcanoJob(
+      R"({"kind":"Job","metadata":{"name":"t"},"spec":{"tasks":[{"name":"manager"},
+         {"name":"worker","replicas":0}]}})");
+  ASSERT_TRUE(read.ok()) << read.error().message;
+  const json got = json::parse(*read);
+  EXPECT_EQ(got["job"]["pods"], 0);
+  EXPECT_EQ(got["job"]["volcano"]["manager_pods"], 1);
+  // Not a job the engine takes: upsert says why.
+  auto e = Engine::Create();
+  auto up = e->UpsertJob(got["job"].dump(), 0);
+  EXPECT_EQ(up.status(), REGROUP_INVALID_ARGUMENT);
+  EXPECT_NE(up.error().message.find("pods"), std::string::npos) << up.error().message;
+}
+
+TEST(Abi, VolcanoJobReadRefusesBadInputWithAClearMessage) {
+  struct Case {
+    std::string text;
+    std::string message;  // a part of the error's message
+  };
+  const std::vector<Case> cases = {
+      {"", "not a YAML map"},
+      {"[1, 2]", "not a YAML map"},
+      {"{\"kind\": [}", "not valid YAML"},
+      {R"({"kind":"AscendJob"})", "regroupctl convert"},
+      {R"({"kind":"Job"})", "metadata is missing"},
+      {R"({"kind":"Job","metadata":{}})", "metadata.name is missing"},
+      {R"({"kind":"Job","metadata":{"name":"t"}})", "spec is missing"},
+      {R"({"kind":"Job","metadata":{"name":"t"},"spec":{"tasks":[]}})", "spec.tasks"},
+      {R"({"kind":"Job","metadata":{"name":"t","labels":[1]},"spec":{}})", "metadata.labels"},
+      {R"({"kind":"Job","metadata":{"name":"t"},"spec":{"tasks":[{"replicas":-1}]}})",
+       "spec.tasks[0].replicas"},
+      {R"({"kind":"Job","metadata":{"name":"t"},"spec":{"tasks":[{"replicas":1e99}]}})",
+       "spec.tasks[0].replicas"},
+      {R"({"kind":"Job","metadata":{"name":"t"},"spec":{"minAvailable":"x","tasks":[{}]}})",
+       "spec.minAvailable"},
+      {R"({"kind":"Job","metadata":{"name":"t"},"spec":{"policies":{},"tasks":[{}]}})",
+       "spec.policies"},
+      {R"({"kind":"Job","metadata":{"name":"t"},"spec":{"tasks":[{"template":{"spec":{
+         "containers":[{"resources":{"limits":{"nvidia.com/gpu":"5000"}}}]}}}]}})",
+       "processes per pod"},
+      {R"({"kind":"Job","metadata":{"name":"t"},"spec":{"tasks":[{}]}})",
+       "control character"},
+      {std::string(300, '[') + std::string(300, ']'), "nested too deeply"},
+      {"{\"kind\":\"Job\xff\"}", "not valid UTF-8"},
+  };
+  for (const auto& c : cases) {
+    auto read = regroup::abi::ReadVolcanoJob(c.text);
+    ASSERT_FALSE(read.ok()) << c.text;
+    EXPECT_EQ(read.status(), REGROUP_INVALID_ARGUMENT) << c.text;
+    EXPECT_NE(read.error().message.find(c.message), std::string::npos)
+        << c.text << " gave: " << read.error().message;
+  }
+  auto huge = regroup::abi::ReadVolcanoJob(std::string((4u << 20) + 1, ' '));
+  EXPECT_EQ(huge.status(), REGROUP_RESOURCE_EXHAUSTED);
+  // YAML aliases that would expand without bound are read as they are, not expanded.
+  std::string laughs = "a: &a [x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'k'; ++c)
+    laughs += std::string(1, c) + ": &" + c + " [*" + char(c - 1) + ", *" + char(c - 1) + ", *" +
+              char(c - 1) + ", *" + char(c - 1) + "]\n";
+  EXPECT_EQ(regroup::abi::ReadVolcanoJob(laughs).status(), REGROUP_INVALID_ARGUMENT);
+  EXPECT_EQ(regroup_volcano_job_read(nullptr, "{}", 2, nullptr), REGROUP_INVALID_ARGUMENT);
 }
 
 TEST(Abi, AJobIdWithAControlCharacterIsRefused) {

@@ -36,6 +36,10 @@
 //	full, err := eng.DecisionDetail("default/demo")   // replica lists, evictions, reason
 //	ok, err := eng.FilterNodes("default/demo", nodeNames)
 //
+// A scheduler plugin asks the library which jobs are Regroup's ([JobHasKeys]) and reads a Volcano
+// Job into the job spec ([ReadVolcanoJob], the reader of regroupctl and regroup-manager --job), so
+// it keeps no copy of those rules.
+//
 // A scheduling session that filters or scores many jobs against the same nodes copies the names
 // to C once with [NewNodeList] and calls [Engine.FilterNodeList] and [Engine.ScoreNodeList].
 //

@@ -5,13 +5,16 @@
 // # A session
 //
 // Volcano builds a new plugin for every session; the engine, the coordinator and what the plugin
-// last told the engine outlive it in a process-wide [Runtime] ([Shared]; tests call
+// last told the engine outlive it in a process-wide [Runtime] ([Shared], shared.go; tests call
 // [ResetShared]). In OnSessionOpen the plugin
 //
-//   - upserts every job whose PodGroup carries Regroup or MindCluster keys (labels, annotations,
-//     the training pods per task, manager pods, the rank-0 pod's MINDIO_WAIT_MINDX_TIME, the
-//     PodGroup's minMember), restoring the job's state from the PodGroup annotation
-//     [StateAnnotation] the first time this process sees it;
+//   - upserts every job whose PodGroup carries Regroup or MindCluster keys (the library says which:
+//     regroup.JobHasKeys), restoring the job's state from the PodGroup annotation
+//     [StateAnnotation] the first time this process sees it. The job spec is the library's reading
+//     (regroup.ReadVolcanoJob, the reader of regroupctl and regroup-manager --job) of the Volcano
+//     Job the session shows: the PodGroup's labels, annotations and minMember, and one task per
+//     role with the replicas seen and a pod's containers as its template. The library is asked
+//     again only when that Volcano Job changes;
 //   - reports the pods of those jobs and the node health that changed (a Ready condition False or
 //     Unknown, the fault taint, the fault label), then ticks the engine at the plugin's clock
 //     (Unix milliseconds, the coordinator's clock) and publishes new directives to the managers;
@@ -38,8 +41,9 @@
 //
 // The engine's job id is "namespace/name" of the Volcano Job (from the PodGroup's owner), as
 // regroupctl and regroup-manager name it. A pod's index (node rank) is its task index, tasks in
-// the order "master" first, then by name; manager pods (task "manager", or running
-// regroup-manager) are counted apart.
+// the order "master" first, then by name; the library says which tasks run the manager (counted
+// apart). A task never shrinks: a pod deleted and not yet created again changes neither the job's
+// size nor another pod's node rank.
 //
 // The scheduler build is cmd/regroup-scheduler; deploy/README.md shows how to install it.
 package volcano

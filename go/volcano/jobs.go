@@ -11,16 +11,14 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"volcano.sh/volcano/pkg/scheduler/api"
+
+	"github.com/regroup-dev/regroup/go/regroup"
 )
 
-// The keys that make a job Regroup's: MindCluster's labels and annotations (the configuration
-// table of plugin/config.cc) and every key with Regroup's prefix. A job without any of them is
-// left entirely to the other plugins.
-var mindClusterLabels = []string{"fault-scheduling", "process-recover-enable", "pod-rescheduling",
-	"fault-retry-times"}
-var mindClusterAnnotations = []string{"recover-strategy", "wait-reschedule-timeout"}
-
-const regroupKeyPrefix = "regroup.io/"
+// Which jobs are Regroup's, and how a Volcano Job maps onto the engine's job spec (the MindCluster
+// keys, the manager's task, the processes per pod, the env read), are the library's rules
+// (regroup.JobHasKeys, regroup.ReadVolcanoJob): this file builds the Volcano Job a session shows
+// and places its pods; it keeps no copy of those rules.
 
 // Volcano's pod annotations (volcano.sh/apis batch/v1alpha1) that place a pod in its job.
 const (
@@ -28,65 +26,6 @@ const (
 	taskIndexKey = "volcano.sh/task-index" // the pod's index within its task
 	jobNameKey   = "volcano.sh/job-name"   // the Volcano Job's name
 )
-
-// managerTaskName is the task that runs regroup-manager (as plugin/volcano_job.cc decides).
-const managerTaskName = "manager"
-
-// mindioWaitEnv is the env variable of the rank-0 pod that the engine reads.
-const mindioWaitEnv = "MINDIO_WAIT_MINDX_TIME"
-
-// hasRegroupKeys reports whether a PodGroup carries Regroup or MindCluster keys.
-func hasRegroupKeys(labels, annotations map[string]string) bool {
-	for _, k := range mindClusterLabels {
-		if _, ok := labels[k]; ok {
-			return true
-		}
-	}
-	for _, k := range mindClusterAnnotations {
-		if _, ok := annotations[k]; ok {
-			return true
-		}
-	}
-	for k := range annotations {
-		if strings.HasPrefix(k, regroupKeyPrefix) {
-			return true
-		}
-	}
-	for k := range labels {
-		if strings.HasPrefix(k, regroupKeyPrefix) {
-			return true
-		}
-	}
-	return false
-}
-
-// jobSpec is the engine's job spec (README.md, "The engine's JSON").
-type jobSpec struct {
-	ID              string            `json:"id"`
-	UID             string            `json:"uid,omitempty"`
-	Labels          map[string]string `json:"labels"`
-	Annotations     map[string]string `json:"annotations"`
-	Env             map[string]string `json:"env"`
-	Pods            int               `json:"pods"`
-	ProcessesPerPod int               `json:"processes_per_pod"`
-	Volcano         volcanoFacts      `json:"volcano"`
-}
-
-type volcanoFacts struct {
-	MinAvailable int32 `json:"min_available"`
-	ManagerPods  int   `json:"manager_pods"`
-}
-
-// jobView is a Volcano job as the plugin maps it onto the engine: its id, its training pods by
-// index (node rank) and its manager pods.
-type jobView struct {
-	id       string
-	spec     jobSpec
-	pods     map[int][]*api.TaskInfo // index -> the pods of that index (an old one ending, its replacement)
-	index    map[api.TaskID]int      // training pod -> index
-	managers map[api.TaskID]bool
-	skipped  []string // pods the plugin could not place in the job, with why
-}
 
 // engineJobID names a job as regroupctl and regroup-manager do: "namespace/name" of the Volcano
 // Job, read from the PodGroup's owner (or its pods); a PodGroup of no Volcano Job is named itself.
@@ -118,27 +57,6 @@ func engineJobUID(job *api.JobInfo) string {
 		}
 	}
 	return string(job.PodGroup.UID)
-}
-
-// isManagerPod reports whether a pod runs the job's manager: the task named "manager", or a
-// container whose command line runs regroup-manager.
-func isManagerPod(task *api.TaskInfo) bool {
-	if task.Pod == nil {
-		return false
-	}
-	if taskRole(task) == managerTaskName {
-		return true
-	}
-	for _, c := range task.Pod.Spec.Containers {
-		for _, list := range [2][]string{c.Command, c.Args} {
-			for _, word := range list {
-				if strings.Contains(word, "regroup-manager") {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
 
 func taskRole(task *api.TaskInfo) string {
@@ -177,113 +95,6 @@ func podIndexInTask(task *api.TaskInfo) (int, error) {
 // maxPodsPerJob is the engine's limit (plugin/job_spec.h kMaxPods).
 const maxPodsPerJob = 100000
 
-// roleOrder orders training tasks for the node rank: a task named "master" first (MindCluster's
-// rank 0), then the others by name.
-func roleOrder(roles []string) {
-	sort.Slice(roles, func(i, j int) bool {
-		mi, mj := strings.EqualFold(roles[i], "master"), strings.EqualFold(roles[j], "master")
-		if mi != mj {
-			return mi
-		}
-		return roles[i] < roles[j]
-	})
-}
-
-// viewJob maps a session job onto the engine. previousPods is the pod count the engine already
-// has for the job (0 for none): a job's size never shrinks while a pod is briefly missing (deleted
-// and not yet recreated by the job controller).
-func viewJob(job *api.JobInfo, previousPods int) *jobView {
-	pg := job.PodGroup
-	v := &jobView{
-		id:       engineJobID(job),
-		pods:     map[int][]*api.TaskInfo{},
-		index:    map[api.TaskID]int{},
-		managers: map[api.TaskID]bool{},
-	}
-	v.spec = jobSpec{
-		ID:          v.id,
-		UID:         engineJobUID(job),
-		Labels:      copyMap(pg.Labels),
-		Annotations: engineAnnotations(pg.Annotations),
-		Env:         map[string]string{},
-		Volcano:     volcanoFacts{MinAvailable: pg.Spec.MinMember},
-	}
-
-	// Training pods by role, in a stable order.
-	type placed struct {
-		task  *api.TaskInfo
-		index int
-	}
-	byRole := map[string][]placed{}
-	size := map[string]int{}
-	managerNames := map[string]bool{}
-	for _, task := range job.Tasks {
-		if isManagerPod(task) {
-			v.managers[task.UID] = true
-			managerNames[task.Name] = true
-			continue
-		}
-		i, err := podIndexInTask(task)
-		if err != nil {
-			v.skipped = append(v.skipped, err.Error())
-			continue
-		}
-		role := taskRole(task)
-		byRole[role] = append(byRole[role], placed{task, i})
-		if i+1 > size[role] {
-			size[role] = i + 1
-		}
-	}
-	roles := make([]string, 0, len(byRole))
-	for r := range byRole {
-		roles = append(roles, r)
-	}
-	roleOrder(roles)
-	offset := 0
-	for _, r := range roles {
-		for _, p := range byRole[r] {
-			idx := offset + p.index
-			v.pods[idx] = append(v.pods[idx], p.task)
-			v.index[p.task.UID] = idx
-		}
-		offset += size[r]
-	}
-	v.spec.Pods = offset
-	if previousPods > v.spec.Pods {
-		v.spec.Pods = previousPods
-	}
-	v.spec.Volcano.ManagerPods = len(managerNames)
-
-	// Processes per pod and the env, from the rank-0 pod (or the first training pod there is).
-	if first := v.rankZero(); first != nil && first.Pod != nil && len(first.Pod.Spec.Containers) > 0 {
-		c := first.Pod.Spec.Containers[0]
-		v.spec.ProcessesPerPod = processesPerPod(c)
-		for _, e := range c.Env {
-			if e.Name == mindioWaitEnv && e.ValueFrom == nil {
-				v.spec.Env[e.Name] = e.Value
-			}
-		}
-	}
-	if v.spec.ProcessesPerPod < 1 {
-		v.spec.ProcessesPerPod = 1
-	}
-	return v
-}
-
-// rankZero returns the pod of the lowest index (0 when it exists).
-func (v *jobView) rankZero() *api.TaskInfo {
-	best := -1
-	for i := range v.pods {
-		if best < 0 || i < best {
-			best = i
-		}
-	}
-	if best < 0 {
-		return nil
-	}
-	return current(v.pods[best])
-}
-
 // current picks, among the pods of one index, the one that is not ending: the replacement over
 // the pod it replaces.
 func current(tasks []*api.TaskInfo) *api.TaskInfo {
@@ -303,37 +114,6 @@ func ending(t *api.TaskInfo) bool {
 		(t.Pod != nil && t.Pod.DeletionTimestamp != nil)
 }
 
-// processesPerPod reads the ranks a pod runs: an accelerator request, else torchrun's
-// --nproc-per-node, else 1 (as plugin/volcano_job.cc reads a Volcano Job).
-func processesPerPod(c v1.Container) int {
-	for _, list := range []v1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
-		for name, q := range list {
-			n := string(name)
-			if strings.Contains(n, "gpu") || strings.Contains(n, "npu") || strings.Contains(n, "Ascend") {
-				if v, ok := q.AsInt64(); ok && v > 0 && v <= 1024 {
-					return int(v)
-				}
-			}
-		}
-	}
-	cmd := strings.Join(append(append([]string{}, c.Command...), c.Args...), " ")
-	for _, flag := range []string{"--nproc-per-node", "--nproc_per_node"} {
-		at := strings.Index(cmd, flag)
-		if at < 0 {
-			continue
-		}
-		rest := strings.TrimLeft(cmd[at+len(flag):], "= ")
-		end := 0
-		for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
-			end++
-		}
-		if v, err := strconv.Atoi(rest[:end]); err == nil && v > 0 && v <= 1024 {
-			return v
-		}
-	}
-	return 1
-}
-
 // engineAnnotations is a PodGroup's annotations without the plugin's own state (its prefix is
 // not Regroup's, but keep the engine's input to the job's keys).
 func engineAnnotations(in map[string]string) map[string]string {
@@ -345,6 +125,21 @@ func engineAnnotations(in map[string]string) map[string]string {
 		out[k] = v
 	}
 	return out
+}
+
+// sameEngineAnnotations reports whether engineAnnotations(in) would equal have, without building it.
+func sameEngineAnnotations(have, in map[string]string) bool {
+	n := 0
+	for k, v := range in {
+		if strings.HasPrefix(k, stateAnnotationPrefix) {
+			continue
+		}
+		if hv, ok := have[k]; !ok || hv != v {
+			return false
+		}
+		n++
+	}
+	return n == len(have)
 }
 
 func copyMap(in map[string]string) map[string]string {
@@ -385,19 +180,291 @@ const (
 	phaseDeleted
 )
 
-// equal reports whether two specs are the same, without encoding them.
-func (s *jobSpec) equal(o *jobSpec) bool {
-	return s.ID == o.ID && s.UID == o.UID && s.Pods == o.Pods && s.ProcessesPerPod == o.ProcessesPerPod &&
-		s.Volcano == o.Volcano && maps.Equal(s.Labels, o.Labels) && maps.Equal(s.Annotations, o.Annotations) &&
-		maps.Equal(s.Env, o.Env)
+// jobView is a Volcano job as the plugin maps it onto the engine: the library's reading of the
+// job, its training pods by index (node rank) and its manager pods.
+type jobView struct {
+	id       string
+	read     *regroup.VolcanoJob     // the library's reading; nil when err is set
+	err      error                   // the job could not be read: not a job the engine can take
+	pods     map[int][]*api.TaskInfo // index -> the pods of that index (an old one ending, its replacement)
+	index    map[api.TaskID]int      // training pod -> index
+	managers map[api.TaskID]bool
+	skipped  []string // pods the plugin could not place in the job, with why
 }
 
-// encode writes the spec as the engine reads it. The encoding is deterministic (encoding/json
-// sorts map keys), so comparing bytes tells whether the spec changed.
-func (s *jobSpec) encode() ([]byte, error) {
-	b, err := json.Marshal(s)
-	if err != nil {
-		return nil, fmt.Errorf("encoding the job spec of %s: %w", s.ID, err)
+// jobShape is what the plugin remembers of a job's Volcano Job between sessions: the tasks it has
+// seen and the library's reading of the document it last built. The library is asked again only
+// when the document changes.
+type jobShape struct {
+	uid         string
+	labels      map[string]string
+	annotations map[string]string // without the plugin's own state
+	minMember   int32
+	tasks       map[string]*taskShape // by task (role) name
+	order       []string              // the tasks in the document's order
+	read        *regroup.VolcanoJob
+	err         error
+}
+
+// taskShape is one task of the job as seen so far. A task never shrinks and keeps the template of
+// the last pod seen, so a pod that is briefly missing (deleted, not yet created again) changes
+// neither the job's size nor the other tasks' node ranks.
+type taskShape struct {
+	replicas   int
+	podUID     string          // the pod whose containers are the template
+	containers json.RawMessage // that pod's containers, as the Volcano Job holds them
+}
+
+// The subset of a Volcano Job (batch.volcano.sh/v1alpha1) the library reads (abi/regroup.h,
+// regroup_volcano_job_read).
+type volcanoJobDoc struct {
+	APIVersion string          `json:"apiVersion"`
+	Kind       string          `json:"kind"`
+	Metadata   volcanoJobMeta  `json:"metadata"`
+	Spec       volcanoJobSpecs `json:"spec"`
+}
+
+type volcanoJobMeta struct {
+	Name        string            `json:"name"`
+	Namespace   string            `json:"namespace"`
+	UID         string            `json:"uid,omitempty"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+type volcanoJobSpecs struct {
+	MinAvailable int32            `json:"minAvailable"`
+	Tasks        []volcanoJobTask `json:"tasks"`
+}
+
+type volcanoJobTask struct {
+	Name     string `json:"name"`
+	Replicas int    `json:"replicas"`
+	Template struct {
+		Spec struct {
+			Containers json.RawMessage `json:"containers"`
+		} `json:"spec"`
+	} `json:"template"`
+}
+
+type containerDoc struct {
+	Name      string                       `json:"name,omitempty"`
+	Command   []string                     `json:"command,omitempty"`
+	Args      []string                     `json:"args,omitempty"`
+	Env       []envDoc                     `json:"env,omitempty"`
+	Resources map[string]map[string]string `json:"resources,omitempty"` // limits, requests
+}
+
+type envDoc struct {
+	Name  string  `json:"name"`
+	Value *string `json:"value,omitempty"` // none for a value from a Secret or a field
+}
+
+// containersDoc writes a pod's containers as its Volcano Job's template holds them.
+func containersDoc(pod *v1.Pod) json.RawMessage {
+	out := make([]containerDoc, 0, len(pod.Spec.Containers))
+	for _, c := range pod.Spec.Containers {
+		d := containerDoc{Name: c.Name, Command: c.Command, Args: c.Args, Resources: map[string]map[string]string{}}
+		for _, e := range c.Env {
+			env := envDoc{Name: e.Name}
+			if e.ValueFrom == nil {
+				env.Value = &e.Value
+			}
+			d.Env = append(d.Env, env)
+		}
+		for kind, list := range map[string]v1.ResourceList{"limits": c.Resources.Limits, "requests": c.Resources.Requests} {
+			if len(list) == 0 {
+				continue
+			}
+			q := map[string]string{}
+			for name, v := range list {
+				q[string(name)] = v.String()
+			}
+			d.Resources[kind] = q
+		}
+		out = append(out, d)
 	}
-	return b, nil
+	b, err := json.Marshal(out)
+	if err != nil {
+		return json.RawMessage("[]")
+	}
+	return b
+}
+
+// roleOrder orders tasks for the node rank: a task named "master" first (MindCluster's rank 0),
+// then the others by name.
+func roleOrder(roles []string) {
+	sort.Slice(roles, func(i, j int) bool {
+		mi, mj := strings.EqualFold(roles[i], "master"), strings.EqualFold(roles[j], "master")
+		if mi != mj {
+			return mi
+		}
+		return roles[i] < roles[j]
+	})
+}
+
+// viewJob maps a session job onto the engine. shape is what the plugin remembers of the job (it
+// is updated); the library reads the job again only when the Volcano Job it shows has changed.
+func viewJob(job *api.JobInfo, shape *jobShape) *jobView {
+	pg := job.PodGroup
+	v := &jobView{
+		id:       engineJobID(job),
+		pods:     map[int][]*api.TaskInfo{},
+		index:    map[api.TaskID]int{},
+		managers: map[api.TaskID]bool{},
+	}
+	uid := engineJobUID(job)
+	if shape.uid != uid {
+		// A job deleted and created again under the same name: a new job.
+		*shape = jobShape{uid: uid}
+	}
+
+	// The pods by task, each with its index when it has one.
+	type placed struct {
+		task  *api.TaskInfo
+		index int
+	}
+	type role struct {
+		placed  []placed
+		size    int      // the highest index seen plus one
+		unplace []string // why pods could not be placed
+		rep     *api.TaskInfo
+		repAt   int
+	}
+	roles := map[string]*role{}
+	for _, task := range job.Tasks {
+		name := taskRole(task)
+		r := roles[name]
+		if r == nil {
+			r = &role{repAt: -1}
+			roles[name] = r
+		}
+		i, err := podIndexInTask(task)
+		if err != nil {
+			r.unplace = append(r.unplace, err.Error())
+			if task.Pod != nil && r.repAt < 0 && (r.rep == nil || task.Name < r.rep.Name) {
+				r.rep = task
+			}
+			continue
+		}
+		r.placed = append(r.placed, placed{task, i})
+		if i+1 > r.size {
+			r.size = i + 1
+		}
+		if task.Pod != nil && (r.repAt < 0 || i < r.repAt || (i == r.repAt && current([]*api.TaskInfo{r.rep, task}) == task)) {
+			r.rep, r.repAt = task, i
+		}
+	}
+
+	// The tasks, as remembered and as seen now.
+	if shape.tasks == nil {
+		shape.tasks = map[string]*taskShape{}
+	}
+	changed := shape.read == nil && shape.err == nil
+	for name, r := range roles {
+		t := shape.tasks[name]
+		if t == nil {
+			t = &taskShape{}
+			shape.tasks[name] = t
+			changed = true
+		}
+		replicas := r.size
+		if len(r.placed) == 0 {
+			// A task whose pods carry no index (a manager's, named by hand): its pods by name.
+			names := map[string]bool{}
+			for _, task := range job.Tasks {
+				if taskRole(task) == name {
+					names[task.Name] = true
+				}
+			}
+			replicas = len(names)
+		}
+		if replicas > t.replicas {
+			t.replicas, changed = replicas, true
+		}
+		if r.rep != nil && string(r.rep.Pod.UID) != t.podUID {
+			t.podUID, t.containers, changed = string(r.rep.Pod.UID), containersDoc(r.rep.Pod), true
+		}
+	}
+	if len(shape.order) != len(shape.tasks) {
+		shape.order = shape.order[:0]
+		for name := range shape.tasks {
+			shape.order = append(shape.order, name)
+		}
+		roleOrder(shape.order)
+	}
+	if !maps.Equal(shape.labels, pg.Labels) {
+		shape.labels, changed = copyMap(pg.Labels), true
+	}
+	if !sameEngineAnnotations(shape.annotations, pg.Annotations) {
+		shape.annotations, changed = engineAnnotations(pg.Annotations), true
+	}
+	if shape.minMember != pg.Spec.MinMember {
+		shape.minMember, changed = pg.Spec.MinMember, true
+	}
+	if changed {
+		shape.read, shape.err = readVolcanoJob(v.id, shape)
+	}
+	v.read, v.err = shape.read, shape.err
+	if v.err != nil {
+		return v
+	}
+
+	// The pods: a manager task's are the manager's; the training tasks' are placed by node rank,
+	// task after task.
+	manager := map[string]bool{}
+	for _, i := range v.read.ManagerTasks {
+		if i >= 0 && i < len(shape.order) {
+			manager[shape.order[i]] = true
+		}
+	}
+	offset := 0
+	for _, name := range shape.order {
+		r := roles[name]
+		if manager[name] {
+			if r != nil {
+				for _, task := range job.Tasks {
+					if taskRole(task) == name {
+						v.managers[task.UID] = true
+					}
+				}
+			}
+			continue
+		}
+		if r != nil {
+			for _, p := range r.placed {
+				idx := offset + p.index
+				v.pods[idx] = append(v.pods[idx], p.task)
+				v.index[p.task.UID] = idx
+			}
+			v.skipped = append(v.skipped, r.unplace...)
+		}
+		offset += shape.tasks[name].replicas
+	}
+	return v
+}
+
+// readVolcanoJob asks the library to read the Volcano Job the shape describes.
+func readVolcanoJob(id string, shape *jobShape) (*regroup.VolcanoJob, error) {
+	namespace, name, _ := strings.Cut(id, "/")
+	doc := volcanoJobDoc{
+		APIVersion: "batch.volcano.sh/v1alpha1",
+		Kind:       "Job",
+		Metadata: volcanoJobMeta{Name: name, Namespace: namespace, UID: shape.uid,
+			Labels: shape.labels, Annotations: shape.annotations},
+		Spec: volcanoJobSpecs{MinAvailable: shape.minMember},
+	}
+	for _, n := range shape.order {
+		t := volcanoJobTask{Name: n, Replicas: shape.tasks[n].replicas}
+		t.Template.Spec.Containers = shape.tasks[n].containers
+		if t.Template.Spec.Containers == nil {
+			t.Template.Spec.Containers = json.RawMessage("[]")
+		}
+		doc.Spec.Tasks = append(doc.Spec.Tasks, t)
+	}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("writing the Volcano Job of %s: %w", id, err)
+	}
+	return regroup.ReadVolcanoJob(b)
 }

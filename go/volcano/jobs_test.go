@@ -1,6 +1,8 @@
 package volcano
 
 import (
+	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -12,24 +14,15 @@ import (
 
 	"volcano.sh/apis/pkg/apis/scheduling"
 	"volcano.sh/volcano/pkg/scheduler/api"
+
+	"github.com/regroup-dev/regroup/go/regroup"
 )
 
-func TestHasRegroupKeys(t *testing.T) {
-	for _, tc := range []struct {
-		name                string
-		labels, annotations map[string]string
-		want                bool
-	}{
-		{"none", nil, nil, false},
-		{"unrelated", map[string]string{"team": "a"}, map[string]string{"note": "b"}, false},
-		{"MindCluster label", map[string]string{"fault-scheduling": "force"}, nil, true},
-		{"MindCluster annotation", nil, map[string]string{"recover-strategy": "recover"}, true},
-		{"Regroup annotation", nil, map[string]string{"regroup.io/tensor-parallel": "2"}, true},
-		{"Regroup label (refused by the engine, but the job is Regroup's)", map[string]string{"regroup.io/x": "1"}, nil, true},
-		{"only the plugin's own state", nil, map[string]string{StateAnnotation: "{}"}, false},
-	} {
-		if got := hasRegroupKeys(tc.labels, tc.annotations); got != tc.want {
-			t.Errorf("%s: hasRegroupKeys = %v; want %v", tc.name, got, tc.want)
+// The plugin's own state annotation is not a key that makes a job Regroup's (the library's rule).
+func TestThePluginsStateIsNotARegroupKey(t *testing.T) {
+	for _, a := range []string{StateAnnotation, PhaseAnnotation} {
+		if ours, err := regroup.JobHasKeys(nil, map[string]string{a: "{}"}); ours || err != nil {
+			t.Errorf("JobHasKeys(annotation %s) = %v, %v; want false", a, ours, err)
 		}
 	}
 }
@@ -69,9 +62,23 @@ func jobOf(pg *api.PodGroup, tasks ...*api.TaskInfo) *api.JobInfo {
 	return job
 }
 
+// specOf decodes the job spec the library read.
+func specOf(t *testing.T, v *jobView) map[string]any {
+	t.Helper()
+	if v.err != nil {
+		t.Fatalf("the job was not read: %v", v.err)
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(v.read.Spec, &spec); err != nil {
+		t.Fatalf("the spec is not JSON: %v", err)
+	}
+	return spec
+}
+
 func TestViewJobPlacesPodsByRoleAndIndex(t *testing.T) {
 	gpu := v1.Container{Resources: v1.ResourceRequirements{Limits: v1.ResourceList{"nvidia.com/gpu": resource.MustParse("8")}},
-		Env: []v1.EnvVar{{Name: mindioWaitEnv, Value: "40"}}}
+		Env: []v1.EnvVar{{Name: "MINDIO_WAIT_MINDX_TIME", Value: "40"}, {Name: "HOME", Value: "/root"},
+			{Name: "TOKEN", ValueFrom: &v1.EnvVarSource{}}}}
 	plain := v1.Container{}
 	manager := v1.Container{Command: []string{"regroup-manager", "--port=9601"}}
 	job := jobOf(podGroupOf("llama-abc", "llama"),
@@ -80,34 +87,41 @@ func TestViewJobPlacesPodsByRoleAndIndex(t *testing.T) {
 		taskOf("llama-worker-0", "worker", "0", plain),
 		taskOf("llama-ctl-0", "ctl", "0", manager), // a manager by its command line
 	)
-	v := viewJob(job, 0)
-	if v.id != "default/llama" || v.spec.UID != "job-uid" {
-		t.Errorf("id %q uid %q; want default/llama, job-uid (the Volcano Job's)", v.id, v.spec.UID)
+	v := viewJob(job, &jobShape{})
+	spec := specOf(t, v)
+	if v.id != "default/llama" || spec["id"] != "default/llama" || spec["uid"] != "job-uid" {
+		t.Errorf("id %q, spec %s; want default/llama, uid job-uid (the Volcano Job's)", v.id, v.read.Spec)
 	}
 	want := map[api.TaskID]int{"llama-master-0-uid": 0, "llama-worker-0-uid": 1, "llama-worker-1-uid": 2}
 	if !reflect.DeepEqual(v.index, want) {
 		t.Errorf("indexes %v; want %v (master first)", v.index, want)
 	}
-	if v.spec.Pods != 3 || v.spec.Volcano.ManagerPods != 1 || v.spec.Volcano.MinAvailable != 2 {
-		t.Errorf("pods %d managers %d minAvailable %d; want 3, 1, 2", v.spec.Pods, v.spec.Volcano.ManagerPods, v.spec.Volcano.MinAvailable)
+	if !reflect.DeepEqual(v.managers, map[api.TaskID]bool{"llama-ctl-0-uid": true}) {
+		t.Errorf("managers %v; want llama-ctl-0", v.managers)
 	}
-	if v.spec.ProcessesPerPod != 8 || v.spec.Env[mindioWaitEnv] != "40" {
-		t.Errorf("processes per pod %d env %v; want 8 and the rank-0 pod's %s", v.spec.ProcessesPerPod, v.spec.Env, mindioWaitEnv)
+	volcano := spec["volcano"].(map[string]any)
+	if v.read.Pods != 3 || v.read.ManagerPods != 1 || volcano["min_available"] != float64(2) {
+		t.Errorf("read %+v, spec %s; want 3 pods, 1 manager, minAvailable 2", v.read, v.read.Spec)
+	}
+	env := spec["env"].(map[string]any)
+	if spec["processes_per_pod"] != float64(8) || len(env) != 1 || env["MINDIO_WAIT_MINDX_TIME"] != "40" {
+		t.Errorf("spec %s; want 8 processes per pod and the rank-0 pod's MINDIO_WAIT_MINDX_TIME alone", v.read.Spec)
 	}
 }
 
 func TestViewJobSkipsPodsItCannotPlaceAndNeverPanics(t *testing.T) {
 	nilPod := &api.TaskInfo{UID: "nil-pod", Name: "ghost", Namespace: ns}
 	job := jobOf(podGroupOf("odd", ""),
-		taskOf("odd-worker-x", "worker", "x", v1.Container{}),
-		taskOf("odd-worker-neg", "worker", "-1", v1.Container{}),
-		taskOf("odd-worker-huge", "worker", "99999999999", v1.Container{}),
+		taskOf("odd-master-x", "master", "x", v1.Container{}),
+		taskOf("odd-master-neg", "master", "-1", v1.Container{}),
+		taskOf("odd-master-huge", "master", "99999999999", v1.Container{}),
 		taskOf("odd-noindex", "", "", v1.Container{}),
-		taskOf("odd-worker-3", "", "", v1.Container{Args: []string{"--nproc-per-node", "99999"}}),
+		taskOf("odd-worker-3", "", "", v1.Container{Args: []string{"--nproc-per-node", "auto"}}),
 		nilPod,
 	)
 	job.PodGroup.Labels, job.PodGroup.Annotations = nil, nil
-	v := viewJob(job, 0)
+	v := viewJob(job, &jobShape{})
+	specOf(t, v)
 	if v.id != "default/odd" {
 		t.Errorf("id %q; want default/odd (the PodGroup's own name)", v.id)
 	}
@@ -124,25 +138,67 @@ func TestViewJobSkipsPodsItCannotPlaceAndNeverPanics(t *testing.T) {
 			t.Errorf("no skip reason contains %q: %v", want, v.skipped)
 		}
 	}
-	// odd-worker-3 is placed by its name; an absurd --nproc-per-node falls back to 1.
-	if v.spec.Pods != 4 || v.spec.ProcessesPerPod != 1 {
-		t.Errorf("pods %d, processes per pod %d; want 4 and 1", v.spec.Pods, v.spec.ProcessesPerPod)
+	// The master task's pods carry no index it can use: it counts its pods (3), then odd-worker-3
+	// is placed by its name; a flag without a number means 1 process per pod.
+	if v.read.Pods != 7 || v.index["odd-worker-3-uid"] != 6 || !strings.Contains(string(v.read.Spec), `"processes_per_pod":1`) {
+		t.Errorf("read %+v, indexes %v, spec %s; want 7 pods, odd-worker-3 at 6, 1 process per pod", v.read, v.index, v.read.Spec)
 	}
-	if _, err := v.spec.encode(); err != nil {
-		t.Errorf("encode: %v", err)
+}
+
+func TestViewJobRefusesWhatTheLibraryRefuses(t *testing.T) {
+	job := jobOf(podGroupOf("j", "j"), taskOf("j-worker-0", "worker", "0",
+		v1.Container{Args: []string{"--nproc-per-node", "99999"}}))
+	v := viewJob(job, &jobShape{})
+	if v.err == nil || !strings.Contains(v.err.Error(), "99999 processes per pod") {
+		t.Errorf("err %v; want the library's refusal of 99999 processes per pod", v.err)
 	}
 }
 
 func TestViewJobNeverShrinksAJob(t *testing.T) {
-	// Pod 3 was deleted and the job controller has not created it again yet.
-	job := jobOf(podGroupOf("j", "j"), taskOf("j-worker-0", "worker", "0", v1.Container{}),
-		taskOf("j-worker-1", "worker", "1", v1.Container{}), taskOf("j-worker-2", "worker", "2", v1.Container{}))
-	if v := viewJob(job, 4); v.spec.Pods != 4 {
-		t.Errorf("pods %d; want the 4 the engine already has", v.spec.Pods)
+	var shape jobShape
+	worker := func(i int) *api.TaskInfo {
+		return taskOf(fmt.Sprintf("j-worker-%d", i), "worker", fmt.Sprint(i), v1.Container{})
+	}
+	master := taskOf("j-master-0", "master", "0", v1.Container{})
+	if v := viewJob(jobOf(podGroupOf("j", "j"), master, worker(0), worker(1), worker(2), worker(3)), &shape); v.read.Pods != 5 {
+		t.Fatalf("pods %d; want 5", v.read.Pods)
+	}
+	// Worker 3 and the master were deleted and the job controller has not created them again:
+	// the job keeps its size, and the workers their node ranks.
+	v := viewJob(jobOf(podGroupOf("j", "j"), worker(0), worker(1), worker(2)), &shape)
+	if v.read.Pods != 5 {
+		t.Errorf("pods %d; want the 5 the engine already has", v.read.Pods)
+	}
+	want := map[api.TaskID]int{"j-worker-0-uid": 1, "j-worker-1-uid": 2, "j-worker-2-uid": 3}
+	if !reflect.DeepEqual(v.index, want) {
+		t.Errorf("indexes %v; want %v", v.index, want)
+	}
+	// The same job deleted and created again (a new uid) starts afresh.
+	pg := podGroupOf("j", "")
+	pg.UID = "pg-2"
+	if v := viewJob(jobOf(pg, worker(0)), &shape); v.read.Pods != 1 {
+		t.Errorf("pods %d; want 1 for a new job under the same name", v.read.Pods)
 	}
 }
 
-func TestProcessesPerPod(t *testing.T) {
+func TestViewJobAsksTheLibraryOnlyWhenTheJobChanges(t *testing.T) {
+	var shape jobShape
+	pg := podGroupOf("j", "j")
+	pg.Annotations = map[string]string{"recover-strategy": "recover"}
+	tasks := []*api.TaskInfo{taskOf("j-worker-0", "worker", "0", v1.Container{}), taskOf("j-worker-1", "worker", "1", v1.Container{})}
+	first := viewJob(jobOf(pg, tasks...), &shape).read
+	pg.Annotations[StateAnnotation] = `{"v":1}` // the plugin's own state: not the job's
+	if again := viewJob(jobOf(pg, tasks...), &shape).read; again != first {
+		t.Errorf("the job was read again though it did not change")
+	}
+	pg.Annotations["regroup.io/prefer-elastic"] = "true"
+	changed := viewJob(jobOf(pg, tasks...), &shape).read
+	if changed == first || !strings.Contains(string(changed.Spec), "prefer-elastic") {
+		t.Errorf("a new annotation was not read: %s", changed.Spec)
+	}
+}
+
+func TestViewJobProcessesPerPod(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		c    v1.Container
@@ -155,8 +211,9 @@ func TestProcessesPerPod(t *testing.T) {
 		{"torchrun flag, space", v1.Container{Args: []string{"--nproc_per_node", "2"}}, 2},
 		{"a flag without a number", v1.Container{Args: []string{"--nproc-per-node=auto"}}, 1},
 	} {
-		if got := processesPerPod(tc.c); got != tc.want {
-			t.Errorf("%s: %d; want %d", tc.name, got, tc.want)
+		v := viewJob(jobOf(podGroupOf("j", "j"), taskOf("j-worker-0", "worker", "0", tc.c)), &jobShape{})
+		if got := specOf(t, v)["processes_per_pod"]; got != float64(tc.want) {
+			t.Errorf("%s: %v; want %d", tc.name, got, tc.want)
 		}
 	}
 }

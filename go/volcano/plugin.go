@@ -118,8 +118,8 @@ func parseArguments(args framework.Arguments) config {
 
 // jobRecord is what the runtime remembers of a job between sessions.
 type jobRecord struct {
-	spec    []byte  // the spec last upserted
-	specOf  jobSpec // the same, decoded: compared each session without encoding
+	spec    []byte   // the spec last upserted
+	shape   jobShape // the job's Volcano Job as seen so far, and the library's reading of it
 	valid   bool
 	invalid string // the engine's message when not valid
 	pods    int    // training pods the engine has for the job
@@ -291,7 +291,15 @@ func (p *plugin) syncJobs(ssn *framework.Session) {
 	seen := map[string]bool{}
 	ids := make([]api.JobID, 0, len(ssn.Jobs))
 	for id, job := range ssn.Jobs {
-		if job.PodGroup != nil && hasRegroupKeys(job.PodGroup.Labels, job.PodGroup.Annotations) {
+		if job.PodGroup == nil {
+			continue
+		}
+		ours, err := regroup.JobHasKeys(job.PodGroup.Labels, job.PodGroup.Annotations)
+		if err != nil {
+			klog.Errorf("regroup: PodGroup %s/%s: %v; it is left to the other plugins", job.Namespace, job.Name, err)
+			continue
+		}
+		if ours {
 			ids = append(ids, id)
 		}
 	}
@@ -327,18 +335,30 @@ func (p *plugin) syncJob(ssn *framework.Session, job *api.JobInfo, id string) *s
 		rec = &jobRecord{seen: map[string]podSeen{}, evicted: map[string]int64{}, lastNode: map[int]string{}}
 		rt.jobs[id] = rec
 	}
-	v := viewJob(job, rec.pods)
-	for _, why := range v.skipped {
-		klog.V(3).Infof("regroup: job %s: %s; the pod is not reported to the engine", id, why)
-	}
+	v := viewJob(job, &rec.shape)
 	sj := &sessionJob{
 		id:       id,
 		managers: v.managers,
-		full:     int32(v.spec.Pods + v.spec.Volcano.ManagerPods),
 		avoid:    map[string]bool{},
 		scores:   map[api.TaskID]map[string]int32{},
 	}
-	if v.spec.Pods == 0 {
+	if v.err != nil {
+		// The library cannot read the job (an absurd accelerator count, say): not a job the
+		// engine can take. Said once per change of the job.
+		msg := validationMessage(v.err, nil)
+		if rec.valid || rec.invalid != msg {
+			klog.Warningf("regroup: job %s cannot be read: %s", id, msg)
+			p.opts.Events.Event(ssn, job.PodGroup, v1.EventTypeWarning, ReasonInvalid, msg)
+		}
+		rec.valid, rec.invalid, rec.spec = false, msg, nil
+		sj.invalid = msg
+		return sj
+	}
+	for _, why := range v.skipped {
+		klog.V(3).Infof("regroup: job %s: %s; the pod is not reported to the engine", id, why)
+	}
+	sj.full = int32(v.read.Pods + v.read.ManagerPods)
+	if v.read.Pods == 0 {
 		// The job controller has not created the training pods yet (a session can see the
 		// PodGroup, or only its manager pod, first): there is nothing to size or validate, and
 		// the job is not invalid. It waits for a session that sees its pods.
@@ -347,17 +367,8 @@ func (p *plugin) syncJob(ssn *framework.Session, job *api.JobInfo, id string) *s
 		klog.V(3).Infof("regroup: %s", sj.invalid)
 		return sj
 	}
-	if first || !v.spec.equal(&rec.specOf) {
-		spec, err := v.spec.encode()
-		if err != nil {
-			rec.valid, rec.invalid = false, err.Error()
-			sj.invalid = rec.invalid
-			return sj
-		}
-		if !bytes.Equal(spec, rec.spec) {
-			p.upsert(ssn, job, rec, v, spec, first)
-		}
-		rec.specOf = v.spec
+	if !bytes.Equal(v.read.Spec, rec.spec) {
+		p.upsert(ssn, job, rec, v, v.read.Spec, first)
 	}
 	sj.valid, sj.invalid = rec.valid, rec.invalid
 	if !rec.valid {
@@ -387,11 +398,11 @@ func (p *plugin) upsert(ssn *framework.Session, job *api.JobInfo, rec *jobRecord
 		return
 	}
 	rec.valid, rec.invalid = true, ""
-	if rec.pods != 0 && rec.pods != v.spec.Pods {
+	if rec.pods != 0 && rec.pods != v.read.Pods {
 		// A new shape is a new job to the engine: its pods are reported afresh.
 		rec.seen, rec.lastNode = map[string]podSeen{}, map[int]string{}
 	}
-	rec.pods = v.spec.Pods
+	rec.pods = v.read.Pods
 	rec.pg = job.Namespace + "/" + job.Name
 	if !first {
 		return
@@ -651,7 +662,10 @@ func (p *plugin) validate(obj interface{}) *api.ValidateResult {
 		return nil
 	}
 	if p.rtErr != nil {
-		if hasRegroupKeys(job.PodGroup.Labels, job.PodGroup.Annotations) {
+		// Whether the job is Regroup's is the library's rule. When the library cannot answer
+		// (its ABI does not match), the job is refused: running a Regroup job as a plain gang job
+		// would ignore its keys.
+		if ours, err := regroup.JobHasKeys(job.PodGroup.Labels, job.PodGroup.Annotations); ours || err != nil {
 			return &api.ValidateResult{Pass: false, Reason: ReasonInvalid, Message: p.rtErr.Error()}
 		}
 		return nil

@@ -224,6 +224,77 @@ static void test_validate(void) {
   CHECK_EQ_INT(regroup_validate_job(NULL, NULL, 0, NULL), REGROUP_INVALID_ARGUMENT);
 }
 
+/* Since 1.2: the rules a scheduler plugin shares with regroupctl. */
+static void test_reading_jobs(void) {
+  const char *mindcluster_label[] = {"app", "fault-scheduling"};
+  const char *regroup_annotation[] = {"regroup.io/prefer-elastic"};
+  const char *plain[] = {"app", "team"};
+  const char *misplaced[] = {"recover-strategy"}; /* an annotation key, as a label */
+  const char *with_null[] = {"app", NULL};
+  uint8_t has = 7;
+  char *out = SENTINEL;
+  const char *volcano_job =
+      "{\"apiVersion\":\"batch.volcano.sh/v1alpha1\",\"kind\":\"Job\","
+      "\"metadata\":{\"name\":\"train\",\"namespace\":\"ml\",\"uid\":\"u9\","
+      "\"labels\":{\"fault-scheduling\":\"force\"},"
+      "\"annotations\":{\"recover-strategy\":\"recover\"}},"
+      "\"spec\":{\"minAvailable\":3,\"tasks\":["
+      "{\"name\":\"manager\",\"replicas\":1,\"template\":{\"spec\":{\"containers\":"
+      "[{\"command\":[\"regroup-manager\"]}]}}},"
+      "{\"name\":\"worker\",\"replicas\":2,\"template\":{\"spec\":{\"containers\":"
+      "[{\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"4\"}},"
+      "\"env\":[{\"name\":\"MINDIO_WAIT_MINDX_TIME\",\"value\":\"60\"}]}]}}}]}}";
+  const char *manager_only =
+      "{\"kind\":\"Job\",\"metadata\":{\"name\":\"t\"},\"spec\":{\"tasks\":"
+      "[{\"name\":\"manager\",\"replicas\":1}]}}";
+
+  EXPECT(REGROUP_OK, regroup_job_has_keys(&has, mindcluster_label, 2, NULL, 0, &err));
+  CHECK_EQ_INT(has, 1);
+  EXPECT(REGROUP_OK, regroup_job_has_keys(&has, plain, 2, regroup_annotation, 1, &err));
+  CHECK_EQ_INT(has, 1);
+  EXPECT(REGROUP_OK, regroup_job_has_keys(&has, plain, 2, plain, 2, &err));
+  CHECK_EQ_INT(has, 0);
+  EXPECT(REGROUP_OK, regroup_job_has_keys(&has, misplaced, 1, NULL, 0, &err));
+  CHECK_EQ_INT(has, 0);
+  EXPECT(REGROUP_OK, regroup_job_has_keys(&has, NULL, 0, misplaced, 1, &err));
+  CHECK_EQ_INT(has, 1);
+  EXPECT(REGROUP_OK, regroup_job_has_keys(&has, NULL, 0, NULL, 0, &err));
+  CHECK_EQ_INT(has, 0);
+  EXPECT_MSG(REGROUP_INVALID_ARGUMENT, "label key 1 is NULL",
+             regroup_job_has_keys(&has, with_null, 2, NULL, 0, &err));
+  EXPECT_MSG(REGROUP_INVALID_ARGUMENT, "annotation key list is NULL",
+             regroup_job_has_keys(&has, NULL, 0, NULL, 3, &err));
+  EXPECT(REGROUP_INVALID_ARGUMENT, regroup_job_has_keys(NULL, plain, 2, NULL, 0, &err));
+  CHECK_EQ_INT(regroup_job_has_keys(NULL, NULL, 0, NULL, 0, NULL), REGROUP_INVALID_ARGUMENT);
+
+  EXPECT(REGROUP_OK, regroup_volcano_job_read(&out, volcano_job, len(volcano_job), &err));
+  CHECK_CONTAINS(out, "\"id\":\"ml/train\"");
+  CHECK_CONTAINS(out, "\"pods\":2");
+  CHECK_CONTAINS(out, "\"processes_per_pod\":4");
+  CHECK_CONTAINS(out, "\"manager_pods\":1");
+  CHECK_CONTAINS(out, "\"min_available\":3");
+  CHECK_CONTAINS(out, "\"MINDIO_WAIT_MINDX_TIME\":\"60\"");
+  CHECK_CONTAINS(out, "\"manager_tasks\":[0]");
+  regroup_string_free(out);
+  out = SENTINEL;
+  EXPECT(REGROUP_OK, regroup_volcano_job_read(&out, manager_only, len(manager_only), &err));
+  CHECK_CONTAINS(out, "\"pods\":0");
+  regroup_string_free(out);
+  out = SENTINEL;
+  EXPECT_MSG(REGROUP_INVALID_ARGUMENT, "kind",
+             regroup_volcano_job_read(&out, TXT("{\"kind\":\"Pod\"}"), &err));
+  CHECK(out == NULL);
+  EXPECT_MSG(REGROUP_INVALID_ARGUMENT, "replicas",
+             regroup_volcano_job_read(&out, TXT("{\"kind\":\"Job\",\"metadata\":{\"name\":"
+                                                "\"t\"},\"spec\":{\"tasks\":[{\"replicas\":"
+                                                "\"many\"}]}}"), &err));
+  EXPECT(REGROUP_INVALID_ARGUMENT, regroup_volcano_job_read(&out, TXT("{\"kind\": [}"), &err));
+  EXPECT(REGROUP_INVALID_ARGUMENT, regroup_volcano_job_read(&out, TXT(""), &err));
+  EXPECT(REGROUP_INVALID_ARGUMENT, regroup_volcano_job_read(&out, NULL, 4, &err));
+  EXPECT(REGROUP_INVALID_ARGUMENT, regroup_volcano_job_read(NULL, TXT("{}"), &err));
+  CHECK_EQ_INT(regroup_volcano_job_read(NULL, NULL, 0, NULL), REGROUP_INVALID_ARGUMENT);
+}
+
 static void test_engine_new(void) {
   regroup_engine *engine = NULL;
   regroup_engine_options options = REGROUP_ENGINE_OPTIONS_INIT;
@@ -863,6 +934,7 @@ static void test_coordinator(void) {
 int main(void) {
   test_versions_and_statuses();
   test_validate();
+  test_reading_jobs();
   test_engine_new();
   test_engine();
   test_coordinator();

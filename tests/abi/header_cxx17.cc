@@ -47,6 +47,12 @@ int main() {
   auto validation = regroup::abi::ValidateJob(kJob);
   Check(validation.ok() && validation->status == REGROUP_OK, "ValidateJob(good job)");
 
+  auto keys = regroup::abi::JobHasKeys({"fault-scheduling"}, {});
+  Check(keys.ok() && *keys, "JobHasKeys(a MindCluster label)");
+  auto read = regroup::abi::ReadVolcanoJob(
+      R"({"kind":"Job","metadata":{"name":"t"},"spec":{"tasks":[{"replicas":2}]}})");
+  Check(read.ok() && read->find("\"pods\":2") != std::string::npos, "ReadVolcanoJob");
+
   auto engine = regroup::abi::Engine::Create(&options);
   Check(engine.ok(), "Engine::Create");
   if (!engine) return 1;

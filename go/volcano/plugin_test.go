@@ -3,6 +3,8 @@ package volcano
 import (
 	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strconv"
@@ -495,6 +497,27 @@ func TestCoordinatorStartsOnceAndServes(t *testing.T) {
 	ResetShared()
 	if got := rt.CoordinatorPort(); got != 0 {
 		t.Errorf("port %d after ResetShared; want 0", got)
+	}
+}
+
+// A credential file that holds no token never starts an open coordinator.
+func TestAnEmptyCredentialFileStartsNoCoordinator(t *testing.T) {
+	w := runningElasticJob(t)
+	empty := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(empty, []byte(" \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.args[argCoordinatorListen] = "127.0.0.1:0"
+	w.args[argCredentialFile] = empty
+	w.clock.set(t0 + 1000)
+	w.run(defaultActions())
+	rt, err := Shared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ResetShared()
+	if port := rt.CoordinatorPort(); port != 0 {
+		t.Fatalf("a coordinator listens on port %d with an empty credential file; want none", port)
 	}
 }
 

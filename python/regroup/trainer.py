@@ -45,8 +45,9 @@ from regroup import checkpointing, contract, forming
 from regroup._proto import wire_pb2 as pb
 from regroup.abort import GroupSockets, Watchdog
 from regroup.agent import AgentLink, LinkLost
-from regroup.api import (AgentConnectionError, CheckpointError, CollectiveFailed, ConfigError,
-                         GenerationAborted, StepFailed, StepRolledBack, TrainerConfig, UsageError)
+from regroup.api import (EXIT_ABORT_STUCK, AgentConnectionError, CheckpointError, CollectiveFailed,
+                         ConfigError, GenerationAborted, StepFailed, StepRolledBack, TrainerConfig,
+                         UsageError)
 from regroup.checkpoint import CheckpointInfo, Checkpointer
 from regroup.dispatch import NO_GENERATION, Mark, NewStart, dispatch, next_item, on_urgent
 from regroup.group import ProcessGroups, default_backend
@@ -298,6 +299,13 @@ class Trainer:
     def _begin(self, step: Step) -> None:
         step.snapshot = self.state.snapshot()
         self._busy = True
+        if self._aborted():
+            # The abort came between two steps (the link thread saw no step to free, so it armed
+            # no watchdog): this step runs in an aborted generation. Its first collective fails
+            # at once; a body that reaches none is held to the same bound as an interrupted one.
+            since = 0.0 if self._abort_at is None else time.monotonic() - self._abort_at
+            self._watchdog.arm(max(0.0, self.config.timeouts.abort_exit - since), EXIT_ABORT_STUCK,
+                               self._abort_reason or "aborted before the step began")
         self._phase(pb.PHASE_COMPUTING, step.number)
 
     def _end(self, step: Step) -> None:

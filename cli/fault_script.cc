@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "common/text.h"
 #include "plugin/json_util.h"
 
 namespace regroup::cli {
@@ -29,7 +30,7 @@ StatusOr<int64_t> ParseDuration(std::string_view text) {
 }
 
 StatusOr<std::vector<ScriptEvent>> ParseFaultScript(std::string_view text) {
-  if (size_t bad = json_util::InvalidUtf8At(text); bad != std::string_view::npos)
+  if (size_t bad = InvalidUtf8At(text); bad != std::string_view::npos)
     return InvalidArgument("the fault script is not valid UTF-8 (byte " + std::to_string(bad) +
                            ")");
   std::vector<ScriptEvent> events;

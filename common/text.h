@@ -11,6 +11,15 @@ namespace regroup {
 // The most bytes a fault's free-text detail keeps at every hop (agent, manager, coordinator).
 inline constexpr size_t kMaxDetailBytes = 4096;
 
+// The length of the valid UTF-8 character at `text[i]` (1 to 4), or 0 when the bytes there are
+// not one: a bad lead or continuation byte, a cut sequence, an overlong form, a surrogate or a
+// value past U+10FFFF. The one UTF-8 decoder of the project.
+size_t Utf8CharLength(std::string_view text, size_t i);
+
+// The offset of the first byte that is not part of valid UTF-8, or npos when all of `text` is.
+// Readers of text that becomes JSON (YAML jobs, fault scripts) refuse what fails this.
+size_t InvalidUtf8At(std::string_view text);
+
 // `text` with every byte that is not part of valid UTF-8 replaced by U+FFFD.
 std::string ValidUtf8(std::string_view text);
 

@@ -12,9 +12,6 @@
 
 namespace regroup::json_util {
 
-// The offset of the first byte that is not part of valid UTF-8, or npos when all of `text` is.
-// Readers of text that becomes JSON (YAML jobs, fault scripts) refuse what fails this.
-size_t InvalidUtf8At(std::string_view text);
 
 // Parses text into JSON; the error names the position. `what` names the document.
 StatusOr<nlohmann::json> Parse(std::string_view text, std::string_view what);

@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "common/text.h"
 #include "plugin/json_util.h"
 
 namespace regroup {
@@ -256,7 +257,7 @@ StatusOr<VolcanoJobReading> Convert(const YAML::Node& doc, const VolcanoReadOpti
 Status CheckYamlText(std::string_view yaml) {
   if (yaml.size() > kMaxYamlBytes) return InvalidArgument("the YAML document is over 4 MiB");
   if (NestingTooDeep(yaml)) return InvalidArgument("the YAML document is nested too deeply");
-  if (size_t bad = json_util::InvalidUtf8At(yaml); bad != std::string_view::npos)
+  if (size_t bad = InvalidUtf8At(yaml); bad != std::string_view::npos)
     return InvalidArgument("the YAML document is not valid UTF-8 (byte " + std::to_string(bad) +
                            ")");
   return Status::Ok();

@@ -133,6 +133,7 @@ void JobControl::Event(int64_t now, const std::string& kind, const std::string& 
   e.set_kind(kind);
   e.set_message(message);
   events_.push_back(std::move(e));
+  ++events_logged_;
   while (events_.size() > options_.event_log) events_.pop_front();
 }
 
@@ -237,8 +238,13 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
     a.ranks[l].set_committed_step(-1);
     a.ranks[l].set_heard_commit_step(-1);
   }
-  for (const auto& r : reg.ranks())
-    if (r.local_rank() < a.nproc) a.ranks[r.local_rank()] = r;
+  a.failed.clear();
+  for (const auto& r : reg.ranks()) {
+    if (r.local_rank() >= a.nproc) continue;
+    a.ranks[r.local_rank()] = r;
+    // A process that died before this manager heard of it (a manager restart in between).
+    if (!r.alive() && r.phase() != v1::PHASE_DONE && r.pid() > 0) a.failed.insert(r.local_rank());
+  }
   a.state = state_ == State::kJoining ? AgentState::kRegistered : AgentState::kStandby;
   stream_node_[stream] = node;
   if (join_started_ms_ < 0) join_started_ms_ = now;
@@ -258,6 +264,8 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   w->set_generation(generation_);
   w->set_heartbeat_interval_ms(heartbeat_interval_ms_);
   Send(node, std::move(m));
+  // A pod that comes after the job stopped (a replacement started late) stops too.
+  if (stop_) Send(node, *stop_);
   return node;
 }
 
@@ -352,6 +360,7 @@ void JobControl::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e,
   }
   const std::string why = e.signal() ? "killed by signal " + std::to_string(e.signal())
                                      : "exit code " + std::to_string(e.exit_code());
+  a.failed.insert(e.local_rank());
   if (rank < 0) {
     Event(now, "standby_exit", "a standby process of pod " + std::to_string(node) + " exited (" +
                                    why + ")");
@@ -530,15 +539,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   ++counters_.faults[FaultKindText(kind)];
   Event(now, "fault", FaultKindText(kind) + ": " + detail);
   if (kind == v1::FAULT_KIND_POD_LOST) {
-    for (int64_t p : pods) {
-      Agent& a = agents_[static_cast<size_t>(p)];
-      a.state = AgentState::kLost;
-      if (!a.pod_uid.empty()) lost_uids_.insert(a.pod_uid);
-      // Declared lost while its stream is still open (a paused or partitioned agent): tell it
-      // at once, so that it stops its trainers instead of waiting in limbo, and end the stream.
-      if (a.connected)
-        Send(p, MakeRefusal("pod " + a.pod_uid + " was declared lost: " + detail, true), true);
-    }
+    for (int64_t p : pods) Fence(p, detail);
   }
   // Only a fault that touches the running generation aborts it: a lost standby or spare, or a
   // replacement that fails before it joins, leaves the generation training.
@@ -556,6 +557,80 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   f.set_step(step);
   f.set_detail(detail);
   decisions_->Fault(f, now);
+}
+
+void JobControl::Fence(int64_t node, const std::string& reason) {
+  Agent& a = agents_[static_cast<size_t>(node)];
+  a.state = AgentState::kLost;
+  if (!a.pod_uid.empty()) lost_uids_.insert(a.pod_uid);
+  // Declared lost while its stream is still open (a paused or partitioned agent): tell it at
+  // once, so that it stops its trainers instead of waiting in limbo, and end the stream.
+  if (a.connected)
+    Send(node, MakeRefusal("pod " + a.pod_uid + " was declared lost: " + reason, true), true);
+}
+
+void JobControl::RestartRanks(int64_t node, const std::vector<uint32_t>& locals,
+                              const std::string& reason) {
+  Agent& a = agents_[static_cast<size_t>(node)];
+  v1::ManagerMessage m;
+  m.mutable_restart()->set_directive_id(++directive_id_);
+  for (uint32_t l : locals) {
+    m.mutable_restart()->add_local_ranks(l);
+    a.restarting.insert(l);
+    a.failed.erase(l);
+  }
+  m.mutable_restart()->set_reason(reason);
+  Send(node, std::move(m));
+}
+
+void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
+  // The directive's own restarts first.
+  std::map<int64_t, std::vector<uint32_t>> by_node;
+  for (int64_t rank : d.restart_ranks)
+    if (rank >= 0 && static_cast<size_t>(rank) < places_.size())
+      by_node[places_[static_cast<size_t>(rank)].node_rank].push_back(
+          places_[static_cast<size_t>(rank)].local_rank);
+  for (auto& [node, locals] : by_node)
+    if (agents_[static_cast<size_t>(node)].connected) RestartRanks(node, locals, d.reason);
+  const bool in_place = config_.allows(Strategy::kRecoverInPlace);
+  for (size_t n = 0; n < agents_.size(); ++n) {
+    Agent& a = agents_[n];
+    if (a.failed.empty() || !a.connected || a.state == AgentState::kLost) continue;
+    const std::string ranks = Join(std::vector<int64_t>(a.failed.begin(), a.failed.end()));
+    if (in_place) {
+      RestartRanks(static_cast<int64_t>(n), {a.failed.begin(), a.failed.end()},
+                   "local ranks " + ranks + " failed and no directive restarted them");
+    } else {
+      Event(now, "fence", "pod " + a.pod_uid + " is replaced: its local ranks " + ranks +
+                              " failed and recover-in-place is not allowed");
+      Fence(static_cast<int64_t>(n), "its local ranks " + ranks +
+                                         " failed and recover-in-place is not allowed");
+    }
+  }
+}
+
+void JobControl::CheckPendingWait(int64_t now) {
+  if (!pending_ || state_ == State::kTraining || state_ == State::kStopped) {
+    pending_since_ms_ = pending_ ? pending_since_ms_ : -1;
+    return;
+  }
+  if (pending_since_ms_ < 0) pending_since_ms_ = now;
+  const int64_t bound = HangTimeoutMs();
+  if (now - pending_since_ms_ <= bound) return;
+  std::vector<int64_t> waiting;
+  for (int64_t r : pending_->keep_replicas)
+    for (int64_t p : layout_.PodsOfReplica(r))
+      if (!Available(p)) waiting.push_back(p);
+  const std::string reason = "pods " + Join(waiting) + " did not become available within " +
+                             std::to_string(bound) + " ms for the " +
+                             std::string(DirectiveKindName(pending_->kind)) + " directive";
+  pending_.reset();
+  pending_since_ms_ = -1;
+  std::vector<uint32_t> ranks;
+  for (int64_t p : waiting)
+    for (int32_t r : rank_of_[static_cast<size_t>(p)])
+      if (r >= 0) ranks.push_back(static_cast<uint32_t>(r));
+  Fault(v1::FAULT_KIND_POD_LOST, waiting, ranks, -1, reason, now);
 }
 
 void JobControl::Abort(const std::string& reason, int64_t now) {
@@ -689,6 +764,7 @@ void JobControl::StopAll(v1::StopTraining::Mode mode, const std::string& reason,
   m.mutable_stop()->set_reason(reason);
   for (size_t n = 0; n < agents_.size(); ++n)
     if (agents_[n].connected) Send(static_cast<int64_t>(n), m);
+  stop_ = m;
   state_ = State::kStopped;
   Event(now, "stop", reason);
 }
@@ -699,6 +775,9 @@ void JobControl::Apply(const Directive& d, int64_t now) {
                               (d.strategy.empty() ? "" : " [" + d.strategy + "]") + ": " +
                               d.reason);
   std::vector<int64_t> keep(d.keep_replicas.begin(), d.keep_replicas.end());
+  if (d.kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE && d.kind != REGROUP_DIRECTIVE_DUMP &&
+      d.kind != REGROUP_DIRECTIVE_EXIT && d.kind != REGROUP_DIRECTIVE_RESTART_JOB)
+    SettleFailedPods(d, now);
   switch (d.kind) {
     case REGROUP_DIRECTIVE_CONTINUE:
     case REGROUP_DIRECTIVE_WAIT:
@@ -712,17 +791,7 @@ void JobControl::Apply(const Directive& d, int64_t now) {
         if (rank >= 0 && static_cast<size_t>(rank) < places_.size())
           by_node[places_[static_cast<size_t>(rank)].node_rank].push_back(
               places_[static_cast<size_t>(rank)].local_rank);
-      for (auto& [node, locals] : by_node) {
-        Agent& a = agents_[static_cast<size_t>(node)];
-        v1::ManagerMessage m;
-        m.mutable_restart()->set_directive_id(++directive_id_);
-        for (uint32_t l : locals) {
-          m.mutable_restart()->add_local_ranks(l);
-          a.restarting.insert(l);
-        }
-        m.mutable_restart()->set_reason(d.reason);
-        Send(node, std::move(m));
-      }
+      for (auto& [node, locals] : by_node) RestartRanks(node, locals, d.reason);
       pending_ = d;
       pending_->keep_replicas.assign(replicas_.begin(), replicas_.end());
       return;
@@ -809,10 +878,12 @@ void JobControl::DetectFailures(int64_t now) {
 void JobControl::TryFirstGeneration(int64_t now) {
   if (join_started_ms_ < 0) return;
   std::vector<int64_t> missing;
+  // The majority counts every connected agent: one with a failed process is still with this
+  // manager, not with another one.
   uint32_t registered = 0, last_agents = 0;
   for (size_t n = 0; n < agents_.size(); ++n) {
-    if (Available(static_cast<int64_t>(n))) ++registered;
-    else missing.push_back(static_cast<int64_t>(n));
+    if (agents_[n].connected && agents_[n].state != AgentState::kLost) ++registered;
+    if (!Available(static_cast<int64_t>(n))) missing.push_back(static_cast<int64_t>(n));
     last_agents = std::max(last_agents, agents_[n].last_generation_agents);
   }
   const bool window_over = now >= join_started_ms_ + options_.join_window_ms;
@@ -861,6 +932,7 @@ void JobControl::Tick(int64_t now) {
   while (auto d = decisions_->Poll()) {
     if (state_ == State::kStopped) break;
     pending_.reset();
+    pending_since_ms_ = -1;
     Apply(*d, now);
   }
   // Work waiting for restarted processes or pods to come back (a scale-out while training
@@ -873,6 +945,7 @@ void JobControl::Tick(int64_t now) {
                         d.microbatches, d.reason, now))
       pending_ = d;
   }
+  CheckPendingWait(now);
   CheckDecisionWait(now);
 }
 

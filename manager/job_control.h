@@ -119,6 +119,9 @@ class JobControl {
   uint32_t world_size() const { return static_cast<uint32_t>(places_.size()); }
   const JobSpec& spec() const { return spec_; }
   uint32_t heartbeat_interval_ms() const { return heartbeat_interval_ms_; }
+  // The event log: the newest JobControlOptions::event_log events, and how many were ever logged.
+  const std::deque<v1::JobEvent>& events() const { return events_; }
+  uint64_t events_logged() const { return events_logged_; }
 
   // Counters for metrics.
   struct Counters {
@@ -149,6 +152,7 @@ class JobControl {
     std::vector<v1::LocalRank> ranks;       // as last reported, by local rank
     std::vector<int64_t> step_since_ms;     // when each local rank's step last changed
     std::set<uint32_t> restarting;          // local ranks restarted in place, not back yet
+    std::set<uint32_t> failed;              // local ranks that exited with an error, not restarted
     uint32_t last_generation_agents = 0;
   };
 
@@ -167,6 +171,16 @@ class JobControl {
   void Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
              int64_t step, const std::string& detail, int64_t now);
   void Abort(const std::string& reason, int64_t now);
+  // Declares a pod lost: its uid is fenced for good, and a connected agent is told so at once.
+  void Fence(int64_t node, const std::string& reason);
+  // Asks an agent to restart these local ranks in place.
+  void RestartRanks(int64_t node, const std::vector<uint32_t>& locals, const std::string& reason);
+  // Pods whose processes failed and that no directive restarts: restarted in place when the job
+  // allows it, else fenced, so that no generation waits for them and their slots can be refilled.
+  void SettleFailedPods(const Directive& d, int64_t now);
+  // A directive waiting for its pods longer than the hang timeout: the pods it waits for are
+  // declared lost, and the decision maker decides again.
+  void CheckPendingWait(int64_t now);
   void Apply(const Directive& d, int64_t now);
   // Forms and announces a generation over these replicas (original indices, in order).
   bool FormGeneration(const std::vector<int64_t>& replicas, const std::vector<int64_t>& micro,
@@ -219,6 +233,8 @@ class JobControl {
 
   // Pending work.
   std::optional<Directive> pending_;           // waits for restarted ranks or a step boundary
+  int64_t pending_since_ms_ = -1;
+  std::optional<v1::ManagerMessage> stop_;     // the StopTraining that ended the job
   std::set<int64_t> leaving_;                  // agents that asked to leave (SIGTERM)
   int64_t abort_ms_ = -1;                      // when the running generation was aborted
   int64_t first_fault_ms_ = -1;
@@ -229,6 +245,7 @@ class JobControl {
   int64_t decisions_unavailable_ms_ = -1;
 
   std::deque<v1::JobEvent> events_;
+  uint64_t events_logged_ = 0;
   std::vector<Outgoing> outgoing_;
   Counters counters_;
 };

@@ -538,5 +538,61 @@ TEST(JobControl, TrainingFinishesWhenEveryRankExitsCleanly) {
   EXPECT_EQ(sim.rt->StatusReport().phase(), "stopped");
 }
 
+// Found by the simulation (sim/, seed 4 of its first sweep): a replacement that registered after
+// the job had stopped was welcomed and then never told anything, so its pod ran for good.
+TEST(JobControl, APodRegisteringAfterTheJobStoppedIsToldToStop) {
+  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}});
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  ASSERT_TRUE(sim.Exit(0, 0, 0).ok());
+  ASSERT_TRUE(sim.Exit(1, 0, 0).ok());  // every rank finished: the job stops
+  sim.rt->Disconnected(sim.streams_[1], sim.now);
+  sim.Collect();
+  sim.Clear();
+  ASSERT_TRUE(sim.Register(1, "pod-1-late").ok());
+  sim.Collect();
+  ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kWelcome), 1);
+  ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kStop), 1);
+  EXPECT_EQ(sim.inbox_[1].back().stop().mode(), v1::StopTraining::MODE_LEAVE);
+  EXPECT_EQ(sim.inbox_[1].back().stop().reason(), "training finished at step -1");
+}
+
+// Found by the simulation (seed 78): a process died while the job waited for a lost pod's
+// replacement. The engine's wait named the rank to restart, the manager ignored it, and the
+// resume that followed waited for that pod for good.
+TEST(JobControl, ARankThatDiesDuringAWaitIsRestartedInPlace) {
+  Sim sim(3, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"}});
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  sim.rt->Disconnected(sim.streams_[2], sim.now);  // pod 2 is lost: wait for its replacement
+  sim.Gone(2);
+  sim.Run(300, 0);
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(1, 0, 1).ok());  // then pod 1's process dies
+  sim.Run(400);
+  EXPECT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1)
+      << "the rank is restarted in place while the job waits";
+}
+
+// Found by the simulation (seed 951): without recover-in-place, a pod whose process died was
+// neither restarted nor replaced; its slot stayed held, so no replacement could register.
+TEST(JobControl, WithoutRecoverInPlaceAPodWhoseProcessDiedIsFencedSoItCanBeReplaced) {
+  Sim sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
+                         {"regroup.io/prefer-elastic", "true"}});
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(3, 0, 1).ok());
+  sim.Run(400, 0);
+  ASSERT_GE(sim.Count(3, v1::ManagerMessage::kRefusal), 1);
+  EXPECT_TRUE(sim.inbox_[3].back().refusal().fenced());
+  EXPECT_TRUE(sim.rt->IsFenced("pod-3"));
+  sim.rt->Disconnected(sim.streams_[3], sim.now);
+  EXPECT_TRUE(sim.Register(3, "pod-3-new").ok()) << "its replacement takes the slot";
+}
+
 }  // namespace
 }  // namespace regroup::manager

@@ -100,7 +100,44 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
                                  ? options.heartbeat_interval_ms
                                  : static_cast<uint32_t>(config_.heartbeat_interval_ms)),
       agents_(static_cast<size_t>(spec_.pods)),
-      rank_of_(static_cast<size_t>(spec_.pods)) {}
+      rank_of_(static_cast<size_t>(spec_.pods)) {
+  if (options_.record) {
+    const JobRecord& before = *options_.record;
+    for (const auto& uid : before.lost) Forget(uid);
+    previous_members_ = before.members;
+    if (before.stopped) {
+      // The job ended before this incarnation: every pod that registers is told so.
+      v1::ManagerMessage m;
+      m.mutable_stop()->set_directive_id(++directive_id_);
+      m.mutable_stop()->set_mode(static_cast<v1::StopTraining::Mode>(before.stop_mode));
+      m.mutable_stop()->set_reason(before.stop_reason);
+      stop_ = m;
+      state_ = State::kStopped;
+      record_.stopped = true;
+      record_.stop_mode = before.stop_mode;
+      record_.stop_reason = before.stop_reason;
+    }
+    record_.members = before.members;
+  }
+  record_.job_id = spec_.id;
+  record_.epoch = options_.epoch;
+}
+
+std::optional<JobRecord> JobControl::TakeRecord() {
+  if (!record_changed_) return std::nullopt;
+  record_changed_ = false;
+  return record_;
+}
+
+void JobControl::Forget(const std::string& uid) {
+  if (uid.empty() || !lost_uids_.insert(uid).second) return;
+  record_.lost.push_back(uid);
+  if (record_.lost.size() > JobRecord::kMaxLost) {
+    lost_uids_.erase(record_.lost.front());
+    record_.lost.erase(record_.lost.begin());
+  }
+  record_changed_ = true;
+}
 
 v1::Header ManagerHeader(const std::string& job_id, uint64_t epoch, uint64_t generation) {
   v1::Header h;
@@ -216,7 +253,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
                               a.pod_uid + "; pod " + reg.pod_uid() + " cannot take it");
   const bool replacement =
       !a.pod_uid.empty() && a.pod_uid != reg.pod_uid();
-  if (replacement && a.state != AgentState::kLost) lost_uids_.insert(a.pod_uid);
+  if (replacement && a.state != AgentState::kLost) Forget(a.pod_uid);
   if (a.connected) stream_node_.erase(a.stream);  // the same pod on a new stream
 
   a.stream = stream;
@@ -483,7 +520,7 @@ void JobControl::Depart(int64_t node, int64_t now) {
   stop.mutable_stop()->set_reason("planned departure: " + a.pod_uid);
   Send(node, std::move(stop));
   a.state = AgentState::kLost;
-  lost_uids_.insert(a.pod_uid);
+  Forget(a.pod_uid);
   v1::FaultFacts f;
   f.set_kind(v1::FAULT_KIND_POD_LOST);
   f.add_pods(static_cast<uint32_t>(node));
@@ -562,7 +599,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
 void JobControl::Fence(int64_t node, const std::string& reason) {
   Agent& a = agents_[static_cast<size_t>(node)];
   a.state = AgentState::kLost;
-  if (!a.pod_uid.empty()) lost_uids_.insert(a.pod_uid);
+  Forget(a.pod_uid);
   // Declared lost while its stream is still open (a paused or partitioned agent): tell it at
   // once, so that it stops its trainers instead of waiting in limbo, and end the stream.
   if (a.connected)
@@ -705,6 +742,12 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   std::set<int64_t> training_nodes;
   for (const auto& p : places_) training_nodes.insert(p.node_rank);
   generation_agents_ = static_cast<uint32_t>(training_nodes.size());
+  record_.generation = generation_;
+  record_.members.clear();
+  for (int64_t n : training_nodes)
+    record_.members.push_back({n, agents_[static_cast<size_t>(n)].pod_uid});
+  record_changed_ = true;
+  previous_members_.clear();  // this generation is the one on record now
 
   v1::GenerationPlan plan;
   plan.set_epoch(options_.epoch);
@@ -766,6 +809,10 @@ void JobControl::StopAll(v1::StopTraining::Mode mode, const std::string& reason,
     if (agents_[n].connected) Send(static_cast<int64_t>(n), m);
   stop_ = m;
   state_ = State::kStopped;
+  record_.stopped = true;
+  record_.stop_mode = mode;
+  record_.stop_reason = reason;
+  record_changed_ = true;
   Event(now, "stop", reason);
 }
 
@@ -875,31 +922,54 @@ void JobControl::DetectFailures(int64_t now) {
   }
 }
 
+// After a manager restart, only a majority of the last generation may form a new one, so two
+// managers can never both train. The durable record names the members, and fresh pods never
+// count; without a record, the agents' own word (the size of the last generation they followed)
+// is all there is. A majority that does not come back within the join window and the decision
+// wait ends the job the way an unreachable decision maker does (dump if allowed, else exit).
+bool JobControl::MajorityBack(int64_t now) {
+  uint32_t back = 0, needed_of = 0;
+  if (!previous_members_.empty()) {
+    needed_of = static_cast<uint32_t>(previous_members_.size());
+    for (const auto& m : previous_members_) {
+      if (m.node_rank < 0 || m.node_rank >= spec_.pods) continue;
+      const Agent& a = agents_[static_cast<size_t>(m.node_rank)];
+      back += a.connected && a.state != AgentState::kLost && a.pod_uid == m.uid;
+    }
+  } else {
+    for (const Agent& a : agents_) {
+      needed_of = std::max(needed_of, a.last_generation_agents);
+      // One with a failed process is still with this manager, not with another one.
+      back += a.connected && a.state != AgentState::kLost;
+    }
+  }
+  if (needed_of == 0 || back * 2 > needed_of) return true;
+  const std::string what = "only " + std::to_string(back) + " of the last generation's " +
+                           std::to_string(needed_of) + " pods " +
+                           (previous_members_.empty() ? "registered" : "on record came back");
+  if (!majority_reported_) {
+    majority_reported_ = true;
+    Event(now, "error", what + ": waiting for a majority before forming a generation");
+  }
+  const int64_t give_up = join_started_ms_ + options_.join_window_ms + config_.mindio_wait_s * 1000;
+  if (now >= give_up) {
+    const bool dump = config_.allows(Strategy::kDump);
+    StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT,
+            what + " within the join window and the decision wait (MINDIO_WAIT_MINDX_TIME); " +
+                (dump ? "survivors dump a checkpoint and stop" : "the job stops"),
+            now);
+  }
+  return false;
+}
+
 void JobControl::TryFirstGeneration(int64_t now) {
   if (join_started_ms_ < 0) return;
   std::vector<int64_t> missing;
-  // The majority counts every connected agent: one with a failed process is still with this
-  // manager, not with another one.
-  uint32_t registered = 0, last_agents = 0;
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    if (agents_[n].connected && agents_[n].state != AgentState::kLost) ++registered;
+  for (size_t n = 0; n < agents_.size(); ++n)
     if (!Available(static_cast<int64_t>(n))) missing.push_back(static_cast<int64_t>(n));
-    last_agents = std::max(last_agents, agents_[n].last_generation_agents);
-  }
   const bool window_over = now >= join_started_ms_ + options_.join_window_ms;
   if (!missing.empty() && !window_over) return;
-  // After a manager restart: only a majority of the last generation may form a new one, so two
-  // managers can never both train.
-  if (last_agents > 0 && registered * 2 <= last_agents) {
-    if (!majority_reported_) {
-      majority_reported_ = true;
-      Event(now, "error", "only " + std::to_string(registered) + " of the last generation's " +
-                              std::to_string(last_agents) +
-                              " agents registered: waiting for a majority before forming a "
-                              "generation");
-    }
-    return;
-  }
+  if (!MajorityBack(now)) return;
   std::vector<int64_t> all;
   for (int64_t r = 0; r < layout_.replicas(); ++r) all.push_back(r);
   if (missing.empty()) {

@@ -21,6 +21,7 @@
 #include "plugin/job_spec.h"
 #include "plugin/sizing.h"
 #include "common/status.h"
+#include "manager/job_record.h"
 #include "regroup/v1/wire.pb.h"
 
 namespace regroup::manager {
@@ -71,6 +72,9 @@ struct JobControlOptions {
   int64_t join_window_ms = 30000;    // how long the first (or a restarted) rendezvous waits
   uint32_t heartbeat_interval_ms = 0;  // 0: the job's regroup.io/heartbeat-interval-ms
   size_t event_log = 256;            // events kept for status
+  // The durable record the previous incarnation left (job_record.h): lost pods stay fenced, a
+  // stopped job stays stopped, and the first generation needs a majority of its members.
+  std::optional<JobRecord> record;
 };
 
 // A rank's place: which agent (node rank) and which of its processes.
@@ -106,6 +110,9 @@ class JobControl {
   void Tick(int64_t now);
 
   std::vector<Outgoing> TakeOutgoing();
+  // The durable record, when it changed since the last call: the caller stores it before it
+  // sends what TakeOutgoing returned.
+  std::optional<JobRecord> TakeRecord();
   v1::GetStatusResponse StatusReport() const;
   // A refusal of a message, stamped with this manager's header; `fenced` when the refused pod
   // was declared lost and must stop.
@@ -171,6 +178,10 @@ class JobControl {
   void Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
              int64_t step, const std::string& detail, int64_t now);
   void Abort(const std::string& reason, int64_t now);
+  // A pod uid that must never take part again (lost, left or replaced), kept on record too.
+  void Forget(const std::string& uid);
+  // After a manager restart: whether a majority of the last generation on record is back.
+  bool MajorityBack(int64_t now);
   // Declares a pod lost: its uid is fenced for good, and a connected agent is told so at once.
   void Fence(int64_t node, const std::string& reason);
   // Asks an agent to restart these local ranks in place.
@@ -208,6 +219,9 @@ class JobControl {
   std::vector<Agent> agents_;                  // by node rank
   std::map<uint64_t, int64_t> stream_node_;    // stream -> node rank
   std::set<std::string> lost_uids_;            // pods that were lost: zombies if they return
+  JobRecord record_;
+  bool record_changed_ = true;
+  std::vector<JobRecord::Member> previous_members_;  // the record's last generation, until formed
   int64_t join_started_ms_ = -1;
   bool majority_reported_ = false;  // "waiting for a majority" said once
   bool missing_reported_ = false;   // the missing pods were reported to the decision maker

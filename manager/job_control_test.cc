@@ -594,5 +594,86 @@ TEST(JobControl, WithoutRecoverInPlaceAPodWhoseProcessDiedIsFencedSoItCanBeRepla
   EXPECT_TRUE(sim.Register(3, "pod-3-new").ok()) << "its replacement takes the slot";
 }
 
+// A manager restart reads the durable record the previous incarnation left.
+JobRecord RecordOf(Sim& sim) {
+  auto record = sim.rt->TakeRecord();
+  EXPECT_TRUE(record.has_value());
+  return record.value_or(JobRecord());
+}
+
+JobControlOptions Restarted(const JobRecord& record) {
+  JobControlOptions o;
+  o.epoch = record.epoch + 1;
+  o.record = record;
+  return o;
+}
+
+// Finding 5 of the membership issue: the lost-pod list lived only in memory, so a pod declared
+// lost before a restart was readmitted as active afterwards.
+TEST(JobControl, APodDeclaredLostStaysFencedAcrossAManagerRestart) {
+  Sim before(4, 2, kForce, kElastic);
+  before.RegisterAll();
+  before.Run(20, 0);
+  before.rt->Disconnected(before.streams_[2], before.now);  // pod 2 is lost
+  before.Gone(2);
+  before.Run(100, 0);
+  ASSERT_TRUE(before.rt->IsFenced("pod-2"));
+  Sim after(4, 2, kForce, kElastic, Restarted(RecordOf(before)));
+  EXPECT_TRUE(after.rt->IsFenced("pod-2"));
+  auto zombie = after.Register(2);
+  EXPECT_EQ(zombie.status().code(), REGROUP_FAILED_PRECONDITION);
+  EXPECT_TRUE(after.Register(2, "pod-2-new").ok()) << "its replacement is welcome";
+}
+
+// Finding 4 (standalone): a second manager given pods of its own formed a generation and
+// trained beside the first. Fresh pods never make the majority of a generation on record.
+TEST(JobControl, FreshPodsAloneNeverMakeAMajorityAfterARestart) {
+  Sim before(4, 2, kForce, kElastic);
+  before.RegisterAll();
+  before.Run(20, 0);
+  ASSERT_EQ(before.rt->generation(), 1u);
+  Sim after(4, 2, kForce, kElastic, Restarted(RecordOf(before)));
+  for (int64_t n = 0; n < 4; ++n) ASSERT_TRUE(after.Register(n, "fresh-" + std::to_string(n)).ok());
+  after.Run(6000);
+  EXPECT_EQ(after.rt->generation(), 0u);
+  bool waiting = false;
+  for (const auto& e : Events(after))
+    waiting |= e.message() ==
+               "only 0 of the last generation's 4 pods on record came back: waiting for a "
+               "majority before forming a generation";
+  EXPECT_TRUE(waiting);
+  // Past the join window and the decision wait, the job stops rather than train without it.
+  after.Run(31000);
+  EXPECT_EQ(after.rt->StatusReport().phase(), "stopped");
+}
+
+TEST(JobControl, AMajorityOfTheMembersOnRecordFormsTheNextGeneration) {
+  Sim before(4, 2, kForce, kElastic);
+  before.RegisterAll();
+  before.Run(20, 0);
+  Sim after(4, 2, kForce, kElastic, Restarted(RecordOf(before)));
+  for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(after.Register(n).ok());
+  ASSERT_TRUE(after.Register(3, "fresh-3").ok());
+  after.Run(100);
+  EXPECT_EQ(after.rt->generation(), 1u) << "3 of 4 members came back";
+  EXPECT_EQ(after.rt->epoch(), before.rt->epoch() + 1);
+}
+
+// Found by the simulation (seeds 541 and 857): the job stopped, then its manager restarted and
+// welcomed the pods that had not heard the stop, which then waited for good.
+TEST(JobControl, AJobThatStoppedStaysStoppedAcrossAManagerRestart) {
+  Sim before(2, 1, kForce, {{"recover-strategy", "elastic-training"}});
+  before.RegisterAll();
+  before.Run(20);
+  ASSERT_TRUE(before.Exit(0, 0, 0).ok());
+  ASSERT_TRUE(before.Exit(1, 0, 0).ok());
+  Sim after(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Restarted(RecordOf(before)));
+  ASSERT_TRUE(after.Register(0).ok());
+  after.Collect();
+  ASSERT_EQ(after.Count(0, v1::ManagerMessage::kStop), 1);
+  EXPECT_EQ(after.inbox_[0].back().stop().reason(), "training finished at step -1");
+  EXPECT_EQ(after.rt->StatusReport().phase(), "stopped");
+}
+
 }  // namespace
 }  // namespace regroup::manager

@@ -73,6 +73,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 3600));
   app.add_option("--epoch", epoch, "this incarnation's epoch (default: the clock in ms)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 60));
+  std::string record_file;
+  app.add_option("--record", record_file,
+                 "the job's durable record (a small JSON file on storage that outlives this "
+                 "manager, e.g. the checkpoint folder; default: $REGROUP_RECORD_FILE): it grants "
+                 "epochs and keeps lost pods fenced, the job's end and the majority a restarted "
+                 "manager needs");
   app.add_option("--coordinator", coordinator,
                  "the coordinator HOST:PORT that makes the scheduling decisions (default: "
                  "$REGROUP_COORDINATOR_ADDR; none: the embedded engine makes them)");
@@ -143,8 +149,30 @@ int main(int argc, char** argv) {
   if (credential->empty())
     spdlog::warn("no job credential configured: any client may talk to this manager");
 
+  if (record_file.empty())
+    if (const char* v = Env("REGROUP_RECORD_FILE")) record_file = v;
   regroup::manager::JobControlOptions ro;
   ro.epoch = static_cast<uint64_t>(epoch ? epoch : regroup::WallMs());
+  if (!record_file.empty()) {
+    auto record = regroup::manager::LoadJobRecord(record_file);
+    if (!record.ok()) {
+      std::cerr << "regroup-manager: --record: " << record.status().message() << "\n";
+      return 2;
+    }
+    if (*record && (*record)->job_id != spec.id) {
+      std::cerr << "regroup-manager: --record: " << record_file << " is the record of job "
+                << (*record)->job_id << ", not " << spec.id << "\n";
+      return 2;
+    }
+    if (*record) {
+      // The record grants the epoch: always above every incarnation that started before.
+      ro.epoch = std::max(ro.epoch, (*record)->epoch + 1);
+      ro.record = std::move(*record);
+      spdlog::info("regroup-manager: resuming the record {}: epoch {}, {} lost pods{}",
+                   record_file, ro.epoch, ro.record->lost.size(),
+                   ro.record->stopped ? ", the job had stopped: " + ro.record->stop_reason : "");
+    }
+  }
   ro.join_window_ms = join_window_s * 1000;
   if (coordinator.empty())
     if (const char* v = Env("REGROUP_COORDINATOR_ADDR")) coordinator = v;
@@ -187,6 +215,7 @@ int main(int argc, char** argv) {
   so.credential = *credential;
   so.tls_cert_file = tls_cert;
   so.tls_key_file = tls_key;
+  so.record_file = record_file;
   regroup::manager::ManagerServer server(std::move(job), so);
   if (auto st = server.Start(); !st.ok()) {
     std::cerr << "regroup-manager: " << st.message() << "\n";

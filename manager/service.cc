@@ -182,6 +182,13 @@ void ManagerServer::OnStreamDone(Stream* stream) {
 }
 
 void ManagerServer::Flush() {
+  if (auto record = job_->TakeRecord(); record && !options_.record_file.empty()) {
+    Status st = SaveJobRecord(options_.record_file, *record);
+    if (!st.ok())
+      if (auto held = record_log_.Allow(LogLimit::Clock::now()))
+        spdlog::error("{}{}: a restarted manager may readmit lost pods", st.message(),
+                      *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
+  }
   for (auto& out : job_->TakeOutgoing()) {
     auto it = by_node_.find(out.node_rank);
     if (it == by_node_.end()) continue;

@@ -32,6 +32,9 @@ struct ServerOptions {
   std::string tls_cert_file, tls_key_file;
   std::string http_listen;               // "" : no HTTP endpoint; "127.0.0.1:0" for any port
   std::chrono::milliseconds tick{20};
+  // The job's durable record (job_record.h): written whenever it changes, before the messages
+  // of that change are sent. "": none (a restarted manager then relies on the agents' word).
+  std::string record_file;
 };
 
 
@@ -85,6 +88,7 @@ class ManagerServer final : public v1::Manager::CallbackService {
   // A zombie retrying, or a flood of bad messages, logs one line a second (under mu_).
   LogLimit registration_refusal_log_{std::chrono::seconds(1)};
   LogLimit message_refusal_log_{std::chrono::seconds(1)};
+  LogLimit record_log_{std::chrono::seconds(10)};
 };
 
 }  // namespace regroup::manager

@@ -20,6 +20,8 @@ ALLOWED = {
     "manager": {"abi", "common", "plugin", "proto"},
     "agent": {"abi", "common", "proto"},
     "cli": {"abi", "common", "plugin", "proto"},
+    # The simulation drives the manager's job control and the agent's logic together.
+    "sim": {"abi", "common", "plugin", "proto", "manager", "agent"},
     "go": {"abi"},
 }
 INCLUDE = re.compile(r'^\s*(?://\s*)?#\s*include\s+"([^"]+)"')

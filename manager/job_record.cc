@@ -1,0 +1,107 @@
+#include "manager/job_record.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "common/files.h"
+
+namespace regroup::manager {
+
+using nlohmann::json;
+
+std::string JobRecordJson(const JobRecord& r) {
+  json members = json::array();
+  for (const auto& m : r.members) members.push_back({{"node_rank", m.node_rank}, {"uid", m.uid}});
+  json j = {{"version", 1},         {"job_id", r.job_id},   {"epoch", r.epoch},
+            {"generation", r.generation}, {"members", members}, {"lost", r.lost}};
+  if (r.stopped) j["stop"] = {{"mode", r.stop_mode}, {"reason", r.stop_reason}};
+  return j.dump();
+}
+
+namespace {
+
+template <typename T>
+Status Read(const json& j, const char* key, T& out, bool required = true) {
+  if (!j.contains(key)) {
+    if (!required) return Status::Ok();
+    return InvalidArgument(std::string("the job record has no \"") + key + "\"");
+  }
+  try {
+    out = j.at(key).get<T>();
+  } catch (const json::exception&) {
+    return InvalidArgument(std::string("the job record's \"") + key + "\" has the wrong type");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<JobRecord> ParseJobRecord(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument("the job record is not a JSON object");
+  int64_t version = 0;
+  REGROUP_RETURN_IF_ERROR(Read(j, "version", version));
+  if (version != 1)
+    return InvalidArgument("the job record has version " + std::to_string(version) +
+                           "; this manager reads version 1");
+  JobRecord r;
+  REGROUP_RETURN_IF_ERROR(Read(j, "job_id", r.job_id));
+  REGROUP_RETURN_IF_ERROR(Read(j, "epoch", r.epoch));
+  REGROUP_RETURN_IF_ERROR(Read(j, "generation", r.generation));
+  REGROUP_RETURN_IF_ERROR(Read(j, "lost", r.lost));
+  if (r.lost.size() > JobRecord::kMaxLost)
+    return InvalidArgument("the job record lists " + std::to_string(r.lost.size()) +
+                           " lost pods, more than " + std::to_string(JobRecord::kMaxLost));
+  if (!j.contains("members") || !j["members"].is_array())
+    return InvalidArgument("the job record's \"members\" must be an array");
+  for (const auto& m : j["members"]) {
+    if (!m.is_object()) return InvalidArgument("a member of the job record is not an object");
+    JobRecord::Member member;
+    REGROUP_RETURN_IF_ERROR(Read(m, "node_rank", member.node_rank));
+    REGROUP_RETURN_IF_ERROR(Read(m, "uid", member.uid));
+    r.members.push_back(std::move(member));
+  }
+  if (j.contains("stop")) {
+    r.stopped = true;
+    REGROUP_RETURN_IF_ERROR(Read(j["stop"], "mode", r.stop_mode));
+    REGROUP_RETURN_IF_ERROR(Read(j["stop"], "reason", r.stop_reason));
+  }
+  return r;
+}
+
+StatusOr<std::optional<JobRecord>> LoadJobRecord(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error) && !error) return std::optional<JobRecord>();
+  auto text = ReadSmallFile(path, "job record");
+  if (!text.ok()) return text.status();
+  auto record = ParseJobRecord(*text);
+  if (!record.ok()) return InvalidArgument(path + ": " + record.status().message());
+  return std::optional<JobRecord>(std::move(*record));
+}
+
+Status SaveJobRecord(const std::string& path, const JobRecord& record) {
+  const std::string tmp = path + ".tmp";
+  const std::string text = JobRecordJson(record);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return FailedPrecondition("cannot write the job record " + tmp + ": " + std::strerror(errno));
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ok = ::fsync(fd) == 0 && ok;
+  const int saved = errno;
+  ok = ::close(fd) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(ok ? errno : saved);
+    std::remove(tmp.c_str());
+    return FailedPrecondition("cannot write the job record " + path + ": " + why);
+  }
+  return Status::Ok();
+}
+
+}  // namespace regroup::manager

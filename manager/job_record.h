@@ -1,0 +1,52 @@
+// The job's durable record: what one manager incarnation leaves for the next (DESIGN.md,
+// "Generations, fencing and the step commit"). Standalone, it is the authority that grants
+// epochs, and it carries the last generation's members (the majority a new incarnation needs),
+// the pods declared lost (zombies if they come back) and the job's end across a restart.
+//
+// It lives in a small JSON file on storage that outlives the manager (the job's checkpoint
+// folder, a volume), written to a temporary name, flushed and renamed, so a crash leaves either
+// the old record or the new one.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace regroup::manager {
+
+struct JobRecord {
+  // The most lost pods remembered: the oldest are forgotten first (a pod lost that long ago
+  // has long been replaced), so the record stays small (under 300 KB at 256-byte uids).
+  static constexpr size_t kMaxLost = 1024;
+
+  struct Member {
+    int64_t node_rank = 0;
+    std::string uid;
+    bool operator==(const Member&) const = default;
+  };
+  std::string job_id;
+  uint64_t epoch = 0;                 // the newest incarnation that started
+  uint64_t generation = 0;            // its newest generation
+  std::vector<Member> members;        // the pods of that generation
+  std::vector<std::string> lost;      // pod uids declared lost, oldest first
+  bool stopped = false;               // the job ended: a StopTraining went to every pod
+  int32_t stop_mode = 0;              // v1::StopTraining::Mode
+  std::string stop_reason;
+
+  bool operator==(const JobRecord&) const = default;
+};
+
+std::string JobRecordJson(const JobRecord& record);
+// Errors name the field and what it must be.
+StatusOr<JobRecord> ParseJobRecord(const std::string& text);
+
+// The record at `path`: nothing when there is no file yet; an error naming the path when it
+// cannot be read or parsed (a corrupt record is never taken as an empty one).
+StatusOr<std::optional<JobRecord>> LoadJobRecord(const std::string& path);
+// Writes atomically; an error names the path.
+Status SaveJobRecord(const std::string& path, const JobRecord& record);
+
+}  // namespace regroup::manager

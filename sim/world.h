@@ -1,0 +1,60 @@
+// Deterministic simulation of Regroup's control protocol, in the spirit of FoundationDB's
+// simulator and TigerBeetle's VOPR.
+//
+// One seeded scheduler drives the real manager job control (manager/job_control.h, with the
+// engine embedded as in standalone mode) and a model of every agent that follows the agent's
+// contract (agent/agent.h: registration, heartbeats, epochs, refusals, reconnects, votes through
+// the agent's own VoteTally), with simulated trainers, a simulated network of ordered streams,
+// and a simulated clock. Nothing reads the wall clock or a socket, so a seed replays exactly.
+//
+// Faults drawn from the seed: a trainer crash, an agent killed (its pod replaced), an agent
+// paused (SIGSTOP) or a link cut for a while, one connection reset, a slow link, a manager crash
+// and restart. After every event the invariants below are checked; the first one broken ends
+// the run with its seed, its time and the last events of the trace.
+//
+// Invariants (DESIGN.md, "Generations, fencing and the step commit"):
+//  - membership: one membership per generation: a global rank of (epoch, generation) is held by
+//    one pod, and a node rank by one pod uid;
+//  - fencing: once an incarnation's commit was heard, no older incarnation's commit is heard;
+//  - commits never go backwards: no pod is told to resume before a step one of its live
+//    trainers heard committed (standbys included, across manager restarts);
+//  - a pod the manager declared lost is told so and stops, or is readmitted, within a bound;
+//  - a replacement is never refused for a pod that is lost or gone;
+//  - liveness: after the last fault, with capacity back, the job finishes, or stops for a reason
+//    its configuration allows, within a bound; it never hangs;
+//  - bounds: what the manager queues, and its event log, stay bounded.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace regroup::sim {
+
+struct Options {
+  uint64_t seed = 1;
+  int faults = -1;                 // how many faults; -1: drawn from the seed (0 to 6)
+  int64_t fault_window_ms = 60000;   // faults happen within this much simulated time
+  int64_t quiet_bound_ms = 400000;   // after it, the job must end within this much
+  std::vector<std::string> menu;   // fault kinds to draw from; empty: all (see FaultKinds)
+  bool trace = false;              // print every event as it happens
+};
+
+struct Result {
+  bool ok = true;
+  std::string violation;            // the invariant broken, with its facts
+  int64_t at_ms = 0;                // simulated time of the violation (or of the end)
+  std::string setup;                // the job and the faults drawn from the seed
+  std::string outcome;              // how the job ended
+  uint64_t commits = 0;             // commit outcomes delivered, summed over pods
+  uint64_t events = 0;              // events the scheduler ran
+  std::vector<std::string> trace;   // the last events before a violation
+};
+
+// The fault kinds a run draws from.
+const std::vector<std::string>& FaultKinds();
+
+// Runs one seed to the end: the job finished or stopped, or an invariant broke.
+Result Run(const Options& options);
+
+}  // namespace regroup::sim

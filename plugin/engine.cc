@@ -34,6 +34,15 @@ bool PodPresent(PodPhase p) {
   return p == REGROUP_POD_PENDING || p == REGROUP_POD_BOUND || p == REGROUP_POD_RUNNING;
 }
 
+// Whether `uid` is the incarnation `known` names. A restored state knows a uid only by its
+// fingerprint: a match takes the full uid back, so later reports compare whole uids again.
+bool SameIncarnation(std::string& known, std::string_view uid) {
+  if (known == uid) return true;
+  if (!IsUidFingerprint(known) || known != UidFingerprint(uid)) return false;
+  known = std::string(uid);
+  return true;
+}
+
 }  // namespace
 
 std::string_view PhaseName(Phase phase) { return NameOf(kPhaseNames, phase); }
@@ -45,6 +54,29 @@ std::string_view FaultKindName(FaultKind kind) {
 }
 std::optional<FaultKind> ParseFaultKind(std::string_view name) {
   return ParseName<FaultKind>(kFaultKindNames, name);
+}
+
+constexpr size_t kFingerprintChars = 8;  // of 6 bits each: 48 bits
+
+std::string UidFingerprint(std::string_view uid) {
+  if (IsUidFingerprint(uid)) return std::string(uid);
+  static constexpr char kDigits[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  uint64_t h = 14695981039346656037ull;  // FNV-1a, then a finalizer that spreads every bit
+  for (unsigned char c : uid) h = (h ^ c) * 1099511628211ull;
+  h = (h ^ (h >> 33)) * 0xFF51AFD7ED558CCDull;
+  h ^= h >> 33;
+  std::string out = "~";
+  for (size_t i = 0; i < kFingerprintChars; ++i, h >>= 6) out += kDigits[h & 63];
+  return out;
+}
+
+bool IsUidFingerprint(std::string_view uid) {
+  if (uid.size() != kFingerprintChars + 1 || uid[0] != '~') return false;
+  return std::all_of(uid.begin() + 1, uid.end(), [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+           c == '-' || c == '_';
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -68,12 +100,12 @@ void Job::UpdateSpec(JobSpec spec, JobConfig config) {
   config_ = config;
 }
 
-void Job::MarkLost(int64_t pod, std::string reason, int64_t now, bool avoid_node) {
+void Job::MarkLost(int64_t pod, LostCause cause, int64_t now, bool avoid_node) {
   PodSlot& slot = slots_[static_cast<size_t>(pod)];
   if (slot.status == PodSlot::Status::kLost) return;
   slot.status = PodSlot::Status::kLost;
   slot.lost_uid = slot.uid;
-  slot.lost_reason = std::move(reason);
+  slot.lost_cause = cause;
   slot.replacement_seen = false;
   if (!slot.node.empty()) slot.previous_node = slot.node;
   if (avoid_node && !slot.node.empty() && config_.node_avoid_s > 0)
@@ -89,7 +121,9 @@ void Job::OnNode(std::string_view node, NodeHealth health, std::string_view reas
     std::string why = "node " + std::string(node) + " is " +
                       std::string(NodeHealthName(health)) +
                       (reason.empty() ? "" : " (" + std::string(reason) + ")");
-    MarkLost(static_cast<int64_t>(p), why, now, true);
+    MarkLost(static_cast<int64_t>(p),
+             health == REGROUP_NODE_FAULTY ? LostCause::kNodeFaulty : LostCause::kNodeUnknown, now,
+             true);
     fault.pods.push_back(static_cast<int64_t>(p));
     fault.detail = why;
   }
@@ -106,25 +140,27 @@ Status Job::OnPod(int64_t index, std::string_view uid, PodPhase phase, std::stri
   const bool gone = phase == REGROUP_POD_FAILED || phase == REGROUP_POD_DELETED;
   if (slot.uid.empty()) slot.uid = std::string(uid);  // first sight: the original incarnation
 
-  if (uid == slot.uid) {
+  const bool lost_one = SameIncarnation(slot.lost_uid, uid);
+  if (SameIncarnation(slot.uid, uid)) {
     if (slot.phase == phase && (node.empty() || slot.node == node)) return Status::Ok();
     slot.phase = phase;
     if (!node.empty()) slot.node = std::string(node);
     if (gone && slot.status != PodSlot::Status::kLost) {
       const bool failed = phase == REGROUP_POD_FAILED;
-      MarkLost(index, failed ? "pod failed" : "pod deleted", now, failed);
-      (void)OnFault({FaultKind::kPodLost, {index}, {}, -1, now, slots_[index].lost_reason});
+      MarkLost(index, failed ? LostCause::kPodFailed : LostCause::kPodDeleted, now, failed);
+      (void)OnFault(
+          {FaultKind::kPodLost, {index}, {}, -1, now, failed ? "pod failed" : "pod deleted"});
     } else if (gone) {
       slot.replacement_seen = false;
     }
     return Status::Ok();
   }
-  if (!slot.lost_uid.empty() && uid == slot.lost_uid) return Status::Ok();  // the old one ending
+  if (lost_one) return Status::Ok();  // the old one ending
 
   // A new incarnation of the slot.
   if (slot.status != PodSlot::Status::kLost) {
-    MarkLost(index, "pod replaced by a new incarnation", now, false);
-    (void)OnFault({FaultKind::kPodLost, {index}, {}, -1, now, slot.lost_reason});
+    MarkLost(index, LostCause::kPodReplaced, now, false);
+    (void)OnFault({FaultKind::kPodLost, {index}, {}, -1, now, "pod replaced by a new incarnation"});
   }
   slot.uid = std::string(uid);
   slot.phase = phase;
@@ -159,9 +195,9 @@ Status Job::OnFault(PendingFault fault) {
     return InvalidArgument("a " + std::string(FaultKindName(fault.kind)) + " fault for job " +
                            spec_.id + " names no pod and no rank");
   if (fault.kind == FaultKind::kDeviceError || fault.kind == FaultKind::kPodLost) {
+    const bool device = fault.kind == FaultKind::kDeviceError;
     for (int64_t p : fault.pods)
-      MarkLost(p, fault.detail.empty() ? std::string(FaultKindName(fault.kind)) : fault.detail,
-               fault.at_ms, fault.kind == FaultKind::kDeviceError);
+      MarkLost(p, device ? LostCause::kDeviceError : LostCause::kPodLost, fault.at_ms, device);
   }
   if (pending_.empty()) window_start_ms_ = fault.at_ms;
   pending_.push_back(std::move(fault));
@@ -174,13 +210,13 @@ Status Job::OnReplacementRegistered(int64_t index, std::string_view uid, int64_t
     return InvalidArgument("job " + spec_.id + " has no pod " + std::to_string(index));
   if (uid.empty()) return InvalidArgument("a replacement for job " + spec_.id + " has no uid");
   PodSlot& slot = slots_[static_cast<size_t>(index)];
-  if (!slot.lost_uid.empty() && uid == slot.lost_uid)
+  if (SameIncarnation(slot.lost_uid, uid))
     return FailedPrecondition("pod " + std::to_string(index) + " of job " + spec_.id +
                               " with uid " + std::string(uid) +
                               " is the incarnation that was lost (a zombie); a replacement "
                               "registers with its own new uid");
   if (slot.status != PodSlot::Status::kLost) {
-    if (uid == slot.uid) return Status::Ok();  // already registered
+    if (SameIncarnation(slot.uid, uid)) return Status::Ok();  // already registered
     return FailedPrecondition("pod " + std::to_string(index) + " of job " + spec_.id +
                               " is not lost, so uid " + std::string(uid) +
                               " cannot replace it (its uid is " + slot.uid + ")");
@@ -188,7 +224,7 @@ Status Job::OnReplacementRegistered(int64_t index, std::string_view uid, int64_t
   slot.uid = std::string(uid);
   slot.status = PodSlot::Status::kStandby;
   slot.replacement_seen = false;
-  slot.lost_reason.clear();
+  slot.lost_cause = LostCause::kNone;
   if (!PodPresent(slot.phase)) slot.phase = REGROUP_POD_RUNNING;
   return Status::Ok();
 }
@@ -259,7 +295,7 @@ void Job::JobLevel(int64_t now, const std::string& why) {
       job_restarts_ < config_.fault_retry_times) {
     ++job_restarts_;
     for (size_t p = 0; p < slots_.size(); ++p)
-      MarkLost(static_cast<int64_t>(p), "job restart", now, false);
+      MarkLost(static_cast<int64_t>(p), LostCause::kJobRestart, now, false);
     d.kind = REGROUP_DIRECTIVE_RESTART_JOB;
     d.strategy = "fault-retry-times";
     d.reason = why + "; restarting the whole job (fault-retry-times: restart " +
@@ -486,7 +522,7 @@ void Job::Decide(int64_t now) {
     if (config_.allows(Strategy::kRecover) || config_.allows(Strategy::kElasticTraining)) {
       for (int64_t rank : dead_ranks)
         if (int64_t p = PodOfRank(rank); p >= 0)
-          MarkLost(p, "process of rank " + std::to_string(rank) + " died", now, false);
+          MarkLost(p, LostCause::kProcessDied, now, false);
       RecoverPods(now, what + "; recover-in-place is not allowed: replacing the pods", {});
       return;
     }
@@ -625,8 +661,9 @@ std::vector<Eviction> Job::Evictions() const {
   const bool force = config_.fault_scheduling_mode() == FaultScheduling::kForce;
   for (size_t p = 0; p < slots_.size(); ++p) {
     const PodSlot& s = slots_[p];
+    // A fingerprint is not a pod to evict: the pod's next report gives its uid back.
     if (s.status == PodSlot::Status::kLost && !s.replacement_seen && s.uid == s.lost_uid &&
-        !s.uid.empty() && PodPresent(s.phase))
+        !s.uid.empty() && !IsUidFingerprint(s.uid) && PodPresent(s.phase))
       out.push_back({static_cast<int64_t>(p), s.uid, s.node, force});
   }
   return out;

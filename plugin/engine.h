@@ -64,6 +64,28 @@ struct Directive {
   std::string reason;
 };
 
+// Why a pod was lost: a short code, so that a job's persisted state stays small however long
+// the fault details were (they are kept in the directive's reason).
+enum class LostCause : uint8_t {
+  kNone,
+  kNodeFaulty,
+  kNodeUnknown,
+  kPodFailed,
+  kPodDeleted,
+  kPodReplaced,  // a new incarnation appeared
+  kDeviceError,
+  kPodLost,      // a pod_lost fault
+  kJobRestart,
+  kProcessDied,  // its process died and recover-in-place is not allowed
+};
+
+// A pod uid as a job's persisted state keeps it: "~" and 8 characters of a 48-bit hash. The full
+// uids of a large job would not fit a PodGroup annotation, and a fingerprint is enough to tell
+// the incarnation the state names from another; the first report of the pod it matches gives the
+// full uid back (SameIncarnation in engine.cc). A fingerprint gives itself.
+std::string UidFingerprint(std::string_view uid);
+bool IsUidFingerprint(std::string_view uid);
+
 // One pod of a job, by its index (node rank).
 struct PodSlot {
   enum class Status : uint8_t {
@@ -72,13 +94,14 @@ struct PodSlot {
     kLost,     // gone; a replacement is wanted
   };
   Status status = Status::kActive;
-  std::string uid;           // the current incarnation ("" until first seen)
+  std::string uid;           // the current incarnation ("" until first seen; a fingerprint
+                             // after a restore until seen again)
   std::string lost_uid;      // the incarnation that was lost (a zombie if it comes back)
   std::string node;          // where the current incarnation is bound
   std::string previous_node; // where the slot last ran, preferred for its replacement
   PodPhase phase = REGROUP_POD_RUNNING;
   bool replacement_seen = false;  // a new incarnation exists (not yet registered)
-  std::string lost_reason;
+  LostCause lost_cause = LostCause::kNone;
 };
 
 struct ManagerStatus {
@@ -170,7 +193,7 @@ class Job {
   // Advances to `now`; returns true when a new directive was issued.
   bool Tick(int64_t now);
 
-  void MarkLost(int64_t pod, std::string reason, int64_t now, bool avoid_node);
+  void MarkLost(int64_t pod, LostCause cause, int64_t now, bool avoid_node);
   void Decide(int64_t now);
   void DecideHeldWhilePaused(int64_t now);
   void RecoverPods(int64_t now, const std::string& what, const std::vector<int64_t>& ranks);

@@ -25,6 +25,9 @@ constexpr std::array<std::string_view, 5> kPodPhaseNames = {"pending", "bound", 
 constexpr std::array<std::string_view, 5> kFaultKindNames = {
     "process_exit", "hang", "collective_error", "device_error", "pod_lost"};
 constexpr std::array<std::string_view, 3> kSlotStatusNames = {"active", "standby", "lost"};
+constexpr std::array<std::string_view, 10> kLostCauseNames = {
+    "none",         "node_faulty", "node_unknown", "pod_failed",  "pod_deleted",
+    "pod_replaced", "device_error", "pod_lost",    "job_restart", "process_died"};
 
 template <typename Enum, size_t N>
 std::optional<Enum> ParseName(const std::array<std::string_view, N>& names, std::string_view s) {

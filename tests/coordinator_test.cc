@@ -16,6 +16,7 @@
 #include "common/grpc_settings.h"
 #include "manager/remote_decisions.h"
 #include "manager/job_control.h"
+#include "plugin/engine.h"
 #include "regroup.h"
 #include "regroup/v1/wire.grpc.pb.h"
 
@@ -437,7 +438,9 @@ TEST_F(CoordinatorTest, BadFactsAreRefusedAndChangeNothing) {
   char* state = nullptr;
   EXPECT_TRUE(Eventually([&] {
     EXPECT_EQ(regroup_engine_export_job_state(engine_, &state, kJob, nullptr), REGROUP_OK);
-    const bool seen = std::string(state).find("p1-new") != std::string::npos;
+    // The state keeps the replacement's uid as its fingerprint.
+    const bool seen =
+        std::string(state).find(regroup::UidFingerprint("p1-new").substr(1)) != std::string::npos;
     regroup_string_free(state);
     return seen;
   }));

@@ -1,6 +1,10 @@
 // The recovery ladder with the clock injected: every strategy, fallback and guard.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <functional>
+#include <iostream>
+
 #include <nlohmann/json.hpp>
 
 #include "plugin/engine.h"
@@ -494,11 +498,227 @@ TEST_F(EngineTest, StateOfAnotherJobIsRefused) {
   Status st = job().LoadState(state);
   EXPECT_EQ(st.code(), REGROUP_FAILED_PRECONDITION);
   state = job().StateJson();
-  state["slots"].erase(0);
-  EXPECT_EQ(job().LoadState(state).code(), REGROUP_INVALID_ARGUMENT);
+  state["pods"]["phases"] = "rrr";
+  st = job().LoadState(state);
+  EXPECT_EQ(st.code(), REGROUP_INVALID_ARGUMENT);
+  EXPECT_EQ(st.message(),
+            "job state pods field \"phases\" must hold one character a pod (4), not 3");
   state = job().StateJson();
-  state["version"] = 2;
+  state["version"] = 3;
   EXPECT_EQ(job().LoadState(state).code(), REGROUP_VERSION_MISMATCH);
+}
+
+// A mass failure of a large job: 2,048 pods (a replica each) on their own nodes, half of them
+// lost with 4 KiB details (the most a detail keeps upstream), a quarter through their nodes and
+// a quarter through device faults. Names are as long as a cluster's: 36-character pod uids.
+class LargeJobState {
+ public:
+  static constexpr int64_t kPods = 2048;
+  static std::string PodUid(int64_t i, int64_t incarnation = 0) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%08llx-%04llx-4000-8000-%012llx",
+                  static_cast<unsigned long long>(i * 2654435761u % 4294967296u),
+                  static_cast<unsigned long long>(incarnation),
+                  static_cast<unsigned long long>(i));
+    return buf;
+  }
+  static std::string NodeName(int64_t i) {
+    return "gpu-node-" + std::string(i < 10000 ? "0" : "") + std::to_string(10000 + i).substr(1);
+  }
+  static JobSpec Spec() {
+    JobSpec spec;
+    spec.id = kJob;
+    spec.uid = "job-uid";
+    spec.labels = kForce;
+    spec.annotations = {{"recover-strategy", "recover,elastic-training"},
+                        {"wait-reschedule-timeout", "30"},
+                        {"regroup.io/tensor-parallel", "2"}};
+    spec.pods = kPods;
+    spec.processes_per_pod = 2;
+    return spec;
+  }
+  // The job, running from t=0, then the failure at t=1000.
+  static void Fail(Engine& e) {
+    ASSERT_TRUE(e.UpsertJob(Spec(), nullptr, 0).ok());
+    for (int64_t i = 0; i < kPods; ++i)
+      ASSERT_TRUE(e.SetPodState(kJob, i, PodUid(i), REGROUP_POD_RUNNING, NodeName(i), 0).ok());
+    const std::string long_text(4096, 'x');
+    for (int64_t i = kPods / 2; i < kPods * 3 / 4; ++i)
+      ASSERT_TRUE(e.SetNodeHealth(NodeName(i), REGROUP_NODE_FAULTY, long_text, 1000).ok());
+    for (int64_t i = kPods * 3 / 4; i < kPods; ++i) {
+      PendingFault f{FaultKind::kDeviceError, {i}, {}, 7, 1000, long_text};
+      ASSERT_TRUE(e.ReportFault(kJob, std::move(f)).ok());
+    }
+  }
+  // What a restarted scheduler does in its first session (go/volcano): it reports every pod it
+  // sees, then the nodes that are not healthy. To an engine that knows them, nothing changes.
+  static void Report(Engine& e, int64_t now) {
+    for (int64_t i = 0; i < kPods; ++i)
+      ASSERT_TRUE(e.SetPodState(kJob, i, PodUid(i), REGROUP_POD_RUNNING, NodeName(i), now).ok());
+    for (int64_t i = kPods / 2; i < kPods * 3 / 4; ++i)
+      ASSERT_TRUE(e.SetNodeHealth(NodeName(i), REGROUP_NODE_FAULTY, "NotReady", now).ok());
+  }
+  // A decision without its free text, which a restored state keeps only in part.
+  static json Decision(const Engine& e) {
+    json d = e.FindJob(kJob)->DecisionJson();
+    d["directive"].erase("reason");
+    return d;
+  }
+};
+
+TEST_F(EngineTest, JobStateOfAMassFailureFitsAnAnnotationAndRestoresTheSameDecisions) {
+  using L = LargeJobState;
+  Engine original;
+  L::Fail(original);
+  size_t largest = 0;
+  // Saved at each point a scheduler saves it: faults inside their report window, the wait for
+  // replacements (its reason names every fault), the scale-in at the deadline, the scale-out.
+  for (int64_t now : {int64_t{1000}, int64_t{1200}, int64_t{31200}, int64_t{40000}}) {
+    original.Tick(now);
+    if (now == 40000)  // half of the lost pods are replaced; the next tick scales out
+      for (int64_t i = L::kPods / 2; i < L::kPods * 3 / 4; ++i) {
+        ASSERT_TRUE(original.SetPodState(kJob, i, L::PodUid(i, 1), REGROUP_POD_RUNNING,
+                                         "spare-" + std::to_string(i), now).ok());
+        ASSERT_TRUE(original.ReportReplacementRegistered(kJob, i, L::PodUid(i, 1), now).ok());
+      }
+    const json state = original.FindJob(kJob)->StateJson();
+    const std::string text = state.dump();
+    largest = std::max(largest, text.size());
+    EXPECT_LT(text.size(), 64u * 1024) << "at t=" << now;
+
+    Engine restored;
+    ASSERT_TRUE(restored.UpsertJob(L::Spec(), nullptr, 0).ok());
+    Status st = restored.FindJob(kJob)->LoadState(state);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(restored.FindJob(kJob)->StateJson().dump(), text) << "export -> import -> export";
+
+    // From here both engines see the same: the scheduler's first session, then ticks until the
+    // deadline and past it, replacements, and a survivor's node failing.
+    Engine& a = original;
+    Engine b = std::move(restored);
+    Engine copy_of_a;
+    ASSERT_TRUE(copy_of_a.Restore(a.Snapshot()).ok());
+    L::Report(copy_of_a, now);
+    L::Report(b, now);
+    EXPECT_EQ(L::Decision(b), L::Decision(copy_of_a)) << "at t=" << now;
+    EXPECT_EQ(b.FindJob(kJob)->directive().id, copy_of_a.FindJob(kJob)->directive().id);
+    for (int64_t later : {now + 200, int64_t{31199}, int64_t{31200}, int64_t{50000}}) {
+      if (later == 50000) {
+        for (Engine* e : {&copy_of_a, &b}) {
+          ASSERT_TRUE(e->SetPodState(kJob, L::kPods - 1, L::PodUid(L::kPods - 1, 2),
+                                     REGROUP_POD_RUNNING, "spare-last", later).ok());
+          ASSERT_TRUE(
+              e->ReportReplacementRegistered(kJob, L::kPods - 1, L::PodUid(L::kPods - 1, 2), later)
+                  .ok());
+          ASSERT_TRUE(
+              e->SetNodeHealth(L::NodeName(0), REGROUP_NODE_FAULTY, "NotReady", later).ok());
+        }
+      }
+      if (later <= now) continue;
+      copy_of_a.Tick(later);
+      b.Tick(later);
+      EXPECT_EQ(L::Decision(b), L::Decision(copy_of_a))
+          << "saved at t=" << now << ", at t=" << later;
+      EXPECT_EQ(b.FindJob(kJob)->phase(), copy_of_a.FindJob(kJob)->phase());
+    }
+  }
+  std::cout << "largest job state of 2,048 pods, half lost: " << largest << " bytes\n";
+}
+
+TEST_F(EngineTest, JobStateOfVersionOneStillLoads) {
+  Submit(kForce, {{"recover-strategy", "recover,elastic-training"},
+                  {"wait-reschedule-timeout", "30"}});
+  NodeFails(3, 0);
+  Tick(200);
+  // What the previous version wrote at this point (one object a pod, whole reasons).
+  json v1 = {{"version", 1}, {"job", kJob}, {"uid", "job-uid"}, {"phase", "waiting"},
+             {"directive", {{"id", 1}, {"kind", "wait"}, {"at_ms", 200}, {"deadline_ms", 30200},
+                            {"strategy", "recover"}, {"dp", 4}, {"keep_replicas", {0, 1, 2, 3}},
+                            {"remove_replicas", json::array()}, {"standby_pods", json::array()},
+                            {"restart_ranks", json::array()}, {"microbatches", json::array()},
+                            {"committed_step", -1}, {"reason", job().directive().reason}}},
+             {"next_directive_id", 2}, {"dp", 4}, {"generation_replicas", {0, 1, 2, 3}},
+             {"slots", json::array()}, {"pending", json::array()}, {"window_start_ms", -1},
+             {"held", json::array()}, {"held_since_ms", -1},
+             {"avoid", {{"node-3", 600000}}}, {"recoveries_ms", {200}},
+             {"step_failures", json::object()}, {"job_restarts", 0}};
+  for (int64_t i = 0; i < 4; ++i)
+    v1["slots"].push_back({{"status", i == 3 ? "lost" : "active"}, {"uid", Uid(i)},
+                           {"lost_uid", i == 3 ? Uid(i) : ""}, {"node", Node(i)},
+                           {"previous_node", i == 3 ? Node(i) : ""}, {"phase", "running"},
+                           {"replacement_seen", false},
+                           {"lost_reason", i == 3 ? "node node-3 is faulty (NotReady)" : ""}});
+  Engine restarted;
+  ASSERT_TRUE(restarted.UpsertJob(job().spec(), nullptr, 0).ok());
+  Job& again = *restarted.FindJob(kJob);
+  Status st = again.LoadState(v1);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(again.StateJson(), job().StateJson()) << "read as version 2 would have kept it";
+  EXPECT_EQ(again.Evictions().size(), 1u) << "version 1 kept whole uids";
+  restarted.Tick(30200);
+  EXPECT_EQ(again.directive().kind, REGROUP_DIRECTIVE_SCALE_IN);
+}
+
+TEST_F(EngineTest, CompactJobStateRefusesBadRecordsByName) {
+  Submit(kForce, {{"recover-strategy", "recover"}});
+  NodeFails(3, 0);
+  const json good = job().StateJson();
+  auto refused = [&](const std::function<void(json&)>& change) {
+    json state = good;
+    change(state);
+    Status st = job().LoadState(state);
+    EXPECT_FALSE(st.ok());
+    EXPECT_EQ(job().StateJson(), good) << "a refused state changes nothing";
+    return st.message();
+  };
+  EXPECT_EQ(refused([](json& s) { s["generation_replicas"] = "0-2,x"; }),
+            "job state field \"generation_replicas\" is not indexes and ranges like \"0-3,7\" at "
+            "character 4: \"x\"");
+  EXPECT_EQ(refused([](json& s) { s["generation_replicas"] = "3-0"; }),
+            "job state field \"generation_replicas\" holds the range 3-0, which runs backwards");
+  EXPECT_EQ(refused([](json& s) { s["generation_replicas"] = "0-9"; }),
+            "job state field \"generation_replicas\" holds 9; items must be from 0 to 3");
+  EXPECT_EQ(refused([](json& s) { s["generation_replicas"] = "0,1,2,3,"; }),
+            "job state field \"generation_replicas\" ends with a comma");
+  EXPECT_EQ(refused([](json& s) { s["generation_replicas"] = json::array({0, 1, 2, 3}); }),
+            "job state field \"generation_replicas\" must be a string of indexes and ranges, "
+            "like \"0-3,7\"");
+  EXPECT_EQ(refused([](json& s) { s["pods"]["lost"] = {{"meteor", "3"}}; }),
+            "job state pods field \"lost\" names no cause of a loss: meteor");
+  EXPECT_EQ(refused([](json& s) { s["pods"]["standby"] = "3"; }),
+            "job state pods: pod 3 is listed twice among standbys and lost pods");
+  EXPECT_EQ(refused([](json& s) { s["pods"]["phases"] = "rrrz"; }),
+            "job state pods field \"phases\" has 'z' for pod 3; a phase is one of pbrfd");
+  EXPECT_EQ(refused([](json& s) {
+              s["pods"]["uids"] = s["pods"]["uids"].get<std::string>().substr(0, 20);
+            }),
+            "job state pods field \"uids\" ends at pod 2 of 4");
+  EXPECT_EQ(refused([](json& s) {
+              s["pods"]["uids"] = s["pods"]["uids"].get<std::string>() + ".";
+            }),
+            "job state pods field \"uids\" holds more than the job's 4 pods");
+  EXPECT_EQ(refused([](json& s) { s["pods"]["previous_nodes"] = {-1, 0}; }),
+            "job state pods field \"previous_nodes\" must hold one node a pod (4), not 2");
+  EXPECT_EQ(refused([](json& s) { s["nodes"] = {""}; }),
+            "job state nodes[0] must be a node name of 1 to 512 characters");
+  EXPECT_EQ(refused([](json& s) { s["avoid"] = {{1, "5"}}; }),
+            "job state avoid[0] field \"nodes\" holds 5; items must be from 0 to 0");
+  EXPECT_EQ(refused([](json& s) {
+              s["pending"] = {{{"kind", "pod_lost"}, {"step", -1}, {"at_ms", 0},
+                               {"faults", {{"0-99999999"}}}}};
+            }),
+            "job state pending[0] faults[0] field \"pods\" holds 99999999; items must be from 0 "
+            "to 3");
+  EXPECT_EQ(refused([](json& s) {
+              s["pending"] = {{{"kind", "hang"}, {"step", -1}, {"at_ms", 0},
+                               {"faults", json::array({json::array({"0", "0-99999999"})})}}};
+            }),
+            "job state pending[0] faults[0] field \"ranks\" stands for more items than a job "
+            "state may hold");
+  EXPECT_EQ(refused([](json& s) { s["pending"] = {{{"kind", "hang"}, {"step", -1}, {"at_ms", 0},
+                                                   {"faults", {{"0", "", "", 4}}}}}; }),
+            "job state pending[0] faults[0] must be [pods, ranks, detail] (ranks and detail "
+            "optional)");
 }
 
 TEST_F(EngineTest, SnapshotRestoreReproducesTheEngine) {

@@ -516,6 +516,11 @@ func TestExportImportJobStateRoundTrip(t *testing.T) {
 	if err := f.ImportJobState(demoJob, state); err != nil {
 		t.Fatalf("ImportJobState: %v", err)
 	}
+	// The state names pods by their uids' fingerprints; the scheduler's first session reports
+	// the pods it sees, and the lost pod is evicted by its uid again.
+	if err := f.SetPodState(demoJob, 3, "p3", PodRunning, "n3", 5000); err != nil {
+		t.Fatal(err)
+	}
 	after, err := f.DecisionJSON(demoJob)
 	if err != nil {
 		t.Fatal(err)
@@ -543,7 +548,7 @@ func TestExportImportJobStateRoundTrip(t *testing.T) {
 	}{
 		{"another job's state", demoJob, bytes.Replace(state, []byte(`"u1"`), []byte(`"u2"`), 1), StatusFailedPrecondition},
 		{"malformed state", demoJob, []byte(`{"version":`), StatusInvalidArgument},
-		{"state of a newer version", demoJob, bytes.Replace(state, []byte(`"version":1`), []byte(`"version":2`), 1), StatusVersionMismatch},
+		{"state of a newer version", demoJob, bytes.Replace(state, []byte(`"version":2`), []byte(`"version":3`), 1), StatusVersionMismatch},
 		{"empty state", demoJob, nil, StatusInvalidArgument},
 		{"unknown job", "default/other", state, StatusNotFound},
 	}
@@ -571,7 +576,12 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	if err != nil || !bytes.Equal(again, snapshot) {
 		t.Fatalf("snapshot after restore:\n%s\nwant\n%s (%v)", again, snapshot, err)
 	}
+	// A snapshot names pods by their uids' fingerprints: the scheduler reports the pods it sees
+	// (to the original engine this changes nothing), and the lost pod is evicted by uid again.
 	for _, eng := range []*Engine{e, f} {
+		if err := eng.SetPodState(demoJob, 3, "p3", PodRunning, "n3", 31300); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := eng.Tick(31300); err != nil {
 			t.Fatal(err)
 		}

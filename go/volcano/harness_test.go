@@ -78,6 +78,8 @@ type recorder struct {
 	saves     int
 	events    []recordedEvent
 	evictions []recordedEviction
+	effects   []string // "save <PodGroup>" and "evict <pod>", in the order they happened
+	saveErr   error    // when set, SaveState fails with it
 }
 
 type recordedEvent struct{ pg, kind, reason, message string }
@@ -92,6 +94,10 @@ func (r *recorder) SaveState(_ *framework.Session, pg *api.PodGroup, annotations
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	key := pg.Namespace + "/" + pg.Name
+	if r.saveErr != nil {
+		return r.saveErr
+	}
+	r.effects = append(r.effects, "save "+key)
 	if r.states[key] == nil {
 		r.states[key] = map[string]string{}
 	}
@@ -111,6 +117,7 @@ func (r *recorder) Event(_ *framework.Session, pg *api.PodGroup, kind, reason, m
 func (r *recorder) Evict(ssn *framework.Session, task *api.TaskInfo, mode regroup.EvictionMode, reason string) error {
 	r.mu.Lock()
 	r.evictions = append(r.evictions, recordedEviction{task.Namespace + "/" + task.Name, mode})
+	r.effects = append(r.effects, "evict "+task.Namespace+"/"+task.Name)
 	r.mu.Unlock()
 	return ssn.Evict(task, reason)
 }

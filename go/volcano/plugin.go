@@ -506,8 +506,10 @@ func (p *plugin) reportPods(job *api.JobInfo, rec *jobRecord, v *jobView) {
 	}
 }
 
-// applyDecisions reads each Regroup job's decision, evicts what the engine says, prepares the
-// hooks' answers and saves changed states to the PodGroups.
+// applyDecisions reads each Regroup job's decision, saves changed states to the PodGroups, evicts
+// what the engine says and prepares the hooks' answers. The state is saved before any eviction:
+// a scheduler that restarts after evicting must find the decision that evicted (its deadline,
+// the pods it fenced), so a job whose state cannot be saved is not evicted from in this session.
 func (p *plugin) applyDecisions(ssn *framework.Session) {
 	rt := p.rt
 	for jid, sj := range p.jobs {
@@ -523,6 +525,9 @@ func (p *plugin) applyDecisions(ssn *framework.Session) {
 			continue
 		}
 		sj.decision = d
+		// Before evicting, the saved state must be the one that names the pods as lost, even
+		// when no directive followed yet (the report window).
+		saved := p.saveState(ssn, job, rec, sj, d.Evictions > 0)
 		pending := len(job.TaskStatusIndex[api.Pending]) > 0
 		if d.Evictions > 0 || pending {
 			detail, err := rt.engine.DecisionDetail(sj.id)
@@ -534,13 +539,18 @@ func (p *plugin) applyDecisions(ssn *framework.Session) {
 						sj.avoid[a.Node] = true
 					}
 				}
-				p.evict(ssn, job, rec, sj, detail.Scheduler.Evict)
+				if saved {
+					p.evict(ssn, job, rec, sj, detail.Scheduler.Evict)
+				} else if len(detail.Scheduler.Evict) > 0 {
+					klog.Warningf("regroup: job %s: %d pods are not evicted in this session: its "+
+						"state could not be saved first (a later session tries again)",
+						sj.id, len(detail.Scheduler.Evict))
+				}
 			}
 		}
 		if pending {
 			p.score(job, rec, sj)
 		}
-		p.saveState(ssn, job, rec, sj)
 	}
 }
 
@@ -626,23 +636,25 @@ func (p *plugin) score(job *api.JobInfo, rec *jobRecord, sj *sessionJob) {
 
 // saveState writes the job's state to its PodGroup when the directive or the pod incarnations
 // changed, so that a restarted scheduler keeps deadlines and knows replacements from originals.
-func (p *plugin) saveState(ssn *framework.Session, job *api.JobInfo, rec *jobRecord, sj *sessionJob) {
-	if sj.decision.DirectiveID == rec.savedDirective && !rec.uidsChanged && rec.savedState != "" {
-		return
+// With check, the state is exported and compared even then. It says whether the PodGroup holds
+// the state now (written, or unchanged).
+func (p *plugin) saveState(ssn *framework.Session, job *api.JobInfo, rec *jobRecord, sj *sessionJob, check bool) bool {
+	if !check && sj.decision.DirectiveID == rec.savedDirective && !rec.uidsChanged && rec.savedState != "" {
+		return true
 	}
 	state, err := p.rt.engine.ExportJobState(sj.id)
 	if err != nil {
 		klog.Errorf("regroup: exporting the state of job %s: %v", sj.id, err)
-		return
+		return false
 	}
 	if string(state) == rec.savedState {
 		rec.savedDirective, rec.uidsChanged = sj.decision.DirectiveID, false
-		return
+		return true
 	}
 	annotations := map[string]string{StateAnnotation: string(state), PhaseAnnotation: sj.decision.Phase.String()}
 	if err := p.opts.States.SaveState(ssn, job.PodGroup, annotations); err != nil {
 		klog.Errorf("regroup: job %s: %v", sj.id, err)
-		return
+		return false
 	}
 	// The session's copy too, so that the scheduler's own PodGroup update carries it.
 	if job.PodGroup.Annotations == nil {
@@ -652,6 +664,7 @@ func (p *plugin) saveState(ssn *framework.Session, job *api.JobInfo, rec *jobRec
 		job.PodGroup.Annotations[k] = v
 	}
 	rec.savedState, rec.savedDirective, rec.uidsChanged = string(state), sj.decision.DirectiveID, false
+	return true
 }
 
 // --- hooks ---------------------------------------------------------------------------------------

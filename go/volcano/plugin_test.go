@@ -87,6 +87,49 @@ func TestFaultyNodePodsAreEvictedAsFaultSchedulingSays(t *testing.T) {
 	}
 }
 
+func TestTheStateIsSavedBeforeAnyEviction(t *testing.T) {
+	w := runningElasticJob(t, "n5")
+	w.rec.mu.Lock()
+	w.rec.effects = nil
+	w.rec.mu.Unlock()
+	w.clock.set(t0 + 1000)
+	w.setReady("n3", v1.ConditionFalse)
+	w.run(defaultActions())
+	w.rec.mu.Lock()
+	effects := append([]string(nil), w.rec.effects...)
+	w.rec.mu.Unlock()
+	pg := ""
+	for key := range w.rec.states {
+		pg = key
+	}
+	if want := []string{"save " + pg, "evict default/train-worker-2"}; !reflect.DeepEqual(effects, want) {
+		t.Fatalf("effects %v; want %v: a restarted scheduler must find the decision that evicted", effects, want)
+	}
+}
+
+func TestNoEvictionInASessionWhoseSaveFailed(t *testing.T) {
+	w := runningElasticJob(t, "n5")
+	w.rec.mu.Lock()
+	w.rec.saveErr = errors.New("the annotation is too large")
+	w.rec.mu.Unlock()
+	w.clock.set(t0 + 1000)
+	w.setReady("n3", v1.ConditionFalse)
+	s := w.run(defaultActions())
+	if got := w.rec.takeEvictions(); len(got) != 0 || len(s.released) != 0 {
+		t.Fatalf("evicted %v (released %v) although the state was not saved", got, s.released)
+	}
+	// The next session saves, then evicts.
+	w.rec.mu.Lock()
+	w.rec.saveErr = nil
+	w.rec.mu.Unlock()
+	w.clock.set(t0 + 2000)
+	w.run(defaultActions())
+	want := []recordedEviction{{"default/train-worker-2", regroup.EvictForce}}
+	if got := w.rec.takeEvictions(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("evictions once the save works %v; want %v", got, want)
+	}
+}
+
 func TestReplacementBindsToAHealthyNodeNeverTheFaultyOne(t *testing.T) {
 	w := runningElasticJob(t, "n5")
 	// n3 is labelled faulty: schedulable to Kubernetes, faulty to Regroup.

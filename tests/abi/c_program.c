@@ -814,6 +814,12 @@ static void test_engine(void) {
   EXPECT(REGROUP_OK, regroup_engine_new(&copy, NULL, &err));
   EXPECT(REGROUP_OK, regroup_engine_upsert_job(copy, NULL, kTrainJob, len(kTrainJob), 0, &err));
   EXPECT(REGROUP_OK, regroup_engine_import_job_state(copy, "default/train", state, len(state), &err));
+  /* The state names pods by their uids' fingerprints: a restarted scheduler reports the pods it
+   * sees, and the lost pod p3, still on n3, is evicted by its uid again. */
+  expect_decision(__LINE__, copy, "default/train", REGROUP_PHASE_SCALED_IN,
+                  REGROUP_DIRECTIVE_SCALE_IN, -1, 3, 3, 1, 0);
+  EXPECT(REGROUP_OK, regroup_engine_set_pod_state(copy, "default/train", 3, "p3",
+                                                  REGROUP_POD_RUNNING, "n3", 31300, &err));
   expect_decision(__LINE__, copy, "default/train", REGROUP_PHASE_SCALED_IN,
                   REGROUP_DIRECTIVE_SCALE_IN, -1, 3, 3, 1, 1);
   text = export_state(copy, "default/train");
@@ -831,9 +837,9 @@ static void test_engine(void) {
     char *v2 = malloc(len(state) + 1);
     char *at;
     memcpy(v2, state, len(state) + 1);
-    at = strstr(v2, "\"version\":1");
+    at = strstr(v2, "\"version\":2");
     CHECK(at != NULL);
-    if (at) at[10] = '2';
+    if (at) at[10] = '3';
     EXPECT(REGROUP_VERSION_MISMATCH,
            regroup_engine_import_job_state(copy, "default/train", v2, len(v2), &err));
     free(v2);
@@ -851,6 +857,8 @@ static void test_engine(void) {
   text = snapshot(copy);
   CHECK_STREQ(text, snap);
   regroup_string_free(text);
+  EXPECT(REGROUP_OK, regroup_engine_set_pod_state(copy, "default/train", 3, "p3",
+                                                  REGROUP_POD_RUNNING, "n3", 31300, &err));
   expect_decision(__LINE__, copy, "default/train", REGROUP_PHASE_SCALED_IN,
                   REGROUP_DIRECTIVE_SCALE_IN, -1, 3, 3, 1, 1);
   EXPECT(REGROUP_INVALID_ARGUMENT, regroup_engine_restore(copy, snap, len(snap) / 2, &err));

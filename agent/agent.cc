@@ -155,6 +155,7 @@ int Agent::NextTimeoutMs() const {
   auto next = now + milliseconds(1000);
   auto consider = [&](Clock::time_point t) { next = std::min(next, t); };
   if (link_ == Link::kUp) consider(next_heartbeat_);
+  if (pause_at_) consider(*pause_at_);
   if (link_ == Link::kDown && !session_) consider(reconnect_at_);
   if (link_ == Link::kRegistering) consider(register_deadline_);
   if (link_ == Link::kConnecting && !stopping_) consider(connect_report_at_);
@@ -209,6 +210,12 @@ void Agent::OnTimers() {
     return;  // BeginStop ran the timers again
   }
   if (exit_code_) return;
+  if (pause_at_ && now >= *pause_at_) {
+    pause_at_.reset();
+    spdlog::warn("no session with the manager for {} ms (its liveness timeout): trainers paused",
+                 liveness_timeout_.count());
+    PauseTrainers(pause_reason_);
+  }
 
   // The manager link, kept up while stopping too: the exits of the last trainers and the
   // heartbeats of a slow dump still reach the manager.
@@ -461,7 +468,7 @@ void Agent::OnInbox() {
     if (exit_code_) return;
     if (!session_ || event.session != session_->id()) continue;  // from an ended session
     if (event.kind == SessionEvent::Kind::kClosed) {
-      OnSessionClosed(event.detail);
+      OnSessionClosed(event.detail, event.ended_by_manager);
     } else if (event.kind == SessionEvent::Kind::kOpened) {
       OnSessionOpened();
     } else {
@@ -470,16 +477,18 @@ void Agent::OnInbox() {
   }
 }
 
-void Agent::OnSessionClosed(const std::string& detail) {
+void Agent::OnSessionClosed(const std::string& detail, bool ended_by_manager) {
   const bool was_up = link_ == Link::kUp;
   session_.reset();
   link_ = Link::kDown;
   const auto now = Clock::now();
-  if (done_at_) {
+  if (done_at_ && ended_by_manager) {
     spdlog::info("training done; the manager ended the session");
     Finish(0);
     return;
   }
+  // Training done but the stream broke: the trainers' exits may not have reached the manager,
+  // so the session is resumed to send them again (until done_at_, as for an acknowledgement).
   if (reregister_now_) {
     reregister_now_ = false;
     Connect();
@@ -495,7 +504,13 @@ void Agent::OnSessionClosed(const std::string& detail) {
     if (!outage_since_) outage_since_ = now;
     const bool first_loss = !lost_;
     lost_ = true;
-    if (first_loss || was_up) {
+    if (was_up) {
+      spdlog::warn("the session with the manager at {} broke ({}); resuming it; the trainers "
+                   "pause in {} ms unless it is back, and the agent gives up in {} ms",
+                   options_.manager_addr, detail, liveness_timeout_.count(), OutageLeftMs());
+      pause_at_ = now + liveness_timeout_;
+      pause_reason_ = "the manager is unreachable: " + detail;
+    } else if (first_loss) {
       spdlog::warn("the manager at {} is unreachable ({}); trainers paused; reconnecting, giving "
                    "up in {} ms",
                    options_.manager_addr, detail, OutageLeftMs());
@@ -556,14 +571,29 @@ void Agent::OnWelcome(const v1::Welcome& welcome) {
   node_rank_ = static_cast<int>(welcome.node_rank());
   heartbeat_interval_ =
       milliseconds(welcome.heartbeat_interval_ms() > 0 ? welcome.heartbeat_interval_ms() : 100);
+  if (welcome.liveness_timeout_ms() > 0)
+    liveness_timeout_ = milliseconds(welcome.liveness_timeout_ms());
   link_ = Link::kUp;
   backoff_ = milliseconds(100);
   outage_since_.reset();
   lost_ = false;
-  spdlog::info("registered with the manager at {}: node rank {}, epoch {}, generation {}, "
+  // Registered anew (a restarted manager, or too late): the generation the trainers are in is
+  // gone, so they pause now rather than wait for an outcome that will not come.
+  if (pause_at_ && !welcome.resumed()) PauseTrainers(pause_reason_);
+  pause_at_.reset();
+  spdlog::info("{} with the manager at {}: node rank {}, epoch {}, generation {}, "
                "heartbeat every {} ms",
-               options_.manager_addr, node_rank_, epoch_, generation_,
-               heartbeat_interval_.count());
+               welcome.resumed() ? "resumed the session" : "registered", options_.manager_addr,
+               node_rank_, epoch_, generation_, heartbeat_interval_.count());
+  // Resumed: what the broken stream may have lost goes again (the manager ignores what it
+  // already has). Registered anew: the Register carried the trainers' states instead.
+  std::deque<v1::AgentMessage> again;
+  again.swap(unconfirmed_);
+  if (welcome.resumed())
+    for (v1::AgentMessage& m : again) {
+      *m.mutable_header() = NewMessage().header();
+      SendEvent(std::move(m));
+    }
   while (!pending_.empty()) {
     v1::AgentMessage m = std::move(pending_.front());
     pending_.pop_front();
@@ -618,6 +648,7 @@ void Agent::OnStart(const v1::StartGeneration& start) {
       spdlog::warn("generation {} assigns local rank {}, but this agent runs {} processes",
                    plan.generation(), a.local_rank(), ranks_.size());
   tally_.Start(plan.generation(), assigned);
+  ForgetConfirmed(/*votes=*/true, /*exits=*/true);
   spdlog::info("generation {} (epoch {}): world size {}, committed step {}, local ranks {} "
                "training, {} standing by; {}",
                plan.generation(), plan.epoch(), plan.world_size(), plan.committed_step(),
@@ -630,6 +661,7 @@ void Agent::OnAbort(const v1::AbortGeneration& abort) {
   v1::AgentReply reply;
   *reply.mutable_abort() = abort;
   DeliverAll(reply);
+  ForgetConfirmed(/*votes=*/true, /*exits=*/true);
   if (!tally_.active() || abort.generation() >= tally_.generation()) {
     tally_.Clear();
     for (Rank& k : ranks_) k.standing.reset();
@@ -651,6 +683,11 @@ void Agent::OnOutcome(const v1::StepOutcome& outcome) {
     }
   }
   tally_.Settle(outcome.generation(), outcome.step());
+  std::erase_if(unconfirmed_, [&](const v1::AgentMessage& m) {
+    return m.has_votes() && (m.votes().generation() < outcome.generation() ||
+                             (m.votes().generation() == outcome.generation() &&
+                              m.votes().step() <= outcome.step()));
+  });
 }
 
 void Agent::OnStop(const v1::StopTraining& stop) {
@@ -686,6 +723,7 @@ void Agent::OnRestart(const v1::RestartProcesses& restart) {
   spdlog::info("restarting local ranks {} on the manager's order: {}", restart.local_ranks(),
                restart.reason());
   done_at_.reset();
+  ForgetConfirmed(/*votes=*/false, /*exits=*/true);
   for (uint32_t r : restart.local_ranks()) {
     if (r >= ranks_.size()) {
       spdlog::warn("RestartProcesses names local rank {}, but this agent runs {} processes", r,
@@ -787,6 +825,7 @@ void Agent::SendEvent(v1::AgentMessage message) {
       if (sent_exits_.size() >= kMaxPending) sent_exits_.pop_front();
       sent_exits_.push_back(DescribeExit(message.process_exit()));
     }
+    Unconfirm(message);
     session_->Send(message);
     return;
   }
@@ -795,6 +834,18 @@ void Agent::SendEvent(v1::AgentMessage message) {
     pending_.pop_front();
   }
   pending_.push_back(std::move(message));
+}
+
+void Agent::Unconfirm(const v1::AgentMessage& message) {
+  if (!message.has_votes() && !message.has_process_exit() && !message.has_fault()) return;
+  if (unconfirmed_.size() >= kMaxPending) unconfirmed_.pop_front();
+  unconfirmed_.push_back(message);
+}
+
+void Agent::ForgetConfirmed(bool votes, bool exits) {
+  std::erase_if(unconfirmed_, [&](const v1::AgentMessage& m) {
+    return m.has_votes() ? votes : exits;
+  });
 }
 
 uint32_t Agent::FreePort() const {

@@ -116,7 +116,7 @@ class Agent final : private TrainerServer::Listener {
   void Connect();
   void OnInbox();
   void OnSessionOpened();
-  void OnSessionClosed(const std::string& detail);
+  void OnSessionClosed(const std::string& detail, bool ended_by_manager);
   void OnManagerMessage(const regroup::v1::ManagerMessage& message);
   void OnWelcome(const regroup::v1::Welcome& welcome);
   void OnStart(const regroup::v1::StartGeneration& start);
@@ -165,7 +165,18 @@ class Agent final : private TrainerServer::Listener {
   Clock::time_point register_deadline_{};
   Clock::time_point connect_report_at_{};  // when to log again that no manager answers
   std::optional<Clock::time_point> outage_since_;  // no Welcome since then (set at start)
-  bool lost_ = false;  // a session ended since the last Welcome: trainers are paused
+  bool lost_ = false;  // a session ended since the last Welcome
+  // A broken stream is not a lost manager: the trainers go on until then (the manager's
+  // liveness timeout), and a session resumed in time continues the generation.
+  std::optional<Clock::time_point> pause_at_;
+  std::string pause_reason_;
+  std::chrono::milliseconds liveness_timeout_{500};
+  // Events sent in this session that a broken stream may have lost: sent again when the next
+  // session resumes (votes until their step is settled; exits and faults until the manager
+  // acts again: an abort, a start or a restart).
+  std::deque<regroup::v1::AgentMessage> unconfirmed_;
+  void Unconfirm(const regroup::v1::AgentMessage& message);
+  void ForgetConfirmed(bool votes, bool exits);
   bool reregister_now_ = false;
   std::deque<regroup::v1::AgentMessage> pending_;  // events kept for after the next Welcome
   std::deque<std::string> sent_exits_;  // process exits handed to the current session

@@ -131,7 +131,7 @@ void ManagerSession::Read() {
   std::string detail = status.ok() ? "the manager ended the session"
                                    : "code " + std::to_string(status.error_code()) + ": " +
                                          status.error_message();
-  inbox_->Push({SessionEvent::Kind::kClosed, id_, {}, std::move(detail)});
+  inbox_->Push({SessionEvent::Kind::kClosed, id_, {}, std::move(detail), status.ok()});
 }
 
 void ManagerSession::Write() {

@@ -25,6 +25,7 @@ struct SessionEvent {
   uint64_t session;                      // which ManagerSession posted it
   regroup::v1::ManagerMessage message;   // kMessage
   std::string detail;                    // kClosed: the stream's final status
+  bool ended_by_manager = false;         // kClosed: the manager finished the call (status OK)
 };
 
 // A thread-safe queue whose readiness is an eventfd the event loop watches.

@@ -100,7 +100,8 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
                                  ? options.heartbeat_interval_ms
                                  : static_cast<uint32_t>(config_.heartbeat_interval_ms)),
       agents_(static_cast<size_t>(spec_.pods)),
-      rank_of_(static_cast<size_t>(spec_.pods)) {
+      rank_of_(static_cast<size_t>(spec_.pods)),
+      starts_(static_cast<size_t>(spec_.pods)) {
   if (options_.record) {
     const JobRecord& before = *options_.record;
     for (const auto& uid : before.lost) Forget(uid);
@@ -253,6 +254,14 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
                               a.pod_uid + "; pod " + reg.pod_uid() + " cannot take it");
   const bool replacement =
       !a.pod_uid.empty() && a.pod_uid != reg.pod_uid();
+  // The same pod on a new stream (a connection reset) before it was declared lost, in the
+  // running generation and epoch: it resumes its session, and the generation goes on.
+  const bool resumed = !replacement && a.pod_uid == reg.pod_uid() &&
+                       a.state == AgentState::kActive && state_ != State::kJoining &&
+                       state_ != State::kStopped && header.epoch() == options_.epoch &&
+                       std::any_of(rank_of_[static_cast<size_t>(node)].begin(),
+                                   rank_of_[static_cast<size_t>(node)].end(),
+                                   [](int32_t r) { return r >= 0; });
   if (replacement && a.state != AgentState::kLost) Forget(a.pod_uid);
   if (a.connected) stream_node_.erase(a.stream);  // the same pod on a new stream
 
@@ -282,15 +291,18 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
     // A process that died before this manager heard of it (a manager restart in between).
     if (!r.alive() && r.phase() != v1::PHASE_DONE && r.pid() > 0) a.failed.insert(r.local_rank());
   }
-  a.state = state_ == State::kJoining ? AgentState::kRegistered : AgentState::kStandby;
+  a.state = resumed                   ? AgentState::kActive
+            : state_ == State::kJoining ? AgentState::kRegistered
+                                        : AgentState::kStandby;
   stream_node_[stream] = node;
   if (join_started_ms_ < 0) join_started_ms_ = now;
 
   decisions_->PodRunning(node, a.pod_uid, a.node_name, now);
-  if (replacement || (state_ != State::kJoining && generation_ > 0))
+  if (!resumed && (replacement || (state_ != State::kJoining && generation_ > 0)))
     decisions_->ReplacementRegistered(node, a.pod_uid, now);
-  Event(now, "register",
-        "pod " + a.pod_uid + " registered as node rank " + std::to_string(node) +
+  Event(now, resumed ? "resume" : "register",
+        "pod " + a.pod_uid + (resumed ? " resumed its session" : " registered") +
+            " as node rank " + std::to_string(node) +
             (a.node_name.empty() ? "" : " on " + a.node_name) +
             (replacement ? " (a replacement)" : ""));
 
@@ -300,7 +312,10 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   w->set_epoch(options_.epoch);
   w->set_generation(generation_);
   w->set_heartbeat_interval_ms(heartbeat_interval_ms_);
+  w->set_liveness_timeout_ms(static_cast<uint32_t>(LivenessMs()));
+  w->set_resumed(resumed);
   Send(node, std::move(m));
+  if (resumed) CatchUp(node);
   // A pod that comes after the job stopped (a replacement started late) stops too.
   if (stop_) Send(node, *stop_);
   return node;
@@ -376,6 +391,7 @@ void JobControl::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, in
 }
 
 void JobControl::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e, int64_t now) {
+  if (a.failed.count(e.local_rank())) return;  // sent again after a resumed session
   v1::LocalRank& r = a.ranks[e.local_rank()];
   r.set_alive(false);
   if (a.restarting.count(e.local_rank())) return;  // we asked for it
@@ -415,6 +431,8 @@ Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
                               std::to_string(generation_));
   if (state_ != State::kTraining)
     return FailedPrecondition("the generation was aborted; the step is not voted on");
+  if (votes.step() >= 0 && votes.step() <= committed_step_)
+    return Status::Ok();  // sent again after a resumed session: the step is committed
   if (votes.step() < 0 || votes.step() != committed_step_ + 1)
     return FailedPrecondition("the votes are for step " + std::to_string(votes.step()) +
                               "; the step in flight is " + std::to_string(committed_step_ + 1));
@@ -555,6 +573,13 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
     Event(now, "disconnect", "pod " + a.pod_uid + " disconnected before the first generation");
     return;
   }
+  if (state_ == State::kTraining && a.state == AgentState::kActive) {
+    // A broken stream is not a lost pod: it has the liveness timeout to resume its session
+    // (DetectFailures declares it lost after that, as it does a silent one).
+    Event(now, "disconnect", "the stream of pod " + a.pod_uid + " broke: it has " +
+                                 std::to_string(LivenessMs()) + " ms to resume its session");
+    return;
+  }
   std::vector<uint32_t> ranks;
   for (int32_t r : rank_of_[static_cast<size_t>(node)])
     if (r >= 0) ranks.push_back(static_cast<uint32_t>(r));
@@ -670,6 +695,29 @@ void JobControl::CheckPendingWait(int64_t now) {
   Fault(v1::FAULT_KIND_POD_LOST, waiting, ranks, -1, reason, now);
 }
 
+void JobControl::CatchUp(int64_t node) {
+  const Agent& a = agents_[static_cast<size_t>(node)];
+  if (state_ == State::kAborted) {
+    if (abort_) Send(node, *abort_);
+    return;
+  }
+  bool behind = false, missed_commit = false;
+  for (uint32_t l = 0; l < a.nproc; ++l) {
+    if (RankOf(node, l) < 0) continue;
+    behind |= a.ranks[l].generation() < generation_;
+    missed_commit |= a.ranks[l].heard_commit_step() < committed_step_;
+  }
+  if (behind && starts_[static_cast<size_t>(node)]) Send(node, *starts_[static_cast<size_t>(node)]);
+  if (missed_commit && committed_step_ >= 0) {
+    v1::ManagerMessage m;
+    auto* o = m.mutable_outcome();
+    o->set_generation(generation_);
+    o->set_step(committed_step_);
+    o->set_commit(true);
+    Send(node, std::move(m));
+  }
+}
+
 void JobControl::Abort(const std::string& reason, int64_t now) {
   if (state_ != State::kTraining) return;
   state_ = State::kAborted;
@@ -686,6 +734,7 @@ void JobControl::Abort(const std::string& reason, int64_t now) {
   for (const auto& p : places_) nodes.insert(p.node_rank);
   for (int64_t n : nodes)
     if (agents_[static_cast<size_t>(n)].connected) Send(n, m);
+  abort_ = m;
   Event(now, "abort", "generation " + std::to_string(generation_) + " aborted: " + reason);
 }
 
@@ -786,6 +835,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     a.state = training_nodes.count(static_cast<int64_t>(n)) ? AgentState::kActive
                                                              : AgentState::kStandby;
     for (auto& since : a.step_since_ms) since = now;
+    starts_[n] = m;
     Send(static_cast<int64_t>(n), std::move(m));
   }
   state_ = State::kTraining;
@@ -879,16 +929,18 @@ int64_t JobControl::HangTimeoutMs() const {
 }
 
 void JobControl::DetectFailures(int64_t now) {
-  const int64_t liveness = config_.heartbeat_interval_ms * config_.liveness_misses;
+  const int64_t liveness = LivenessMs();
   for (size_t n = 0; n < agents_.size() && state_ == State::kTraining; ++n) {
     Agent& a = agents_[n];
-    if (a.state != AgentState::kActive || !a.connected) continue;
+    if (a.state != AgentState::kActive) continue;
     if (now - a.last_seen_ms > liveness) {
       std::vector<uint32_t> ranks;
       for (size_t r = 0; r < places_.size(); ++r)
         if (places_[r].node_rank == static_cast<int64_t>(n)) ranks.push_back(static_cast<uint32_t>(r));
       Fault(v1::FAULT_KIND_POD_LOST, {static_cast<int64_t>(n)}, ranks, -1,
-            "no heartbeat from pod " + a.pod_uid + " for " +
+            (a.connected ? "no heartbeat from pod " + a.pod_uid + " for "
+                         : "the stream of pod " + a.pod_uid +
+                               " broke and its session was not resumed within ") +
                 std::to_string(now - a.last_seen_ms) + " ms",
             now);
       return;

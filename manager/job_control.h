@@ -178,6 +178,8 @@ class JobControl {
   void Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
              int64_t step, const std::string& detail, int64_t now);
   void Abort(const std::string& reason, int64_t now);
+  // A pod that resumed its session: what it missed while its stream was down, sent again.
+  void CatchUp(int64_t node);
   // A pod uid that must never take part again (lost, left or replaced), kept on record too.
   void Forget(const std::string& uid);
   // After a manager restart: whether a majority of the last generation on record is back.
@@ -201,6 +203,7 @@ class JobControl {
   void DetectFailures(int64_t now);
   void Commit(int64_t step, int64_t now);
   int64_t HangTimeoutMs() const;
+  int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }
   int64_t MedianStepMs() const;
   bool Available(int64_t node) const;
   // Every pod of these replicas is Available.
@@ -249,6 +252,8 @@ class JobControl {
   std::optional<Directive> pending_;           // waits for restarted ranks or a step boundary
   int64_t pending_since_ms_ = -1;
   std::optional<v1::ManagerMessage> stop_;     // the StopTraining that ended the job
+  std::optional<v1::ManagerMessage> abort_;    // the AbortGeneration of the running generation
+  std::vector<std::optional<v1::ManagerMessage>> starts_;  // [node] its StartGeneration
   std::set<int64_t> leaving_;                  // agents that asked to leave (SIGTERM)
   int64_t abort_ms_ = -1;                      // when the running generation was aborted
   int64_t first_fault_ms_ = -1;

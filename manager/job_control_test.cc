@@ -281,7 +281,7 @@ TEST(JobControl, LostAgentScalesInAndItsReplacementScalesOut) {
   sim.Run(20);
   sim.rt->Disconnected(sim.streams_[2], sim.now);  // the node dies: its stream breaks
   sim.Gone(2);
-  sim.Run(400, 0);
+  sim.Run(900, 0);  // past the liveness timeout: the session was not resumed
   ASSERT_EQ(sim.rt->generation(), 2u);
   EXPECT_EQ(sim.starts_[0].plan().data_parallel(), 3u);
   EXPECT_EQ(sim.rt->world_size(), 6u);
@@ -310,14 +310,14 @@ TEST(JobControl, LosingAStandbyPodDoesNotAbortTheGeneration) {
   ASSERT_EQ(sim.rt->world_size(), 4u);
   sim.rt->Disconnected(sim.streams_[3], sim.now);  // replica 1 breaks: dp 1, pod 2 stands by
   sim.Gone(3);
-  sim.Run(400, 0);
+  sim.Run(900, 0);  // past the liveness timeout: the session was not resumed
   ASSERT_EQ(sim.rt->generation(), 2u);
   ASSERT_EQ(sim.rt->world_size(), 2u);
   ASSERT_TRUE(sim.rt->training());
   sim.Clear();
   sim.rt->Disconnected(sim.streams_[2], sim.now);  // the standby is lost
   sim.Gone(2);
-  sim.Run(400, 0);
+  sim.Run(900, 0);  // past the liveness timeout: the session was not resumed
   EXPECT_TRUE(sim.rt->training()) << "no rank of the generation was touched";
   EXPECT_EQ(sim.rt->generation(), 2u);
   for (int64_t n : {0, 1}) EXPECT_EQ(sim.Count(n, v1::ManagerMessage::kAbort), 0) << "pod " << n;
@@ -336,7 +336,7 @@ TEST(JobControl, ScaleOutWaitsForTheReplacementsTrainersToSayHello) {
   sim.Run(20);
   sim.rt->Disconnected(sim.streams_[3], sim.now);
   sim.Gone(3);
-  sim.Run(400, 0);
+  sim.Run(900, 0);  // past the liveness timeout: the session was not resumed
   ASSERT_EQ(sim.rt->generation(), 2u);
   // The replacement's agent registers while its trainers still import torch (STARTING).
   std::vector<v1::LocalRank> starting(2);
@@ -616,7 +616,7 @@ TEST(JobControl, APodDeclaredLostStaysFencedAcrossAManagerRestart) {
   before.Run(20, 0);
   before.rt->Disconnected(before.streams_[2], before.now);  // pod 2 is lost
   before.Gone(2);
-  before.Run(100, 0);
+  before.Run(600, 0);  // past the liveness timeout: its session was not resumed
   ASSERT_TRUE(before.rt->IsFenced("pod-2"));
   Sim after(4, 2, kForce, kElastic, Restarted(RecordOf(before)));
   EXPECT_TRUE(after.rt->IsFenced("pod-2"));

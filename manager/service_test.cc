@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include "common/credential.h"
 #include "common/grpc_settings.h"
 
@@ -47,6 +50,7 @@ struct Agent {
     stream = stub->Session(&context);
   }
   bool Register(const std::string& uid) {
+    this->uid = uid;
     v1::AgentMessage m;
     m.mutable_header()->set_job_id("default/svc");
     m.mutable_header()->set_sender(uid);
@@ -60,6 +64,17 @@ struct Agent {
     rank->set_phase(v1::PHASE_PAUSED);
     return stream->Write(m);
   }
+  // A heartbeat of manager epoch 5 (StartManager's): the pod is alive.
+  bool Beat() {
+    v1::AgentMessage m;
+    m.mutable_header()->set_job_id("default/svc");
+    m.mutable_header()->set_sender(uid);
+    m.mutable_header()->set_epoch(5);
+    auto* rank = m.mutable_heartbeat()->add_ranks();
+    rank->set_alive(true);
+    rank->set_phase(v1::PHASE_PAUSED);
+    return stream->Write(m);
+  }
   // Reads until a message with `body` arrives (or the stream ends).
   std::optional<v1::ManagerMessage> ReadUntil(v1::ManagerMessage::BodyCase body) {
     v1::ManagerMessage m;
@@ -68,6 +83,7 @@ struct Agent {
     return std::nullopt;
   }
   int node;
+  std::string uid;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Manager::Stub> stub;
   grpc::ClientContext context;
@@ -90,7 +106,16 @@ TEST(ManagerService, AgentsRegisterAndReceiveTheirGeneration) {
     EXPECT_EQ(start->start().plan().world_size(), 3u);
     EXPECT_EQ(start->start().plan().ranks(0).rank(), static_cast<uint32_t>(a->node));
   }
-  // A node's stream breaks: the others are aborted at once and scale in.
+  // A node's stream breaks and is not resumed within the liveness timeout while the others
+  // keep heartbeating: they are aborted and scale in.
+  std::atomic<bool> beating{true};
+  std::thread beats([&] {
+    while (beating) {
+      agents[0]->Beat();
+      agents[1]->Beat();
+      std::this_thread::sleep_for(50ms);
+    }
+  });
   agents[2]->context.TryCancel();
   auto abort = agents[0]->ReadUntil(v1::ManagerMessage::kAbort);
   ASSERT_TRUE(abort);
@@ -98,6 +123,8 @@ TEST(ManagerService, AgentsRegisterAndReceiveTheirGeneration) {
   auto next = agents[0]->ReadUntil(v1::ManagerMessage::kStart);
   ASSERT_TRUE(next);
   EXPECT_EQ(next->start().plan().world_size(), 2u);
+  beating = false;
+  beats.join();
   for (auto& a : agents) a->context.TryCancel();
   server->Stop();
 }

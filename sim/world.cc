@@ -34,6 +34,7 @@ constexpr size_t kTraceLines = 80;
 constexpr size_t kMaxOutgoingPerFlush = 4096;
 
 const char* kJobId = "sim/job";
+const char* kEndedByManager = "the manager ended the session";
 
 }  // namespace
 
@@ -80,8 +81,11 @@ struct Pod {
   int64_t backoff_ms = 100;
   bool reregister_now = false;
   std::deque<v1::AgentMessage> pending;
+  std::deque<v1::AgentMessage> unconfirmed;  // sent in this session; again if it resumes
   int64_t heartbeat_ms = 100;
   uint64_t heartbeat_token = 0;
+  int64_t liveness_ms = 500;  // Welcome.liveness_timeout_ms
+  uint64_t pause_token = 0;   // bumped to cancel a pending pause of the trainers
   uint32_t last_generation_agents = 0;
   agent::VoteTally tally;
   std::vector<Trainer> ranks;
@@ -542,7 +546,7 @@ void World::ManagerClose(uint64_t id) {
   if (!s.manager_open) return;
   Packet close;
   close.close = true;
-  close.detail = "the manager ended the session";
+  close.detail = kEndedByManager;
   SendDown(id, close);
   ManagerStreamDone(s);
 }
@@ -577,9 +581,11 @@ void World::Flush() {
   const JobControl& job = *manager_->job;
   const uint64_t fresh = job.events_logged() - manager_->events_traced;
   for (size_t i = job.events().size() - std::min<uint64_t>(fresh, job.events().size());
-       i < job.events().size(); ++i)
+       i < job.events().size(); ++i) {
+    result_.aborts += job.events()[i].kind() == "abort";
     Trace("manager " + std::to_string(manager_->epoch) + ": " + job.events()[i].kind() + ": " +
           job.events()[i].message());
+  }
   manager_->events_traced = job.events_logged();
   // Lost pods, as this incarnation sees them.
   for (Pod* pod : slots_)
@@ -682,7 +688,7 @@ void World::SessionClosed(Pod* pod, const std::string& detail) {
   pod->stream = 0;
   pod->link = Pod::Link::kDown;
   pod->heartbeat_token++;
-  if (pod->done_at >= 0) {
+  if (pod->done_at >= 0 && detail == kEndedByManager) {
     PodExits(pod, false, "training done; the manager ended the session");
     return;
   }
@@ -693,8 +699,16 @@ void World::SessionClosed(Pod* pod, const std::string& detail) {
   }
   if (pod->outage_since < 0) pod->outage_since = now_;
   if (was_up) {
-    Trace(pod->uid + " lost its manager (" + detail + "): trainers paused");
-    PauseTrainers(pod);
+    // A broken stream is not a lost manager: the trainers go on for the liveness timeout, in
+    // which a resumed session continues the generation.
+    Trace(pod->uid + " lost its session (" + detail + "): trainers pause in " +
+          std::to_string(pod->liveness_ms) + " ms unless it resumes");
+    const uint64_t token = ++pod->pause_token;
+    PodAfter(pod, pod->liveness_ms, [this, pod, token] {
+      if (pod->pause_token != token || pod->link == Pod::Link::kUp) return;
+      Trace(pod->uid + ": no session for the liveness timeout: trainers paused");
+      PauseTrainers(pod);
+    });
   }
   if (now_ - pod->outage_since >= kReconnectTimeoutMs) {
     PodExits(pod, true, "no manager for the reconnect timeout");
@@ -739,8 +753,21 @@ void World::OnManagerMessage(Pod* pod, const v1::ManagerMessage& m) {
       pod->backoff_ms = 100;
       pod->outage_since = -1;
       pod->heartbeat_ms = m.welcome().heartbeat_interval_ms() ? m.welcome().heartbeat_interval_ms() : 100;
-      Trace(pod->uid + " welcomed as node rank " + std::to_string(m.welcome().node_rank()) +
-            " by epoch " + std::to_string(h.epoch()));
+      if (m.welcome().liveness_timeout_ms()) pod->liveness_ms = m.welcome().liveness_timeout_ms();
+      if (!m.welcome().resumed()) PauseTrainers(pod);  // the generation it was in is gone
+      ++pod->pause_token;
+      Trace(pod->uid + (m.welcome().resumed() ? " resumed its session" : " welcomed") +
+            " as node rank " + std::to_string(m.welcome().node_rank()) + " by epoch " +
+            std::to_string(h.epoch()));
+      {
+        std::deque<v1::AgentMessage> again;
+        again.swap(pod->unconfirmed);
+        if (m.welcome().resumed())
+          for (v1::AgentMessage& e : again) {
+            *e.mutable_header() = NewMessage(pod).header();
+            SendEvent(pod, std::move(e));
+          }
+      }
       while (!pod->pending.empty()) {
         v1::AgentMessage e = std::move(pod->pending.front());
         pod->pending.pop_front();
@@ -763,6 +790,7 @@ void World::OnManagerMessage(Pod* pod, const v1::ManagerMessage& m) {
         }
       if (!pod->tally.active() || m.abort().generation() >= pod->tally.generation())
         pod->tally.Clear();
+      pod->unconfirmed.clear();
       break;
     case v1::ManagerMessage::kOutcome:
       OnOutcome(pod, m.outcome(), h.epoch());
@@ -771,6 +799,7 @@ void World::OnManagerMessage(Pod* pod, const v1::ManagerMessage& m) {
       OnStop(pod, m.stop());
       break;
     case v1::ManagerMessage::kRestart:
+      std::erase_if(pod->unconfirmed, [](const v1::AgentMessage& e) { return !e.has_votes(); });
       for (uint32_t l : m.restart().local_ranks()) {
         if (l >= pod->ranks.size()) continue;
         Trace(pod->uid + " restarts local rank " + std::to_string(l));
@@ -821,6 +850,7 @@ void World::OnStart(Pod* pod, const v1::StartGeneration& start, uint64_t epoch) 
     t.assigned = true;
   }
   pod->tally.Start(plan.generation(), assigned);
+  pod->unconfirmed.clear();
   Trace(pod->uid + " starts generation (" + std::to_string(epoch) + ", " +
         std::to_string(plan.generation()) + ") after step " +
         std::to_string(plan.committed_step()) + " with " + std::to_string(assigned.size()) +
@@ -898,6 +928,11 @@ void World::OnOutcome(Pod* pod, const v1::StepOutcome& outcome, uint64_t epoch) 
     BeginStep(pod, l);  // the next step, or the same one again after a rollback
   }
   pod->tally.Settle(outcome.generation(), outcome.step());
+  std::erase_if(pod->unconfirmed, [&](const v1::AgentMessage& m) {
+    return m.has_votes() && (m.votes().generation() < outcome.generation() ||
+                             (m.votes().generation() == outcome.generation() &&
+                              m.votes().step() <= outcome.step()));
+  });
 }
 
 void World::OnStop(Pod* pod, const v1::StopTraining& stop) {
@@ -963,6 +998,10 @@ void World::SendEvent(Pod* pod, v1::AgentMessage m) {
     pod->pending.push_back(std::move(m));
     return;
   }
+  if (m.has_process_exit())
+    Trace(pod->uid + " reports local rank " + std::to_string(m.process_exit().local_rank()) +
+          " exited with code " + std::to_string(m.process_exit().exit_code()));
+  if (m.has_votes() || m.has_process_exit()) pod->unconfirmed.push_back(m);
   Packet p;
   p.up = std::move(m);
   SendUp(pod->stream, std::move(p));

@@ -48,6 +48,7 @@ struct Result {
   std::string outcome;              // how the job ended
   uint64_t commits = 0;             // commit outcomes delivered, summed over pods
   uint64_t events = 0;              // events the scheduler ran
+  uint64_t aborts = 0;              // generations the manager aborted
   std::vector<std::string> trace;   // the last events before a violation
 };
 

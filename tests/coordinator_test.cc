@@ -68,7 +68,7 @@ std::string Message(regroup_error* err) {
 class RawStream {
  public:
   RawStream(int port, const std::string& credential) {
-    stub_ = v1::Coordinator::NewStub(regroup::MakeChannel("127.0.0.1:" + std::to_string(port)));
+    stub_ = v1::Coordinator::NewStub(regroup::MakeChannel("127.0.0.1:" + std::to_string(port)).value());
     regroup::AttachCredential(context_, credential);
     context_.set_deadline(std::chrono::system_clock::now() + kWait);
     stream_ = stub_->Attach(&context_);
@@ -128,6 +128,7 @@ class Manager {
     EXPECT_TRUE(resolved.ok());
     rt::RemoteDecisionsOptions o;
     o.target = "127.0.0.1:" + std::to_string(port);
+    o.channel = regroup::MakeChannel(o.target).value();
     o.credential = credential;
     o.job_id = spec_.id;
     o.epoch = epoch;

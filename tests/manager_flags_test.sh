@@ -19,6 +19,13 @@ expect_refused "--epoch" "${job[@]}" --epoch -1
 expect_refused '--listen "127.0.0.1:99999"' --job-id t/flags --nodes 1 --listen 127.0.0.1:99999
 expect_refused '--http "127.0.0.1:99999"' "${job[@]}" --http 127.0.0.1:99999
 expect_refused '--listen "localhost"' --job-id t/flags --nodes 1 --listen localhost
+# The coordinator's TLS: a CA that cannot be read, or a name without a CA, never means plaintext.
+expect_refused "--coordinator-ca: cannot read the TLS CA file $dir/none.crt" "${job[@]}" \
+  --coordinator 127.0.0.1:1 --coordinator-ca "$dir/none.crt"
+expect_refused "--coordinator-ca: the TLS CA file $dir is a directory" "${job[@]}" \
+  --coordinator 127.0.0.1:1 --coordinator-ca "$dir"
+expect_refused "--coordinator-server-name: the TLS server name c.svc needs a CA file" "${job[@]}" \
+  --coordinator 127.0.0.1:1 --coordinator-server-name c.svc
 
 mkdir "$dir/ro" && chmod 0500 "$dir/ro"
 if [ "$(id -u)" -ne 0 ] || ! touch "$dir/ro/probe" 2>/dev/null; then

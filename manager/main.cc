@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
   app.add_option("--coordinator-credential-file", coordinator_credential_file,
                  "the token the coordinator accepts, when it is not the job's credential (default: "
                  "$REGROUP_COORDINATOR_CREDENTIAL_FILE, else the job's credential)");
+  bool insecure = false;
+  app.add_flag("--insecure", insecure,
+               "serve without a job credential, accepting every client (tests on a trusted "
+               "machine only; a warning says so at every start)");
   app.add_option("--tls-cert", tls_cert, "serve TLS with this certificate (PEM)");
   app.add_option("--tls-key", tls_key, "... and this key (PEM)");
   app.add_option("--join-window-s", join_window_s, "how long the first rendezvous waits")
@@ -144,8 +148,18 @@ int main(int argc, char** argv) {
     std::cerr << "regroup-manager: " << credential.status().message() << "\n";
     return 2;
   }
-  if (credential->empty())
-    spdlog::warn("no job credential configured: any client may talk to this manager");
+  if (credential->empty()) {
+    // Open mode is never the default: a Secret left unmounted must stop the manager, not open it.
+    if (!insecure) {
+      std::cerr << "regroup-manager: no job credential: give --credential-file (or "
+                   "$REGROUP_CREDENTIAL_FILE, $REGROUP_CREDENTIAL), or --insecure to accept every "
+                   "client (testing only)\n";
+      return 2;
+    }
+    spdlog::warn("regroup-manager: --insecure: no job credential, any client reaching {} can act "
+                 "as this job's agents and read its status",
+                 listen);
+  }
 
   regroup::manager::JobControlOptions ro;
   ro.epoch = static_cast<uint64_t>(epoch ? epoch : regroup::WallMs());

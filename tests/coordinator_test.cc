@@ -545,7 +545,15 @@ TEST_F(CoordinatorTest, StartRefusesBadArguments) {
   EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_VERSION_MISMATCH);
   regroup_error_free(err);
 
+  // No credential and no explicit insecure mode: refused before anything listens.
   o = REGROUP_COORDINATOR_OPTIONS_INIT;
+  o.listen = "127.0.0.1:0";
+  EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);
+  EXPECT_NE(Message(err).find("the coordinator has no credential"), std::string::npos);
+  err = nullptr;
+
+  o = REGROUP_COORDINATOR_OPTIONS_INIT;
+  o.credential = kCredential;
   const std::string taken = "127.0.0.1:" + std::to_string(port_);
   o.listen = taken.c_str();
   EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);
@@ -553,6 +561,7 @@ TEST_F(CoordinatorTest, StartRefusesBadArguments) {
   err = nullptr;
 
   o = REGROUP_COORDINATOR_OPTIONS_INIT;
+  o.credential = kCredential;
   o.listen = "127.0.0.1:0";
   o.tls_cert_file = "/nonexistent/cert.pem";
   EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);

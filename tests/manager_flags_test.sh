@@ -5,7 +5,8 @@ set -u
 manager=$1
 fail() { echo "FAIL: $*"; exit 1; }
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
-job=(--job-id t/flags --nodes 1 --listen 127.0.0.1:0)
+printf 'flags-token\n' >"$dir/token"
+job=(--job-id t/flags --nodes 1 --listen 127.0.0.1:0 --credential-file "$dir/token")
 
 expect_refused() {  # expect_refused WANT ARGS...: exit 2 and WANT in the message
   local want=$1; shift
@@ -36,4 +37,19 @@ fi
 out=$(timeout 10 "$manager" "${job[@]}" --port-file "$dir/no/such/dir/port" 2>&1); rc=$?
 [ $rc -eq 1 ] || fail "a --port-file in a missing folder must exit 1, got $rc: $out"
 grep -qF -- "--port-file: cannot write $dir/no/such/dir/port" <<<"$out" || fail "port file: $out"
+
+# No credential: refused unless --insecure, which then starts with a warning saying so.
+out=$(env -u REGROUP_CREDENTIAL_FILE -u REGROUP_CREDENTIAL timeout 10 "$manager" --job-id t/flags \
+  --nodes 1 --listen 127.0.0.1:0 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "no credential must exit 2, got $rc: $out"
+grep -qF -- "no job credential: give --credential-file (or \$REGROUP_CREDENTIAL_FILE, \$REGROUP_CREDENTIAL), or --insecure" \
+  <<<"$out" || fail "no credential: $out"
+env -u REGROUP_CREDENTIAL_FILE -u REGROUP_CREDENTIAL "$manager" --job-id t/flags --nodes 1 \
+  --listen 127.0.0.1:0 --insecure --port-file "$dir/insecure.port" >"$dir/insecure.log" 2>&1 &
+pid=$!
+for _ in $(seq 200); do [ -s "$dir/insecure.port" ] && break; sleep 0.05; done
+kill $pid 2>/dev/null; wait $pid 2>/dev/null
+[ -s "$dir/insecure.port" ] || fail "--insecure must start the manager: $(cat "$dir/insecure.log")"
+grep -qF -- "--insecure: no job credential, any client reaching 127.0.0.1:0" "$dir/insecure.log" \
+  || fail "--insecure must be logged as a warning: $(cat "$dir/insecure.log")"
 echo "regroup-manager flags: ok"

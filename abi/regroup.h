@@ -45,9 +45,9 @@ extern "C" {
 #endif
 
 /* ABI version. Since 1.0; minor 1 (the coordinator) since 1.1; minor 2 (reading a job's keys
- * and a Volcano Job) since 1.2. */
+ * and a Volcano Job) since 1.2; minor 3 (the coordinator's explicit insecure mode) since 1.3. */
 #define REGROUP_ABI_VERSION_MAJOR 1
-#define REGROUP_ABI_VERSION_MINOR 2
+#define REGROUP_ABI_VERSION_MINOR 3
 /* (major << 16) | minor of this header; compare with regroup_abi_version(). */
 #define REGROUP_ABI_VERSION ((REGROUP_ABI_VERSION_MAJOR << 16) | REGROUP_ABI_VERSION_MINOR)
 
@@ -358,26 +358,34 @@ REGROUP_EXTERN regroup_status regroup_engine_restore(regroup_engine *engine,
  * All functions of one coordinator are thread-safe, except regroup_coordinator_free. Since 1.1. */
 typedef struct regroup_coordinator regroup_coordinator;
 
-#define REGROUP_COORDINATOR_OPTIONS_VERSION 1
+#define REGROUP_COORDINATOR_OPTIONS_VERSION 2
 /* Coordinator options. NULL or "" means "the default" for every string. The strings are copied:
- * they need to live only during regroup_coordinator_start. Since 1.1. */
+ * they need to live only during regroup_coordinator_start. Since 1.1; version 2 (`insecure`)
+ * since 1.3. */
 typedef struct regroup_coordinator_options {
   uint32_t version;          /* REGROUP_COORDINATOR_OPTIONS_VERSION */
   const char *listen;        /* "HOST:PORT" to listen on; default "0.0.0.0:8899"; port 0: any free
                                 port (read it with regroup_coordinator_port) */
-  const char *credential;    /* the token every manager sends ("authorization: Bearer <token>");
-                                default none: only managers that send none are accepted */
+  const char *credential;    /* the token every manager sends ("authorization: Bearer <token>").
+                                Required since 1.3 unless `insecure` is set: a coordinator without
+                                one would accept every client as any job's manager */
   const char *tls_cert_file; /* serve TLS with this certificate (PEM) and tls_key_file; default
                                 plaintext. Give both or neither. */
   const char *tls_key_file;  /* the certificate's private key (PEM) */
+  uint32_t insecure;         /* non-zero: serve without a credential, accepting only managers
+                                that send none (tests on a trusted network); the caller says so
+                                in its log at every start. Version 2. */
 } regroup_coordinator_options;
-#define REGROUP_COORDINATOR_OPTIONS_INIT {REGROUP_COORDINATOR_OPTIONS_VERSION, NULL, NULL, NULL, NULL}
+#define REGROUP_COORDINATOR_OPTIONS_INIT \
+  {REGROUP_COORDINATOR_OPTIONS_VERSION, NULL, NULL, NULL, NULL, 0}
 
 /* Starts a coordinator serving `engine`, which must outlive it (free the coordinator first).
  * `options` may be NULL for the defaults. On success *out receives the handle, freed with
  * regroup_coordinator_free(); on failure *out is NULL: REGROUP_INVALID_ARGUMENT for a NULL
- * argument, an address it cannot listen on, or a TLS file that cannot be read (one of the two
- * missing); REGROUP_VERSION_MISMATCH for an options version this library does not know.
+ * argument, an address it cannot listen on, a TLS file that cannot be read (one of the two
+ * missing), or no credential without `insecure` (NULL options and version 1 options included:
+ * they cannot ask for insecure mode); REGROUP_VERSION_MISMATCH for an options version this
+ * library does not know.
  * Since 1.1. */
 REGROUP_EXTERN regroup_status regroup_coordinator_start(regroup_coordinator **out,
                                                         regroup_engine *engine,

@@ -124,7 +124,11 @@ Status Agent::Setup() {
   }
   if (found != nullptr) freeaddrinfo(found);
 
-  channel_ = MakeChannel(options_.manager_addr);
+  auto channel = MakeChannel(options_.manager_addr,
+                             {options_.tls_ca_file, options_.tls_server_name});
+  if (!channel.ok())
+    return InvalidArgument("flag --tls-ca (or REGROUP_TLS_CA_FILE): " + channel.status().message());
+  channel_ = std::move(*channel);
   return Status::Ok();
 }
 

@@ -41,6 +41,8 @@ constexpr Flag kFlags[] = {
     {"host", Kind::kAgent, true},
     {"socket-dir", Kind::kAgent, true},
     {"credential-file", Kind::kAgent, true},
+    {"tls-ca", Kind::kAgent, true},
+    {"tls-server-name", Kind::kAgent, true},
     {"reconnect-timeout-s", Kind::kAgent, true},
     {"stop-grace-s", Kind::kAgent, true},
     {"python", Kind::kAgent, true},
@@ -169,6 +171,8 @@ class Parser {
         {"REGROUP_NODE_NAME", "node-name"},
         {"REGROUP_HOST", "host"},
         {"REGROUP_SOCKET_DIR", "socket-dir"},
+        {"REGROUP_TLS_CA_FILE", "tls-ca"},
+        {"REGROUP_TLS_SERVER_NAME", "tls-server-name"},
         {"REGROUP_RECONNECT_TIMEOUT_S", "reconnect-timeout-s"},
         {"REGROUP_STOP_GRACE_S", "stop-grace-s"},
         {"PYTHON", "python"},
@@ -207,6 +211,8 @@ class Parser {
     if (name == "host") return text(&o.host);
     if (name == "socket-dir") return text(&o.socket_dir);
     if (name == "credential-file") return text(&o.credential_file);
+    if (name == "tls-ca") return text(&o.tls_ca_file);
+    if (name == "tls-server-name") return text(&o.tls_server_name);
     if (name == "python") return text(&o.python);
     if (name == "reconnect-timeout-s")
       return integer(&o.reconnect_timeout_s, 1, 86400, "seconds, an integer from 1 to 86400");
@@ -264,6 +270,11 @@ class Parser {
       return InvalidArgument("flag --node-rank " + std::to_string(o.node_rank) +
                              " is not below --nnodes " + std::to_string(o.nnodes_max));
     if (o.node_rank < 0 && o.nnodes_max == 1) o.node_rank = 0;  // torchrun's default
+    // A server name alone would be ignored and the connection left plaintext.
+    if (!o.tls_server_name.empty() && o.tls_ca_file.empty())
+      return InvalidArgument("flag --tls-server-name (or REGROUP_TLS_SERVER_NAME) " +
+                             o.tls_server_name +
+                             " needs --tls-ca (or REGROUP_TLS_CA_FILE): the manager's CA bundle");
     return out_;
   }
 
@@ -406,6 +417,10 @@ Agent options (environment fallback in brackets):
   --socket-dir DIR            the trainer socket's directory [REGROUP_SOCKET_DIR]
                               ($TMPDIR/regroup-<pod uid>)
   --credential-file FILE      the job's credential [REGROUP_CREDENTIAL_FILE, REGROUP_CREDENTIAL]
+  --tls-ca FILE               connect to the manager over TLS, trusting this CA bundle (PEM)
+                              [REGROUP_TLS_CA_FILE] (plaintext)
+  --tls-server-name NAME      the name the manager's certificate must carry, when it is not the
+                              host of --manager [REGROUP_TLS_SERVER_NAME] (needs --tls-ca)
   --reconnect-timeout-s S     give up after S seconds without a manager
                               [REGROUP_RECONNECT_TIMEOUT_S] (60)
   --stop-grace-s S            after a stop, wait S seconds for trainers to exit before

@@ -29,6 +29,8 @@ struct AgentOptions {
   std::string host;             // --host, REGROUP_HOST; see ResolveDefaults
   std::string socket_dir;       // --socket-dir, REGROUP_SOCKET_DIR; default $TMPDIR/regroup-<uid>
   std::string credential_file;  // --credential-file (LoadCredential reads the env fallbacks)
+  std::string tls_ca_file;      // --tls-ca, REGROUP_TLS_CA_FILE; empty: plaintext
+  std::string tls_server_name;  // --tls-server-name, REGROUP_TLS_SERVER_NAME; needs --tls-ca
   int reconnect_timeout_s = 60;  // --reconnect-timeout-s, REGROUP_RECONNECT_TIMEOUT_S
   int stop_grace_s = 30;         // --stop-grace-s, REGROUP_STOP_GRACE_S
   std::string python = "python3";  // --python, PYTHON

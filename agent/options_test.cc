@@ -157,6 +157,27 @@ TEST(CommandLine, RegroupVariablesWinOverOthersAndFlagsWinOverAll) {
   EXPECT_EQ(from_flags.options.manager_addr, "flag:2");
 }
 
+TEST(CommandLine, TlsTakesACaAndAServerNameFromFlagsOrTheEnvironment) {
+  auto from_env = Parse({"train.py"}, {{"REGROUP_TLS_CA_FILE", "/etc/regroup/tls/ca.crt"},
+                                       {"REGROUP_TLS_SERVER_NAME", "mgr.default.svc"}});
+  EXPECT_EQ(from_env.options.tls_ca_file, "/etc/regroup/tls/ca.crt");
+  EXPECT_EQ(from_env.options.tls_server_name, "mgr.default.svc");
+  auto from_flags = Parse({"--tls-ca", "ca.pem", "--tls-server-name=m", "train.py"},
+                          {{"REGROUP_TLS_CA_FILE", "env.pem"}});
+  EXPECT_EQ(from_flags.options.tls_ca_file, "ca.pem");
+  EXPECT_EQ(from_flags.options.tls_server_name, "m");
+  EXPECT_TRUE(Parse({"train.py"}).options.tls_ca_file.empty());  // plaintext by default
+}
+
+TEST(CommandLine, AServerNameWithoutACaIsRefused) {
+  // Alone it would change nothing: the connection would stay plaintext.
+  std::string e = Error({"--tls-server-name", "m", "train.py"});
+  EXPECT_EQ(e, "flag --tls-server-name (or REGROUP_TLS_SERVER_NAME) m needs --tls-ca (or "
+               "REGROUP_TLS_CA_FILE): the manager's CA bundle");
+  EXPECT_NE(Error({"--tls-ca", "", "train.py"}).find("flag --tls-ca needs a non-empty value"),
+            std::string::npos);
+}
+
 TEST(CommandLine, ABadEnvironmentValueNamesTheVariable) {
   std::string e = Error({"train.py"}, {{"REGROUP_RECONNECT_TIMEOUT_S", "soon"}});
   EXPECT_NE(e.find("environment variable REGROUP_RECONNECT_TIMEOUT_S \"soon\""),

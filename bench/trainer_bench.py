@@ -412,6 +412,11 @@ def part_recovery_e2e(timeout: float = 150):
                  "--checksum-interval", "5", "--steps", str(steps), "--ledger", str(ledger), "--quiet",
                  "--step-sleep", "0.05"]
         port_file = tmp / "manager.port"
+        # The job's credential, read by the manager, the agents and regroupctl alike.
+        credential = tmp / "credential"
+        credential.write_text(os.urandom(16).hex())
+        credential.chmod(0o600)
+        env = {**ENV, "REGROUP_CREDENTIAL_FILE": str(credential)}
         argv = [str(manager), "--job-id", "bench", "--nodes", "2", "--nproc-per-node", "4", "--listen",
                 "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", "60",
                 "--label", "fault-scheduling=force"]
@@ -421,7 +426,7 @@ def part_recovery_e2e(timeout: float = 150):
                   "regroup.io/micro-batch-size=8", "regroup.io/checksum-interval=5",
                   "regroup.io/tensor-parallel=1"]:
             argv += ["--annotation", a]
-        m = procs.start(argv, stdout=open(tmp / "manager.log", "wb"), stderr=subprocess.STDOUT)
+        m = procs.start(argv, env=env, stdout=open(tmp / "manager.log", "wb"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while not port_file.exists():
             if time.monotonic() > deadline or m.poll() is not None:
@@ -434,7 +439,8 @@ def part_recovery_e2e(timeout: float = 150):
                  "--nproc-per-node", "4", "--node-rank", str(n), "--master-addr", "127.0.0.1", "--host",
                  "127.0.0.1", "--socket-dir", str(tmp / f"sock{n}"), "--stop-grace-s", "20", "--python", PY,
                  str(EXAMPLE), *train]
-            agents.append(procs.start(a, stdout=open(tmp / f"node{n}.log", "wb"), stderr=subprocess.STDOUT))
+            agents.append(procs.start(a, env=env, stdout=open(tmp / f"node{n}.log", "wb"),
+                                      stderr=subprocess.STDOUT))
 
         def last():
             return max((r["step"] for r in read_ledger(ledger)), default=-1) if ledger.exists() else -1
@@ -453,7 +459,7 @@ def part_recovery_e2e(timeout: float = 150):
             except subprocess.TimeoutExpired:
                 return {"error": f"job not finished within {timeout} s (at step {last()})"}
         status = subprocess.run([str(ctl), "status", "--manager", f"127.0.0.1:{port}"], capture_output=True,
-                                text=True, timeout=30).stdout if ctl.exists() else ""
+                                text=True, timeout=30, env=env).stdout if ctl.exists() else ""
         ms = [int(line.split("first step committed ")[1].split(" ms")[0])
               for line in status.splitlines() if "first step committed" in line]
         return {"first_step_committed_ms": ms, "codes": [a.returncode for a in agents],

@@ -174,7 +174,13 @@ int main(int argc, char** argv) {
   status->add_option("--job", status_options.job_id, "the job id (default: the manager's)");
   status->add_option("--credential-file", status_options.credential_file,
                      "the job's credential (default: $REGROUP_CREDENTIAL_FILE, $REGROUP_CREDENTIAL)");
-  status->add_option("--tls-ca", status_options.tls_ca_file, "the manager's CA (PEM) for TLS");
+  status->add_option("--tls-ca", status_options.tls.ca_file,
+                     "connect over TLS, trusting this CA bundle (PEM) (default: plaintext)")
+      ->envname("REGROUP_TLS_CA_FILE");
+  status->add_option("--tls-server-name", status_options.tls.server_name,
+                     "the name the manager's certificate must carry, when it is not the host of "
+                     "--manager (needs --tls-ca)")
+      ->envname("REGROUP_TLS_SERVER_NAME");
   status->add_option("--timeout-ms", status_options.timeout_ms, "the call's deadline")
       ->capture_default_str();
   status->add_flag("--json", status_options.json, "print the status as JSON");

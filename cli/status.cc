@@ -16,7 +16,11 @@ namespace regroup::cli {
 Status PrintStatus(const StatusOptions& options, std::ostream& out) {
   auto credential = LoadCredential(options.credential_file);
   if (!credential.ok()) return credential.status();
-  auto stub = v1::Manager::NewStub(MakeChannel(options.manager, options.tls_ca_file));
+  auto channel = MakeChannel(options.manager, options.tls);
+  if (!channel.ok())
+    return InvalidArgument((options.tls.ca_file.empty() ? "--tls-server-name: " : "--tls-ca: ") +
+                           channel.status().message());
+  auto stub = v1::Manager::NewStub(*channel);
   grpc::ClientContext context;
   AttachCredential(context, *credential);
   context.set_deadline(std::chrono::system_clock::now() +

@@ -4,6 +4,7 @@
 #include <iosfwd>
 #include <string>
 
+#include "common/grpc_settings.h"
 #include "common/status.h"
 
 namespace regroup::cli {
@@ -12,7 +13,7 @@ struct StatusOptions {
   std::string manager = "127.0.0.1:9601";
   std::string job_id;           // empty: whatever job the manager serves
   std::string credential_file;  // empty: $REGROUP_CREDENTIAL_FILE / $REGROUP_CREDENTIAL
-  std::string tls_ca_file;
+  ClientTls tls;                // empty CA file: plaintext
   int timeout_ms = 5000;
   bool json = false;
 };

@@ -33,8 +33,8 @@ void ConfigureServer(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
-                                           const std::string& tls_ca_file) {
+StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
+                                                     const ClientTls& tls) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -44,13 +44,22 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (!tls_ca_file.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    if (auto ca = ReadSmallFile(tls_ca_file, "TLS CA"); ca.ok()) ssl.pem_root_certs = *ca;
-    creds = grpc::SslCredentials(ssl);
+  if (tls.ca_file.empty()) {
+    if (!tls.server_name.empty())
+      return InvalidArgument("the TLS server name " + tls.server_name +
+                             " needs a CA file: without one the connection is plaintext");
+    return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   }
-  return grpc::CreateCustomChannel(target, creds, args);
+  auto ca = ReadSmallFile(tls.ca_file, "TLS CA");
+  if (!ca.ok()) return ca.status();
+  // gRPC reads empty roots as "the system's roots": a CA file emptied by mistake would trust
+  // every public CA.
+  if (ca->find("-----BEGIN CERTIFICATE-----") == std::string::npos)
+    return InvalidArgument("the TLS CA file " + tls.ca_file + " holds no PEM certificate");
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = *ca;
+  if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
+  return grpc::CreateCustomChannel(target, grpc::SslCredentials(ssl), args);
 }
 
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(

@@ -26,10 +26,19 @@ inline constexpr std::chrono::milliseconds kClientPingInterval{10000};
 inline constexpr std::chrono::milliseconds kServerPingInterval{10000};
 inline constexpr std::chrono::milliseconds kPingTimeout{5000};
 void ConfigureServer(grpc::ServerBuilder& builder);
-// A client channel to `target` with matching keepalives, optionally over TLS (`tls_ca_file`
-// non-empty: the server's CA bundle).
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
-                                           const std::string& tls_ca_file = "");
+// How a client checks the server it connects to. Empty `ca_file`: plaintext.
+struct ClientTls {
+  std::string ca_file;      // the CA bundle (PEM) that signed the server's certificate
+  // The name the server's certificate must carry, when it is not the target's host (a server
+  // reached by IP address, or through a Service name its certificate does not list). Only with
+  // ca_file: it is gRPC's SSL target name override.
+  std::string server_name;
+};
+// A client channel to `target` with matching keepalives, over TLS when `tls.ca_file` is given.
+// A CA file that cannot be read or holds no certificate, or a server name without a CA file, is
+// an error naming the path: a channel never falls back to the system's roots or to plaintext.
+StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
+                                                     const ClientTls& tls = {});
 // Server credentials: TLS when a certificate and key are given, else insecure.
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const std::string& tls_cert_file, const std::string& tls_key_file);

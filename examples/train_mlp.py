@@ -4,7 +4,9 @@
     # the reference: one plain process, no Regroup
     python3 examples/train_mlp.py --steps 40 --float64 --out /tmp/ref.pt
 
-    # under the control plane: a manager and one agent per node (here 2 nodes x 2 ranks)
+    # under the control plane: a manager and one agent per node (here 2 nodes x 2 ranks), all
+    # reading the job's credential from $REGROUP_CREDENTIAL_FILE
+    export REGROUP_CREDENTIAL_FILE=$(mktemp) && openssl rand -hex 24 >"$REGROUP_CREDENTIAL_FILE"
     regroup-manager --job-id mlp --nodes 2 --nproc-per-node 2 --listen 127.0.0.1:9601 \
         --label fault-scheduling=force --annotation recover-strategy=retry,recover-in-place,elastic-training
     regroup-agent --manager 127.0.0.1:9601 --job-id mlp --nnodes 2 --nproc-per-node 2 \

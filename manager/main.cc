@@ -20,6 +20,7 @@
 #include "common/address.h"
 #include "common/clock.h"
 #include "common/credential.h"
+#include "common/grpc_settings.h"
 #include "manager/remote_decisions.h"
 #include "manager/service.h"
 
@@ -45,7 +46,7 @@ const char* Env(const char* name) {
 int main(int argc, char** argv) {
   CLI::App app{"regroup-manager: the per-job manager of Regroup"};
   std::string job_file, job_id, listen = "0.0.0.0:9601", http, credential_file, tls_cert, tls_key,
-                                port_file, coordinator, coordinator_ca;
+                                port_file, coordinator, coordinator_ca, coordinator_server_name;
   int64_t nodes = 0, nproc = 0, join_window_s = 30, epoch = 0;
   std::vector<std::string> labels, annotations, envs;
   app.add_option("--job", job_file, "the job: a Volcano Job (YAML) or a job spec (JSON)");
@@ -66,6 +67,10 @@ int main(int argc, char** argv) {
   app.add_option("--coordinator-credential-file", coordinator_credential_file,
                  "the token the coordinator accepts, when it is not the job's credential (default: "
                  "$REGROUP_COORDINATOR_CREDENTIAL_FILE, else the job's credential)");
+  bool insecure = false;
+  app.add_flag("--insecure", insecure,
+               "serve without a job credential, accepting every client (tests on a trusted "
+               "machine only; a warning says so at every start)");
   app.add_option("--tls-cert", tls_cert, "serve TLS with this certificate (PEM)");
   app.add_option("--tls-key", tls_key, "... and this key (PEM)");
   app.add_option("--join-window-s", join_window_s, "how long the first rendezvous waits")
@@ -84,6 +89,9 @@ int main(int argc, char** argv) {
                  "$REGROUP_COORDINATOR_ADDR; none: the embedded engine makes them)");
   app.add_option("--coordinator-ca", coordinator_ca,
                  "connect to the coordinator over TLS, trusting this CA bundle (PEM)");
+  app.add_option("--coordinator-server-name", coordinator_server_name,
+                 "the name the coordinator's certificate must carry, when it is not the host of "
+                 "--coordinator (needs --coordinator-ca)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -146,8 +154,18 @@ int main(int argc, char** argv) {
     std::cerr << "regroup-manager: " << credential.status().message() << "\n";
     return 2;
   }
-  if (credential->empty())
-    spdlog::warn("no job credential configured: any client may talk to this manager");
+  if (credential->empty()) {
+    // Open mode is never the default: a Secret left unmounted must stop the manager, not open it.
+    if (!insecure) {
+      std::cerr << "regroup-manager: no job credential: give --credential-file (or "
+                   "$REGROUP_CREDENTIAL_FILE, $REGROUP_CREDENTIAL), or --insecure to accept every "
+                   "client (testing only)\n";
+      return 2;
+    }
+    spdlog::warn("regroup-manager: --insecure: no job credential, any client reaching {} can act "
+                 "as this job's agents and read its status",
+                 listen);
+  }
 
   if (record_file.empty())
     if (const char* v = Env("REGROUP_RECORD_FILE")) record_file = v;
@@ -178,14 +196,16 @@ int main(int argc, char** argv) {
     if (const char* v = Env("REGROUP_COORDINATOR_ADDR")) coordinator = v;
   std::unique_ptr<regroup::manager::Decisions> decisions;
   if (!coordinator.empty()) {
-    if (!coordinator_ca.empty() && !std::ifstream(coordinator_ca)) {
-      std::cerr << "regroup-manager: cannot read the coordinator's CA file " << coordinator_ca
-                << "\n";
+    auto channel = regroup::MakeChannel(coordinator, {coordinator_ca, coordinator_server_name});
+    if (!channel.ok()) {
+      std::cerr << "regroup-manager: "
+                << (coordinator_ca.empty() ? "--coordinator-server-name: " : "--coordinator-ca: ")
+                << channel.status().message() << "\n";
       return 2;
     }
     regroup::manager::RemoteDecisionsOptions rd;
     rd.target = coordinator;
-    rd.tls_ca_file = coordinator_ca;
+    rd.channel = std::move(*channel);
     rd.credential = *credential;
     if (coordinator_credential_file.empty())
       if (const char* v = Env("REGROUP_COORDINATOR_CREDENTIAL_FILE")) coordinator_credential_file = v;

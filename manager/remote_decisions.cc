@@ -6,7 +6,6 @@
 #include <spdlog/spdlog.h>
 
 #include "common/credential.h"
-#include "common/grpc_settings.h"
 #include "common/wire.h"
 #include "regroup/v1/wire.grpc.pb.h"
 
@@ -188,7 +187,7 @@ bool RemoteDecisions::Sleep(std::chrono::milliseconds d) {
 }
 
 void RemoteDecisions::Run() {
-  auto stub = v1::Coordinator::NewStub(MakeChannel(options_.target, options_.tls_ca_file));
+  auto stub = v1::Coordinator::NewStub(options_.channel);
   auto backoff = options_.initial_backoff;
   while (true) {
     grpc::ClientContext context;

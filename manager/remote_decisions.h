@@ -22,14 +22,17 @@
 #include "manager/job_control.h"
 
 namespace grpc {
+class Channel;
 class ClientContext;
 }
 
 namespace regroup::manager {
 
 struct RemoteDecisionsOptions {
-  std::string target;       // the coordinator, HOST:PORT
-  std::string tls_ca_file;  // non-empty: TLS, trusting this CA bundle (PEM)
+  std::string target;       // the coordinator, HOST:PORT (named in the log)
+  // To the target, from MakeChannel: made by the caller, which reports a bad TLS file before
+  // the manager starts instead of in this class's thread.
+  std::shared_ptr<grpc::Channel> channel;
   std::string credential;   // the job's credential
   std::string job_id;
   uint64_t epoch = 1;       // this manager incarnation

@@ -44,7 +44,7 @@ std::unique_ptr<ManagerServer> StartManager(int64_t pods, const std::string& cre
 // A simulated agent on a real stream.
 struct Agent {
   Agent(int port, const std::string& credential, int node) : node(node) {
-    channel = MakeChannel("127.0.0.1:" + std::to_string(port));
+    channel = MakeChannel("127.0.0.1:" + std::to_string(port)).value();
     stub = v1::Manager::NewStub(channel);
     AttachCredential(context, credential);
     stream = stub->Session(&context);
@@ -169,7 +169,7 @@ TEST(ManagerService, OversizedMessageIsRefused) {
 
 TEST(ManagerService, GetStatusNeedsADeadline) {
   auto server = StartManager(1, "secret");
-  auto stub = v1::Manager::NewStub(MakeChannel("127.0.0.1:" + std::to_string(server->port())));
+  auto stub = v1::Manager::NewStub(MakeChannel("127.0.0.1:" + std::to_string(server->port())).value());
   v1::GetStatusRequest req;
   v1::GetStatusResponse res;
   {

@@ -137,6 +137,11 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(std::shared_mutex& eng
                                                           Engine& engine,
                                                           CoordinatorOptions options) {
   if (options.listen.empty()) options.listen = CoordinatorOptions().listen;
+  // Open mode is never the default: a coordinator left without its token by a mistake in the
+  // deployment would accept anyone as any job's manager.
+  if (options.credential.empty() && !options.insecure)
+    return InvalidArgument("the coordinator has no credential: give the token the managers send, "
+                           "or ask for insecure mode to accept every manager (testing only)");
   auto service = std::make_unique<Service>(engine_mu, engine, std::move(options));
   if (Status st = service->Start(); !st.ok()) {
     service->Stop();

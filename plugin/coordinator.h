@@ -16,7 +16,8 @@ namespace regroup::coordinator {
 
 struct CoordinatorOptions {
   std::string listen = "0.0.0.0:8899";  // port 0: any free port
-  std::string credential;                // "" : managers must send none
+  std::string credential;                // required unless `insecure`
+  bool insecure = false;                 // serve without a credential: managers must send none
   std::string tls_cert_file, tls_key_file;
 };
 
@@ -25,7 +26,8 @@ struct CoordinatorOptions {
 class Coordinator {
  public:
   // Starts serving `engine`, whose every user holds `engine_mu` (shared to read, exclusive to
-  // change). Both must outlive the coordinator. Errors name the address or the file.
+  // change). Both must outlive the coordinator. Errors name the address or the file, or say
+  // that there is no credential (without `insecure`).
   static StatusOr<std::unique_ptr<Coordinator>> Start(std::shared_mutex& engine_mu, Engine& engine,
                                                       CoordinatorOptions options);
   // Stops accepting, ends every stream (UNAVAILABLE) and waits for them. Never throws.

@@ -69,7 +69,7 @@ std::string Message(regroup_error* err) {
 class RawStream {
  public:
   RawStream(int port, const std::string& credential) {
-    stub_ = v1::Coordinator::NewStub(regroup::MakeChannel("127.0.0.1:" + std::to_string(port)));
+    stub_ = v1::Coordinator::NewStub(regroup::MakeChannel("127.0.0.1:" + std::to_string(port)).value());
     regroup::AttachCredential(context_, credential);
     context_.set_deadline(std::chrono::system_clock::now() + kWait);
     stream_ = stub_->Attach(&context_);
@@ -129,6 +129,7 @@ class Manager {
     EXPECT_TRUE(resolved.ok());
     rt::RemoteDecisionsOptions o;
     o.target = "127.0.0.1:" + std::to_string(port);
+    o.channel = regroup::MakeChannel(o.target).value();
     o.credential = credential;
     o.job_id = spec_.id;
     o.epoch = epoch;
@@ -547,7 +548,15 @@ TEST_F(CoordinatorTest, StartRefusesBadArguments) {
   EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_VERSION_MISMATCH);
   regroup_error_free(err);
 
+  // No credential and no explicit insecure mode: refused before anything listens.
   o = REGROUP_COORDINATOR_OPTIONS_INIT;
+  o.listen = "127.0.0.1:0";
+  EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);
+  EXPECT_NE(Message(err).find("the coordinator has no credential"), std::string::npos);
+  err = nullptr;
+
+  o = REGROUP_COORDINATOR_OPTIONS_INIT;
+  o.credential = kCredential;
   const std::string taken = "127.0.0.1:" + std::to_string(port_);
   o.listen = taken.c_str();
   EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);
@@ -555,6 +564,7 @@ TEST_F(CoordinatorTest, StartRefusesBadArguments) {
   err = nullptr;
 
   o = REGROUP_COORDINATOR_OPTIONS_INIT;
+  o.credential = kCredential;
   o.listen = "127.0.0.1:0";
   o.tls_cert_file = "/nonexistent/cert.pem";
   EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);

@@ -5,7 +5,8 @@ set -u
 manager=$1
 fail() { echo "FAIL: $*"; exit 1; }
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
-job=(--job-id t/flags --nodes 1 --listen 127.0.0.1:0)
+printf 'flags-token\n' >"$dir/token"
+job=(--job-id t/flags --nodes 1 --listen 127.0.0.1:0 --credential-file "$dir/token")
 
 expect_refused() {  # expect_refused WANT ARGS...: exit 2 and WANT in the message
   local want=$1; shift
@@ -19,6 +20,13 @@ expect_refused "--epoch" "${job[@]}" --epoch -1
 expect_refused '--listen "127.0.0.1:99999"' --job-id t/flags --nodes 1 --listen 127.0.0.1:99999
 expect_refused '--http "127.0.0.1:99999"' "${job[@]}" --http 127.0.0.1:99999
 expect_refused '--listen "localhost"' --job-id t/flags --nodes 1 --listen localhost
+# The coordinator's TLS: a CA that cannot be read, or a name without a CA, never means plaintext.
+expect_refused "--coordinator-ca: cannot read the TLS CA file $dir/none.crt" "${job[@]}" \
+  --coordinator 127.0.0.1:1 --coordinator-ca "$dir/none.crt"
+expect_refused "--coordinator-ca: the TLS CA file $dir is a directory" "${job[@]}" \
+  --coordinator 127.0.0.1:1 --coordinator-ca "$dir"
+expect_refused "--coordinator-server-name: the TLS server name c.svc needs a CA file" "${job[@]}" \
+  --coordinator 127.0.0.1:1 --coordinator-server-name c.svc
 
 mkdir "$dir/ro" && chmod 0500 "$dir/ro"
 if [ "$(id -u)" -ne 0 ] || ! touch "$dir/ro/probe" 2>/dev/null; then
@@ -37,4 +45,19 @@ echo '{"version": 1, "job_id": "t/flags"' >"$dir/torn.json"
 expect_refused "$dir/torn.json: the job record is not a JSON object" "${job[@]}" --record "$dir/torn.json"
 mkdir "$dir/record-dir"
 expect_refused "the job record file $dir/record-dir is a directory" "${job[@]}" --record "$dir/record-dir"
+
+# No credential: refused unless --insecure, which then starts with a warning saying so.
+out=$(env -u REGROUP_CREDENTIAL_FILE -u REGROUP_CREDENTIAL timeout 10 "$manager" --job-id t/flags \
+  --nodes 1 --listen 127.0.0.1:0 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "no credential must exit 2, got $rc: $out"
+grep -qF -- "no job credential: give --credential-file (or \$REGROUP_CREDENTIAL_FILE, \$REGROUP_CREDENTIAL), or --insecure" \
+  <<<"$out" || fail "no credential: $out"
+env -u REGROUP_CREDENTIAL_FILE -u REGROUP_CREDENTIAL "$manager" --job-id t/flags --nodes 1 \
+  --listen 127.0.0.1:0 --insecure --port-file "$dir/insecure.port" >"$dir/insecure.log" 2>&1 &
+pid=$!
+for _ in $(seq 200); do [ -s "$dir/insecure.port" ] && break; sleep 0.05; done
+kill $pid 2>/dev/null; wait $pid 2>/dev/null
+[ -s "$dir/insecure.port" ] || fail "--insecure must start the manager: $(cat "$dir/insecure.log")"
+grep -qF -- "--insecure: no job credential, any client reaching 127.0.0.1:0" "$dir/insecure.log" \
+  || fail "--insecure must be logged as a warning: $(cat "$dir/insecure.log")"
 echo "regroup-manager flags: ok"

@@ -22,9 +22,12 @@ import (
 // CoordinatorOptions configure a coordinator. An empty field means the library's default.
 type CoordinatorOptions struct {
 	Listen      string // "HOST:PORT" to listen on; default "0.0.0.0:8899"; port 0: any free port
-	Credential  string // the token every manager sends; "" accepts only managers that send none
+	Credential  string // the token every manager sends; required unless Insecure
 	TLSCertFile string // serve TLS with this certificate (PEM) and TLSKeyFile; both or neither
 	TLSKeyFile  string
+	// Insecure serves without a credential, accepting only managers that send none (tests on a
+	// trusted network). Never the default: the caller asks for it, and logs it at every start.
+	Insecure bool
 }
 
 // Coordinator is the library's gRPC server (service regroup.v1.Coordinator) that connects the
@@ -94,7 +97,8 @@ func (c *coordinatorHandle) close() {
 }
 
 // StartCoordinator starts a coordinator serving engine e. It fails with StatusInvalidArgument for
-// an address it cannot listen on (the message names it) or a TLS file it cannot read.
+// an address it cannot listen on (the message names it), a TLS file it cannot read, or no
+// Credential without Insecure.
 func StartCoordinator(e *Engine, opts CoordinatorOptions) (*Coordinator, error) {
 	const op = "StartCoordinator"
 	fields := []struct{ name, value string }{
@@ -122,6 +126,9 @@ func StartCoordinator(e *Engine, opts CoordinatorOptions) (*Coordinator, error) 
 		credential:    cstrings[1],
 		tls_cert_file: cstrings[2],
 		tls_key_file:  cstrings[3],
+	}
+	if opts.Insecure {
+		copts.insecure = 1
 	}
 	var ch *C.regroup_coordinator
 	var cerr *C.regroup_error

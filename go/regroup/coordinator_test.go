@@ -70,12 +70,15 @@ func TestCoordinatorRefusesWhatItCannotServe(t *testing.T) {
 		opts CoordinatorOptions
 		want string
 	}{
-		{"port in use", CoordinatorOptions{Listen: taken}, taken},
-		{"not an address", CoordinatorOptions{Listen: "no such host:x"}, "cannot listen"},
-		{"certificate without key", CoordinatorOptions{Listen: "127.0.0.1:0", TLSCertFile: "/nonexistent/c.pem"}, "TLS"},
-		{"unreadable certificate", CoordinatorOptions{Listen: "127.0.0.1:0", TLSCertFile: "/nonexistent/c.pem",
-			TLSKeyFile: "/nonexistent/k.pem"}, "/nonexistent/c.pem"},
+		{"port in use", CoordinatorOptions{Listen: taken, Credential: "t"}, taken},
+		{"not an address", CoordinatorOptions{Listen: "no such host:x", Credential: "t"}, "cannot listen"},
+		{"certificate without key", CoordinatorOptions{Listen: "127.0.0.1:0", Credential: "t",
+			TLSCertFile: "/nonexistent/c.pem"}, "TLS"},
+		{"unreadable certificate", CoordinatorOptions{Listen: "127.0.0.1:0", Credential: "t",
+			TLSCertFile: "/nonexistent/c.pem", TLSKeyFile: "/nonexistent/k.pem"}, "/nonexistent/c.pem"},
 		{"NUL byte", CoordinatorOptions{Listen: "127.0.0.1:0\x00x"}, "NUL"},
+		// Open mode is asked for, never the default.
+		{"no credential", CoordinatorOptions{Listen: "127.0.0.1:0"}, "no credential"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -89,8 +92,13 @@ func TestCoordinatorRefusesWhatItCannotServe(t *testing.T) {
 			}
 		})
 	}
+	open, err := StartCoordinator(e, CoordinatorOptions{Listen: "127.0.0.1:0", Insecure: true})
+	if err != nil {
+		t.Fatalf("an insecure coordinator asked for must start: %v", err)
+	}
+	open.Close()
 	var nilEngine *Engine
-	_, err := StartCoordinator(nilEngine, CoordinatorOptions{})
+	_, err = StartCoordinator(nilEngine, CoordinatorOptions{})
 	wantStatus(t, err, StatusInvalidArgument)
 	var nilCoordinator *Coordinator
 	wantStatus(t, nilCoordinator.Publish(), StatusInvalidArgument)
@@ -104,7 +112,7 @@ func TestEngineCloseClosesItsCoordinators(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := StartCoordinator(e, CoordinatorOptions{Listen: "127.0.0.1:0"})
+	c, err := StartCoordinator(e, CoordinatorOptions{Listen: "127.0.0.1:0", Credential: "token"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +129,7 @@ func TestEngineCloseClosesItsCoordinators(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Errorf("Close after the engine's Close: %v", err)
 	}
-	if _, err := StartCoordinator(e, CoordinatorOptions{Listen: "127.0.0.1:0"}); !errors.Is(err, ErrClosed) {
+	if _, err := StartCoordinator(e, CoordinatorOptions{Listen: "127.0.0.1:0", Credential: "token"}); !errors.Is(err, ErrClosed) {
 		t.Errorf("StartCoordinator on a closed engine = %v; want ErrClosed", err)
 	}
 }

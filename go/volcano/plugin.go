@@ -30,7 +30,11 @@ const (
 	// "" or "off" runs no coordinator.
 	argCoordinatorListen = "regroup.coordinatorListen"
 	// argCredentialFile: a file holding the token managers must send (a mounted Secret).
+	// Required: without it the coordinator does not start, unless argInsecure is true.
 	argCredentialFile = "regroup.credentialFile"
+	// argInsecure: true runs the coordinator without a credential, accepting every manager
+	// (tests on a trusted network), with a warning in the log at every start. Default false.
+	argInsecure = "regroup.insecure"
 	// argTLSCertFile and argTLSKeyFile: serve the coordinator over TLS.
 	argTLSCertFile = "regroup.tlsCertFile"
 	argTLSKeyFile  = "regroup.tlsKeyFile"
@@ -76,6 +80,7 @@ func Builder(opts Options) framework.PluginBuilder {
 
 type coordinatorConfig struct {
 	listen, credentialFile, tlsCert, tlsKey string
+	insecure                                bool
 }
 
 type config struct {
@@ -104,6 +109,7 @@ func parseArguments(args framework.Arguments) config {
 		c.coordinator.listen = ""
 	}
 	args.GetString(&c.coordinator.credentialFile, argCredentialFile)
+	args.GetBool(&c.coordinator.insecure, argInsecure)
 	args.GetString(&c.coordinator.tlsCert, argTLSCertFile)
 	args.GetString(&c.coordinator.tlsKey, argTLSKeyFile)
 	w := c.weight

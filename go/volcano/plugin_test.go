@@ -514,9 +514,20 @@ func podSet(bound map[string]string) []string {
 	return sortedKeys(bound)
 }
 
+// tokenFile writes a coordinator credential file and returns its path.
+func tokenFile(t *testing.T, token string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(path, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func TestCoordinatorStartsOnceAndServes(t *testing.T) {
 	w := runningElasticJob(t)
 	w.args[argCoordinatorListen] = "127.0.0.1:0"
+	w.args[argCredentialFile] = tokenFile(t, "cluster-token\n")
 	w.clock.set(t0 + 1000)
 	w.run(defaultActions())
 	rt, err := Shared()
@@ -543,24 +554,42 @@ func TestCoordinatorStartsOnceAndServes(t *testing.T) {
 	}
 }
 
-// A credential file that holds no token never starts an open coordinator.
-func TestAnEmptyCredentialFileStartsNoCoordinator(t *testing.T) {
+// coordinatorPortAfterASession runs one session with the plugin's arguments `args` and returns
+// the port its coordinator listens on, 0 for none; the shared runtime is reset when the test ends.
+func coordinatorPortAfterASession(t *testing.T, args map[string]any) int {
+	t.Helper()
 	w := runningElasticJob(t)
-	empty := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(empty, []byte(" \n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	w.args[argCoordinatorListen] = "127.0.0.1:0"
-	w.args[argCredentialFile] = empty
+	for k, v := range args {
+		w.args[k] = v
+	}
 	w.clock.set(t0 + 1000)
 	w.run(defaultActions())
 	rt, err := Shared()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ResetShared()
-	if port := rt.CoordinatorPort(); port != 0 {
+	t.Cleanup(ResetShared)
+	return rt.CoordinatorPort()
+}
+
+// A credential file that holds no token never starts an open coordinator.
+func TestAnEmptyCredentialFileStartsNoCoordinator(t *testing.T) {
+	if port := coordinatorPortAfterASession(t, map[string]any{argCredentialFile: tokenFile(t, " \n")}); port != 0 {
 		t.Fatalf("a coordinator listens on port %d with an empty credential file; want none", port)
+	}
+}
+
+// No credential file starts no coordinator: open mode is asked for with regroup.insecure.
+func TestWithoutACredentialOnlyInsecureStartsACoordinator(t *testing.T) {
+	for _, insecure := range []bool{false, true} {
+		t.Run("insecure="+strconv.FormatBool(insecure), func(t *testing.T) {
+			port := coordinatorPortAfterASession(t, map[string]any{argInsecure: insecure})
+			if (port != 0) != insecure {
+				t.Fatalf("coordinator port %d without a credential, %s: %v; want one only when true",
+					port, argInsecure, insecure)
+			}
+		})
 	}
 }
 

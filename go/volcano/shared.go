@@ -86,7 +86,17 @@ func (r *Runtime) ensureCoordinator(cfg coordinatorConfig, now time.Time) {
 		return
 	}
 	opts := regroup.CoordinatorOptions{Listen: cfg.listen, TLSCertFile: cfg.tlsCert, TLSKeyFile: cfg.tlsKey}
-	if cfg.credentialFile != "" {
+	switch {
+	case cfg.credentialFile == "" && !cfg.insecure:
+		// A coordinator without the token would accept anyone as any job's manager.
+		r.coordErr = fmt.Errorf("no credential: set %s to the file holding the managers' token, "+
+			"or %s: true to accept every manager (testing only)", argCredentialFile, argInsecure)
+		r.coordLastTry = now
+		klog.Errorf("regroup: not starting the coordinator: %v", r.coordErr)
+		return
+	case cfg.credentialFile == "":
+		opts.Insecure = true
+	default:
 		b, err := os.ReadFile(cfg.credentialFile)
 		if err != nil {
 			r.coordErr, r.coordLastTry = err, now
@@ -113,6 +123,10 @@ func (r *Runtime) ensureCoordinator(cfg coordinatorConfig, now time.Time) {
 	}
 	r.coordinator, r.coordAddr, r.coordErr = c, cfg.listen, nil
 	klog.Infof("regroup: coordinator listening on %s (port %d)", cfg.listen, c.Port())
+	if opts.Insecure {
+		klog.Warningf("regroup: the coordinator runs without a credential (%s: true): any client "+
+			"reaching %s can act as any job's manager", argInsecure, cfg.listen)
+	}
 }
 
 // publish sends the managers their new directives, if a coordinator runs.

@@ -134,8 +134,11 @@ func NewLoop(cfg Config) (*Loop, error) {
 				listen = "off"
 			}
 			p.Arguments["regroup.coordinatorListen"] = listen
-			// The deployed configuration names a mounted Secret; here the flag decides.
-			delete(p.Arguments, "regroup.credentialFile")
+			// The deployed configuration names mounted Secrets (the token, the TLS certificate);
+			// here the flag decides, and the coordinator serves plaintext on loopback.
+			for _, arg := range []string{"regroup.credentialFile", "regroup.tlsCertFile", "regroup.tlsKeyFile"} {
+				delete(p.Arguments, arg)
+			}
 			if cfg.CredentialFile != "" {
 				p.Arguments["regroup.credentialFile"] = cfg.CredentialFile
 			}

@@ -40,8 +40,12 @@ func startLoop(t *testing.T, conf string) *harness {
 	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
+	token := filepath.Join(t.TempDir(), "coordinator-credential")
+	if err := os.WriteFile(token, []byte("localsched-test-token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	l, err := NewLoop(Config{SchedulerConf: conf, CoordinatorListen: "127.0.0.1:0",
-		Period: 100 * time.Millisecond, Out: outW})
+		CredentialFile: token, Period: 100 * time.Millisecond, Out: outW})
 	if err != nil {
 		t.Fatal(err)
 	}

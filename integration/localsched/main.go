@@ -40,6 +40,11 @@ func main() {
 	_ = flag.Set("v", "1")
 	flag.Parse()
 
+	if *listen != "off" && *credential == "" {
+		// The plugin starts no coordinator without a credential: the loop would wait for it forever.
+		fmt.Fprintln(os.Stderr, "localsched: -credential-file is required while the coordinator listens (-coordinator-listen off for none)")
+		os.Exit(2)
+	}
 	conf := defaultSchedulerConf
 	if *confFile != "" {
 		b, err := os.ReadFile(*confFile)

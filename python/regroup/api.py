@@ -367,7 +367,9 @@ def init_manager(config: Mapping[str, Any]) -> None:
             ``labels`` and ``annotations`` (mappings, the job's MindCluster and regroup.io keys),
             ``env`` (rank 0's environment, e.g. MINDIO_WAIT_MINDX_TIME; taken from this
             process's environment when absent), ``http``, ``port_file``, ``join_window_s``,
-            ``credential_file``.
+            ``credential_file`` (else ``$REGROUP_CREDENTIAL_FILE`` / ``$REGROUP_CREDENTIAL``: the
+            manager refuses to start without one), ``insecure`` (True: run without a credential,
+            accepting every client; for tests on a trusted machine, and logged at every start).
 
     Raises:
         ConfigError: a value is missing or malformed.
@@ -376,7 +378,7 @@ def init_manager(config: Mapping[str, Any]) -> None:
     if not isinstance(config, Mapping):
         raise ConfigError("init_manager takes a dict: {'job_id': ..., 'node_nums': ..., 'proc_per_node': ...}")
     known = {"job_id", "node_nums", "proc_per_node", "listen", "labels", "annotations", "env",
-             "http", "port_file", "join_window_s", "credential_file"}
+             "http", "port_file", "join_window_s", "credential_file", "insecure"}
     unknown = sorted(set(config) - known)
     if unknown:
         raise ConfigError(f"init_manager: unknown key(s) {unknown}; known: {sorted(known)}")
@@ -407,6 +409,8 @@ def init_manager(config: Mapping[str, Any]) -> None:
                       ("join_window_s", "--join-window-s"), ("credential_file", "--credential-file")):
         if config.get(key) is not None:
             args += [flag, str(config[key])]
+    if config.get("insecure"):
+        args.append("--insecure")
     _manager_args = args
 
 

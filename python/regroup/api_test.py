@@ -89,6 +89,15 @@ def test_init_manager_passes_labels_annotations_and_listen(tmp_path, monkeypatch
     args = record.read_text().split("\n")
     assert ["--listen", "127.0.0.1:0"] == args[6:8]
     assert "fault-scheduling=force" in args and "recover-strategy=recover-in-place,exit" in args
+    assert "--insecure" not in args  # open mode only when asked for
+
+
+def test_init_manager_passes_insecure_only_when_asked(tmp_path, monkeypatch):
+    record = _fake_manager(tmp_path)
+    monkeypatch.setenv("REGROUP_BIN_DIR", str(tmp_path))
+    regroup.init_manager({"job_id": "j", "node_nums": 1, "proc_per_node": 1, "insecure": True})
+    assert regroup.start_manager() == 0
+    assert record.read_text().split("\n")[-1] == "--insecure"
 
 
 def test_init_manager_refuses_missing_or_unknown_keys(monkeypatch):

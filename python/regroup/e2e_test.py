@@ -67,6 +67,11 @@ class Cluster:
         self.train = [*TRAIN, "--steps", str(steps), "--tp", str(tp), "--ledger", str(self.ledger),
                       "--out", str(self.out), *train]
         self.agents: Dict[str, subprocess.Popen] = {}
+        # The job's credential, as in production: the manager, the agents and regroupctl read it.
+        credential = tmp_path / "credential"
+        credential.write_text(os.urandom(16).hex())
+        credential.chmod(0o600)
+        self.env = {"REGROUP_CREDENTIAL_FILE": str(credential)}
         self.port = 0
         self.manager: Optional[subprocess.Popen] = None
 
@@ -79,7 +84,7 @@ class Cluster:
                 "--label", "fault-scheduling=force"]
         for a in ANNOTATIONS + [f"regroup.io/tensor-parallel={self.tp}"]:
             argv += ["--annotation", a]
-        self.manager = self.procs.start(argv, log=self.tmp / "manager.log")
+        self.manager = self.procs.start(argv, self.env, log=self.tmp / "manager.log")
         wait_for(lambda: port_file.exists() or self.manager.poll() is not None, 30, "the manager's port")
         assert self.manager.poll() is None, (self.tmp / "manager.log").read_text()
         self.port = int(port_file.read_text())
@@ -91,7 +96,7 @@ class Cluster:
                 "--nnodes", str(nodes), "--nproc-per-node", str(nproc), "--node-rank", str(node_rank),
                 "--master-addr", "127.0.0.1", "--host", "127.0.0.1", "--socket-dir", str(self.tmp / f"sock-{name}"),
                 "--stop-grace-s", "20", "--python", PYTHON, str(EXAMPLE), *self.train]
-        p = self.procs.start(argv, {"OMP_NUM_THREADS": "1"}, log=self.tmp / f"{name}.log")
+        p = self.procs.start(argv, {**self.env, "OMP_NUM_THREADS": "1"}, log=self.tmp / f"{name}.log")
         self.agents[name] = p
         return p
 
@@ -114,7 +119,7 @@ class Cluster:
         if not os.path.exists(ctl):
             return ""
         r = subprocess.run([ctl, "status", "--manager", f"127.0.0.1:{self.port}"], capture_output=True,
-                           text=True, timeout=30)
+                           text=True, timeout=30, env={**os.environ, **self.env})
         return r.stdout
 
     def logs(self) -> str:

@@ -898,6 +898,7 @@ static void test_coordinator(void) {
   EXPECT(REGROUP_OK, regroup_engine_upsert_job(engine, NULL, kTrainJob, len(kTrainJob), 0, &err));
 
   options.listen = "127.0.0.1:0";
+  options.credential = "s3cret";
   EXPECT(REGROUP_OK, regroup_coordinator_start(&coordinator, engine, &options, &err));
   CHECK(coordinator != NULL);
   port = regroup_coordinator_port(coordinator);
@@ -905,6 +906,22 @@ static void test_coordinator(void) {
   EXPECT(REGROUP_OK, regroup_coordinator_publish(coordinator, &err));
   CHECK_EQ_INT(tick(engine, 1000), 0);
   EXPECT(REGROUP_OK, regroup_coordinator_publish(coordinator, &err));
+  regroup_coordinator_free(coordinator);
+
+  /* No credential: refused unless insecure mode is asked for (ABI 1.3), which a version 1
+   * struct and NULL options cannot do. */
+  options.credential = NULL;
+  coordinator = (regroup_coordinator *)SENTINEL;
+  EXPECT_MSG(REGROUP_INVALID_ARGUMENT, "no credential",
+             regroup_coordinator_start(&coordinator, engine, &options, &err));
+  CHECK(coordinator == NULL);
+  EXPECT(REGROUP_INVALID_ARGUMENT, regroup_coordinator_start(&coordinator, engine, NULL, &err));
+  options.insecure = 1;
+  options.version = 1;
+  EXPECT(REGROUP_INVALID_ARGUMENT, regroup_coordinator_start(&coordinator, engine, &options, &err));
+  options.version = REGROUP_COORDINATOR_OPTIONS_VERSION;
+  EXPECT(REGROUP_OK, regroup_coordinator_start(&coordinator, engine, &options, &err));
+  CHECK(coordinator != NULL);
   regroup_coordinator_free(coordinator);
 
   /* NULL arguments, versions, addresses and TLS files it cannot use: *out stays NULL. */

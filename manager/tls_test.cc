@@ -1,0 +1,227 @@
+// Real TLS handshakes against the manager's gRPC server, with certificates made by the openssl
+// command line for each run: what a client made by MakeChannel accepts and what it refuses.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "common/credential.h"
+#include "common/grpc_settings.h"
+#include "manager/service.h"
+
+namespace regroup::manager {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+constexpr char kCredential[] = "tls-secret";
+constexpr char kServerName[] = "manager.default.svc";
+
+// The files of one run, in a fresh folder:
+//   ca.crt            the job's CA;  other-ca.crt  a CA that signed nothing of the manager's
+//   ip.crt/.key       signed by ca, for IP:127.0.0.1
+//   named.crt/.key    signed by ca, for DNS:manager.default.svc only
+//   stranger.crt/.key signed by other-ca, for IP:127.0.0.1
+//   expired.crt/.key  signed by ca, for IP:127.0.0.1, valid until yesterday
+class Certificates {
+ public:
+  Certificates() {
+    char tmpl[] = "/tmp/regroup-tls-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+    for (const char* ca : {"ca", "other-ca"})
+      Run("openssl req -x509 " + ec + " -keyout " + ca + ".key -out " + ca + ".crt -days 2 -subj "
+          "/CN=" + ca);
+    Sign("ip", "ca", "IP:127.0.0.1", 2);
+    Sign("named", "ca", std::string("DNS:") + kServerName, 2);
+    Sign("stranger", "other-ca", "IP:127.0.0.1", 2);
+    Sign("expired", "ca", "IP:127.0.0.1", -1);  // its validity ends a day before it begins
+  }
+  ~Certificates() { fs::remove_all(dir_); }
+
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  bool ok() const { return ok_; }
+
+ private:
+  void Run(const std::string& command) {
+    const std::string line = "cd " + dir_ + " && " + command + " >>openssl.log 2>&1";
+    if (std::system(line.c_str()) != 0) ok_ = false;
+  }
+  void Sign(const std::string& name, const std::string& ca, const std::string& san, int days) {
+    Run("openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout " + name +
+        ".key -out " + name + ".csr -subj /CN=" + name);
+    std::ofstream(Path(name + ".ext")) << "subjectAltName=" << san << "\n";
+    Run("openssl x509 -req -in " + name + ".csr -CA " + ca + ".crt -CAkey " + ca +
+        ".key -CAcreateserial -days " + std::to_string(days) + " -extfile " + name + ".ext -out " +
+        name + ".crt");
+  }
+
+  std::string dir_;
+  bool ok_ = true;
+};
+
+class Tls : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { certs_ = new Certificates; }
+  static void TearDownTestSuite() {
+    delete certs_;
+    certs_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(certs_->ok()) << "openssl failed: see " << certs_->Path("openssl.log");
+  }
+
+  // A one-pod manager serving TLS with the certificate `name` (.crt and .key).
+  std::unique_ptr<ManagerServer> StartManager(const std::string& name) {
+    JobSpec spec;
+    spec.id = "default/tls";
+    spec.pods = 1;
+    spec.processes_per_pod = 1;
+    auto resolved = spec.Resolve();
+    JobControlOptions ro;
+    ro.epoch = 7;
+    auto job = std::make_unique<JobControl>(spec, resolved.config, ro,
+                                            std::make_unique<EmbeddedDecisions>(spec));
+    ServerOptions so;
+    so.listen = "127.0.0.1:0";
+    so.credential = kCredential;
+    so.tls_cert_file = certs_->Path(name + ".crt");
+    so.tls_key_file = certs_->Path(name + ".key");
+    so.tick = 5ms;
+    auto server = std::make_unique<ManagerServer>(std::move(job), so);
+    Status st = server->Start();
+    EXPECT_TRUE(st.ok()) << st.message();
+    return server;
+  }
+
+  // GetStatus over a channel trusting `ca` (a file of the run), checking `server_name`.
+  static grpc::Status AskStatus(int port, const std::string& ca,
+                                const std::string& server_name = "") {
+    auto channel =
+        MakeChannel("127.0.0.1:" + std::to_string(port), {certs_->Path(ca), server_name});
+    EXPECT_TRUE(channel.ok()) << channel.status().message();
+    if (!channel.ok()) return {grpc::StatusCode::INTERNAL, channel.status().message()};
+    auto stub = v1::Manager::NewStub(*channel);
+    grpc::ClientContext context;
+    AttachCredential(context, kCredential);
+    context.set_deadline(std::chrono::system_clock::now() + 10s);
+    v1::GetStatusResponse response;
+    grpc::Status st = stub->GetStatus(&context, {}, &response);
+    if (st.ok()) EXPECT_EQ(response.job_id(), "default/tls");
+    return st;
+  }
+
+  static Certificates* certs_;
+};
+
+Certificates* Tls::certs_ = nullptr;
+
+// A refused handshake: the call fails as unreachable, and the manager never saw it.
+void ExpectRefused(const grpc::Status& st) {
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+}
+
+TEST_F(Tls, AGoodCertificateConnectsAndAnAgentRegistersOverIt) {
+  auto server = StartManager("ip");
+  EXPECT_TRUE(AskStatus(server->port(), "ca.crt").ok());
+
+  // An agent's stream, as the agent opens it: register, be welcomed, get the generation.
+  auto channel = MakeChannel("127.0.0.1:" + std::to_string(server->port()),
+                             {certs_->Path("ca.crt"), ""});
+  ASSERT_TRUE(channel.ok()) << channel.status().message();
+  auto stub = v1::Manager::NewStub(*channel);
+  grpc::ClientContext context;
+  AttachCredential(context, kCredential);
+  auto stream = stub->Session(&context);
+  v1::AgentMessage hello;
+  hello.mutable_header()->set_job_id("default/tls");
+  hello.mutable_header()->set_sender("pod-0");
+  auto* reg = hello.mutable_register_();
+  reg->set_pod_uid("pod-0");
+  reg->set_node_rank(0);
+  reg->set_nproc(1);
+  reg->set_host("127.0.0.1");
+  reg->set_free_port(40000);
+  reg->add_ranks()->set_alive(true);
+  reg->mutable_ranks(0)->set_phase(v1::PHASE_PAUSED);
+  ASSERT_TRUE(stream->Write(hello));
+  v1::ManagerMessage m;
+  bool started = false;
+  while (!started && stream->Read(&m)) started = m.has_start();
+  ASSERT_TRUE(started) << stream->Finish().error_message();
+  EXPECT_EQ(m.start().plan().world_size(), 1u);
+  context.TryCancel();
+  server->Stop();
+}
+
+TEST_F(Tls, ACertificateFromAnotherCaIsRefused) {
+  auto server = StartManager("stranger");
+  ExpectRefused(AskStatus(server->port(), "ca.crt"));
+  server->Stop();
+}
+
+TEST_F(Tls, AnExpiredCertificateIsRefused) {
+  auto server = StartManager("expired");
+  ExpectRefused(AskStatus(server->port(), "ca.crt"));
+  server->Stop();
+}
+
+TEST_F(Tls, ACertificateForAnotherNameIsRefused) {
+  // Reached at 127.0.0.1, a certificate naming only manager.default.svc does not match.
+  auto named = StartManager("named");
+  ExpectRefused(AskStatus(named->port(), "ca.crt"));
+  named->Stop();
+  // Nor does an override naming what the certificate does not carry.
+  auto ip = StartManager("ip");
+  ExpectRefused(AskStatus(ip->port(), "ca.crt", "other.default.svc"));
+  ip->Stop();
+}
+
+TEST_F(Tls, TheServerNameOverrideMakesTheNameMatch) {
+  auto server = StartManager("named");
+  EXPECT_TRUE(AskStatus(server->port(), "ca.crt", kServerName).ok());
+  server->Stop();
+}
+
+TEST_F(Tls, APlaintextClientIsRefused) {
+  auto server = StartManager("ip");
+  auto stub = v1::Manager::NewStub(MakeChannel("127.0.0.1:" + std::to_string(server->port())).value());
+  grpc::ClientContext context;
+  AttachCredential(context, kCredential);
+  context.set_deadline(std::chrono::system_clock::now() + 10s);
+  v1::GetStatusResponse response;
+  ExpectRefused(stub->GetStatus(&context, {}, &response));
+  server->Stop();
+}
+
+// A CA file that cannot serve is an error naming the path, never the system's roots.
+TEST_F(Tls, ACaFileThatCannotBeUsedIsAnErrorNamingIt) {
+  const std::string empty = certs_->Path("empty.crt");
+  std::ofstream(empty).close();
+  struct Case {
+    std::string ca, want;
+  };
+  for (const Case& c : {Case{certs_->Path("missing.crt"), "cannot read the TLS CA file " +
+                                                              certs_->Path("missing.crt")},
+                        Case{certs_->Path(""), "is a directory"},
+                        Case{empty, "the TLS CA file " + empty + " holds no PEM certificate"},
+                        Case{certs_->Path("ca.key"), "holds no PEM certificate"}}) {
+    auto channel = MakeChannel("127.0.0.1:1", {c.ca, ""});
+    ASSERT_FALSE(channel.ok()) << c.ca;
+    EXPECT_NE(channel.status().message().find(c.want), std::string::npos)
+        << channel.status().message();
+  }
+  auto name_only = MakeChannel("127.0.0.1:1", {"", kServerName});
+  ASSERT_FALSE(name_only.ok());
+  EXPECT_NE(name_only.status().message().find("the TLS server name manager.default.svc needs a CA "
+                                              "file"),
+            std::string::npos)
+      << name_only.status().message();
+}
+
+}  // namespace
+}  // namespace regroup::manager

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# TLS end to end with the real programs: a regroup-manager serving a certificate made here, a
+# regroup-agent that registers over TLS, and regroupctl status; what each refuses, and the
+# messages that name the flag and the file.
+#   tls_test.sh REGROUP_MANAGER REGROUP_AGENT REGROUPCTL FAKE_TRAINER
+set -u
+manager=$1 agent=$2 ctl=$3 trainer=$4
+fail() { echo "FAIL: $*"; exit 1; }
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+cd "$dir" || fail "no temporary folder"
+
+# The job's CA, a stranger CA, and the manager's certificate: it names the Service only, so a
+# client that dials 127.0.0.1 must be told the name to expect.
+name=manager.tls-test.svc
+ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes)
+for ca in ca other-ca; do
+  openssl req -x509 "${ec[@]}" -keyout $ca.key -out $ca.crt -days 2 -subj /CN=$ca 2>>openssl.log \
+    || fail "openssl: $(cat openssl.log)"
+done
+openssl req "${ec[@]}" -keyout tls.key -out tls.csr -subj /CN=$name 2>>openssl.log \
+  || fail "openssl: $(cat openssl.log)"
+printf 'subjectAltName=DNS:%s\n' $name >tls.ext
+openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile tls.ext \
+  -out tls.crt 2>>openssl.log || fail "openssl: $(cat openssl.log)"
+printf 'tls-s3cret\n' >token
+
+"$manager" --job-id default/tls-test --nodes 1 --nproc-per-node 1 --listen 127.0.0.1:0 \
+  --port-file port --credential-file token --tls-cert tls.crt --tls-key tls.key >manager.log 2>&1 &
+pids+=($!)
+for _ in $(seq 200); do [ -s port ] && break; sleep 0.05; done
+[ -s port ] || fail "the manager did not start: $(cat manager.log)"
+addr=127.0.0.1:$(cat port)
+
+status() { timeout 20 "$ctl" status --manager "$addr" --credential-file token --timeout-ms 3000 "$@" 2>&1; }
+out=$(status --tls-ca ca.crt --tls-server-name $name) || fail "status over TLS: $out"
+grep -qF "job default/tls-test: joining" <<<"$out" || fail "status over TLS said: $out"
+out=$(REGROUP_TLS_CA_FILE=ca.crt REGROUP_TLS_SERVER_NAME=$name status) \
+  || fail "status with REGROUP_TLS_CA_FILE and REGROUP_TLS_SERVER_NAME: $out"
+for refused in "" "--tls-ca ca.crt" "--tls-ca other-ca.crt --tls-server-name $name" \
+               "--tls-ca ca.crt --tls-server-name other.tls-test.svc"; do
+  # shellcheck disable=SC2086
+  out=$(status $refused); rc=$?
+  [ $rc -eq 1 ] || fail "status ${refused:-without TLS} must be refused (exit 1), got $rc: $out"
+  grep -qF "did not answer" <<<"$out" || fail "status ${refused:-without TLS} said: $out"
+done
+out=$(status --tls-ca missing.crt); rc=$?
+[ $rc -eq 1 ] || fail "a missing CA file must fail status, got $rc: $out"
+grep -qF -- "--tls-ca: cannot read the TLS CA file missing.crt" <<<"$out" || fail "status said: $out"
+out=$(status --tls-server-name $name); rc=$?
+[ $rc -eq 1 ] || fail "a server name without a CA must fail status, got $rc: $out"
+grep -qF -- "--tls-server-name: the TLS server name $name needs a CA file" <<<"$out" \
+  || fail "status said: $out"
+
+# The agent: its CA from the flag, the server name from the environment.
+REGROUP_TLS_SERVER_NAME=$name "$agent" --manager "$addr" --job-id default/tls-test \
+  --credential-file token --tls-ca ca.crt --socket-dir "$dir/sock" --reconnect-timeout-s 30 \
+  --no-python -- "$trainer" --log "$dir/trainer" >agent.log 2>&1 &
+pids+=($!)
+registered=""
+for _ in $(seq 100); do
+  out=$(status --tls-ca ca.crt --tls-server-name $name)
+  if ! grep -qE "^ +0  missing" <<<"$out" && grep -qE "^ +0  " <<<"$out"; then registered=1; break; fi
+  sleep 0.1
+done
+[ -n "$registered" ] || fail "the agent did not register over TLS: $out; agent: $(cat agent.log)"
+
+agent_refused() {  # agent_refused WANT ARGS...: the agent exits 1 or 2 naming WANT
+  local want=$1; shift
+  out=$(timeout 20 "$agent" --manager "$addr" --job-id default/tls-test --credential-file token \
+    --socket-dir "$dir/sock2" --reconnect-timeout-s 30 "$@" --no-python -- "$trainer" 2>&1); rc=$?
+  [ $rc -eq 1 ] || [ $rc -eq 2 ] || fail "agent $*: must exit 1 or 2, got $rc: $out"
+  grep -qF -- "$want" <<<"$out" || fail "agent $*: the message must name '$want'; it said: $out"
+}
+agent_refused "flag --tls-ca (or REGROUP_TLS_CA_FILE): cannot read the TLS CA file $dir/missing.crt" \
+  --tls-ca "$dir/missing.crt"
+agent_refused "holds no PEM certificate" --tls-ca "$dir/token"
+agent_refused "flag --tls-server-name (or REGROUP_TLS_SERVER_NAME) $name needs --tls-ca" \
+  --tls-server-name $name
+echo "TLS end to end: ok"

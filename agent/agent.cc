@@ -514,6 +514,7 @@ void Agent::OnSessionClosed(const std::string& detail, bool ended_by_manager) {
                    options_.manager_addr, detail, liveness_timeout_.count(), OutageLeftMs());
       pause_at_ = now + liveness_timeout_;
       pause_reason_ = "the manager is unreachable: " + detail;
+      resume_pending_ = true;
     } else if (first_loss) {
       spdlog::warn("the manager at {} is unreachable ({}); trainers paused; reconnecting, giving "
                    "up in {} ms",
@@ -570,6 +571,7 @@ void Agent::OnWelcome(const v1::Welcome& welcome) {
                  epoch_);
     return;
   }
+  const uint64_t old_epoch = epoch_, old_generation = tally_.active() ? tally_.generation() : 0;
   epoch_ = welcome.epoch();
   generation_ = std::max(generation_, welcome.generation());
   node_rank_ = static_cast<int>(welcome.node_rank());
@@ -581,9 +583,27 @@ void Agent::OnWelcome(const v1::Welcome& welcome) {
   backoff_ = milliseconds(100);
   outage_since_.reset();
   lost_ = false;
-  // Registered anew (a restarted manager, or too late): the generation the trainers are in is
-  // gone, so they pause now rather than wait for an outcome that will not come.
-  if (pause_at_ && !welcome.resumed()) PauseTrainers(pause_reason_);
+  // Registered anew after a broken session (a restarted manager, or too late): the generation
+  // the trainers are in is gone. Abort it, so that a rank waiting in one of its collectives for
+  // a peer that already left comes out at once (a pause would leave it there until the hang
+  // timeout), rather than wait for an outcome that will not come.
+  if (resume_pending_ && !welcome.resumed() && old_generation > 0) {
+    v1::AgentReply abort;
+    auto* a = abort.mutable_abort();
+    a->set_epoch(old_epoch);
+    a->set_generation(old_generation);
+    a->set_committed_step(-1);
+    a->set_reason("the session with the manager was not resumed (" + pause_reason_ +
+                  "): generation " + std::to_string(old_generation) + " of epoch " +
+                  std::to_string(old_epoch) + " is gone");
+    spdlog::warn("{}", a->reason());
+    DeliverAll(abort);
+    tally_.Clear();
+    for (Rank& k : ranks_) k.standing.reset();
+  } else if (resume_pending_ && !welcome.resumed()) {
+    PauseTrainers(pause_reason_);
+  }
+  resume_pending_ = false;
   pause_at_.reset();
   spdlog::info("{} with the manager at {}: node rank {}, epoch {}, generation {}, "
                "heartbeat every {} ms",

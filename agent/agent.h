@@ -169,6 +169,7 @@ class Agent final : private TrainerServer::Listener {
   // A broken stream is not a lost manager: the trainers go on until then (the manager's
   // liveness timeout), and a session resumed in time continues the generation.
   std::optional<Clock::time_point> pause_at_;
+  bool resume_pending_ = false;  // a session that was up broke: the next Welcome may resume it
   std::string pause_reason_;
   std::chrono::milliseconds liveness_timeout_{500};
   // Events sent in this session that a broken stream may have lost: sent again when the next

@@ -125,9 +125,18 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
 }
 
 std::optional<JobRecord> JobControl::TakeRecord() {
-  if (!record_changed_) return std::nullopt;
+  if (!record_changed_ || superseded_) return std::nullopt;
   record_changed_ = false;
   return record_;
+}
+
+void JobControl::Superseded(const std::string& why, int64_t now) {
+  if (superseded_) return;
+  superseded_ = true;
+  Event(now, "superseded", why);
+  if (state_ != State::kStopped)
+    StopAll(v1::StopTraining::MODE_EXIT, "fenced: " + why + "; this incarnation stops", now,
+            /*job_ends=*/false);
 }
 
 void JobControl::Forget(const std::string& uid) {
@@ -707,7 +716,12 @@ void JobControl::CatchUp(int64_t node) {
     behind |= a.ranks[l].generation() < generation_;
     missed_commit |= a.ranks[l].heard_commit_step() < committed_step_;
   }
-  if (behind && starts_[static_cast<size_t>(node)]) Send(node, *starts_[static_cast<size_t>(node)]);
+  if (behind && starts_[static_cast<size_t>(node)]) {
+    // The generation it was in was aborted and replaced while it was away: the abort first, so
+    // that its ranks leave that generation's collectives at once.
+    if (abort_) Send(node, *abort_);
+    Send(node, *starts_[static_cast<size_t>(node)]);
+  }
   if (missed_commit && committed_step_ >= 0) {
     v1::ManagerMessage m;
     auto* o = m.mutable_outcome();
@@ -791,6 +805,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   std::set<int64_t> training_nodes;
   for (const auto& p : places_) training_nodes.insert(p.node_rank);
   generation_agents_ = static_cast<uint32_t>(training_nodes.size());
+  record_.leader_epoch = options_.epoch;
   record_.generation = generation_;
   record_.members.clear();
   for (int64_t n : training_nodes)
@@ -850,7 +865,8 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   return true;
 }
 
-void JobControl::StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now) {
+void JobControl::StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now,
+                         bool job_ends) {
   v1::ManagerMessage m;
   m.mutable_stop()->set_directive_id(++directive_id_);
   m.mutable_stop()->set_mode(mode);
@@ -859,10 +875,12 @@ void JobControl::StopAll(v1::StopTraining::Mode mode, const std::string& reason,
     if (agents_[n].connected) Send(static_cast<int64_t>(n), m);
   stop_ = m;
   state_ = State::kStopped;
-  record_.stopped = true;
-  record_.stop_mode = mode;
-  record_.stop_reason = reason;
-  record_changed_ = true;
+  if (job_ends) {
+    record_.stopped = true;
+    record_.stop_mode = mode;
+    record_.stop_reason = reason;
+    record_changed_ = true;
+  }
   Event(now, "stop", reason);
 }
 
@@ -1009,7 +1027,7 @@ bool JobControl::MajorityBack(int64_t now) {
     StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT,
             what + " within the join window and the decision wait (MINDIO_WAIT_MINDX_TIME); " +
                 (dump ? "survivors dump a checkpoint and stop" : "the job stops"),
-            now);
+            now, /*job_ends=*/false);
   }
   return false;
 }

@@ -113,6 +113,9 @@ class JobControl {
   // The durable record, when it changed since the last call: the caller stores it before it
   // sends what TakeOutgoing returned.
   std::optional<JobRecord> TakeRecord();
+  // The durable record says a newer incarnation formed a generation: this one is fenced. It
+  // stops its pods and never writes the record again.
+  void Superseded(const std::string& why, int64_t now);
   v1::GetStatusResponse StatusReport() const;
   // A refusal of a message, stamped with this manager's header; `fenced` when the refused pod
   // was declared lost and must stop.
@@ -198,7 +201,9 @@ class JobControl {
   // Forms and announces a generation over these replicas (original indices, in order).
   bool FormGeneration(const std::vector<int64_t>& replicas, const std::vector<int64_t>& micro,
                       const std::string& reason, int64_t now);
-  void StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now);
+  // `job_ends`: the job is over (kept on record); false when only this incarnation gives up.
+  void StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now,
+               bool job_ends = true);
   void TryFirstGeneration(int64_t now);
   void DetectFailures(int64_t now);
   void Commit(int64_t step, int64_t now);
@@ -224,6 +229,7 @@ class JobControl {
   std::set<std::string> lost_uids_;            // pods that were lost: zombies if they return
   JobRecord record_;
   bool record_changed_ = true;
+  bool superseded_ = false;
   std::vector<JobRecord::Member> previous_members_;  // the record's last generation, until formed
   int64_t join_started_ms_ = -1;
   bool majority_reported_ = false;  // "waiting for a majority" said once

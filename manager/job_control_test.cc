@@ -675,5 +675,22 @@ TEST(JobControl, AJobThatStoppedStaysStoppedAcrossAManagerRestart) {
   EXPECT_EQ(after.rt->StatusReport().phase(), "stopped");
 }
 
+// A manager that learns from the record that a newer incarnation formed a generation stops its
+// pods and never writes the record again.
+TEST(JobControl, ASupersededIncarnationStopsItsPodsAndKeepsOffTheRecord) {
+  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}});
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_TRUE(sim.rt->TakeRecord().has_value());
+  sim.Clear();
+  sim.rt->Superseded("manager epoch 9 formed a generation", sim.now);
+  sim.Collect();
+  ASSERT_EQ(sim.Count(0, v1::ManagerMessage::kStop), 1);
+  EXPECT_EQ(sim.inbox_[0].back().stop().mode(), v1::StopTraining::MODE_EXIT);
+  EXPECT_EQ(sim.inbox_[0].back().stop().reason(),
+            "fenced: manager epoch 9 formed a generation; this incarnation stops");
+  EXPECT_FALSE(sim.rt->TakeRecord().has_value());
+}
+
 }  // namespace
 }  // namespace regroup::manager

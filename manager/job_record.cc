@@ -1,7 +1,10 @@
 #include "manager/job_record.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cerrno>
 #include <cstdio>
@@ -19,8 +22,9 @@ using nlohmann::json;
 std::string JobRecordJson(const JobRecord& r) {
   json members = json::array();
   for (const auto& m : r.members) members.push_back({{"node_rank", m.node_rank}, {"uid", m.uid}});
-  json j = {{"version", 1},         {"job_id", r.job_id},   {"epoch", r.epoch},
-            {"generation", r.generation}, {"members", members}, {"lost", r.lost}};
+  json j = {{"version", 1},           {"job_id", r.job_id},         {"epoch", r.epoch},
+            {"leader_epoch", r.leader_epoch}, {"generation", r.generation}, {"members", members},
+            {"lost", r.lost}};
   if (r.stopped) j["stop"] = {{"mode", r.stop_mode}, {"reason", r.stop_reason}};
   return j.dump();
 }
@@ -54,6 +58,10 @@ StatusOr<JobRecord> ParseJobRecord(const std::string& text) {
   JobRecord r;
   REGROUP_RETURN_IF_ERROR(Read(j, "job_id", r.job_id));
   REGROUP_RETURN_IF_ERROR(Read(j, "epoch", r.epoch));
+  REGROUP_RETURN_IF_ERROR(Read(j, "leader_epoch", r.leader_epoch));
+  if (r.leader_epoch > r.epoch)
+    return InvalidArgument("the job record's leader_epoch " + std::to_string(r.leader_epoch) +
+                           " is above its epoch " + std::to_string(r.epoch));
   REGROUP_RETURN_IF_ERROR(Read(j, "generation", r.generation));
   REGROUP_RETURN_IF_ERROR(Read(j, "lost", r.lost));
   if (r.lost.size() > JobRecord::kMaxLost)
@@ -74,6 +82,25 @@ StatusOr<JobRecord> ParseJobRecord(const std::string& text) {
     REGROUP_RETURN_IF_ERROR(Read(j["stop"], "reason", r.stop_reason));
   }
   return r;
+}
+
+std::optional<JobRecord> MergeJobRecord(const std::optional<JobRecord>& stored,
+                                        const JobRecord& mine, std::string* why) {
+  if (!stored) return mine;
+  if (stored->leader_epoch > mine.epoch) {
+    if (why)
+      *why = "manager epoch " + std::to_string(stored->leader_epoch) +
+             " formed a generation of job " + stored->job_id + " after this one (epoch " +
+             std::to_string(mine.epoch) + ")";
+    return std::nullopt;
+  }
+  JobRecord out = mine.leader_epoch == mine.epoch ? mine : *stored;
+  out.epoch = std::max(stored->epoch, mine.epoch);
+  if (mine.leader_epoch != mine.epoch)
+    for (const auto& uid : mine.lost)
+      if (std::find(out.lost.begin(), out.lost.end(), uid) == out.lost.end()) out.lost.push_back(uid);
+  while (out.lost.size() > JobRecord::kMaxLost) out.lost.erase(out.lost.begin());
+  return out;
 }
 
 StatusOr<std::optional<JobRecord>> LoadJobRecord(const std::string& path) {
@@ -102,6 +129,27 @@ Status SaveJobRecord(const std::string& path, const JobRecord& record) {
     return FailedPrecondition("cannot write the job record " + path + ": " + why);
   }
   return Status::Ok();
+}
+
+StatusOr<bool> UpdateJobRecord(const std::string& path, const JobRecord& mine, std::string* why) {
+  const std::string lock_path = path + ".lock";
+  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock < 0)
+    return FailedPrecondition("cannot lock the job record " + lock_path + ": " + std::strerror(errno));
+  ::flock(lock, LOCK_EX);  // released by close
+  auto stored = LoadJobRecord(path);
+  StatusOr<bool> result = stored.status();
+  if (stored.ok()) {
+    auto merged = MergeJobRecord(*stored, mine, why);
+    if (!merged) {
+      result = false;
+    } else {
+      Status st = SaveJobRecord(path, *merged);
+      result = st.ok() ? StatusOr<bool>(true) : StatusOr<bool>(st);
+    }
+  }
+  ::close(lock);
+  return result;
 }
 
 }  // namespace regroup::manager

@@ -28,9 +28,10 @@ struct JobRecord {
     bool operator==(const Member&) const = default;
   };
   std::string job_id;
-  uint64_t epoch = 0;                 // the newest incarnation that started
-  uint64_t generation = 0;            // its newest generation
-  std::vector<Member> members;        // the pods of that generation
+  uint64_t epoch = 0;                 // the newest epoch granted: every incarnation's is above it
+  uint64_t leader_epoch = 0;          // the incarnation whose generation is on record
+  uint64_t generation = 0;            // that generation
+  std::vector<Member> members;        // its pods
   std::vector<std::string> lost;      // pod uids declared lost, oldest first
   bool stopped = false;               // the job ended: a StopTraining went to every pod
   int32_t stop_mode = 0;              // v1::StopTraining::Mode
@@ -43,10 +44,21 @@ std::string JobRecordJson(const JobRecord& record);
 // Errors name the field and what it must be.
 StatusOr<JobRecord> ParseJobRecord(const std::string& text);
 
+// What an incarnation writes over the record stored now, or nothing when a newer incarnation has
+// formed a generation since (this one is fenced; `why` says so). The granted epoch never goes
+// back. An incarnation that has not formed a generation yet adds only its epoch and the pods it
+// declared lost: the generation on record stays its leader's.
+std::optional<JobRecord> MergeJobRecord(const std::optional<JobRecord>& stored,
+                                        const JobRecord& mine, std::string* why);
+
 // The record at `path`: nothing when there is no file yet; an error naming the path when it
 // cannot be read or parsed (a corrupt record is never taken as an empty one).
 StatusOr<std::optional<JobRecord>> LoadJobRecord(const std::string& path);
 // Writes atomically; an error names the path.
 Status SaveJobRecord(const std::string& path, const JobRecord& record);
+// Merges `mine` into the record at `path` (MergeJobRecord) and writes it, holding a lock
+// (`path`.lock) so that two incarnations never interleave. Returns whether it was written:
+// false when this incarnation is fenced (`why` says by whom).
+StatusOr<bool> UpdateJobRecord(const std::string& path, const JobRecord& mine, std::string* why);
 
 }  // namespace regroup::manager

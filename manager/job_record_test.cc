@@ -64,5 +64,58 @@ TEST(JobRecord, SavesAtomicallyAndLoadsBack) {
   std::filesystem::remove_all(dir);
 }
 
+// Found by the chaos soak (integration/chaos.py, seeds 2, 3, 7, 9, 10): a second incarnation took
+// epoch record+1, then the running one wrote its own older epoch back over it.
+TEST(JobRecord, TheGrantedEpochNeverGoesBack) {
+  JobRecord leader = Sample();
+  leader.stopped = false;
+  leader.leader_epoch = leader.epoch;
+  JobRecord newcomer;  // started later, has formed nothing
+  newcomer.job_id = leader.job_id;
+  newcomer.epoch = leader.epoch + 1;
+  newcomer.lost = {"uid-fenced-by-newcomer"};
+  auto stored = MergeJobRecord(leader, newcomer, nullptr);
+  ASSERT_TRUE(stored);
+  EXPECT_EQ(stored->epoch, leader.epoch + 1);
+  EXPECT_EQ(stored->leader_epoch, leader.epoch) << "the generation on record stays the leader's";
+  EXPECT_EQ(stored->members, leader.members);
+  EXPECT_EQ(stored->lost, (std::vector<std::string>{"uid-old", "uid-fenced-by-newcomer"}));
+  // The leader writes again (a pod lost): the epoch stays the newcomer's.
+  leader.lost.push_back("uid-c");
+  auto again = MergeJobRecord(stored, leader, nullptr);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->epoch, leader.epoch + 1);
+  EXPECT_EQ(again->lost.back(), "uid-c");
+}
+
+TEST(JobRecord, AnIncarnationOlderThanTheLeaderOnRecordIsFenced) {
+  JobRecord stored = Sample();
+  stored.epoch = 20;
+  stored.leader_epoch = 20;  // epoch 20 formed a generation
+  JobRecord old = Sample();
+  old.epoch = old.leader_epoch = 19;
+  std::string why;
+  EXPECT_FALSE(MergeJobRecord(stored, old, &why));
+  EXPECT_EQ(why, "manager epoch 20 formed a generation of job ns/job after this one (epoch 19)");
+}
+
+TEST(JobRecord, UpdateMergesIntoTheFileAndRefusesAFencedIncarnation) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("regroup-record-update-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "record.json").string();
+  JobRecord leader = Sample();
+  leader.epoch = leader.leader_epoch = 30;
+  std::string why;
+  ASSERT_TRUE(*UpdateJobRecord(path, leader, &why));
+  JobRecord older = leader;
+  older.epoch = older.leader_epoch = 29;
+  auto written = UpdateJobRecord(path, older, &why);
+  ASSERT_TRUE(written.ok());
+  EXPECT_FALSE(*written);
+  EXPECT_EQ((*LoadJobRecord(path))->epoch, 30u) << "the fenced incarnation wrote nothing";
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace regroup::manager

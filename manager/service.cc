@@ -183,11 +183,18 @@ void ManagerServer::OnStreamDone(Stream* stream) {
 
 void ManagerServer::Flush() {
   if (auto record = job_->TakeRecord(); record && !options_.record_file.empty()) {
-    Status st = SaveJobRecord(options_.record_file, *record);
-    if (!st.ok())
+    std::string why;
+    auto written = UpdateJobRecord(options_.record_file, *record, &why);
+    if (!written.ok()) {
       if (auto held = record_log_.Allow(LogLimit::Clock::now()))
-        spdlog::error("{}{}: a restarted manager may readmit lost pods", st.message(),
+        spdlog::error("{}{}: a restarted manager may readmit lost pods",
+                      written.status().message(),
                       *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
+    } else if (!*written) {
+      spdlog::error("the job record {} says {}: this manager is fenced and stops its pods",
+                    options_.record_file, why);
+      job_->Superseded(why, WallMs());
+    }
   }
   for (auto& out : job_->TakeOutgoing()) {
     auto it = by_node_.find(out.node_rank);

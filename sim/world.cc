@@ -564,7 +564,11 @@ void World::ManagerStreamDone(Stream& s) {
 
 void World::Flush() {
   if (!manager_) return;
-  if (auto r = manager_->job->TakeRecord()) record_ = std::move(*r);
+  if (auto r = manager_->job->TakeRecord()) {
+    std::string why;
+    if (auto merged = manager::MergeJobRecord(record_, *r, &why)) record_ = std::move(*merged);
+    else manager_->job->Superseded(why, now_);
+  }
   auto out = manager_->job->TakeOutgoing();
   if (out.size() > kMaxOutgoingPerFlush)
     Violate("the manager queued " + std::to_string(out.size()) + " messages in one turn");

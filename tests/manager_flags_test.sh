@@ -38,7 +38,7 @@ out=$(timeout 10 "$manager" "${job[@]}" --port-file "$dir/no/such/dir/port" 2>&1
 [ $rc -eq 1 ] || fail "a --port-file in a missing folder must exit 1, got $rc: $out"
 grep -qF -- "--port-file: cannot write $dir/no/such/dir/port" <<<"$out" || fail "port file: $out"
 # The durable record: a corrupt one, or another job's, is refused by name (never taken as none).
-echo '{"version": 1, "job_id": "t/other", "epoch": 5, "generation": 1, "members": [], "lost": []}' \
+echo '{"version": 1, "job_id": "t/other", "epoch": 5, "leader_epoch": 5, "generation": 1, "members": [], "lost": []}' \
   >"$dir/other.json"
 expect_refused "is the record of job t/other, not t/flags" "${job[@]}" --record "$dir/other.json"
 echo '{"version": 1, "job_id": "t/flags"' >"$dir/torn.json"

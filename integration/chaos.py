@@ -224,9 +224,12 @@ class Chaos:
         node = pod.node.name
         kind, d = plan["kind"], plan["duration_s"]
         note = None
-        if kind == "kill-trainer":
-            note = c.kill_trainer(node, plan["local"])
-            inj.target = f"{node} local rank {plan['local']}"
+        local = plan["local"] % max(1, len(c.trainers(node)))  # a pod restarting may have fewer
+        if kind in ("kill-trainer", "pause-trainer") and not c.trainers(node):
+            inj.skipped = f"no trainer process running on {node}"
+        elif kind == "kill-trainer":
+            note = c.kill_trainer(node, local)
+            inj.target = f"{node} local rank {local}"
         elif kind == "kill-agent":
             at = c._refresh()
             _signal(_agent_pid(pod.process.pid) or pod.process.pid, signal.SIGKILL)
@@ -237,13 +240,13 @@ class Chaos:
             inj.target = node
         elif kind in ("pause-agent", "pause-trainer"):
             at = c._refresh()
-            pid = _agent_pid(pod.process.pid) if kind == "pause-agent" else c.trainers(node)[plan["local"]]
+            pid = _agent_pid(pod.process.pid) if kind == "pause-agent" else c.trainers(node)[local]
             _signal(pid, signal.SIGSTOP)
             note = c.note(f"SIGSTOP {kind[6:]} for {d} s", at=at, node=node, pid=pid)
             self._noted(note)
             self._hold(d)
             _signal(pid, signal.SIGCONT)
-            inj.target = node + (f" local rank {plan['local']}" if kind == "pause-trainer" else "")
+            inj.target = node + (f" local rank {local}" if kind == "pause-trainer" else "")
         elif kind == "cut-link":
             if not c.net.can_cut:
                 inj.skipped = f"cannot cut a link in {c.net.mode} mode"
@@ -454,6 +457,10 @@ class Chaos:
                   f"manager epochs {sorted(real)}" + (f"; committed in other epochs {foreign}" if foreign else ""))
         for i, m in enumerate(self.second_managers, 1):
             st, epoch = m["status"], m["epoch"]
+            if not st:  # it never answered: it refused to start or died (its log says why)
+                tail = m["log"].read_text(errors="replace")[-300:] if m["log"].exists() else ""
+                r.promise(f"second manager {i} never ran (so committed nothing)", True, f"{tail!r}")
+                continue
             events = st.get("events", [])
             formed = [e for e in events if e["kind"] in ("generation", "resumed", "done")]
             in_ledger = [x for x in records if x["g"][0] == epoch]
@@ -516,26 +523,36 @@ def _seeds(args) -> List[int]:
 
 
 def summary(results: Sequence[ChaosResult]) -> str:
+    """Runs, outcomes, and per kind of fault: how many were injected or skipped, and the time from
+    the fault to the next commit and to the job back at full size (median and max)."""
     kinds: Dict[str, List[int]] = {}
-    recov: Dict[str, List[int]] = {}
+    times: Dict[str, Dict[str, List[int]]] = {}
     for r in results:
         for i in r.injected:
             k = kinds.setdefault(i.plan["kind"], [0, 0])
             k[1 if i.skipped else 0] += 1
-            if i.full_ms is not None and not i.skipped:
-                recov.setdefault(i.plan["kind"], []).append(i.full_ms)
+            for what in ("progress_ms", "full_ms"):
+                if getattr(i, what) is not None and not i.skipped:
+                    times.setdefault(i.plan["kind"], {}).setdefault(what, []).append(getattr(i, what))
     lines = [f"{len(results)} runs, {sum(r.ok for r in results)} kept every promise; outcomes: "
              + ", ".join(f"{o} x{n}" for o, n in _count(r.outcome for r in results).items())]
-    lines.append("| fault | injected | skipped | back to full size after (median, max) |")
-    lines.append("|---|---|---|---|")
+    lines.append("| fault | injected | skipped | next commit after (median, max) | full size after (median, max) |")
+    lines.append("|---|---|---|---|---|")
+
+    def spread(v: List[int]) -> str:
+        v = sorted(v)
+        return f"{v[len(v) // 2] / 1000:.1f} s, {v[-1] / 1000:.1f} s" if v else "-"
     for k in KINDS:
         if k in kinds:
-            v = sorted(recov.get(k, []))
-            med = f"{v[len(v) // 2] / 1000:.1f} s, {v[-1] / 1000:.1f} s" if v else "-"
-            lines.append(f"| {k} | {kinds[k][0]} | {kinds[k][1]} | {med} |")
+            t = times.get(k, {})
+            lines.append(f"| {k} | {kinds[k][0]} | {kinds[k][1]} | {spread(t.get('progress_ms', []))} | "
+                         f"{spread(t.get('full_ms', []))} |")
     broken = [r.seed for r in results if not r.ok]
     if broken:
         lines.append(f"broken seeds: {broken}")
+    observed = [r.seed for r in results if r.observations]
+    if observed:
+        lines.append(f"seeds with observations: {observed}")
     return "\n".join(lines)
 
 
@@ -570,6 +587,6 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([{
             "seed": r.seed, "ok": r.ok, "outcome": r.outcome, "seconds": round(r.seconds, 1),
-            "network": r.network, "broken": r.broken(),
+            "network": r.network, "broken": r.broken(), "observations": r.observations,
             "faults": [{k: v for k, v in i.__dict__.items()} for i in r.injected]} for r in results], indent=1))
     return 0 if all(r.ok for r in results) else 1

@@ -189,7 +189,7 @@ class Cluster:
     """Nodes, the job's manager and its pods, on this machine."""
 
     def __init__(self, workdir: Path, job: JobSpec, network: str = "auto", log: Callable[[str], None] = print,
-                 binaries: Optional[Dict[str, str]] = None, spare_nodes: int = 0):
+                 binaries: Optional[Dict[str, str]] = None, spare_nodes: int = 0, record: bool = False):
         self.scheduler = None  # a VolcanoLoop when Volcano is in the loop (volcano_loop.py)
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -207,6 +207,8 @@ class Cluster:
         self.credential = self.dir / "credential"
         self.credential.write_text(secrets.token_hex(24))
         self.credential.chmod(0o600)
+        # The job's durable record (--record), kept across manager restarts, when asked for
+        self.record: Optional[Path] = self.dir / "record.json" if record else None
         self.manager: Optional[subprocess.Popen] = None
         self.manager_host = self.net.manager_address   # where the manager listens
         self.manager_node: Optional[NodeNet] = None
@@ -273,6 +275,8 @@ class Cluster:
         argv = [self.bin["regroup-manager"], "--job", str(self.job_file), "--job-id", self.job.job_id,
                 "--listen", self.manager_addr, "--http", f"{self.manager_host}:{self.http_port}",
                 "--credential-file", str(self.credential), "--join-window-s", "120"]
+        if self.record is not None:
+            argv += ["--record", str(self.record)]
         if coordinator:
             argv += ["--coordinator", coordinator]
         if coordinator_credential:

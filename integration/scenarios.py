@@ -8,6 +8,7 @@ time, the time to resume and the steps lost.
 
     /usr/bin/python3 integration/scenarios.py            # all, with a summary table
     /usr/bin/python3 integration/scenarios.py 1 3 --network loopback
+    /usr/bin/python3 integration/scenarios.py chaos --seed 7 --faults 4   # a random fault soak (chaos.py)
 """
 
 from __future__ import annotations
@@ -520,6 +521,10 @@ def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: b
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["chaos"]:
+        import chaos
+        return chaos.main(argv[1:])
     p = argparse.ArgumentParser(description="Runs the integration scenarios and prints what each measured.")
     p.add_argument("numbers", nargs="*", type=int, help="scenarios to run (default: all)")
     p.add_argument("--network", default="auto", choices=("auto", "netns", "loopback"))

@@ -36,6 +36,9 @@ constexpr milliseconds kDoneWait{5000};
 constexpr milliseconds kKillAfterTerm{5000};  // after a directive's grace: SIGTERM, then SIGKILL
 constexpr milliseconds kFinalClose{2000};  // for the manager to confirm the last messages
 constexpr size_t kMaxPending = 1024;
+// How often a pod declared lost comes back as its own replacement before it stops for good (a
+// flapping node is then replaced by the scheduler instead).
+constexpr int kMaxReadmissions = 5;
 
 const char* ModeName(v1::StopTraining::Mode mode) {
   switch (mode) {
@@ -70,7 +73,7 @@ const char* BodyName(const v1::ManagerMessage& m) {
 }  // namespace
 
 Agent::Agent(AgentOptions options, std::string credential)
-    : options_(std::move(options)), credential_(std::move(credential)) {
+    : options_(std::move(options)), credential_(std::move(credential)), uid_(options_.pod_uid) {
   ranks_.resize(static_cast<size_t>(options_.nproc));
   node_rank_ = options_.node_rank;
 }
@@ -770,6 +773,11 @@ void Agent::OnRestart(const v1::RestartProcesses& restart) {
 void Agent::OnRefusal(const v1::Refusal& refusal) {
   spdlog::warn("the manager refused a message: {} (its epoch {}, generation {}, directive {})",
                refusal.reason(), refusal.epoch(), refusal.generation(), refusal.directive_id());
+  if (refusal.fenced() && refusal.readmit() && readmissions_ < kMaxReadmissions && !stopping_ &&
+      !leaving_) {
+    Readmit(refusal.reason());
+    return;
+  }
   if (refusal.fenced()) {
     // Declared lost while it could not be reached: the job went on without this pod, so its
     // trainers' state is stale. Stop; the job controller's replacement registers anew.
@@ -787,11 +795,41 @@ void Agent::OnRefusal(const v1::Refusal& refusal) {
   }
 }
 
+// Declared lost, but alive (it was paused, or cut off, for longer than the liveness timeout):
+// the job went on without this pod, so its trainers' generation is over and their state is
+// stale. They leave that generation at once, and the pod registers again as a new incarnation,
+// a standby that a later generation takes in with state from a peer, as it would a replacement.
+void Agent::Readmit(const std::string& reason) {
+  ++readmissions_;
+  uid_ = options_.pod_uid + "/" + std::to_string(readmissions_ + 1);
+  spdlog::warn("the manager declared this pod lost ({}); coming back as its own replacement, "
+               "uid {} ({} of at most {} times)",
+               reason, uid_, readmissions_, kMaxReadmissions);
+  if (tally_.active()) {
+    v1::AgentReply abort;
+    auto* a = abort.mutable_abort();
+    a->set_epoch(epoch_);
+    a->set_generation(tally_.generation());
+    a->set_committed_step(-1);
+    a->set_reason("this pod was declared lost: " + reason);
+    DeliverAll(abort);
+  }
+  tally_.Clear();
+  for (Rank& k : ranks_) k.standing.reset();
+  pending_.clear();
+  unconfirmed_.clear();
+  pause_at_.reset();
+  resume_pending_ = false;
+  last_generation_agents_ = 0;  // a new incarnation was in no generation
+  reregister_now_ = true;
+  if (session_) session_->Cancel();
+}
+
 v1::AgentMessage Agent::NewMessage() const {
   v1::AgentMessage m;
   auto* h = m.mutable_header();
   h->set_job_id(options_.job_id);
-  h->set_sender(options_.pod_uid);
+  h->set_sender(uid_);
   h->set_epoch(epoch_);
   h->set_generation(generation_);
   return m;
@@ -820,7 +858,7 @@ v1::LocalRank Agent::Report(uint32_t r, Clock::time_point now) const {
 v1::AgentMessage Agent::BuildRegister() {
   v1::AgentMessage m = NewMessage();
   auto* reg = m.mutable_register_();
-  reg->set_pod_uid(options_.pod_uid);
+  reg->set_pod_uid(uid_);
   reg->set_pod_name(options_.pod_name);
   reg->set_node_rank(node_rank_);
   reg->set_node_name(options_.node_name);

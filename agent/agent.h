@@ -184,6 +184,12 @@ class Agent final : private TrainerServer::Listener {
   std::chrono::milliseconds heartbeat_interval_{100};
   Clock::time_point next_heartbeat_{};
 
+  // This pod's uid towards the manager: the pod's own, then <pod uid>/<n> for the n-th time it
+  // came back as its own replacement after being declared lost (Refusal.readmit).
+  std::string uid_;
+  int readmissions_ = 0;
+  void Readmit(const std::string& reason);
+
   // What the manager told us.
   uint64_t epoch_ = 0;
   uint64_t generation_ = 0;

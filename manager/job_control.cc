@@ -144,6 +144,7 @@ void JobControl::Forget(const std::string& uid) {
   record_.lost.push_back(uid);
   if (record_.lost.size() > JobRecord::kMaxLost) {
     lost_uids_.erase(record_.lost.front());
+    replace_uids_.erase(record_.lost.front());
     record_.lost.erase(record_.lost.begin());
   }
   record_changed_ = true;
@@ -162,7 +163,8 @@ v1::Header JobControl::MakeHeader() const {
   return ManagerHeader(spec_.id, options_.epoch, generation_);
 }
 
-v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fenced) const {
+v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fenced,
+                                           bool readmit) const {
   v1::ManagerMessage m;
   *m.mutable_header() = MakeHeader();
   v1::Refusal& r = *m.mutable_refusal();
@@ -171,6 +173,7 @@ v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fence
   r.set_generation(generation_);
   r.set_directive_id(directive_id_);
   r.set_fenced(fenced);
+  r.set_readmit(fenced && readmit);
   return m;
 }
 
@@ -236,9 +239,11 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
     return InvalidArgument("the header's sender " + header.sender() +
                            " is not the registering pod " + reg.pod_uid());
   if (lost_uids_.count(reg.pod_uid()))
-    return FailedPrecondition("pod " + reg.pod_uid() +
-                              " was declared lost (a zombie); its replacement must register "
-                              "with a new pod uid");
+    return FailedPrecondition(
+        "pod " + reg.pod_uid() + " was declared lost (a zombie); " +
+        (MayReadmit(reg.pod_uid())
+             ? "it may come back as its own replacement under a new incarnation of its uid"
+             : "its replacement must register with a new pod uid"));
   if (reg.nproc() != spec_.processes_per_pod)
     return InvalidArgument("the agent runs " + std::to_string(reg.nproc()) +
                            " processes but job " + spec_.id + " has " +
@@ -364,6 +369,15 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
         if (int64_t r = RankOf(node, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
       }
       if (state_ != State::kTraining) return Status::Ok();  // already handling a fault
+      // A collective failed while a pod of the generation has no stream: that pod is gone (its
+      // peers lost their connections to it), not merely reconnecting. Declared lost at once,
+      // so the decision sees the lost pod, not only a failed collective.
+      for (size_t n = 0; n < agents_.size(); ++n)
+        if (agents_[n].state == AgentState::kActive && !agents_[n].connected)
+          LoseSilentPod(static_cast<int64_t>(n),
+                        "the stream of pod " + agents_[n].pod_uid +
+                            " broke and its peers' collectives failed",
+                        now);
       // No kind, or one this manager does not know (a newer agent): a failed collective.
       Fault(EngineFaultKind(f.kind()).empty() ? v1::FAULT_KIND_COLLECTIVE_ERROR : f.kind(), {},
             ranks, f.step(), BoundedText(f.detail(), kMaxDetailBytes), now);
@@ -548,6 +562,7 @@ void JobControl::Depart(int64_t node, int64_t now) {
   Send(node, std::move(stop));
   a.state = AgentState::kLost;
   Forget(a.pod_uid);
+  replace_uids_.insert(a.pod_uid);
   v1::FaultFacts f;
   f.set_kind(v1::FAULT_KIND_POD_LOST);
   f.add_pods(static_cast<uint32_t>(node));
@@ -630,14 +645,17 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   decisions_->Fault(f, now);
 }
 
-void JobControl::Fence(int64_t node, const std::string& reason) {
+void JobControl::Fence(int64_t node, const std::string& reason, bool readmit) {
   Agent& a = agents_[static_cast<size_t>(node)];
   a.state = AgentState::kLost;
   Forget(a.pod_uid);
+  if (!readmit && !a.pod_uid.empty()) replace_uids_.insert(a.pod_uid);
   // Declared lost while its stream is still open (a paused or partitioned agent): tell it at
-  // once, so that it stops its trainers instead of waiting in limbo, and end the stream.
+  // once, so that it stops its trainers or comes back as its own replacement instead of waiting
+  // in limbo, and end the stream.
   if (a.connected)
-    Send(node, MakeRefusal("pod " + a.pod_uid + " was declared lost: " + reason, true), true);
+    Send(node, MakeRefusal("pod " + a.pod_uid + " was declared lost: " + reason, true, readmit),
+         true);
 }
 
 void JobControl::RestartRanks(int64_t node, const std::vector<uint32_t>& locals,
@@ -674,8 +692,9 @@ void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
     } else {
       Event(now, "fence", "pod " + a.pod_uid + " is replaced: its local ranks " + ranks +
                               " failed and recover-in-place is not allowed");
-      Fence(static_cast<int64_t>(n), "its local ranks " + ranks +
-                                         " failed and recover-in-place is not allowed");
+      Fence(static_cast<int64_t>(n),
+            "its local ranks " + ranks + " failed and recover-in-place is not allowed",
+            /*readmit=*/false);
     }
   }
 }
@@ -946,21 +965,29 @@ int64_t JobControl::HangTimeoutMs() const {
   return std::max(config_.hang_timeout_min_s * 1000, config_.hang_step_factor * MedianStepMs());
 }
 
+void JobControl::LoseSilentPod(int64_t node, const std::string& why, int64_t now) {
+  std::vector<uint32_t> ranks;
+  for (int32_t r : rank_of_[static_cast<size_t>(node)])
+    if (r >= 0) ranks.push_back(static_cast<uint32_t>(r));
+  Fault(v1::FAULT_KIND_POD_LOST, {node}, ranks, -1, why, now);
+}
+
 void JobControl::DetectFailures(int64_t now) {
+  // Silent pods, while training and while a recovery waits too (a pod that dies then must not
+  // hold its node rank against its replacement until TCP gives up): active ones, and connected
+  // standbys (a standby's broken stream is a fault at once, see Disconnected).
   const int64_t liveness = LivenessMs();
-  for (size_t n = 0; n < agents_.size() && state_ == State::kTraining; ++n) {
+  for (size_t n = 0; n < agents_.size(); ++n) {
     Agent& a = agents_[n];
-    if (a.state != AgentState::kActive) continue;
+    if (a.state != AgentState::kActive && !(a.state == AgentState::kStandby && a.connected))
+      continue;
     if (now - a.last_seen_ms > liveness) {
-      std::vector<uint32_t> ranks;
-      for (size_t r = 0; r < places_.size(); ++r)
-        if (places_[r].node_rank == static_cast<int64_t>(n)) ranks.push_back(static_cast<uint32_t>(r));
-      Fault(v1::FAULT_KIND_POD_LOST, {static_cast<int64_t>(n)}, ranks, -1,
-            (a.connected ? "no heartbeat from pod " + a.pod_uid + " for "
-                         : "the stream of pod " + a.pod_uid +
-                               " broke and its session was not resumed within ") +
-                std::to_string(now - a.last_seen_ms) + " ms",
-            now);
+      LoseSilentPod(static_cast<int64_t>(n),
+                    (a.connected ? "no heartbeat from pod " + a.pod_uid + " for "
+                                 : "the stream of pod " + a.pod_uid +
+                                       " broke and its session was not resumed within ") +
+                        std::to_string(now - a.last_seen_ms) + " ms",
+                    now);
       return;
     }
   }
@@ -1067,7 +1094,7 @@ void JobControl::TryFirstGeneration(int64_t now) {
 
 void JobControl::Tick(int64_t now) {
   if (state_ == State::kJoining) TryFirstGeneration(now);
-  if (state_ == State::kTraining) DetectFailures(now);
+  if (state_ == State::kTraining || state_ == State::kAborted) DetectFailures(now);
   decisions_->Tick(now);
   while (auto d = decisions_->Poll()) {
     if (state_ == State::kStopped) break;

@@ -119,8 +119,13 @@ class JobControl {
   v1::GetStatusResponse StatusReport() const;
   // A refusal of a message, stamped with this manager's header; `fenced` when the refused pod
   // was declared lost and must stop.
-  v1::ManagerMessage MakeRefusal(const std::string& reason, bool fenced = false) const;
+  v1::ManagerMessage MakeRefusal(const std::string& reason, bool fenced = false,
+                                 bool readmit = false) const;
   bool IsFenced(const std::string& pod_uid) const { return lost_uids_.count(pod_uid) > 0; }
+  // A fenced pod that may come back as its own replacement (see Refusal.readmit).
+  bool MayReadmit(const std::string& pod_uid) const {
+    return IsFenced(pod_uid) && !replace_uids_.count(pod_uid);
+  }
 
   uint64_t epoch() const { return options_.epoch; }
   uint64_t generation() const { return generation_; }
@@ -188,7 +193,8 @@ class JobControl {
   // After a manager restart: whether a majority of the last generation on record is back.
   bool MajorityBack(int64_t now);
   // Declares a pod lost: its uid is fenced for good, and a connected agent is told so at once.
-  void Fence(int64_t node, const std::string& reason);
+  // `readmit`: it may come back as its own replacement (lost for silence or a broken stream).
+  void Fence(int64_t node, const std::string& reason, bool readmit = true);
   // Asks an agent to restart these local ranks in place.
   void RestartRanks(int64_t node, const std::vector<uint32_t>& locals, const std::string& reason);
   // Pods whose processes failed and that no directive restarts: restarted in place when the job
@@ -206,6 +212,8 @@ class JobControl {
                bool job_ends = true);
   void TryFirstGeneration(int64_t now);
   void DetectFailures(int64_t now);
+  // Declares a pod lost that fell silent or whose stream broke (it may come back: readmit).
+  void LoseSilentPod(int64_t node, const std::string& why, int64_t now);
   void Commit(int64_t step, int64_t now);
   int64_t HangTimeoutMs() const;
   int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }
@@ -227,6 +235,7 @@ class JobControl {
   std::vector<Agent> agents_;                  // by node rank
   std::map<uint64_t, int64_t> stream_node_;    // stream -> node rank
   std::set<std::string> lost_uids_;            // pods that were lost: zombies if they return
+  std::set<std::string> replace_uids_;         // of those, the ones that must be replaced
   JobRecord record_;
   bool record_changed_ = true;
   bool superseded_ = false;

@@ -692,5 +692,77 @@ TEST(JobControl, ASupersededIncarnationStopsItsPodsAndKeepsOffTheRecord) {
   EXPECT_FALSE(sim.rt->TakeRecord().has_value());
 }
 
+// Issue 11: a pod declared lost for silence (paused, cut off) may be alive: it is told it may
+// come back as its own replacement, and its new incarnation registers as a standby that the
+// next scale-out takes in.
+TEST(JobControl, APodLostForSilenceMayComeBackAsItsOwnReplacement) {
+  Sim sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  sim.Gone(2);  // paused: it stays connected, and silent
+  sim.Run(600, 0);
+  ASSERT_TRUE(sim.rt->IsFenced("pod-2"));
+  ASSERT_EQ(sim.Count(2, v1::ManagerMessage::kRefusal), 1);
+  v1::Refusal refusal;
+  for (const auto& m : sim.inbox_[2])
+    if (m.has_refusal()) refusal = m.refusal();
+  EXPECT_TRUE(refusal.fenced());
+  EXPECT_TRUE(refusal.readmit());
+  EXPECT_TRUE(sim.rt->MayReadmit("pod-2"));
+  sim.rt->Disconnected(sim.streams_[2], sim.now);
+  ASSERT_TRUE(sim.Register(2, "pod-2/2").ok()) << "back under a new incarnation of its uid";
+  EXPECT_EQ(sim.rt->StatusReport().nodes(2).state(), "standby");
+}
+
+// Found by the simulation: a pod that came back within the report window of its own loss made
+// the engine see only a standby touched, so it issued no directive while the manager had
+// aborted the generation: the job waited for good.
+TEST(JobControl, APodBackWithinTheReportWindowOfItsLossStillGetsTheJobADirective) {
+  Sim sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  sim.Gone(2);
+  sim.Run(520, 0);  // declared lost: the report window (200 ms) opens
+  ASSERT_TRUE(sim.rt->IsFenced("pod-2"));
+  ASSERT_FALSE(sim.rt->training());
+  sim.rt->Disconnected(sim.streams_[2], sim.now);
+  ASSERT_TRUE(sim.Register(2, "pod-2/2").ok());
+  sim.gone_.erase(2);
+  sim.Run(600, 0);
+  EXPECT_TRUE(sim.rt->training()) << "a directive came and a generation formed";
+}
+
+TEST(JobControl, APodWhoseProcessesFailedMustBeReplacedNotReadmitted) {
+  Sim sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
+                         {"regroup.io/prefer-elastic", "true"}});
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  ASSERT_TRUE(sim.Exit(3, 0, 1).ok());
+  sim.Run(400, 0);
+  ASSERT_TRUE(sim.rt->IsFenced("pod-3"));
+  EXPECT_FALSE(sim.inbox_[3].back().refusal().readmit());
+  EXPECT_FALSE(sim.rt->MayReadmit("pod-3"));
+}
+
+// A broken stream gets the liveness timeout to resume, but when the pod's peers' collectives
+// fail meanwhile, the pod is gone (its node died): declared lost at once, not a timeout later.
+TEST(JobControl, ACollectiveFailingWhileAPodsStreamIsDownDeclaresThatPodLostAtOnce) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  sim.rt->Disconnected(sim.streams_[1], sim.now);
+  sim.Gone(1);
+  sim.Run(40, 0);
+  EXPECT_FALSE(sim.rt->IsFenced("pod-1")) << "within its grace to resume";
+  v1::AgentMessage m;
+  m.mutable_fault()->set_kind(v1::FAULT_KIND_COLLECTIVE_ERROR);
+  m.mutable_fault()->add_local_ranks(0);
+  m.mutable_fault()->set_step(0);
+  m.mutable_fault()->set_detail("Connection closed by peer");
+  ASSERT_TRUE(sim.Send(0, m).ok());
+  EXPECT_TRUE(sim.rt->IsFenced("pod-1"));
+  EXPECT_FALSE(sim.rt->training());
+}
+
 }  // namespace
 }  // namespace regroup::manager

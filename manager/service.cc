@@ -150,7 +150,8 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
                      *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
       const bool fenced =
           message.has_register_() && job_->IsFenced(message.register_().pod_uid());
-      stream->Send(job_->MakeRefusal(st.message(), fenced), true, ToGrpcStatus(st));
+      const bool readmit = fenced && job_->MayReadmit(message.register_().pod_uid());
+      stream->Send(job_->MakeRefusal(st.message(), fenced, readmit), true, ToGrpcStatus(st));
       return;
     }
     if (auto old = by_node_.find(node); old != by_node_.end() && old->second != stream)

@@ -1,6 +1,7 @@
 #include "plugin/engine.h"
 
 #include <algorithm>
+#include <set>
 #include <array>
 #include <cstring>
 
@@ -437,10 +438,18 @@ void Job::Decide(int64_t now) {
   std::sort(dead_ranks.begin(), dead_ranks.end());
   dead_ranks.erase(std::unique(dead_ranks.begin(), dead_ranks.end()), dead_ranks.end());
 
-  bool broken = false;  // a replica of the current generation lost a pod
+  // A replica of the current generation lost a pod: one lost now, or one this batch reports
+  // lost whose replacement (or own readmission) registered within the report window. The manager
+  // aborted that generation either way, so it always gets a directive.
+  std::set<int64_t> lost_in_batch;
+  for (const auto& f : batch)
+    if (f.kind == FaultKind::kPodLost || f.kind == FaultKind::kDeviceError)
+      lost_in_batch.insert(f.pods.begin(), f.pods.end());
+  bool broken = false;
   for (int64_t r : generation_replicas_)
     for (int64_t p : layout_.PodsOfReplica(r))
-      broken = broken || slots_[static_cast<size_t>(p)].status == PodSlot::Status::kLost;
+      broken = broken || slots_[static_cast<size_t>(p)].status == PodSlot::Status::kLost ||
+               lost_in_batch.count(p) > 0;
   if (!broken && dead_ranks.empty() && !collective) {
     // Only standbys were touched: nothing to recover; the lost pods are wanted back.
     return;

@@ -65,6 +65,8 @@ struct Trainer {
 struct Pod {
   int64_t slot = 0;
   std::string uid;
+  std::string base_uid;  // the pod's own; uid is base_uid/<n> once it came back n-1 times
+  int readmissions = 0;
   bool dead = false;
   bool stopping = false;        // told to stop by the manager (or done)
   int64_t paused_until = -1;    // SIGSTOP
@@ -519,7 +521,8 @@ void World::ManagerReceive(Stream& s, const v1::AgentMessage& message) {
                   std::to_string(s.pod->slot) + ", held by " + holder + ", which is lost or gone");
       }
       Packet p;
-      p.down = job.MakeRefusal(st.message(), fenced);
+      p.down = job.MakeRefusal(st.message(), fenced,
+                               fenced && job.MayReadmit(message.register_().pod_uid()));
       SendDown(s.id, p);
       ManagerClose(s.id);
       return;
@@ -606,6 +609,7 @@ Pod* World::NewPod(int64_t slot) {
   int generation = 0;
   for (const auto& p : pods_) generation += p->slot == slot;
   pod->uid = "pod-" + std::to_string(slot) + (generation ? "-r" + std::to_string(generation) : "");
+  pod->base_uid = pod->uid;
   pod->step_ms = Uniform(40, 120);
   pod->ranks.resize(static_cast<size_t>(spec_.processes_per_pod));
   pod->outage_since = now_;
@@ -957,6 +961,36 @@ void World::OnStop(Pod* pod, const v1::StopTraining& stop) {
 }
 
 void World::OnRefusal(Pod* pod, const v1::Refusal& refusal) {
+  if (refusal.fenced() && refusal.readmit() && pod->readmissions < 5) {
+    // Back as its own replacement (agent.cc, Readmit): a new incarnation of its uid, its
+    // trainers out of their generation and holding stale state.
+    ++pod->readmissions;
+    const std::string old = pod->uid;
+    pod->uid = pod->base_uid + "/" + std::to_string(pod->readmissions + 1);
+    Trace(old + " was declared lost and comes back as " + pod->uid);
+    for (Trainer& t : pod->ranks)
+      if (t.alive && t.hello) {
+        ++t.token;
+        t.phase = v1::PHASE_PAUSED;
+        t.assigned = false;
+      }
+    pod->tally.Clear();
+    pod->pending.clear();
+    pod->unconfirmed.clear();
+    ++pod->pause_token;
+    pod->last_generation_agents = 0;
+    pod->reregister_now = true;
+    if (pod->stream) {
+      const uint64_t id = pod->stream;
+      Packet close;
+      close.close = true;
+      SendUp(id, close);
+      PodAfter(pod, 1, [this, pod, id] {
+        if (pod->stream == id) SessionClosed(pod, "cancelled to register again");
+      });
+    }
+    return;
+  }
   if (refusal.fenced()) {
     PodExits(pod, true, "declared lost (fenced): " + refusal.reason());
     return;

@@ -187,6 +187,7 @@ class World {
   void OnOutcome(Pod* pod, const v1::StepOutcome& outcome, uint64_t epoch);
   void OnStop(Pod* pod, const v1::StopTraining& stop);
   void OnRefusal(Pod* pod, const v1::Refusal& refusal);
+  void RegisterAgain(Pod* pod);
   void BeginStep(Pod* pod, uint32_t local);
   void StepDone(Pod* pod, uint32_t local, uint64_t token);
   void CheckVotes(Pod* pod);
@@ -979,16 +980,7 @@ void World::OnRefusal(Pod* pod, const v1::Refusal& refusal) {
     pod->unconfirmed.clear();
     ++pod->pause_token;
     pod->last_generation_agents = 0;
-    pod->reregister_now = true;
-    if (pod->stream) {
-      const uint64_t id = pod->stream;
-      Packet close;
-      close.close = true;
-      SendUp(id, close);
-      PodAfter(pod, 1, [this, pod, id] {
-        if (pod->stream == id) SessionClosed(pod, "cancelled to register again");
-      });
-    }
+    RegisterAgain(pod);
     return;
   }
   if (refusal.fenced()) {
@@ -998,18 +990,22 @@ void World::OnRefusal(Pod* pod, const v1::Refusal& refusal) {
   if (refusal.epoch() > pod->epoch) {
     pod->epoch = refusal.epoch();
     pod->generation = refusal.generation();
-    pod->reregister_now = true;
-    if (pod->stream) {
-      const uint64_t id = pod->stream;
-      Packet close;
-      close.close = true;
-      SendUp(id, close);
-      // gRPC reports the cancelled call to the agent at once.
-      PodAfter(pod, 1, [this, pod, id] {
-        if (pod->stream == id) SessionClosed(pod, "cancelled to register again");
-      });
-    }
+    RegisterAgain(pod);
   }
+}
+
+// The agent cancels its session to register again at once (gRPC reports the cancelled call to
+// the agent at once).
+void World::RegisterAgain(Pod* pod) {
+  pod->reregister_now = true;
+  if (!pod->stream) return;
+  const uint64_t id = pod->stream;
+  Packet close;
+  close.close = true;
+  SendUp(id, close);
+  PodAfter(pod, 1, [this, pod, id] {
+    if (pod->stream == id) SessionClosed(pod, "cancelled to register again");
+  });
 }
 
 void World::CrashTrainer(Pod* pod, uint32_t local, int32_t code) {

@@ -574,7 +574,7 @@ void Agent::OnWelcome(const v1::Welcome& welcome) {
                  epoch_);
     return;
   }
-  const uint64_t old_epoch = epoch_, old_generation = tally_.active() ? tally_.generation() : 0;
+  const uint64_t old_epoch = started_epoch_, old_generation = tally_.active() ? tally_.generation() : 0;
   epoch_ = welcome.epoch();
   generation_ = std::max(generation_, welcome.generation());
   node_rank_ = static_cast<int>(welcome.node_rank());
@@ -675,6 +675,7 @@ void Agent::OnStart(const v1::StartGeneration& start) {
       spdlog::warn("generation {} assigns local rank {}, but this agent runs {} processes",
                    plan.generation(), a.local_rank(), ranks_.size());
   tally_.Start(plan.generation(), assigned);
+  started_epoch_ = plan.epoch() ? plan.epoch() : epoch_;
   ForgetConfirmed(/*votes=*/true, /*exits=*/true);
   spdlog::info("generation {} (epoch {}): world size {}, committed step {}, local ranks {} "
                "training, {} standing by; {}",
@@ -808,7 +809,7 @@ void Agent::Readmit(const std::string& reason) {
   if (tally_.active()) {
     v1::AgentReply abort;
     auto* a = abort.mutable_abort();
-    a->set_epoch(epoch_);
+    a->set_epoch(started_epoch_);
     a->set_generation(tally_.generation());
     a->set_committed_step(-1);
     a->set_reason("this pod was declared lost: " + reason);

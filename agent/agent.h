@@ -195,6 +195,10 @@ class Agent final : private TrainerServer::Listener {
   uint64_t generation_ = 0;
   int node_rank_ = -1;
   uint32_t last_generation_agents_ = 0;  // GenerationPlan.agents of the last plan followed
+  // The epoch of the generation the trainers were last started in: an abort the agent makes up
+  // for them names it (epoch_ may already be a newer manager's, whose generation of the same
+  // number the abort must not touch).
+  uint64_t started_epoch_ = 0;
   VoteTally tally_;
 
   // Ending.

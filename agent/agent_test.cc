@@ -586,6 +586,7 @@ TEST_F(AgentTest, LosingTheManagerPausesTrainersAndTheyRegisterAgainWhenItReturn
   EXPECT_TRUE(TrainerSaw(1, "pause timeout_ms="));
   std::this_thread::sleep_for(500ms);  // a few failed reconnects
   const size_t mark = manager_.Mark();
+  manager_.record().epoch = 2;  // a restarted manager: a new incarnation
   manager_.Start();  // same port
   auto reg = manager_.WaitFor(IsRegister, 15s, mark);
   ASSERT_TRUE(reg) << "no Register after the manager came back";
@@ -599,6 +600,10 @@ TEST_F(AgentTest, LosingTheManagerPausesTrainersAndTheyRegisterAgainWhenItReturn
     EXPECT_EQ(r.ranks(i).step(), 10 + i);
   }
   EXPECT_TRUE(manager_.WaitFor(AllTraining(2), 10s, mark));
+  // The session was not resumed: the generation the trainers are in is gone, and the abort
+  // names it by its own epoch, never the new manager's (whose generation 1 it must not touch).
+  EXPECT_TRUE(TrainerSaw(0, "abort gen=1 epoch=1"));
+  EXPECT_TRUE(TrainerSaw(1, "abort gen=1 epoch=1"));
 }
 
 TEST_F(AgentTest, WithoutAManagerForTheReconnectTimeoutItStopsTheTrainersAndExitsOne) {

@@ -195,7 +195,8 @@ class Trainer {
         break;
       }
       case v1::AgentReply::kAbort:
-        Line("abort gen=" + std::to_string(reply.abort().generation()));
+        Line("abort gen=" + std::to_string(reply.abort().generation()) +
+             " epoch=" + std::to_string(reply.abort().epoch()));
         break;
       case v1::AgentReply::kOutcome:
         Line("outcome step=" + std::to_string(reply.outcome().step()) +

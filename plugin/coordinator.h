@@ -16,7 +16,9 @@ namespace regroup::coordinator {
 
 struct CoordinatorOptions {
   std::string listen = "0.0.0.0:8899";  // port 0: any free port
-  std::string credential;                // "" : managers must send none
+  // The cluster key: each manager sends its job's token, derived from it (common/job_token.h).
+  // "": managers must send none, and nothing binds a manager to its job.
+  std::string credential;
   std::string tls_cert_file, tls_key_file;
 };
 

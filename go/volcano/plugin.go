@@ -29,7 +29,8 @@ const (
 	// argCoordinatorListen: where the coordinator listens for managers. Default "0.0.0.0:8899";
 	// "" or "off" runs no coordinator.
 	argCoordinatorListen = "regroup.coordinatorListen"
-	// argCredentialFile: a file holding the token managers must send (a mounted Secret).
+	// argCredentialFile: a file holding the cluster key (a mounted Secret), from which each
+	// job's token, the one its manager must send, is derived.
 	argCredentialFile = "regroup.credentialFile"
 	// argTLSCertFile and argTLSKeyFile: serve the coordinator over TLS.
 	argTLSCertFile = "regroup.tlsCertFile"

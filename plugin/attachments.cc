@@ -116,9 +116,11 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   auto refuse = [&](Status why) {
     return std::vector<Outgoing>{Refusal(stream, job, served, why, true)};
   };
-  // A refusal of who the caller is: PERMISSION_DENIED on the wire.
+  // A refusal of who the caller is: PERMISSION_DENIED on the wire, and nothing of the job's
+  // state (its epoch, its directive) told.
   auto deny = [&](std::string why) {
-    std::vector<Outgoing> out = refuse(FailedPrecondition(std::move(why)));
+    std::vector<Outgoing> out{Refusal(stream, job, 0, FailedPrecondition(std::move(why)), true)};
+    out.front().message.mutable_refusal()->clear_directive_id();
     out.front().permission_denied = true;
     return out;
   };

@@ -593,6 +593,8 @@ TEST_F(CoordinatorTest, AnotherJobsTokenOrTheClusterKeyNeverActsAsTheJob) {
     v1::CoordinatorDirective m = s.Read();
     ASSERT_TRUE(m.has_refusal()) << "no directive for a job the caller is not";
     EXPECT_TRUE(m.epoch_ticket().empty()) << "no epoch is granted";
+    EXPECT_EQ(m.refusal().epoch(), 0u) << "nothing of the job's state is told";
+    EXPECT_EQ(m.header().epoch(), 0u);
     (void)s.Send(FaultReport(v1::FAULT_KIND_POD_LOST, {0, 1}, {}, -1), victim, epoch);
     grpc::Status st = s.Finish();
     EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();

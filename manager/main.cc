@@ -215,7 +215,8 @@ int main(int argc, char** argv) {
     // The agents follow the epoch the coordinator grants: nothing is served before it is known.
     std::signal(SIGTERM, OnSignal);
     std::signal(SIGINT, OnSignal);
-    while (!g_stop && !remote->WaitAvailable(std::chrono::milliseconds(100)) && remote->epoch() == 0) {
+    while (!g_stop && !remote->WaitAvailable(std::chrono::milliseconds(100)) &&
+           remote->epoch() == 0) {
     }
     if (g_stop) return 0;
     const uint64_t granted = remote->epoch();

@@ -146,7 +146,8 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
                 ": a manager attaches only as the job whose token it holds (the job's Secret; "
                 "regroupctl token), never with another job's token or the cluster key");
   // The epoch the engine's saved state holds for the job's manager survives a scheduler restart.
-  const uint64_t recorded = static_cast<uint64_t>(std::max<int64_t>(0, found->manager_status().epoch));
+  const uint64_t recorded =
+      static_cast<uint64_t>(std::max<int64_t>(0, found->manager_status().epoch));
   const uint64_t highest = std::max(served, recorded);
   uint64_t epoch = asked;
   if (asked == 0) {

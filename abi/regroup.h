@@ -340,11 +340,16 @@ REGROUP_EXTERN regroup_status regroup_engine_restore(regroup_engine *engine,
  * ------------------------------------------------------------------------------------------- */
 /* The coordinator: a gRPC server inside the library (service regroup.v1.Coordinator of
  * proto/regroup/v1/wire.proto) that connects the jobs' managers to an engine. Each manager
- * keeps one stream (Attach). Its first message is `hello`, with the job's id in the header and the
- * manager's epoch; a job the engine does not know is refused (NOT_FOUND). Only the highest epoch
- * of a job is served: an older manager is refused as fenced (FAILED_PRECONDITION), and a newer one
+ * keeps one stream (Attach). Its first message is `hello`, with the job's id in the header; a job
+ * the engine does not know is refused (NOT_FOUND). With a credential (the cluster key), a stream
+ * must carry the token of the job it names, HMAC-SHA256 of the job's id and uid under the key
+ * (`regroupctl token`; docs/security.md): none is refused UNAUTHENTICATED, another job's token or
+ * the key itself PERMISSION_DENIED. Epochs are granted by the coordinator: a hello with epoch 0 is
+ * granted one above any the job had (above those granted before, the one the job's saved state
+ * holds, and the wall clock in ms), with a ticket; a manager reattaches with its epoch and ticket,
+ * and an epoch without a valid ticket is refused PERMISSION_DENIED. Only the highest epoch of a
+ * job is served: an older manager is refused as fenced (FAILED_PRECONDITION), and a newer one
  * (or the same epoch on a new stream, a reconnect) replaces the attached stream, which is closed.
- * A stream without the credential is refused (UNAUTHENTICATED).
  *
  * An attached manager's facts become the engine's events: `fault` a "fault" event (the engine's
  * kind names; a checksum mismatch counts as a collective error), `replacement` the pod running
@@ -366,9 +371,10 @@ typedef struct regroup_coordinator_options {
   uint32_t version;          /* REGROUP_COORDINATOR_OPTIONS_VERSION */
   const char *listen;        /* "HOST:PORT" to listen on; default "0.0.0.0:8899"; port 0: any free
                                 port (read it with regroup_coordinator_port) */
-  const char *credential;    /* the token every manager sends ("authorization: Bearer <token>").
-                                Required since 1.3 unless `insecure` is set: a coordinator without
-                                one would accept every client as any job's manager */
+  const char *credential;    /* the cluster key: each manager sends its job's token, derived from
+                                it ("authorization: Bearer <token>"). Required since 1.3 unless
+                                `insecure` is set: a coordinator without one would accept every
+                                client as any job's manager */
   const char *tls_cert_file; /* serve TLS with this certificate (PEM) and tls_key_file; default
                                 plaintext. Give both or neither. */
   const char *tls_key_file;  /* the certificate's private key (PEM) */

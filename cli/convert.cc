@@ -17,8 +17,9 @@ constexpr int64_t kMaxOutputNodes = 1'000'000;
 constexpr int kManagerPort = 9601;
 constexpr char kCredentialVolume[] = "regroup-credential";
 constexpr char kCredentialDir[] = "/etc/regroup/credential";
-// The cluster's coordinator token (deploy/README.md: one Secret of this name per namespace).
-constexpr char kCoordinatorSecret[] = "regroup-credential";
+// The job's token at the coordinator (deploy/README.md, step 2): the Secret NAME + this, written
+// by whoever holds the cluster key (regroupctl token) once the job has its uid.
+constexpr char kCoordinatorSecretSuffix[] = "-regroup-coordinator-token";
 constexpr char kCoordinatorVolume[] = "regroup-coordinator-credential";
 constexpr char kCoordinatorDir[] = "/etc/regroup/coordinator";
 constexpr char kCredentialKey[] = "token";
@@ -743,7 +744,7 @@ class Converter {
     if (!options_.coordinator.empty()) {
       YAML::Node v;
       v["name"] = kCoordinatorVolume;
-      v["secret"]["secretName"] = kCoordinatorSecret;
+      v["secret"]["secretName"] = name_ + kCoordinatorSecretSuffix;
       v["secret"]["defaultMode"] = 256;
       pod["volumes"].push_back(v);
     }
@@ -758,10 +759,11 @@ class Converter {
                "whose engine makes the scheduling decisions (--coordinator \"\" for none)");
     if (!options_.coordinator.empty())
       Note(Kind::kCheck, "spec.tasks[manager] volume " + std::string(kCoordinatorVolume),
-           std::string("the coordinator accepts the cluster's token, not the job's credential: the "
-                       "namespace needs the Secret ") +
-               kCoordinatorSecret + " (key " + kCredentialKey +
-               ") holding it (deploy/README.md, step 2)");
+           "the coordinator accepts this job's token there, which binds the manager to this "
+           "job: once the job exists, whoever holds the cluster key writes the Secret " +
+               name_ + kCoordinatorSecretSuffix + " (key " + kCredentialKey +
+               ") with `regroupctl token --job NAMESPACE/" + name_ +
+               " --uid JOB_UID` (deploy/README.md, step 2); the manager waits for it");
     Note(Kind::kCheck, "spec.tasks[manager].template.spec.containers[0].image",
          options_.manager_image + " must hold regroup-manager (--manager-image to change it)");
     return task;

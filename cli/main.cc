@@ -5,6 +5,9 @@
 //   regroupctl keys                       the configuration keys (the README's table)
 //   regroupctl status [--manager H:P]      a running job's state, from its manager
 //   regroupctl convert ASCENDJOB.yaml      a MindCluster AscendJob as a Volcano Job for Regroup
+//   regroupctl token --cluster-key-file F --job NS/NAME --uid UID
+//                                         a job's token at the coordinator, for its Secret
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -16,6 +19,10 @@
 #include "cli/fault_script.h"
 #include "cli/simulate.h"
 #include "cli/status.h"
+#include "common/credential.h"
+#include "common/job_token.h"
+#include "common/text.h"
+#include "plugin/job_spec.h"
 #include "plugin/volcano_job.h"
 #include "plugin/config.h"
 
@@ -131,6 +138,29 @@ int Convert(const std::string& path, const std::string& out_path,
   return result->resolved.ok() ? 0 : 1;
 }
 
+// regroupctl token: the job's token (common/job_token.h) on stdout.
+int Token(const std::string& key_file, const std::string& job, const std::string& uid) {
+  auto key = regroup::LoadCredential(key_file);
+  if (!key.ok()) {
+    std::cerr << "error: --cluster-key-file: " << key.status().message() << "\n";
+    return 2;
+  }
+  if (regroup::Status st = regroup::CheckJobId(job, "--job"); !st.ok()) {
+    std::cerr << "error: " << st.message() << "\n";
+    return 2;
+  }
+  const bool printable =
+      std::all_of(uid.begin(), uid.end(), [](unsigned char c) { return c > 0x20 && c < 0x7f; });
+  if (uid.empty() || uid.size() > 128 || !printable) {
+    std::cerr << "error: --uid must be the job's metadata.uid (1 to 128 printable ASCII "
+                 "characters), not \""
+              << regroup::ValidUtf8(uid.substr(0, 128)) << "\"\n";
+    return 2;
+  }
+  std::cout << regroup::JobToken(*key, job, uid) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -205,7 +235,23 @@ int main(int argc, char** argv) {
                       "the Secret holding the job's credential under the key `token` (default: "
                       "NAME-regroup-credential)");
 
+  std::string key_file, token_job, token_uid;
+  auto* token = app.add_subcommand(
+      "token", "Print a job's token at the coordinator (for the job's Secret), derived from the "
+               "cluster key: it lets a manager act as that job only");
+  token->add_option("--cluster-key-file", key_file,
+                    "the cluster key (the coordinator's credential file; only the scheduler's "
+                    "namespace holds it)")
+      ->required();
+  token->add_option("--job", token_job, "the job's id, NAMESPACE/NAME")->required();
+  token->add_option("--uid", token_uid,
+                    "the Volcano Job's uid (kubectl get vcjob NAME -n NAMESPACE -o "
+                    "jsonpath='{.metadata.uid}')")
+      ->required();
+
   CLI11_PARSE(app, argc, argv);
+
+  if (token->parsed()) return Token(key_file, token_job, token_uid);
 
   if (status->parsed()) {
     regroup::Status st = regroup::cli::PrintStatus(status_options, std::cout);

@@ -41,15 +41,20 @@ void AttachCredential(grpc::ClientContext& context, const std::string& credentia
   if (!credential.empty()) context.AddMetadata("authorization", std::string(kBearer) + credential);
 }
 
-grpc::Status CheckCredential(const grpc::ServerContextBase& context, const std::string& expected) {
+std::optional<std::string> BearerToken(const grpc::ServerContextBase& context) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
-  std::string_view got;
-  if (it != metadata.end()) got = std::string_view(it->second.data(), it->second.size());
+  if (it == metadata.end()) return std::nullopt;
+  std::string_view got(it->second.data(), it->second.size());
   if (got.substr(0, kBearer.size()) == kBearer) got.remove_prefix(kBearer.size());
-  if (ConstantTimeEqual(got, expected)) return grpc::Status::OK;
+  return std::string(got);
+}
+
+grpc::Status CheckCredential(const grpc::ServerContextBase& context, const std::string& expected) {
+  const std::optional<std::string> got = BearerToken(context);
+  if (ConstantTimeEqual(got.value_or(""), expected)) return grpc::Status::OK;
   return {grpc::StatusCode::UNAUTHENTICATED,
-          std::string(it == metadata.end() ? "no credential" : "a wrong credential") +
+          std::string(!got ? "no credential" : "a wrong credential") +
               " from " + context.peer() +
               ": every call must carry this job's credential (REGROUP_CREDENTIAL_FILE)"};
 }

@@ -1,6 +1,7 @@
 // The per-job credential every RPC carries ("authorization: Bearer <token>" metadata).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -17,6 +18,10 @@ StatusOr<std::string> LoadCredential(const std::string& file);
 
 // Adds the credential to an outgoing call.
 void AttachCredential(grpc::ClientContext& context, const std::string& credential);
+
+// The token an incoming call carries ("authorization: Bearer <token>"); nullopt when it carries
+// none.
+std::optional<std::string> BearerToken(const grpc::ServerContextBase& context);
 
 // Checks an incoming call's credential in constant time. Returns an UNAUTHENTICATED status
 // naming the peer when it is missing or wrong.

@@ -267,7 +267,7 @@ class Cluster:
                       coordinator_credential: Optional[Path] = None) -> None:
         """The job's manager: in this namespace on the bridge's address, or inside ``node`` (as a
         pod bound there); with its embedded engine, or taking decisions from ``coordinator``
-        (which accepts the cluster's token ``coordinator_credential``, not the job's)."""
+        (with ``coordinator_credential``, the job's token there, minted from the cluster key)."""
         self.manager_starts += 1
         if node is not None and node.address != self.manager_host:
             self.manager_host = node.address

@@ -144,7 +144,8 @@ class VolcanoLoop:
         self.started = True
         binary = build_localsched(self.log)
         listen = f"{self.c.net.manager_address}:0"
-        # The coordinator's token is the cluster's, not the job's (as deploy/ sets it up).
+        # The coordinator holds the cluster key; the job's manager gets the job's token, derived
+        # from it (as deploy/ sets it up).
         self.coordinator_credential = self.c.dir / "coordinator-credential"
         self.coordinator_credential.write_text(secrets.token_hex(24))
         self.coordinator_credential.chmod(0o600)
@@ -378,7 +379,7 @@ class VolcanoLoop:
         key, uid, node_name = ev["pod"], ev["uid"], ev["node"]
         self._stop_old(key)
         rec = {"uid": uid, "node": node_name, "task": ev.get("task"), "index": ev.get("index", 0),
-               "process": None, "reported": False}
+               "process": None, "reported": False, "job": ev.get("job", ""), "job_uid": ev.get("job_uid", "")}
         self.pods[key] = rec
         if node_name in self.dead_nodes:
             self.log(f"{key} was bound to {node_name}, whose kubelet is dead: it does not start")
@@ -398,10 +399,20 @@ class VolcanoLoop:
         else:
             self._start_worker(key, rec)
 
+    def job_token(self, job: str, job_uid: str) -> Path:
+        """The job's token at the coordinator, as an administrator mints it with the cluster key
+        (``regroupctl token``), in a file of its own."""
+        out = subprocess.run([self.c.bin["regroupctl"], "token", "--cluster-key-file", str(self.coordinator_credential),
+                              "--job", job, "--uid", job_uid], capture_output=True, text=True, check=True).stdout
+        path = self.c.dir / "coordinator-token"
+        path.write_text(out)
+        path.chmod(0o600)
+        return path
+
     def _start_manager(self, key: str, rec: dict, node) -> None:
         try:
-            self.c.start_manager(node=node, coordinator=self.coordinator,
-                                 coordinator_credential=self.coordinator_credential)
+            token = self.job_token(rec["job"], rec["job_uid"]) if self.coordinator_credential else None
+            self.c.start_manager(node=node, coordinator=self.coordinator, coordinator_credential=token)
         except (RuntimeError, AssertionError) as e:
             rec["process"] = self.c.manager
             self.log(f"the manager's pod {key} failed to start: {str(e).splitlines()[0]}")

@@ -65,8 +65,9 @@ int main(int argc, char** argv) {
                  "the job's credential (default: $REGROUP_CREDENTIAL_FILE, $REGROUP_CREDENTIAL)");
   std::string coordinator_credential_file;
   app.add_option("--coordinator-credential-file", coordinator_credential_file,
-                 "the token the coordinator accepts, when it is not the job's credential (default: "
-                 "$REGROUP_COORDINATOR_CREDENTIAL_FILE, else the job's credential)");
+                 "the job's token at the coordinator (regroupctl token), when it is not the job's "
+                 "credential (default: $REGROUP_COORDINATOR_CREDENTIAL_FILE, else the job's "
+                 "credential)");
   bool insecure = false;
   app.add_flag("--insecure", insecure,
                "serve without a job credential, accepting every client (tests on a trusted "
@@ -76,7 +77,9 @@ int main(int argc, char** argv) {
   app.add_option("--join-window-s", join_window_s, "how long the first rendezvous waits")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
-  app.add_option("--epoch", epoch, "this incarnation's epoch (default: the clock in ms)")
+  app.add_option("--epoch", epoch,
+                 "this incarnation's epoch, standalone only: with --coordinator the coordinator "
+                 "grants it (default: the clock in ms, above the --record's)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 60));
   std::string record_file;
   app.add_option("--record", record_file,
@@ -167,6 +170,13 @@ int main(int argc, char** argv) {
                  listen);
   }
 
+  if (coordinator.empty())
+    if (const char* v = Env("REGROUP_COORDINATOR_ADDR")) coordinator = v;
+  if (!coordinator.empty() && epoch != 0) {
+    std::cerr << "regroup-manager: --epoch cannot be given with --coordinator: the coordinator "
+                 "grants this manager's epoch\n";
+    return 2;
+  }
   if (record_file.empty())
     if (const char* v = Env("REGROUP_RECORD_FILE")) record_file = v;
   regroup::manager::JobControlOptions ro;
@@ -192,8 +202,6 @@ int main(int argc, char** argv) {
     }
   }
   ro.join_window_ms = join_window_s * 1000;
-  if (coordinator.empty())
-    if (const char* v = Env("REGROUP_COORDINATOR_ADDR")) coordinator = v;
   std::unique_ptr<regroup::manager::Decisions> decisions;
   if (!coordinator.empty()) {
     auto channel = regroup::MakeChannel(coordinator, {coordinator_ca, coordinator_server_name});
@@ -210,7 +218,7 @@ int main(int argc, char** argv) {
     if (coordinator_credential_file.empty())
       if (const char* v = Env("REGROUP_COORDINATOR_CREDENTIAL_FILE")) coordinator_credential_file = v;
     if (!coordinator_credential_file.empty()) {
-      // The coordinator's token is the cluster's; the job's own credential guards this manager.
+      // The job's token at the coordinator; the job's own credential guards this manager.
       auto token = regroup::LoadCredential(coordinator_credential_file);
       if (!token.ok()) {
         std::cerr << "regroup-manager: --coordinator-credential-file: " << token.status().message()
@@ -220,10 +228,25 @@ int main(int argc, char** argv) {
       rd.credential = *token;
     }
     rd.job_id = spec.id;
-    rd.epoch = ro.epoch;
-    decisions = std::make_unique<regroup::manager::RemoteDecisions>(rd);
-    spdlog::info("regroup-manager: the coordinator at {} makes the scheduling decisions{}",
+    auto remote = std::make_unique<regroup::manager::RemoteDecisions>(rd);
+    spdlog::info("regroup-manager: the coordinator at {} makes the scheduling decisions{}; "
+                 "waiting for it to grant this manager's epoch",
                  coordinator, coordinator_ca.empty() ? "" : " (TLS)");
+    // The agents follow the epoch the coordinator grants: nothing is served before it is known.
+    std::signal(SIGTERM, OnSignal);
+    std::signal(SIGINT, OnSignal);
+    while (!g_stop && !remote->WaitAvailable(std::chrono::milliseconds(100)) &&
+           remote->epoch() == 0) {
+    }
+    if (g_stop) return 0;
+    const uint64_t granted = remote->epoch();
+    if (ro.record && granted <= ro.record->epoch)
+      spdlog::warn("regroup-manager: the coordinator granted epoch {}, not above epoch {} of the "
+                   "record {}: agents that followed that incarnation refuse this one until its "
+                   "epoch is higher",
+                   granted, ro.record->epoch, record_file);
+    ro.epoch = granted;
+    decisions = std::move(remote);
   } else {
     decisions = std::make_unique<regroup::manager::EmbeddedDecisions>(spec);
   }

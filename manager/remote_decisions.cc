@@ -59,7 +59,7 @@ RemoteDecisions::~RemoteDecisions() {
 }
 
 v1::Header RemoteDecisions::MakeHeader() const {
-  return ManagerHeader(options_.job_id, options_.epoch, generation_);
+  return ManagerHeader(options_.job_id, epoch_, generation_);
 }
 
 void RemoteDecisions::Enqueue(v1::ManagerReport report) {
@@ -131,6 +131,11 @@ bool RemoteDecisions::WaitAvailable(std::chrono::milliseconds timeout) const {
   return cv_.wait_for(lock, timeout, [this] { return attached_ || stopping_; }) && attached_;
 }
 
+uint64_t RemoteDecisions::epoch() const {
+  std::lock_guard lock(mu_);
+  return epoch_;
+}
+
 std::string RemoteDecisions::last_error() const {
   std::lock_guard lock(mu_);
   return last_error_;
@@ -199,8 +204,10 @@ void RemoteDecisions::Run() {
       context_ = &context;
       broken_ = false;
       *hello.mutable_header() = MakeHeader();
+      // Epoch 0 asks for one; later, the epoch granted and its ticket.
+      hello.mutable_hello()->set_epoch(epoch_);
+      hello.mutable_hello()->set_ticket(ticket_);
     }
-    hello.mutable_hello()->set_epoch(options_.epoch);
     auto stream = stub->Attach(&context);
 
     // Attached once the coordinator answers the hello with the job's directive.
@@ -208,7 +215,17 @@ void RemoteDecisions::Run() {
     const bool wrote = stream->Write(hello);
     const bool read = wrote && stream->Read(&first);
     std::string failure;
+    bool granted_other = false;
     if (read && first.has_directive()) {
+      std::lock_guard lock(mu_);
+      if (epoch_ == 0) {
+        epoch_ = first.header().epoch();
+        ticket_ = first.epoch_ticket();
+      } else {
+        granted_other = first.header().epoch() != epoch_;
+      }
+    }
+    if (read && first.has_directive() && !granted_other && epoch_ != 0) {
       {
         std::lock_guard lock(mu_);
         OnDirective(first, true);
@@ -219,7 +236,7 @@ void RemoteDecisions::Run() {
       }
       cv_.notify_all();
       spdlog::info("attached to the coordinator {} for job {} (epoch {})", options_.target,
-                   options_.job_id, options_.epoch);
+                   options_.job_id, epoch());
       backoff = options_.initial_backoff;
 
       std::thread reader([&] {
@@ -264,6 +281,11 @@ void RemoteDecisions::Run() {
         v1::CoordinatorDirective rest;
         while (stream->Read(&rest)) {
         }
+      } else if (read && first.has_directive()) {
+        failure = "the coordinator attached this manager as epoch " +
+                  std::to_string(first.header().epoch()) + ", not the epoch " +
+                  std::to_string(epoch()) + " it was granted";
+        context.TryCancel();
       } else if (read) {
         failure = "the coordinator answered the hello with neither a directive nor a refusal";
         context.TryCancel();

@@ -2,11 +2,15 @@
 // facts go up one stream (Coordinator.Attach) to the coordinator beside the scheduler's engine,
 // and the engine's directives come down it.
 //
-// A thread keeps the stream: it attaches (hello with the job and this manager's epoch), sends the
-// facts in the order they were reported, and reconnects after any failure with a backoff of
+// A thread keeps the stream: it attaches (hello with the job), sends the facts in the order they were reported, and reconnects after any failure with a backoff of
 // 100 ms doubling to 2 s. Facts reported while detached are queued and sent, in order, after the
 // next attach; a fact being written when the stream breaks may be lost, never sent twice (a
 // fault counted twice could look like a poison step). A second thread reads the directives.
+//
+// The coordinator grants this manager's epoch (DESIGN.md: epochs are granted by the authority,
+// never taken from a flag): the first hello asks for one, and every later hello reattaches as the
+// epoch granted, with its ticket. The job control must be built with that epoch (epoch()), so
+// regroup-manager waits for the first attach before it serves its agents.
 #pragma once
 
 #include <chrono>
@@ -33,9 +37,8 @@ struct RemoteDecisionsOptions {
   // To the target, from MakeChannel: made by the caller, which reports a bad TLS file before
   // the manager starts instead of in this class's thread.
   std::shared_ptr<grpc::Channel> channel;
-  std::string credential;   // the job's credential
+  std::string credential;   // the job's token at the coordinator (regroupctl token)
   std::string job_id;
-  uint64_t epoch = 1;       // this manager incarnation
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{2000};
   size_t max_queued = 65536;  // facts kept while detached; the oldest are dropped beyond
@@ -68,6 +71,8 @@ class RemoteDecisions final : public Decisions {
 
   // Waits until attached (true) or until `timeout` passes (false).
   bool WaitAvailable(std::chrono::milliseconds timeout) const;
+  // The epoch the coordinator granted this manager at its first attach; 0 until then.
+  uint64_t epoch() const;
   // Why the last attempt to attach failed, or the last refusal of a fact; "" if none.
   std::string last_error() const;
   // Facts not sent yet.
@@ -94,6 +99,8 @@ class RemoteDecisions final : public Decisions {
   bool ever_attached_ = false;
   uint64_t attaches_ = 0;
   uint64_t generation_ = 0;        // the last generation reported, for headers
+  uint64_t epoch_ = 0;             // granted at the first attach
+  std::string ticket_;             // its ticket, sent with every later hello
   uint64_t newest_id_ = 0;         // the highest directive id received
   std::optional<Directive> unseen_;  // received, not yet returned by Poll
   std::string last_error_;

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/job_token.h"
 #include "common/text.h"
 #include "plugin/job_spec.h"
 #include "plugin/wire_facts.h"
@@ -33,9 +34,6 @@ std::string_view FactName(v1::ManagerReport::BodyCase body) {
     default: return "report";
   }
 }
-
-// Which manager a job's refusal names: the served epoch, or the one asking when none is.
-uint64_t Served(uint64_t served, uint64_t asking) { return served ? served : asking; }
 
 }  // namespace
 
@@ -104,39 +102,70 @@ uint64_t Attachments::stream_of(std::string_view job) const {
 }
 
 std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
-                                                      const v1::ManagerReport& report) {
+                                                      const v1::ManagerReport& report,
+                                                      int64_t now_ms,
+                                                      std::string_view credential) {
   const std::string& job = report.header().job_id();
   const uint64_t header_epoch = report.header().epoch();
-  const uint64_t epoch = report.hello().epoch() ? report.hello().epoch() : header_epoch;
+  // 0: the manager asks for an epoch; else the epoch it was granted, reattaching.
+  const uint64_t asked = report.hello().epoch() ? report.hello().epoch() : header_epoch;
   // The engine is read (the job, its directive) and the attachment decided in one critical
   // section, so a job removed meanwhile cannot be attached.
   std::shared_lock lock(engine_mu_);
   const uint64_t served = epoch_of(job);
   auto refuse = [&](Status why) {
-    return std::vector<Outgoing>{Refusal(stream, job, Served(served, epoch), why, true)};
+    return std::vector<Outgoing>{Refusal(stream, job, served, why, true)};
+  };
+  // A refusal of who the caller is: PERMISSION_DENIED on the wire, and nothing of the job's
+  // state (its epoch, its directive) told.
+  auto deny = [&](std::string why) {
+    std::vector<Outgoing> out{Refusal(stream, job, 0, FailedPrecondition(std::move(why)), true)};
+    out.front().message.mutable_refusal()->clear_directive_id();
+    out.front().permission_denied = true;
+    return out;
   };
   if (!report.has_hello())
     return refuse(FailedPrecondition(
         "the first message of an Attach stream must be hello, with the job's id in the header "
-        "and the manager's epoch"));
+        "(and epoch 0 to be granted an epoch, or the epoch and ticket granted before)"));
   if (job.empty())
     return refuse(InvalidArgument("the hello names no job: set header.job_id to the job's id"));
-  if (epoch == 0)
-    return refuse(InvalidArgument("the hello of job " + job +
-                                  " has no epoch: set hello.epoch to the manager's epoch"));
   if (report.hello().epoch() && header_epoch && header_epoch != report.hello().epoch())
     return refuse(InvalidArgument("the hello of job " + job + " says epoch " +
                                   std::to_string(report.hello().epoch()) +
                                   " but its header says " + std::to_string(header_epoch)));
-  if (!engine_.FindJob(job))
+  const Job* found = engine_.FindJob(job);
+  if (!found)
     return refuse(NotFound("no job " + job +
                            " in the engine: a manager attaches only to a job the scheduler "
                            "has given the engine; check the job id"));
-  if (epoch < served)
-    return refuse(FailedPrecondition(
-        "fenced: manager epoch " + std::to_string(epoch) + " of job " + job +
-        " is older than epoch " + std::to_string(served) +
-        ", which this coordinator serves; a newer manager has replaced this one"));
+  const std::string& uid = found->spec().uid;
+  // The token is checked before anything about epochs is said.
+  if (!cluster_key_.empty() && !SecretsEqual(credential, JobToken(cluster_key_, job, uid)))
+    return deny("the credential is not the token of job " + job +
+                ": a manager attaches only as the job whose token it holds (the job's Secret; "
+                "regroupctl token), never with another job's token or the cluster key");
+  // The epoch the engine's saved state holds for the job's manager survives a scheduler restart.
+  const uint64_t recorded =
+      static_cast<uint64_t>(std::max<int64_t>(0, found->manager_status().epoch));
+  const uint64_t highest = std::max(served, recorded);
+  uint64_t epoch = asked;
+  if (asked == 0) {
+    // The engine keeps epochs as int64.
+    if (highest >= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return refuse({REGROUP_RESOURCE_EXHAUSTED, "job " + job + " has used every epoch"});
+    epoch = std::max<uint64_t>({highest + 1, static_cast<uint64_t>(std::max<int64_t>(0, now_ms))});
+  } else {
+    if (!SecretsEqual(report.hello().ticket(), EpochTicket(cluster_key_, job, uid, asked)))
+      return deny("epoch " + std::to_string(asked) + " of job " + job +
+                  " was not granted by the coordinator: a manager asks for its epoch with "
+                  "hello.epoch 0 and reattaches with the epoch and ticket it was granted");
+    if (asked < highest)
+      return refuse(FailedPrecondition(
+          "fenced: manager epoch " + std::to_string(asked) + " of job " + job +
+          " is older than epoch " + std::to_string(highest) +
+          ", which this coordinator serves; a newer manager has replaced this one"));
+  }
 
   std::vector<Outgoing> out;
   JobEntry& entry = jobs_[job];
@@ -157,6 +186,7 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   a = Attached{job, epoch, 0};
   Outgoing directive;
   (void)DirectiveFor(stream, a, directive);  // the job exists: checked under this lock
+  directive.message.set_epoch_ticket(EpochTicket(cluster_key_, job, uid, epoch));
   out.push_back(std::move(directive));
   return out;
 }
@@ -212,9 +242,10 @@ Status Attachments::ApplyFact(const Attached& a, const v1::ManagerReport& report
 
 std::vector<Attachments::Outgoing> Attachments::OnReport(uint64_t stream,
                                                          const v1::ManagerReport& report,
-                                                         int64_t now_ms) {
+                                                         int64_t now_ms,
+                                                         std::string_view credential) {
   auto it = streams_.find(stream);
-  if (it == streams_.end()) return Hello(stream, report);
+  if (it == streams_.end()) return Hello(stream, report, now_ms, credential);
   const Attached& a = it->second;
   Status st;
   if (report.header().job_id() != a.job)

@@ -2,12 +2,19 @@
 // of a stream does to the engine, and which directives go down which stream. The gRPC service
 // (coordinator.h) calls it under its own lock; tests and the fuzzer drive it directly.
 //
-// A stream attaches with `hello` (its job in the header, the manager's epoch). Only the highest
-// epoch of a job is served: an older manager is refused as fenced, a newer one (or the same
-// epoch on a new stream: a reconnect) replaces the attached stream, which is closed. An attached
-// stream's facts become engine events; a bad fact is answered with a Refusal carrying the
-// engine's error and changes nothing. The job's directive goes down on attach and whenever its
-// id changes (Publish).
+// Identity (docs/security.md): with a cluster key, a stream attaches as job J only with J's token
+// (common/job_token.h, recomputed from the key and the uid the engine has for J); another job's
+// token, or the cluster key itself, is refused PERMISSION_DENIED naming J.
+//
+// Epochs are granted here, never taken from a manager: a hello with epoch 0 asks for one, and is
+// granted an epoch above any this job had (the highest seen here, the one the engine's saved state
+// holds for the job's manager, and the wall clock in ms, so a restarted scheduler never grants a
+// lower one), with its ticket (EpochTicket). A manager that reattaches sends its epoch with that
+// ticket; an epoch without a valid ticket is refused PERMISSION_DENIED. Only the highest epoch of a
+// job is served: an older manager is refused as fenced, a newer one (or the same epoch on a new
+// stream: a reconnect) replaces the attached stream, which is closed. An attached stream's facts
+// become engine events; a bad fact is answered with a Refusal carrying the engine's error and
+// changes nothing. The job's directive goes down on attach and whenever its id changes (Publish).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +23,7 @@
 #include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/text.h"
@@ -38,18 +46,24 @@ class Attachments {
     v1::CoordinatorDirective message;
     bool close = false;
     Status status;
+    // The refusal is of the caller's identity (a token that is not its job's, an epoch it was
+    // not granted): the stream ends PERMISSION_DENIED, whatever `status`'s code.
+    bool permission_denied = false;
   };
 
   // `engine_mu` is the lock every user of `engine` holds (the C ABI's per-engine lock): shared
   // to read, exclusive to change. Not thread-safe itself: one caller at a time.
-  Attachments(std::shared_mutex& engine_mu, Engine& engine)
-      : engine_mu_(engine_mu), engine_(engine) {}
+  // `cluster_key`: the key the jobs' tokens and the epochs' tickets derive from; "" (a
+  // coordinator run without a credential) checks no token, and its tickets prove nothing.
+  Attachments(std::shared_mutex& engine_mu, Engine& engine, std::string cluster_key = "")
+      : engine_mu_(engine_mu), engine_(engine), cluster_key_(std::move(cluster_key)) {}
 
   // A message of stream `stream` (any id; a stream is new until its hello is accepted). Facts are
   // applied to the engine at `now_ms`. Returns what to send, possibly to other streams (the one
-  // a newer manager replaces).
+  // a newer manager replaces). `credential`: the token the stream's call carries (read at its
+  // hello only).
   std::vector<Outgoing> OnReport(uint64_t stream, const v1::ManagerReport& report,
-                                 int64_t now_ms);
+                                 int64_t now_ms, std::string_view credential = {});
   // The stream ended; its job has no manager attached until the next hello.
   void OnClosed(uint64_t stream);
   // The current directive of every attached job whose directive id changed since it was last
@@ -59,7 +73,8 @@ class Attachments {
 
   bool attached(uint64_t stream) const { return streams_.count(stream) > 0; }
   size_t attached_count() const { return streams_.size(); }
-  // The highest manager epoch seen for a job (0: none), and the stream serving it (0: none).
+  // The highest manager epoch granted or seen for a job (0: none), and the stream serving it (0:
+  // none).
   uint64_t epoch_of(std::string_view job) const;
   uint64_t stream_of(std::string_view job) const;
 
@@ -70,11 +85,12 @@ class Attachments {
     uint64_t sent_directive = 0;  // id of the last directive sent down this stream
   };
   struct JobEntry {
-    uint64_t epoch = 0;   // the highest epoch that attached
+    uint64_t epoch = 0;   // the highest epoch granted or attached
     uint64_t stream = 0;  // the stream serving it; 0 while none is attached
   };
 
-  std::vector<Outgoing> Hello(uint64_t stream, const v1::ManagerReport& report);
+  std::vector<Outgoing> Hello(uint64_t stream, const v1::ManagerReport& report, int64_t now_ms,
+                              std::string_view credential);
   Status ApplyFact(const Attached& a, const v1::ManagerReport& report, int64_t now_ms);
   // These two read the engine: the caller holds engine_mu_ (shared at least).
   // The job's directive for stream `stream`; false if the engine does not know the job.
@@ -85,6 +101,7 @@ class Attachments {
 
   std::shared_mutex& engine_mu_;
   Engine& engine_;
+  const std::string cluster_key_;
   std::map<uint64_t, Attached> streams_;                // attached streams
   std::map<std::string, JobEntry, std::less<>> jobs_;  // every job a manager attached to
 };

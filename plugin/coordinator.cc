@@ -1,6 +1,7 @@
 #include "plugin/coordinator.h"
 
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -10,6 +11,7 @@
 #include "common/clock.h"
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "common/log_limit.h"
 #include "common/queued_stream.h"
 #include "plugin/attachments.h"
 #include "regroup/v1/wire.grpc.pb.h"
@@ -32,7 +34,7 @@ class Rejected final : public Reactor {
 class Coordinator::Service final : public v1::Coordinator::CallbackService {
  public:
   Service(std::shared_mutex& engine_mu, Engine& engine, CoordinatorOptions options)
-      : options_(std::move(options)), attachments_(engine_mu, engine) {}
+      : options_(std::move(options)), attachments_(engine_mu, engine, options_.credential) {}
 
   Status Start() {
     auto creds = ServerCredentials(options_.tls_cert_file, options_.tls_key_file);
@@ -75,13 +77,26 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
   }
 
   Reactor* Attach(grpc::CallbackServerContext* context) override {
-    grpc::Status auth = CheckCredential(*context, options_.credential);
-    if (!auth.ok()) return new Rejected(auth);
+    // Without a cluster key only managers that send no credential are served. With one, a
+    // stream must carry a token; whose it must be is known at its hello (Attachments).
+    std::string token;
+    if (options_.credential.empty()) {
+      grpc::Status auth = CheckCredential(*context, "");
+      if (!auth.ok()) return new Rejected(auth);
+    } else if (std::optional<std::string> t = BearerToken(*context); t && !t->empty()) {
+      token = std::move(*t);
+    } else {
+      return new Rejected(grpc::Status(
+          grpc::StatusCode::UNAUTHENTICATED,
+          "no credential from " + context->peer() +
+              ": a manager sends its job's token (REGROUP_COORDINATOR_CREDENTIAL_FILE)"));
+    }
     std::lock_guard lock(mu_);
     if (stopping_)
       return new Rejected(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"));
     auto* stream = new Stream(this, next_stream_++, "the manager is gone");
     streams_[stream->id()] = stream;
+    callers_[stream->id()] = Caller{std::move(token), context->peer()};
     return stream;
   }
 
@@ -93,12 +108,15 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
   void OnMessage(Stream* stream, const v1::ManagerReport& report) {
     std::lock_guard lock(mu_);
     if (stopping_) return;
-    Deliver(attachments_.OnReport(stream->id(), report, WallMs()));
+    auto caller = callers_.find(stream->id());
+    Deliver(attachments_.OnReport(stream->id(), report, WallMs(),
+                                  caller == callers_.end() ? "" : caller->second.token));
   }
 
   void OnStreamDone(Stream* stream) {
     std::lock_guard lock(mu_);
     streams_.erase(stream->id());
+    callers_.erase(stream->id());
     attachments_.OnClosed(stream->id());
   }
 
@@ -107,16 +125,40 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
     for (auto& o : out) {
       auto it = streams_.find(o.stream);
       if (it == streams_.end()) continue;
-      it->second->Send(o.message, o.close,
-                       o.close ? ToGrpcStatus(o.status)
-                               : grpc::Status::OK);
+      grpc::Status status = grpc::Status::OK;
+      if (o.permission_denied) {
+        status = grpc::Status(grpc::StatusCode::PERMISSION_DENIED, o.status.message());
+        LogDenied(o);
+      } else if (o.close) {
+        status = ToGrpcStatus(o.status);
+      }
+      it->second->Send(o.message, o.close, status);
     }
+  }
+
+  // A refused identity is logged (naming the job and the peer, never a token), one line a
+  // second at most, however often it is tried; holds mu_.
+  void LogDenied(const Attachments::Outgoing& o) {
+    const std::optional<uint64_t> held = denied_log_.Allow(LogLimit::Clock::now());
+    if (!held) return;
+    auto caller = callers_.find(o.stream);
+    const std::string more =
+        *held ? " (" + std::to_string(*held) + " more refusals since the last line)" : "";
+    std::fprintf(stderr, "regroup coordinator: refused a manager at %s: %s%s\n",
+                 caller == callers_.end() ? "?" : caller->second.peer.c_str(),
+                 o.status.message().c_str(), more.c_str());
   }
 
   const CoordinatorOptions options_;
   std::mutex mu_;  // before the engine's lock, never after
   Attachments attachments_;
   std::map<uint64_t, Stream*> streams_;  // every live stream, attached or not
+  struct Caller {
+    std::string token;  // the credential its call carries, checked at its hello
+    std::string peer;
+  };
+  std::map<uint64_t, Caller> callers_;  // by stream, as streams_
+  LogLimit denied_log_{std::chrono::seconds(1)};
   uint64_t next_stream_ = 1;
   bool stopping_ = false;
   std::unique_ptr<grpc::Server> server_;

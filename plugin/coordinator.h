@@ -16,7 +16,9 @@ namespace regroup::coordinator {
 
 struct CoordinatorOptions {
   std::string listen = "0.0.0.0:8899";  // port 0: any free port
-  std::string credential;                // required unless `insecure`
+  // The cluster key: each manager sends its job's token, derived from it (common/job_token.h).
+  // Required unless `insecure`.
+  std::string credential;
   bool insecure = false;                 // serve without a credential: managers must send none
   std::string tls_cert_file, tls_key_file;
 };

@@ -163,6 +163,8 @@ class Job {
   int64_t original_dp() const { return layout_.replicas(); }
   int64_t current_dp() const { return dp_; }
   const Layout& layout() const { return layout_; }
+  // The last progress of the job's manager (its epoch survives in the saved state).
+  const ManagerStatus& manager_status() const { return manager_; }
 
   // The scheduler's part.
   std::vector<Eviction> Evictions() const;

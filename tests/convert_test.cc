@@ -136,9 +136,9 @@ TEST(Convert, ElasticExampleBecomesTheVolcanoJobForRegroup) {
                           "regroup-coordinator.volcano-system.svc:8899"},
                          {"REGROUP_COORDINATOR_CREDENTIAL_FILE",
                           "/etc/regroup/coordinator/token"}}));
-  // The coordinator takes the cluster's token (the namespace's regroup-credential Secret).
+  // The coordinator takes the job's own token there, never the cluster key.
   EXPECT_EQ(manager["template"]["spec"]["volumes"][1]["secret"]["secretName"].Scalar(),
-            "regroup-credential");
+            "llama-pretrain-regroup-coordinator-token");
   EXPECT_EQ(mc["volumeMounts"][1]["mountPath"].Scalar(), "/etc/regroup/coordinator");
   EXPECT_EQ(mc["ports"][0]["name"].Scalar(), "taskd-port");
   EXPECT_EQ(mc["ports"][0]["containerPort"].as<int>(), 9601);

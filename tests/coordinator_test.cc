@@ -1,10 +1,12 @@
 // The coordinator in libregroup.so (through its C ABI, over a real engine) with real managers:
 // the manager's JobControl over RemoteDecisions in this process, and raw gRPC clients for the
-// refusals. Every server is on a port the OS chooses; every wait is bounded.
+// refusals. Every server is on a port the OS chooses; every wait is bounded. The coordinator holds
+// the cluster key; each manager sends its job's token (common/job_token.h).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,6 +16,7 @@
 
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "common/job_token.h"
 #include "manager/remote_decisions.h"
 #include "manager/job_control.h"
 #include "plugin/engine.h"
@@ -28,8 +31,14 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 
 constexpr char kJob[] = "default/coord";
-constexpr char kCredential[] = "s3cret";
+constexpr char kClusterKey[] = "the-cluster-key";
 constexpr auto kWait = 10s;  // the bound of every wait
+
+// The token of a job of JobJson (its uid is "uid-" + its id).
+std::string TokenOf(const std::string& job) {
+  return regroup::JobToken(kClusterKey, job, "uid-" + job);
+}
+const std::string kCredential = TokenOf(kJob);
 
 // Two pods of one process (dp 2), a decision wait of 1 s.
 std::string JobJson(const std::string& strategies, const std::string& id = kJob) {
@@ -80,9 +89,11 @@ class RawStream {
     report.mutable_header()->set_epoch(epoch);
     return stream_->Write(report);
   }
-  bool Hello(const std::string& job, uint64_t epoch) {
+  // Epoch 0 asks the coordinator for one; else the epoch reattaching, with its ticket.
+  bool Hello(const std::string& job, uint64_t epoch, const std::string& ticket = "") {
     v1::ManagerReport r;
     r.mutable_hello()->set_epoch(epoch);
+    r.mutable_hello()->set_ticket(ticket);
     return Send(r, job, epoch);
   }
   // The next message; an empty message once the stream ended.
@@ -117,11 +128,12 @@ v1::ManagerReport FaultReport(v1::FaultKind kind, std::vector<uint32_t> pods,
 }
 
 // A job's manager: the real JobControl over RemoteDecisions, with two simulated agents (pods p0
-// and p1, one process each) and a simulated clock.
+// and p1, one process each) and a simulated clock. As regroup-manager does, it waits (kWait at
+// most) for the coordinator to grant its epoch and builds the job control with it; `credential`
+// "" is its job's token.
 class Manager {
  public:
-  Manager(const std::string& job_json, int port, uint64_t epoch,
-          const std::string& credential = kCredential) {
+  Manager(const std::string& job_json, int port, const std::string& credential = "") {
     auto spec = regroup::ParseJobSpec(std::string_view(job_json));
     EXPECT_TRUE(spec.ok()) << spec.status().message();
     spec_ = *spec;
@@ -130,13 +142,13 @@ class Manager {
     rt::RemoteDecisionsOptions o;
     o.target = "127.0.0.1:" + std::to_string(port);
     o.channel = regroup::MakeChannel(o.target).value();
-    o.credential = credential;
+    o.credential = credential.empty() ? TokenOf(spec_.id) : credential;
     o.job_id = spec_.id;
-    o.epoch = epoch;
     auto remote = std::make_unique<rt::RemoteDecisions>(o);
     remote_ = remote.get();
+    (void)remote->WaitAvailable(credential.empty() ? kWait : 500ms);
     rt::JobControlOptions ro;
-    ro.epoch = epoch;
+    ro.epoch = std::max<uint64_t>(1, remote->epoch());  // refused: the job control is unused
     ro.join_window_ms = 5000;
     job_ = std::make_unique<rt::JobControl>(spec_, resolved.config, ro, std::move(remote));
   }
@@ -242,7 +254,7 @@ class CoordinatorTest : public ::testing::Test {
   void Start(const std::string& listen) {
     regroup_coordinator_options o = REGROUP_COORDINATOR_OPTIONS_INIT;
     o.listen = listen.c_str();
-    o.credential = kCredential;
+    o.credential = kClusterKey;
     regroup_error* err = nullptr;
     ASSERT_EQ(regroup_coordinator_start(&coordinator_, engine_, &o, &err), REGROUP_OK)
         << Message(err);
@@ -286,7 +298,7 @@ bool IsStop(const rt::JobControl::Outgoing& o, v1::StopTraining::Mode mode) {
 }
 
 TEST_F(CoordinatorTest, FaultReachesTheEngineAndItsDirectiveReachesTheManager) {
-  Manager m(JobJson("recover-in-place,dump"), port_, 1);
+  Manager m(JobJson("recover-in-place,dump"), port_);
   ASSERT_TRUE(m.remote().WaitAvailable(kWait)) << m.remote().last_error();
   m.StartTraining();
   m.ProcessExits(1, 7);
@@ -303,16 +315,19 @@ TEST_F(CoordinatorTest, FaultReachesTheEngineAndItsDirectiveReachesTheManager) {
 
 TEST_F(CoordinatorTest, DirectiveCarriesEveryFieldAndIsSentOncePerId) {
   RawStream s(port_, kCredential);
-  ASSERT_TRUE(s.Hello(kJob, 3));
+  const int64_t before = Now();
+  ASSERT_TRUE(s.Hello(kJob, 0));
   v1::CoordinatorDirective first = s.Read();
   ASSERT_TRUE(first.has_directive()) << "a manager gets its job's directive when it attaches";
   EXPECT_EQ(first.directive().id(), 0u);
   EXPECT_EQ(first.directive().kind(), v1::Directive::KIND_CONTINUE);
   EXPECT_EQ(first.header().job_id(), kJob);
   EXPECT_EQ(first.header().sender(), "coordinator");
-  EXPECT_EQ(first.header().epoch(), 3u);
+  const uint64_t epoch = first.header().epoch();
+  EXPECT_GE(epoch, static_cast<uint64_t>(before)) << "the epoch granted is at least the clock";
+  EXPECT_EQ(first.epoch_ticket(), regroup::EpochTicket(kClusterKey, kJob, "uid-default/coord", epoch));
 
-  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_PROCESS_EXIT, {1}, {1}, 9), kJob, 3));
+  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_PROCESS_EXIT, {1}, {1}, 9), kJob, epoch));
   ASSERT_TRUE(EngineDecides(REGROUP_DIRECTIVE_RESTART_IN_PLACE));
   Publish();
   Publish();  // the same id again: not sent twice
@@ -334,22 +349,30 @@ TEST_F(CoordinatorTest, DirectiveCarriesEveryFieldAndIsSentOncePerId) {
   EXPECT_TRUE(s.Finish().ok());
 }
 
-TEST_F(CoordinatorTest, WrongCredentialIsRefused) {
-  RawStream s(port_, "wrong");
-  (void)s.Hello(kJob, 1);
-  grpc::Status st = s.Finish();
+TEST_F(CoordinatorTest, MissingOrWrongCredentialIsRefused) {
+  RawStream none(port_, "");
+  (void)none.Hello(kJob, 0);
+  grpc::Status st = none.Finish();
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
 
-  Manager m(JobJson("recover-in-place,dump"), port_, 1, "wrong");
+  RawStream s(port_, "wrong");
+  (void)s.Hello(kJob, 0);
+  st = s.Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  EXPECT_NE(st.error_message().find("not the token of job default/coord"), std::string::npos)
+      << st.error_message();
+
+  Manager m(JobJson("recover-in-place,dump"), port_, "wrong");
   EXPECT_FALSE(m.remote().WaitAvailable(500ms));
+  EXPECT_EQ(m.remote().epoch(), 0u) << "no epoch is granted to a refused manager";
   EXPECT_TRUE(Eventually([&] {
-    return m.remote().last_error().find("UNAUTHENTICATED") != std::string::npos;
+    return m.remote().last_error().find("not the token of job default/coord") != std::string::npos;
   })) << m.remote().last_error();
 }
 
 TEST_F(CoordinatorTest, UnknownJobIsRefused) {
   RawStream s(port_, kCredential);
-  ASSERT_TRUE(s.Hello("default/nope", 1));
+  ASSERT_TRUE(s.Hello("default/nope", 0));
   v1::CoordinatorDirective m = s.Read();
   ASSERT_TRUE(m.has_refusal());
   EXPECT_NE(m.refusal().reason().find("no job default/nope"), std::string::npos);
@@ -358,28 +381,44 @@ TEST_F(CoordinatorTest, UnknownJobIsRefused) {
 
 TEST_F(CoordinatorTest, FirstMessageMustBeHello) {
   RawStream s(port_, kCredential);
-  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_HANG, {0}, {}, 1), kJob, 1));
+  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_HANG, {0}, {}, 1), kJob, 0));
   EXPECT_TRUE(s.Read().has_refusal());
   EXPECT_EQ(s.Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST_F(CoordinatorTest, OlderEpochIsFencedAndANewerOneReplacesTheAttachedManager) {
-  Manager five(JobJson("recover-in-place,dump"), port_, 5);
+  // An earlier incarnation, granted its epoch and gone.
+  uint64_t three = 0;
+  std::string three_ticket;
+  {
+    RawStream s(port_, kCredential);
+    ASSERT_TRUE(s.Hello(kJob, 0));
+    v1::CoordinatorDirective granted = s.Read();
+    ASSERT_TRUE(granted.has_directive());
+    three = granted.header().epoch();
+    three_ticket = granted.epoch_ticket();
+    EXPECT_TRUE(s.Finish().ok());
+  }
+  Manager five(JobJson("recover-in-place,dump"), port_);
   ASSERT_TRUE(five.remote().WaitAvailable(kWait)) << five.remote().last_error();
+  EXPECT_GT(five.remote().epoch(), three) << "every grant is above the one before";
+  EXPECT_EQ(five.job().epoch(), five.remote().epoch()) << "the manager adopts the granted epoch";
 
   RawStream older(port_, kCredential);
-  ASSERT_TRUE(older.Hello(kJob, 3));
+  ASSERT_TRUE(older.Hello(kJob, three, three_ticket));
   v1::CoordinatorDirective refusal = older.Read();
   ASSERT_TRUE(refusal.has_refusal());
   EXPECT_NE(refusal.refusal().reason().find("fenced"), std::string::npos);
-  EXPECT_EQ(refusal.refusal().epoch(), 5u) << "the refusal names the epoch served";
+  EXPECT_EQ(refusal.refusal().epoch(), five.remote().epoch())
+      << "the refusal names the epoch served";
   grpc::Status st = older.Finish();
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(st.error_message().find("fenced"), std::string::npos);
   EXPECT_TRUE(five.remote().Available()) << "a refused older manager changes nothing";
 
-  Manager seven(JobJson("recover-in-place,dump"), port_, 7);
+  Manager seven(JobJson("recover-in-place,dump"), port_);
   ASSERT_TRUE(seven.remote().WaitAvailable(kWait)) << seven.remote().last_error();
+  EXPECT_GT(seven.remote().epoch(), five.remote().epoch());
   EXPECT_TRUE(Eventually([&] { return !five.remote().Available(); }))
       << "the replaced manager's stream was not closed";
   EXPECT_TRUE(Eventually([&] {
@@ -398,11 +437,13 @@ TEST_F(CoordinatorTest, OlderEpochIsFencedAndANewerOneReplacesTheAttachedManager
 
 TEST_F(CoordinatorTest, BadFactsAreRefusedAndChangeNothing) {
   RawStream s(port_, kCredential);
-  ASSERT_TRUE(s.Hello(kJob, 2));
-  ASSERT_TRUE(s.Read().has_directive());
+  ASSERT_TRUE(s.Hello(kJob, 0));
+  v1::CoordinatorDirective granted = s.Read();
+  ASSERT_TRUE(granted.has_directive());
+  const uint64_t e = granted.header().epoch();
   const json before = DecisionJson();
 
-  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_POD_LOST, {7}, {}, -1), kJob, 2));
+  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_POD_LOST, {7}, {}, -1), kJob, e));
   v1::CoordinatorDirective m = s.Read();
   ASSERT_TRUE(m.has_refusal());
   EXPECT_NE(m.refusal().reason().find("has no pod 7"), std::string::npos)
@@ -415,18 +456,18 @@ TEST_F(CoordinatorTest, BadFactsAreRefusedAndChangeNothing) {
   ASSERT_EQ(regroup_engine_set_pod_state(engine_, kJob, 1, "p1", REGROUP_POD_FAILED, "n1", Now(),
                                          nullptr),
             REGROUP_OK);
-  ASSERT_TRUE(s.Send(zombie, kJob, 2));
+  ASSERT_TRUE(s.Send(zombie, kJob, e));
   m = s.Read();
   ASSERT_TRUE(m.has_refusal());
   EXPECT_NE(m.refusal().reason().find("zombie"), std::string::npos) << m.refusal().reason();
 
   v1::ManagerReport no_kind = FaultReport(v1::FAULT_KIND_UNSPECIFIED, {0}, {}, 1);
-  ASSERT_TRUE(s.Send(no_kind, kJob, 2));
+  ASSERT_TRUE(s.Send(no_kind, kJob, e));
   EXPECT_TRUE(s.Read().has_refusal());
-  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_HANG, {0}, {}, 1), "default/other", 2));
+  ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_HANG, {0}, {}, 1), "default/other", e));
   EXPECT_TRUE(s.Read().has_refusal()) << "a report for another job";
   v1::ManagerReport empty;
-  ASSERT_TRUE(s.Send(empty, kJob, 2));
+  ASSERT_TRUE(s.Send(empty, kJob, e));
   EXPECT_TRUE(s.Read().has_refusal()) << "a report without a body";
 
   json after = DecisionJson();
@@ -435,7 +476,7 @@ TEST_F(CoordinatorTest, BadFactsAreRefusedAndChangeNothing) {
   v1::ManagerReport good;
   good.mutable_replacement()->set_pod(1);
   good.mutable_replacement()->set_pod_uid("p1-new");
-  ASSERT_TRUE(s.Send(good, kJob, 2));
+  ASSERT_TRUE(s.Send(good, kJob, e));
   char* state = nullptr;
   EXPECT_TRUE(Eventually([&] {
     EXPECT_EQ(regroup_engine_export_job_state(engine_, &state, kJob, nullptr), REGROUP_OK);
@@ -449,7 +490,7 @@ TEST_F(CoordinatorTest, BadFactsAreRefusedAndChangeNothing) {
 }
 
 TEST_F(CoordinatorTest, CoordinatorDownPausesSurvivorsThenDumpsAfterTheDecisionWait) {
-  Manager m(JobJson("recover-in-place,dump"), port_, 1);
+  Manager m(JobJson("recover-in-place,dump"), port_);
   ASSERT_TRUE(m.remote().WaitAvailable(kWait));
   m.StartTraining();
   Stop();
@@ -473,7 +514,7 @@ TEST_F(CoordinatorTest, CoordinatorDownPausesSurvivorsThenDumpsAfterTheDecisionW
 
 TEST_F(CoordinatorTest, CoordinatorDownWithoutDumpExitsAfterTheDecisionWait) {
   AddJob(JobJson("recover-in-place", "default/nodump"));
-  Manager m(JobJson("recover-in-place", "default/nodump"), port_, 1);
+  Manager m(JobJson("recover-in-place", "default/nodump"), port_);
   ASSERT_TRUE(m.remote().WaitAvailable(kWait));
   m.StartTraining();
   Stop();
@@ -488,7 +529,7 @@ TEST_F(CoordinatorTest, CoordinatorDownWithoutDumpExitsAfterTheDecisionWait) {
 }
 
 TEST_F(CoordinatorTest, FactsQueuedWhileAwayAreDeliveredAfterReattach) {
-  Manager m(JobJson("recover-in-place,dump"), port_, 1);
+  Manager m(JobJson("recover-in-place,dump"), port_);
   ASSERT_TRUE(m.remote().WaitAvailable(kWait));
   const int port = port_;
   Stop();
@@ -525,13 +566,157 @@ TEST_F(CoordinatorTest, FactsQueuedWhileAwayAreDeliveredAfterReattach) {
 
 TEST_F(CoordinatorTest, RemovedJobEndsItsManagersStream) {
   RawStream s(port_, kCredential);
-  ASSERT_TRUE(s.Hello(kJob, 1));
+  ASSERT_TRUE(s.Hello(kJob, 0));
   ASSERT_TRUE(s.Read().has_directive());
   ASSERT_EQ(regroup_engine_remove_job(engine_, kJob, nullptr), REGROUP_OK);
   Publish();
   v1::CoordinatorDirective m = s.Read();
   ASSERT_TRUE(m.has_refusal());
   EXPECT_EQ(s.Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// Issue 12's attack: a manager of one job (or anyone holding the cluster key) claims another job.
+TEST_F(CoordinatorTest, AnotherJobsTokenOrTheClusterKeyNeverActsAsTheJob) {
+  const std::string victim = "team-a/victim", attacker = "team-b/attacker";
+  AddJob(JobJson("recover-in-place,dump", victim));
+  AddJob(JobJson("recover-in-place,dump", attacker));
+  Manager real(JobJson("recover-in-place,dump", victim), port_);
+  ASSERT_TRUE(real.remote().WaitAvailable(kWait)) << real.remote().last_error();
+  const uint64_t epoch = real.remote().epoch();
+
+  // Another job's token, the cluster key itself, and the token of an earlier job of the same
+  // name (another uid).
+  for (const std::string& credential :
+       {TokenOf(attacker), std::string(kClusterKey),
+        regroup::JobToken(kClusterKey, victim, "uid-of-a-deleted-job")}) {
+    RawStream s(port_, credential);
+    ASSERT_TRUE(s.Hello(victim, 0));
+    v1::CoordinatorDirective m = s.Read();
+    ASSERT_TRUE(m.has_refusal()) << "no directive for a job the caller is not";
+    EXPECT_TRUE(m.epoch_ticket().empty()) << "no epoch is granted";
+    EXPECT_EQ(m.refusal().epoch(), 0u) << "nothing of the job's state is told";
+    EXPECT_EQ(m.header().epoch(), 0u);
+    (void)s.Send(FaultReport(v1::FAULT_KIND_POD_LOST, {0, 1}, {}, -1), victim, epoch);
+    grpc::Status st = s.Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+    EXPECT_NE(st.error_message().find("not the token of job team-a/victim"), std::string::npos)
+        << st.error_message();
+    EXPECT_EQ(st.error_message().find(credential), std::string::npos) << "a secret echoed";
+    EXPECT_EQ(m.refusal().reason().find(credential), std::string::npos) << "a secret echoed";
+  }
+  // The manager's own client, with the attacker's token.
+  Manager impostor(JobJson("recover-in-place,dump", victim), port_, TokenOf(attacker));
+  EXPECT_FALSE(impostor.remote().Available());
+  EXPECT_EQ(impostor.remote().epoch(), 0u);
+  EXPECT_TRUE(Eventually([&] {
+    return impostor.remote().last_error().find("not the token of job team-a/victim") !=
+           std::string::npos;
+  })) << impostor.remote().last_error();
+
+  // Nothing changed for the victim: its manager is attached as before, the engine evicts
+  // nothing, and the real manager's facts still decide.
+  EXPECT_TRUE(real.remote().Available());
+  EXPECT_EQ(real.remote().epoch(), epoch);
+  ASSERT_EQ(regroup_engine_tick(engine_, Now() + 5000, nullptr, nullptr), REGROUP_OK);
+  EXPECT_EQ(Decision(victim.c_str()).kind, REGROUP_DIRECTIVE_CONTINUE)
+      << DecisionJson(victim.c_str()).dump();
+  real.StartTraining();
+  real.ProcessExits(1, 7);
+  ASSERT_TRUE(EngineDecides(REGROUP_DIRECTIVE_RESTART_IN_PLACE, victim.c_str()))
+      << DecisionJson(victim.c_str()).dump();
+  Publish();
+  EXPECT_TRUE(real.TickUntilSent([](const auto& o) { return IsRestart(o, 1); }));
+
+  // The attacker's token is good for its own job.
+  RawStream own(port_, TokenOf(attacker));
+  ASSERT_TRUE(own.Hello(attacker, 0));
+  EXPECT_TRUE(own.Read().has_directive());
+  EXPECT_TRUE(own.Finish().ok());
+}
+
+// Issue 12's lockout: `--epoch 18446744073709551615` fenced the real manager for good. Epochs
+// are granted: one a client makes up is refused, even with the job's own token.
+TEST_F(CoordinatorTest, AnEpochTheCoordinatorDidNotGrantNeverFencesTheRealManager) {
+  const std::string victim = "team-a/victim";
+  const std::string uid = "uid-" + victim;
+  AddJob(JobJson("recover-in-place,dump", victim));
+  Manager real(JobJson("recover-in-place,dump", victim), port_);
+  ASSERT_TRUE(real.remote().WaitAvailable(kWait)) << real.remote().last_error();
+  const uint64_t epoch = real.remote().epoch();
+  ASSERT_GT(epoch, 0u);
+
+  const uint64_t huge = std::numeric_limits<uint64_t>::max();
+  for (const std::string& ticket :
+       {std::string(), std::string("forged"), regroup::EpochTicket("another-key", victim, uid, huge),
+        regroup::EpochTicket(kClusterKey, victim, uid, epoch)}) {  // a real ticket, another epoch
+    RawStream s(port_, TokenOf(victim));
+    ASSERT_TRUE(s.Hello(victim, huge, ticket));
+    v1::CoordinatorDirective m = s.Read();
+    ASSERT_TRUE(m.has_refusal());
+    grpc::Status st = s.Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+    EXPECT_NE(st.error_message().find("was not granted by the coordinator"), std::string::npos)
+        << st.error_message();
+  }
+  EXPECT_TRUE(real.remote().Available()) << real.remote().last_error();
+  EXPECT_EQ(real.remote().epoch(), epoch);
+
+  // The real manager's facts still reach the engine, and the engine records its epoch, not a
+  // made-up one.
+  real.StartTraining();
+  real.ProcessExits(0, 3);
+  ASSERT_TRUE(EngineDecides(REGROUP_DIRECTIVE_RESTART_IN_PLACE, victim.c_str()));
+  Publish();
+  EXPECT_TRUE(real.TickUntilSent([](const auto& o) { return IsRestart(o, 0); }));
+  char* state = nullptr;
+  ASSERT_EQ(regroup_engine_export_job_state(engine_, &state, victim.c_str(), nullptr), REGROUP_OK);
+  const json saved = json::parse(state);
+  regroup_string_free(state);
+  EXPECT_LE(saved["manager"]["epoch"].get<uint64_t>(), epoch) << saved.dump();
+
+  // A restarted manager is granted a higher epoch and replaces the first.
+  Manager restarted(JobJson("recover-in-place,dump", victim), port_);
+  ASSERT_TRUE(restarted.remote().WaitAvailable(kWait)) << restarted.remote().last_error();
+  EXPECT_GT(restarted.remote().epoch(), epoch);
+  EXPECT_TRUE(Eventually([&] { return !real.remote().Available(); }));
+}
+
+// A restarted scheduler's coordinator never grants an epoch below the one its engine's saved state
+// holds, and fences a manager older than it.
+TEST_F(CoordinatorTest, ARestartedCoordinatorGrantsAboveTheSavedEpochAndFencesOlderManagers) {
+  Manager m(JobJson("recover-in-place,dump"), port_);
+  ASSERT_TRUE(m.remote().WaitAvailable(kWait)) << m.remote().last_error();
+  const uint64_t epoch = m.remote().epoch();
+  const int port = port_;
+  Stop();
+  ASSERT_TRUE(Eventually([&] { return !m.remote().Available(); }));
+
+  // The saved state holds a newer manager's epoch, ahead of this clock by a day.
+  char* out = nullptr;
+  ASSERT_EQ(regroup_engine_export_job_state(engine_, &out, kJob, nullptr), REGROUP_OK);
+  json state = json::parse(out);
+  regroup_string_free(out);
+  const int64_t newer = Now() + 86400000;
+  state["manager"]["epoch"] = newer;
+  const std::string text = state.dump();
+  regroup_error* err = nullptr;
+  ASSERT_EQ(regroup_engine_import_job_state(engine_, kJob, text.data(), text.size(), &err),
+            REGROUP_OK)
+      << Message(err);
+
+  Start("127.0.0.1:" + std::to_string(port));
+  EXPECT_TRUE(Eventually([&] {
+    return m.remote().last_error().find("fenced") != std::string::npos;
+  })) << m.remote().last_error();
+  EXPECT_FALSE(m.remote().Available());
+
+  RawStream s(port_, kCredential);
+  ASSERT_TRUE(s.Hello(kJob, 0));
+  v1::CoordinatorDirective granted = s.Read();
+  ASSERT_TRUE(granted.has_directive());
+  EXPECT_GT(granted.header().epoch(), static_cast<uint64_t>(newer));
+  EXPECT_GT(granted.header().epoch(), epoch);
+  EXPECT_TRUE(s.Finish().ok());
 }
 
 TEST_F(CoordinatorTest, StartRefusesBadArguments) {

@@ -1,6 +1,7 @@
 // A credential that was asked for is either loaded or refused with a reason; a bad path never
 // turns authentication off.
 #include "common/credential.h"
+#include "common/job_token.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -81,3 +82,28 @@ TEST_F(CredentialTest, NoneConfiguredIsEmpty) {
 
 }  // namespace
 }  // namespace regroup
+
+// The job's token and the epoch's ticket are HMAC-SHA256 over the messages job_token.h states;
+// the expected values are openssl's: printf 'regroup-job-v1\0team-a/victim\0c0ffee-uid' |
+// openssl dgst -sha256 -hmac k3y (the ticket: printf '%s\0%s\0%s\0%s' regroup-epoch-v1
+// team-a/victim c0ffee-uid 42 | ...).
+TEST(JobToken, IsTheHmacOfTheJobsIdAndUidUnderTheClusterKey) {
+  EXPECT_EQ(regroup::JobToken("k3y", "team-a/victim", "c0ffee-uid"),
+            "29ae38b9ef0a12788d74ee08b95e28360fab9489bc2541d3e198e0da941ffd3d");
+  EXPECT_EQ(regroup::EpochTicket("k3y", "team-a/victim", "c0ffee-uid", 42),
+            "da5ebd3e8a6f284836718c7711ff300e8ba562efedab8663ae5a15e9fa61271a");
+  // Bound to each part: another job, uid or key gives another token; a ticket is never a token.
+  const std::string t = regroup::JobToken("k3y", "team-a/victim", "c0ffee-uid");
+  EXPECT_NE(t, regroup::JobToken("k3y", "team-b/victim", "c0ffee-uid"));
+  EXPECT_NE(t, regroup::JobToken("k3y", "team-a/victim", "other-uid"));
+  EXPECT_NE(t, regroup::JobToken("other", "team-a/victim", "c0ffee-uid"));
+  EXPECT_EQ(regroup::JobToken("", "a/b", "u").size(), 64u) << "an empty key is still a key";
+}
+
+TEST(JobToken, SecretsAreComparedWhole) {
+  EXPECT_TRUE(regroup::SecretsEqual("abc", "abc"));
+  EXPECT_TRUE(regroup::SecretsEqual("", ""));
+  EXPECT_FALSE(regroup::SecretsEqual("abc", "abd"));
+  EXPECT_FALSE(regroup::SecretsEqual("abc", "ab"));
+  EXPECT_FALSE(regroup::SecretsEqual("", "a"));
+}

@@ -17,6 +17,8 @@ expect_refused() {  # expect_refused WANT ARGS...: exit 2 and WANT in the messag
 expect_refused "--nodes" --job-id t/flags --nodes 2000000000
 expect_refused "--nproc-per-node" --job-id t/flags --nodes 1 --nproc-per-node 2000000000
 expect_refused "--epoch" "${job[@]}" --epoch -1
+# The coordinator grants the epoch: a manager never takes one from a flag when it has one.
+expect_refused "--epoch cannot be given with --coordinator" "${job[@]}" --epoch 5 --coordinator 127.0.0.1:1
 expect_refused '--listen "127.0.0.1:99999"' --job-id t/flags --nodes 1 --listen 127.0.0.1:99999
 expect_refused '--http "127.0.0.1:99999"' "${job[@]}" --http 127.0.0.1:99999
 expect_refused '--listen "localhost"' --job-id t/flags --nodes 1 --listen localhost

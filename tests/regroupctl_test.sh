@@ -30,6 +30,22 @@ for want in "restart_in_place [recover-in-place]" "wait [recover]" "scale_in [el
   grep -qF -- "$want" <<<"$out" || fail "simulate did not show: $want; it said: $out"
 done
 
+# A job's token at the coordinator: HMAC-SHA256 of the job's id and uid under the cluster key
+# (common/job_token.h), the value `printf 'regroup-job-v1\0team-a/victim\0c0ffee-uid' |
+# openssl dgst -sha256 -hmac k3y` gives.
+keyf=$(mktemp); printf 'k3y\n' >"$keyf"
+out=$("$ctl" token --cluster-key-file "$keyf" --job team-a/victim --uid c0ffee-uid) || fail "token: $out"
+[ "$out" = 29ae38b9ef0a12788d74ee08b95e28360fab9489bc2541d3e198e0da941ffd3d ] || fail "token printed: $out"
+out2=$("$ctl" token --cluster-key-file "$keyf" --job team-b/victim --uid c0ffee-uid)
+[ "$out2" != "$out" ] || fail "two jobs got the same token"
+out=$("$ctl" token --cluster-key-file /nonexistent/key --job a/b --uid u 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "a missing key file must exit 2, got $rc"
+grep -qF "/nonexistent/key" <<<"$out" || fail "token with a missing key said: $out"
+out=$("$ctl" token --cluster-key-file "$keyf" --job a/b --uid "" 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "an empty uid must exit 2, got $rc: $out"
+grep -qF -- "--uid must be the job's metadata.uid" <<<"$out" || fail "token with an empty uid said: $out"
+rm -f "$keyf"
+
 tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT
 printf '10s node node-1 melts\n' >"$tmp"
 out=$("$ctl" simulate "$src/examples/jobs/elastic-job.yaml" "$tmp" 2>&1); rc=$?

@@ -21,8 +21,10 @@ import (
 
 // CoordinatorOptions configure a coordinator. An empty field means the library's default.
 type CoordinatorOptions struct {
-	Listen      string // "HOST:PORT" to listen on; default "0.0.0.0:8899"; port 0: any free port
-	Credential  string // the token every manager sends; required unless Insecure
+	Listen string // "HOST:PORT" to listen on; default "0.0.0.0:8899"; port 0: any free port
+	// Credential is the cluster key: each manager sends its own job's token, derived from it
+	// (regroupctl token), which lets it act as that job only. Required unless Insecure.
+	Credential  string
 	TLSCertFile string // serve TLS with this certificate (PEM) and TLSKeyFile; both or neither
 	TLSKeyFile  string
 	// Insecure serves without a credential, accepting only managers that send none (tests on a
@@ -32,8 +34,9 @@ type CoordinatorOptions struct {
 
 // Coordinator is the library's gRPC server (service regroup.v1.Coordinator) that connects the
 // jobs' managers to an engine: managers report their facts (faults, replacements registered,
-// progress), which the engine receives as events, and receive their job's directive. Only the
-// newest manager (highest epoch) of a job is served. The engine applies the facts at the wall
+// progress), which the engine receives as events, and receive their job's directive. The
+// coordinator grants each manager its epoch; only the newest manager (highest epoch) of a job is
+// served. The engine applies the facts at the wall
 // clock (milliseconds since the Unix epoch), so drive it with time.Now().UnixMilli().
 //
 // After each [Engine.Tick], call [Coordinator.Publish] so that every manager whose directive

@@ -29,8 +29,9 @@ const (
 	// argCoordinatorListen: where the coordinator listens for managers. Default "0.0.0.0:8899";
 	// "" or "off" runs no coordinator.
 	argCoordinatorListen = "regroup.coordinatorListen"
-	// argCredentialFile: a file holding the token managers must send (a mounted Secret).
-	// Required: without it the coordinator does not start, unless argInsecure is true.
+	// argCredentialFile: a file holding the cluster key (a mounted Secret), from which each
+	// job's token, the one its manager must send, is derived. Required: without it the
+	// coordinator does not start, unless argInsecure is true.
 	argCredentialFile = "regroup.credentialFile"
 	// argInsecure: true runs the coordinator without a credential, accepting every manager
 	// (tests on a trusted network), with a warning in the log at every start. Default false.

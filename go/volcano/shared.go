@@ -107,7 +107,7 @@ func (r *Runtime) ensureCoordinator(cfg coordinatorConfig, now time.Time) {
 		opts.Credential = strings.TrimSpace(string(b))
 		if opts.Credential == "" {
 			// An empty token would start the coordinator open to anyone: refuse, as the manager does.
-			r.coordErr = fmt.Errorf("the credential file %s is empty: it must hold the token",
+			r.coordErr = fmt.Errorf("the credential file %s is empty: it must hold the cluster key",
 				cfg.credentialFile)
 			r.coordLastTry = now
 			klog.Errorf("regroup: not starting the coordinator: %v (%s)", r.coordErr, argCredentialFile)

@@ -644,9 +644,17 @@ func (b *binder) Bind(_ kubernetes.Interface, tasks []*api.TaskInfo) map[api.Tas
 			continue
 		}
 		index, _ := strconv.Atoi(bound.Annotations[taskIndexKey])
+		// The job's uid (its pods' controller), from which the job's token at the coordinator
+		// is derived.
+		jobUID := ""
+		for _, o := range bound.OwnerReferences {
+			if o.Controller != nil && *o.Controller {
+				jobUID = string(o.UID)
+			}
+		}
 		b.l.out.emit(map[string]any{"event": "bind", "pod": t.Namespace + "/" + t.Name, "uid": string(bound.UID),
 			"node": t.NodeName, "task": bound.Annotations[taskSpecKey], "index": index,
-			"job": bound.Namespace + "/" + bound.Annotations[jobNameKey]})
+			"job": bound.Namespace + "/" + bound.Annotations[jobNameKey], "job_uid": jobUID})
 	}
 	return failed
 }

@@ -11,7 +11,7 @@
 //	        {"op":"pod_phase","pod":"default/mlp-worker-1","uid":"...","phase":"Running","exit_code":0}
 //	        {"op":"quit"}
 //	stdout: {"event":"ready","coordinator":"10.0.0.1:41234"}
-//	        {"event":"bind","pod":"default/mlp-worker-1","uid":"...","node":"node-2","task":"worker","index":1}
+//	        {"event":"bind","pod":"default/mlp-worker-1","uid":"...","node":"node-2","task":"worker","index":1,"job":"default/mlp","job_uid":"..."}
 //	        {"event":"evict","pod":...,"uid":...,"reason":...}
 //	        {"event":"job_invalid","job":"default/mlp","message":"..."}
 //	        {"event":"plugin_event", ...}, {"event":"warning","message":...}, {"event":"error","message":...}

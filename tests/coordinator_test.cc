@@ -741,7 +741,7 @@ TEST_F(CoordinatorTest, StartRefusesBadArguments) {
   err = nullptr;
 
   o = REGROUP_COORDINATOR_OPTIONS_INIT;
-  o.credential = kCredential;
+  o.credential = kClusterKey;
   const std::string taken = "127.0.0.1:" + std::to_string(port_);
   o.listen = taken.c_str();
   EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);
@@ -749,7 +749,7 @@ TEST_F(CoordinatorTest, StartRefusesBadArguments) {
   err = nullptr;
 
   o = REGROUP_COORDINATOR_OPTIONS_INIT;
-  o.credential = kCredential;
+  o.credential = kClusterKey;
   o.listen = "127.0.0.1:0";
   o.tls_cert_file = "/nonexistent/cert.pem";
   EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);

@@ -1005,6 +1005,7 @@ void Agent::OnMessage(uint32_t r, const v1::TrainerMessage& message) {
       report->set_kind(fault.kind());
       report->add_local_ranks(r);
       report->set_step(fault.step());
+      report->set_generation(fault.generation());
       report->set_detail(std::move(detail));
       SendEvent(std::move(m));
       break;

@@ -265,7 +265,9 @@ def node_lost_with_spare(c: Cluster, r: Result) -> None:
     measure(c, r, f, detected_kinds=("fault",))
     check_training(c, r)
     check_strategy(c, r, ["wait"], ["scale_in", "restart_job"])
-    check_story(c, r, [("fault", "pod_lost"), ("directive", "wait"), ("register", pod.node.name),
+    # The scheduler's node report and the manager's own detection race (a broken stream has the
+    # liveness timeout to resume), so the story starts at the decision.
+    check_story(c, r, [("directive", "wait"), ("register", pod.node.name),
                        ("generation", "4 ranks"), ("resumed", ""), ("done", "")])
 
 
@@ -310,12 +312,14 @@ def lose_a_node_scale_in_then_out(c: Cluster, r: Result, lost: str, index: int) 
     c.wait_event("directive", "scale_out", after_ms=int(g["at"] * 1000))
     c.wait_event("generation", "4 ranks", after_ms=int(g["at"] * 1000))
     codes = c.wait_pods_exit()
-    r.promise("the survivor and the replacement exited 0", set(codes.values()) == {0}, str(codes))
+    r.promise("the survivor and the readmitted pod exited 0", set(codes.values()) == {0}, str(codes))
     measure(c, r, f, until=g)
     measure(c, r, g, detected_kinds=("register",))
     check_training(c, r)
     check_strategy(c, r, ["scale_in", "scale_out"], ["wait", "restart_job"])
-    check_story(c, r, [("fault", "pod_lost"), ("directive", "scale_in"), ("generation", "2 ranks"),
+    # With Volcano the scheduler's node report can decide before the manager's own detection
+    # (a broken stream has the liveness timeout to resume), so the story starts at the decision.
+    check_story(c, r, [("directive", "scale_in"), ("generation", "2 ranks"),
                        ("directive", "scale_out"), ("generation", "4 ranks"), ("done", "")])
 
 
@@ -401,20 +405,18 @@ def network_partition(c: Cluster, r: Result) -> None:
     c.wait_event("directive", "scale_in", timeout=120, after_ms=int(f["at"] * 1000))
     c.wait_step(c.last_step() + 5)
     g = c.restore_network("node-1")
-    # The cut-off pod was declared lost: back on the network it is refused for good and stops
-    # (its trainers' state is stale); the job controller replaces it with a new pod (new uid).
-    try:
-        code = zombie.process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        code = None
-    log = zombie.log.read_text(errors="replace")
-    r.promise("the cut-off pod stopped once back (fenced, no split brain)",
-              code == 1 and "declared this pod lost" in log, f"exit code {code}")
-    c.start_pod(1, c.nodes["node-1"])
+    # The cut-off pod was declared lost: back on the network it is told so (fenced), its trainers
+    # leave the generation they were in (their state is stale), and it comes back as its own
+    # replacement under a new incarnation of its uid; the job scales out with it.
+    c.wait_event("register", "(a replacement)", timeout=120, after_ms=int(g["at"] * 1000))
     c.wait_event("directive", "scale_out", timeout=120, after_ms=int(g["at"] * 1000))
     c.wait_event("generation", "4 ranks", after_ms=int(g["at"] * 1000))
+    log = zombie.log.read_text(errors="replace")
+    r.promise("the cut-off pod was fenced once back and came back as its own replacement (no split brain)",
+              "declared this pod lost" in log and "coming back as its own replacement" in log,
+              "its log says neither" if "declared this pod lost" not in log else "not readmitted")
     codes = c.wait_pods_exit()
-    r.promise("the survivor and the replacement exited 0", set(codes.values()) == {0}, str(codes))
+    r.promise("the survivor and the readmitted pod exited 0", set(codes.values()) == {0}, str(codes))
     measure(c, r, f, until=g)
     measure(c, r, g, detected_kinds=("register",))
     check_training(c, r)

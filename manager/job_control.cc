@@ -369,6 +369,15 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
         if (int64_t r = RankOf(node, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
       }
       if (state_ != State::kTraining) return Status::Ok();  // already handling a fault
+      // A late report of a generation already replaced (its collective failed as it ended)
+      // says nothing about the one running now.
+      if (f.generation() != 0 && f.generation() < generation_) {
+        Event(now, "stale_fault", "ignored a fault of generation " +
+                                      std::to_string(f.generation()) + " (now " +
+                                      std::to_string(generation_) + "): " +
+                                      BoundedText(f.detail(), 256));
+        return Status::Ok();
+      }
       // A collective failed while a pod of the generation has no stream: that pod is gone (its
       // peers lost their connections to it), not merely reconnecting. Declared lost at once,
       // so the decision sees the lost pod, not only a failed collective.

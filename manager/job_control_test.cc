@@ -764,5 +764,27 @@ TEST(JobControl, ACollectiveFailingWhileAPodsStreamIsDownDeclaresThatPodLostAtOn
   EXPECT_FALSE(sim.rt->training());
 }
 
+// Found by the integration scenario 6: a collective of generation 1 failed as it ended, its
+// report arrived once generation 2 was running, and it aborted generation 2.
+TEST(JobControl, ALateFaultOfAnEarlierGenerationDoesNotAbortTheRunningOne) {
+  Sim sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  sim.rt->Disconnected(sim.streams_[3], sim.now);
+  sim.Gone(3);
+  sim.Run(900, 0);
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  ASSERT_TRUE(sim.rt->training());
+  v1::AgentMessage m;
+  m.mutable_fault()->set_kind(v1::FAULT_KIND_COLLECTIVE_ERROR);
+  m.mutable_fault()->add_local_ranks(0);
+  m.mutable_fault()->set_step(0);
+  m.mutable_fault()->set_generation(1);
+  m.mutable_fault()->set_detail("Connection closed by peer");
+  ASSERT_TRUE(sim.Send(0, m).ok());
+  EXPECT_TRUE(sim.rt->training());
+  EXPECT_EQ(sim.rt->generation(), 2u);
+}
+
 }  // namespace
 }  // namespace regroup::manager

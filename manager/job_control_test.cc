@@ -744,6 +744,18 @@ TEST(JobControl, APodWhoseProcessesFailedMustBeReplacedNotReadmitted) {
   EXPECT_FALSE(sim.rt->MayReadmit("pod-3"));
 }
 
+// A trainer's report of a failed collective on local rank 0 at step 0, in `generation` (0:
+// not known).
+v1::AgentMessage CollectiveError(uint64_t generation) {
+  v1::AgentMessage m;
+  m.mutable_fault()->set_kind(v1::FAULT_KIND_COLLECTIVE_ERROR);
+  m.mutable_fault()->add_local_ranks(0);
+  m.mutable_fault()->set_step(0);
+  m.mutable_fault()->set_generation(generation);
+  m.mutable_fault()->set_detail("Connection closed by peer");
+  return m;
+}
+
 // A broken stream gets the liveness timeout to resume, but when the pod's peers' collectives
 // fail meanwhile, the pod is gone (its node died): declared lost at once, not a timeout later.
 TEST(JobControl, ACollectiveFailingWhileAPodsStreamIsDownDeclaresThatPodLostAtOnce) {
@@ -754,12 +766,7 @@ TEST(JobControl, ACollectiveFailingWhileAPodsStreamIsDownDeclaresThatPodLostAtOn
   sim.Gone(1);
   sim.Run(40, 0);
   EXPECT_FALSE(sim.rt->IsFenced("pod-1")) << "within its grace to resume";
-  v1::AgentMessage m;
-  m.mutable_fault()->set_kind(v1::FAULT_KIND_COLLECTIVE_ERROR);
-  m.mutable_fault()->add_local_ranks(0);
-  m.mutable_fault()->set_step(0);
-  m.mutable_fault()->set_detail("Connection closed by peer");
-  ASSERT_TRUE(sim.Send(0, m).ok());
+  ASSERT_TRUE(sim.Send(0, CollectiveError(0)).ok());
   EXPECT_TRUE(sim.rt->IsFenced("pod-1"));
   EXPECT_FALSE(sim.rt->training());
 }
@@ -775,13 +782,7 @@ TEST(JobControl, ALateFaultOfAnEarlierGenerationDoesNotAbortTheRunningOne) {
   sim.Run(900, 0);
   ASSERT_EQ(sim.rt->generation(), 2u);
   ASSERT_TRUE(sim.rt->training());
-  v1::AgentMessage m;
-  m.mutable_fault()->set_kind(v1::FAULT_KIND_COLLECTIVE_ERROR);
-  m.mutable_fault()->add_local_ranks(0);
-  m.mutable_fault()->set_step(0);
-  m.mutable_fault()->set_generation(1);
-  m.mutable_fault()->set_detail("Connection closed by peer");
-  ASSERT_TRUE(sim.Send(0, m).ok());
+  ASSERT_TRUE(sim.Send(0, CollectiveError(1)).ok());
   EXPECT_TRUE(sim.rt->training());
   EXPECT_EQ(sim.rt->generation(), 2u);
 }

@@ -51,7 +51,10 @@ def chaos_job(faults: int, nodes: int = 4, nproc: int = 2, steps: Optional[int] 
     """The job a chaos run trains: one that recovers from every kind of fault on the menu."""
     return JobSpec(nodes=nodes, nproc=nproc, steps=steps or 40 + 45 * faults,
                    strategies="recover-in-place,elastic-training,exit", prefer_elastic=True,
-                   liveness_misses=10, dataset=128, micro_batch=4, microbatches=8)
+                   liveness_misses=10, dataset=128, micro_batch=4, microbatches=8,
+                   # the library's events in each pod's log: a failed seed tells what every
+                   # rank was doing (a stalled rendezvous once cost a day to explain without)
+                   extra_train=["--verbose"])
 
 
 def draw_schedule(seed: int, faults: int, nodes: int, nproc: int) -> List[dict]:

@@ -270,12 +270,23 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
       !a.pod_uid.empty() && a.pod_uid != reg.pod_uid();
   // The same pod on a new stream (a connection reset) before it was declared lost, in the
   // running generation and epoch: it resumes its session, and the generation goes on.
+  const bool in_generation = std::any_of(rank_of_[static_cast<size_t>(node)].begin(),
+                                         rank_of_[static_cast<size_t>(node)].end(),
+                                         [](int32_t r) { return r >= 0; });
   const bool resumed = !replacement && a.pod_uid == reg.pod_uid() &&
                        a.state == AgentState::kActive && state_ != State::kJoining &&
                        state_ != State::kStopped && header.epoch() == options_.epoch &&
-                       std::any_of(rank_of_[static_cast<size_t>(node)].begin(),
-                                   rank_of_[static_cast<size_t>(node)].end(),
-                                   [](int32_t r) { return r >= 0; });
+                       in_generation;
+  // A replacement for a pod of the running generation that nothing declared lost yet (its broken
+  // stream was within its grace to resume): that pod is lost, and the generation is aborted for
+  // it before the replacement counts, so that its peers' failed collectives that follow are the
+  // echo of this loss, not a second fault of their own.
+  if (replacement && a.state == AgentState::kActive && in_generation &&
+      state_ != State::kJoining && state_ != State::kStopped)
+    LoseSilentPod(node,
+                  "pod " + reg.pod_uid() + " registered to replace pod " + a.pod_uid +
+                      " before its session resumed",
+                  now);
   if (replacement && a.state != AgentState::kLost) Forget(a.pod_uid);
   if (a.connected) stream_node_.erase(a.stream);  // the same pod on a new stream
 
@@ -1001,6 +1012,25 @@ void JobControl::DetectFailures(int64_t now) {
     }
   }
   const int64_t hang = HangTimeoutMs();
+  // A stalled generation is blamed on a rank that never entered it first (it is still in an
+  // older generation, or never took the start): the ranks waiting for it in the rendezvous or a
+  // collective are its victims, and restarting one of them would stall the next generation too.
+  for (size_t g = 0; g < places_.size() && state_ == State::kTraining; ++g) {
+    const RankPlace& p = places_[g];
+    Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+    const v1::LocalRank& lr = a.ranks[p.local_rank];
+    if (!lr.alive() || lr.phase() == v1::PHASE_DONE || lr.generation() >= generation_ ||
+        now - a.step_since_ms[p.local_rank] <= hang)
+      continue;
+    Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
+          "rank " + std::to_string(g) + " never entered generation " +
+              std::to_string(generation_) + " (it is in generation " +
+              std::to_string(lr.generation()) + ", at step " + std::to_string(lr.step()) +
+              " for " + std::to_string(now - a.step_since_ms[p.local_rank]) +
+              " ms) and holds it up (hang timeout " + std::to_string(hang) + " ms)",
+          now);
+    return;
+  }
   for (size_t g = 0; g < places_.size() && state_ == State::kTraining; ++g) {
     const RankPlace& p = places_[g];
     Agent& a = agents_[static_cast<size_t>(p.node_rank)];

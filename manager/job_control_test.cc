@@ -787,5 +787,74 @@ TEST(JobControl, ALateFaultOfAnEarlierGenerationDoesNotAbortTheRunningOne) {
   EXPECT_EQ(sim.rt->generation(), 2u);
 }
 
+// Found by the integration scenario 2 under load: the node of pod 1 died, and its replacement
+// registered before anything declared pod 1 lost (its broken stream was within its grace to
+// resume). The replacement taking a slot of the running generation is that pod's loss: the
+// generation is aborted for it, so its peers' failed collectives that follow are its echo, not a
+// second fault that "recover" alone cannot answer.
+TEST(JobControl, AReplacementTakingASlotOfTheRunningGenerationIsItsPredecessorsLoss) {
+  Sim sim(2, 2, kForce, {{"recover-strategy", "recover,exit"}});
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  sim.rt->Disconnected(sim.streams_[1], sim.now);
+  sim.Gone(1);
+  sim.Run(40, 0);
+  ASSERT_TRUE(sim.rt->training()) << "within its grace to resume";
+  ASSERT_TRUE(sim.Register(1, "pod-1-b").ok());
+  EXPECT_FALSE(sim.rt->training()) << "the generation lost pod 1's ranks";
+  EXPECT_TRUE(sim.rt->IsFenced("pod-1"));
+  ASSERT_TRUE(sim.Send(0, CollectiveError(1)).ok());
+  sim.Run(200);
+  bool stopped = false;
+  for (const auto& e : Events(sim)) stopped |= e.kind() == "stop";
+  EXPECT_FALSE(stopped) << "the collective error was the lost pod's echo";
+  EXPECT_EQ(sim.rt->generation(), 2u);
+  EXPECT_EQ(sim.rt->world_size(), 4u);
+}
+
+// Found by the chaos soak (seed 1, under load): a generation whose rendezvous never completed
+// was blamed on rank 0, the first rank over the hang timeout, four generations in a row. The
+// rank that holds a generation up is the one that never entered it (still in an older one);
+// the ranks waiting for it in the rendezvous are its victims.
+TEST(JobControl, AStalledGenerationIsBlamedOnTheRankThatNeverEnteredIt) {
+  Sim sim(2, 2, kForce,
+          {{"recover-strategy", "recover-in-place"},
+           {"regroup.io/hang-timeout-min-s", "2"},
+           {"regroup.io/heartbeat-interval-ms", "100"}});
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  // Ranks 0, 1 and 3 wait in generation 1's rendezvous; rank 2 (pod 1, local 0) is still in a
+  // collective of generation 0 and never took the start.
+  auto beat = [&](int64_t node) {
+    v1::AgentMessage m;
+    for (uint32_t l = 0; l < 2; ++l) {
+      const bool stuck = node == 1 && l == 0;
+      auto* r = m.mutable_heartbeat()->add_ranks();
+      r->set_local_rank(l);
+      r->set_pid(1000 + static_cast<int32_t>(l));
+      r->set_alive(true);
+      r->set_step(stuck ? 7 : -1);
+      r->set_phase(stuck ? v1::PHASE_REDUCING : v1::PHASE_SYNCING);
+      r->set_generation(stuck ? 0 : 1);
+    }
+    return sim.Send(node, m);
+  };
+  for (int t = 0; t < 120; ++t) {
+    sim.now += 20;
+    ASSERT_TRUE(beat(0).ok());
+    ASSERT_TRUE(beat(1).ok());
+    sim.rt->Tick(sim.now);
+    sim.Collect();
+  }
+  std::string fault;
+  for (const auto& e : Events(sim))
+    if (e.kind() == "fault" && fault.empty()) fault = e.message();
+  EXPECT_NE(fault.find("rank 2 "), std::string::npos) << fault;
+  ASSERT_GE(sim.Count(1, v1::ManagerMessage::kRestart), 1) << "the stuck rank is restarted";
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 0) << "not rank 0, which waited for it";
+}
+
 }  // namespace
 }  // namespace regroup::manager

@@ -25,4 +25,11 @@ Status CheckHostPort(std::string_view address, std::string_view flag, bool port_
   return Status::Ok();
 }
 
+bool IsLoopbackAddress(std::string_view address) {
+  std::string_view host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || host.starts_with("127.");
+}
+
 }  // namespace regroup

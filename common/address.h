@@ -12,4 +12,8 @@ namespace regroup {
 // `port_zero_allowed`) to 65535 and a non-empty host. The error names `flag` and the value.
 Status CheckHostPort(std::string_view address, std::string_view flag, bool port_zero_allowed);
 
+// Whether the host of a HOST:PORT (or [IPV6]:PORT) address is a loopback one: 127.0.0.0/8,
+// ::1 or "localhost". Only such an address keeps a server off the network.
+bool IsLoopbackAddress(std::string_view address);
+
 }  // namespace regroup

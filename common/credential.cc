@@ -59,4 +59,9 @@ grpc::Status CheckCredential(const grpc::ServerContextBase& context, const std::
               ": every call must carry this job's credential (REGROUP_CREDENTIAL_FILE)"};
 }
 
+bool BearerHeaderMatches(std::string_view header, std::string_view expected) {
+  if (expected.empty() || header.substr(0, kBearer.size()) != kBearer) return false;
+  return ConstantTimeEqual(header.substr(kBearer.size()), expected);
+}
+
 }  // namespace regroup

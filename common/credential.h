@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <grpcpp/grpcpp.h>
 
@@ -26,5 +27,8 @@ std::optional<std::string> BearerToken(const grpc::ServerContextBase& context);
 // Checks an incoming call's credential in constant time. Returns an UNAUTHENTICATED status
 // naming the peer when it is missing or wrong.
 grpc::Status CheckCredential(const grpc::ServerContextBase& context, const std::string& expected);
+
+// Whether an HTTP "Authorization" header value is "Bearer <expected>", compared in constant time.
+bool BearerHeaderMatches(std::string_view header, std::string_view expected);
 
 }  // namespace regroup

@@ -339,12 +339,10 @@ class Chaos:
         p = c._spawn(argv, log)
         note = c.note("start a second manager of the job", at=at, port=port)
         self._noted(note)
-        url = f"http://{c.manager_host}:{http}/status"
-
         def status():
             try:
                 import urllib.request
-                with urllib.request.urlopen(url, timeout=1) as r:
+                with urllib.request.urlopen(c.status_request(http), timeout=1) as r:
                     return json.loads(r.read())
             except OSError:
                 return None

@@ -348,9 +348,15 @@ class Cluster:
 
     # -- observing -------------------------------------------------------------------------------
 
+    def status_request(self, http_port: int) -> urllib.request.Request:
+        """A GET of a manager's /status on this cluster's bridge: off loopback it needs the job's
+        credential."""
+        return urllib.request.Request(
+            f"http://{self.manager_host}:{http_port}/status",
+            headers={"Authorization": "Bearer " + self.credential.read_text().strip()})
+
     def status(self, timeout: float = 5) -> dict:
-        url = f"http://{self.manager_host}:{self.http_port}/status"
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(self.status_request(self.http_port), timeout=timeout) as r:
             self._status_cache = json.loads(r.read())
         return self._status_cache
 

@@ -59,7 +59,14 @@ int main(int argc, char** argv) {
   app.add_option("--annotation", annotations, "a job annotation KEY=VALUE (repeatable)");
   app.add_option("--env", envs, "rank 0's environment KEY=VALUE (MINDIO_WAIT_MINDX_TIME)");
   app.add_option("--listen", listen, "gRPC address (port 0: any free port)")->capture_default_str();
-  app.add_option("--http", http, "HTTP address for /metrics and /status (default: none)");
+  app.add_option("--http", http,
+                 "HTTP address for /metrics and /status (default: none). On a loopback address "
+                 "they are open; elsewhere each request needs \"Authorization: Bearer <the job's "
+                 "credential>\"");
+  bool metrics_open = false;
+  app.add_flag("--metrics-open", metrics_open,
+               "serve /metrics without the credential on a non-loopback --http (for a Prometheus "
+               "that has no token); /status still needs it");
   app.add_option("--port-file", port_file, "write the gRPC port here once listening");
   app.add_option("--credential-file", credential_file,
                  "the job's credential (default: $REGROUP_CREDENTIAL_FILE, $REGROUP_CREDENTIAL)");
@@ -255,6 +262,7 @@ int main(int argc, char** argv) {
   regroup::manager::ServerOptions so;
   so.listen = listen;
   so.http_listen = http;
+  so.metrics_open = metrics_open;
   so.credential = *credential;
   so.tls_cert_file = tls_cert;
   so.tls_key_file = tls_key;

@@ -7,6 +7,7 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include "common/address.h"
 #include "common/clock.h"
 #include "common/credential.h"
 #include "common/grpc_settings.h"
@@ -42,11 +43,37 @@ Status ManagerServer::Start() {
     return InvalidArgument("regroup-manager cannot listen on " + options_.listen +
                            " (in use, or not an address of this host)");
   if (!options_.http_listen.empty()) {
+    const bool loopback = IsLoopbackAddress(options_.http_listen);
+    if (!loopback && options_.credential.empty()) {
+      Stop();
+      return FailedPrecondition(
+          "regroup-manager will not serve /status and /metrics on " + options_.http_listen +
+          " without a credential (it runs --insecure): give --http a loopback address "
+          "(127.0.0.1:PORT), or the manager a credential");
+    }
+    // Pod uids, node names and the job's events are not for whoever reaches the port.
+    auto allowed = [this, loopback](const httplib::Request& req, bool metrics) {
+      return loopback || (metrics && options_.metrics_open) ||
+             BearerHeaderMatches(req.get_header_value("Authorization"), options_.credential);
+    };
+    auto refuse = [](const httplib::Request& req, httplib::Response& res) {
+      res.status = 401;
+      res.set_header("WWW-Authenticate", "Bearer");
+      res.set_content(std::string(req.has_header("Authorization") ? "a wrong credential"
+                                                                   : "no credential") +
+                          ": off loopback, " + req.path +
+                          " needs \"Authorization: Bearer <the job's credential>\"\n",
+                      "text/plain");
+    };
     http_ = std::make_unique<httplib::Server>();
-    http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    http_->Get("/metrics", [this, allowed, refuse](const httplib::Request& req,
+                                                   httplib::Response& res) {
+      if (!allowed(req, /*metrics=*/true)) return refuse(req, res);
       res.set_content(MetricsText(), "text/plain; version=0.0.4");
     });
-    http_->Get("/status", [this](const httplib::Request&, httplib::Response& res) {
+    http_->Get("/status", [this, allowed, refuse](const httplib::Request& req,
+                                                  httplib::Response& res) {
+      if (!allowed(req, /*metrics=*/false)) return refuse(req, res);
       res.set_content(StatusJson(), "application/json");
     });
     const auto colon = options_.http_listen.rfind(':');
@@ -98,7 +125,7 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::ManagerMessage>* ManagerServer::Se
     return new Rejected(auth);
   }
   std::lock_guard lock(mu_);
-  auto* stream = new Stream(this, next_stream_++, "the agent is gone");
+  auto* stream = new Stream(this, next_stream_++, "the agent is gone", context);
   streams_[stream->id()] = stream;
   return stream;
 }
@@ -172,6 +199,8 @@ void ManagerServer::OnMessage(Stream* stream, const v1::AgentMessage& message) {
 }
 
 void ManagerServer::OnStreamDone(Stream* stream) {
+  if (const std::string why = stream->cut_off(); !why.empty())
+    spdlog::warn("cut off the stream of node rank {}: {}", stream->tag, why);
   std::lock_guard lock(mu_);
   streams_.erase(stream->id());
   if (stream->tag >= 0) {

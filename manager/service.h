@@ -30,7 +30,12 @@ struct ServerOptions {
   std::string listen = "0.0.0.0:9601";  // port 0: chosen by the system
   std::string credential;                // empty: no credential required
   std::string tls_cert_file, tls_key_file;
-  std::string http_listen;               // "" : no HTTP endpoint; "127.0.0.1:0" for any port
+  // "" : no HTTP endpoint; "127.0.0.1:0" for any port. On a loopback address /status and
+  // /metrics are open; elsewhere each request needs "Authorization: Bearer <credential>", but
+  // /metrics is open when `metrics_open` (an operator's explicit choice, for a scraper without
+  // the token). Off loopback without a credential (--insecure), HTTP does not start.
+  std::string http_listen;
+  bool metrics_open = false;
   std::chrono::milliseconds tick{20};
   // The job's durable record (job_record.h): written whenever it changes, before the messages
   // of that change are sent. "": none (a restarted manager then relies on the agents' word).

@@ -3,20 +3,25 @@
 #include "manager/service.h"
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "common/queued_stream.h"
 
 namespace regroup::manager {
 namespace {
 
 using namespace std::chrono_literals;
 
-std::unique_ptr<ManagerServer> StartManager(int64_t pods, const std::string& credential,
-                                            const std::string& id = "default/svc") {
+std::unique_ptr<ManagerServer> MakeManager(int64_t pods, const std::string& credential,
+                                           const std::string& id, const std::string& http,
+                                           bool metrics_open) {
   JobSpec spec;
   spec.id = id;
   spec.pods = pods;
@@ -32,10 +37,16 @@ std::unique_ptr<ManagerServer> StartManager(int64_t pods, const std::string& cre
                                               std::make_unique<EmbeddedDecisions>(spec));
   ServerOptions so;
   so.listen = "127.0.0.1:0";
-  so.http_listen = "127.0.0.1:0";
+  so.http_listen = http;
+  so.metrics_open = metrics_open;
   so.credential = credential;
   so.tick = 5ms;
-  auto server = std::make_unique<ManagerServer>(std::move(job), so);
+  return std::make_unique<ManagerServer>(std::move(job), so);
+}
+
+std::unique_ptr<ManagerServer> StartManager(int64_t pods, const std::string& credential,
+                                            const std::string& id = "default/svc") {
+  auto server = MakeManager(pods, credential, id, "127.0.0.1:0", false);
   Status st = server->Start();
   EXPECT_TRUE(st.ok()) << st.message();
   return server;
@@ -214,6 +225,121 @@ TEST(ManagerService, MetricsEscapeTheJobIdAndPrintIntegersWhole) {
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("e+"), std::string::npos) << text;
+}
+
+// Issue 12: /status (pod uids, node names, events) and /metrics answered anyone who reached the
+// port. Off loopback, each needs the job's credential; /metrics only when the operator opened it.
+TEST(ManagerService, OffLoopbackTheHttpEndpointsNeedTheCredential) {
+  auto get = [](int port, const std::string& path, const std::string& token) {
+    httplib::Client client("127.0.0.1", port);
+    client.set_connection_timeout(5);
+    httplib::Headers headers;
+    if (!token.empty()) headers.emplace("Authorization", "Bearer " + token);
+    auto res = client.Get(path, headers);
+    return res ? res->status : -1;
+  };
+  auto server = MakeManager(1, "secret", "default/svc", "0.0.0.0:0", false);
+  ASSERT_TRUE(server->Start().ok());
+  const int port = server->http_port();
+  EXPECT_EQ(get(port, "/status", ""), 401);
+  EXPECT_EQ(get(port, "/status", "guess"), 401);
+  EXPECT_EQ(get(port, "/status", "secretx"), 401);
+  EXPECT_EQ(get(port, "/status", "secret"), 200);
+  EXPECT_EQ(get(port, "/metrics", ""), 401);
+  EXPECT_EQ(get(port, "/metrics", "secret"), 200);
+  server->Stop();
+
+  auto open = MakeManager(1, "secret", "default/svc", "0.0.0.0:0", /*metrics_open=*/true);
+  ASSERT_TRUE(open->Start().ok());
+  EXPECT_EQ(get(open->http_port(), "/metrics", ""), 200);
+  EXPECT_EQ(get(open->http_port(), "/status", ""), 401) << "only /metrics was opened";
+  open->Stop();
+
+  auto local = StartManager(1, "secret");  // HTTP on 127.0.0.1: nothing leaves the host
+  EXPECT_EQ(get(local->http_port(), "/status", ""), 200);
+}
+
+TEST(ManagerService, WithoutACredentialHttpIsServedOnLoopbackOnly) {
+  auto server = MakeManager(1, "", "default/svc", "0.0.0.0:0", false);
+  const Status st = server->Start();
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("0.0.0.0:0"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("loopback"), std::string::npos) << st.message();
+}
+
+// Issue 12: a peer that stops reading let the server queue messages for it without bound. Here
+// a server answers each message with 32 KiB (8 messages of 4 KiB), and may queue 64 KiB for a
+// stream: a client that keeps reading is served for good, one that stops is cut off, with a
+// reason, instead of growing the server.
+class Flood final : public v1::Manager::CallbackService {
+ public:
+  using Stream = QueuedStream<v1::AgentMessage, v1::ManagerMessage, Flood>;
+  grpc::ServerBidiReactor<v1::AgentMessage, v1::ManagerMessage>* Session(
+      grpc::CallbackServerContext* context) override {
+    return new Stream(this, 1, "gone", context, /*max_queued_bytes=*/64 << 10);
+  }
+  void OnMessage(Stream* stream, const v1::AgentMessage&) {
+    v1::ManagerMessage m;
+    m.mutable_refusal()->set_reason(std::string(4096, 'x'));
+    for (int i = 0; i < 8; ++i) stream->Send(m);
+  }
+  void OnStreamDone(Stream* stream) {
+    std::lock_guard lock(mu);
+    cut_off = stream->cut_off();
+    done = true;
+    cv.notify_all();
+  }
+  bool WaitDone() {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, 30s, [&] { return done; });
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::string cut_off;
+};
+
+struct FloodServer {
+  FloodServer() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    stub = v1::Manager::NewStub(MakeChannel("127.0.0.1:" + std::to_string(port)).value());
+  }
+  ~FloodServer() { server->Shutdown(std::chrono::system_clock::now() + 2s); }
+  Flood service;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<v1::Manager::Stub> stub;
+};
+
+TEST(QueuedStream, APeerThatKeepsReadingIsNeverCutOff) {
+  FloodServer f;
+  grpc::ClientContext context;
+  auto stream = f.stub->Session(&context);
+  v1::ManagerMessage m;
+  for (int round = 0; round < 400; ++round) {  // 12.5 MiB in all, 32 KiB at a time
+    ASSERT_TRUE(stream->Write(v1::AgentMessage()));
+    for (int i = 0; i < 8; ++i) ASSERT_TRUE(stream->Read(&m)) << "round " << round;
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_TRUE(f.service.WaitDone());
+  EXPECT_EQ(f.service.cut_off, "");
+}
+
+TEST(QueuedStream, APeerThatStopsReadingIsCutOffAtTheBoundWithAReason) {
+  FloodServer f;
+  grpc::ClientContext context;
+  auto stream = f.stub->Session(&context);
+  for (int round = 0; round < 400 && !f.service.done; ++round)
+    if (!stream->Write(v1::AgentMessage())) break;  // and never reads
+  ASSERT_TRUE(f.service.WaitDone()) << "the stream was never cut off";
+  EXPECT_NE(f.service.cut_off.find("reads too slowly"), std::string::npos) << f.service.cut_off;
+  EXPECT_NE(f.service.cut_off.find("65536"), std::string::npos) << f.service.cut_off;
+  context.TryCancel();  // a synchronous Finish would wait for the unread messages to be read
+  EXPECT_FALSE(stream->Finish().ok());
 }
 
 }  // namespace

@@ -94,7 +94,7 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
     std::lock_guard lock(mu_);
     if (stopping_)
       return new Rejected(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"));
-    auto* stream = new Stream(this, next_stream_++, "the manager is gone");
+    auto* stream = new Stream(this, next_stream_++, "the manager is gone", context);
     streams_[stream->id()] = stream;
     callers_[stream->id()] = Caller{std::move(token), context->peer()};
     return stream;
@@ -114,6 +114,8 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
   }
 
   void OnStreamDone(Stream* stream) {
+    if (const std::string why = stream->cut_off(); !why.empty())
+      std::fprintf(stderr, "regroup coordinator: cut off a manager's stream: %s\n", why.c_str());
     std::lock_guard lock(mu_);
     streams_.erase(stream->id());
     callers_.erase(stream->id());

@@ -1,10 +1,12 @@
 #include "plugin/engine.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <array>
 #include <cstring>
 
+#include "common/text.h"
 #include "plugin/engine_names.h"
 
 namespace regroup {
@@ -201,6 +203,24 @@ Status Job::OnFault(PendingFault fault) {
       MarkLost(p, device ? LostCause::kDeviceError : LostCause::kPodLost, fault.at_ms, device);
   }
   if (pending_.empty()) window_start_ms_ = fault.at_ms;
+  // Faults in one report window are bounded: past the bound, a fault joins the first pending one
+  // of its kind (its pods and ranks added, its detail counted, not kept), so a flood of reports
+  // costs the job's size in memory, never the flood's.
+  if (pending_.size() >= kMaxFaultsPerWindow) {
+    auto same = std::find_if(pending_.begin(), pending_.end(),
+                             [&](const PendingFault& p) { return p.kind == fault.kind; });
+    if (same != pending_.end()) {
+      auto join = [](std::vector<int64_t>& into, const std::vector<int64_t>& more) {
+        into.insert(into.end(), more.begin(), more.end());
+        std::sort(into.begin(), into.end());
+        into.erase(std::unique(into.begin(), into.end()), into.end());
+      };
+      join(same->pods, fault.pods);
+      join(same->ranks, fault.ranks);
+      same->merged += 1 + fault.merged;
+      return Status::Ok();
+    }
+  }
   pending_.push_back(std::move(fault));
   return Status::Ok();
 }
@@ -406,19 +426,28 @@ void Job::Decide(int64_t now) {
     return;
   }
 
-  // What happened, in one sentence.
+  // What happened, in one sentence: the first faults in full (details cut), the rest counted,
+  // so that a mass failure's reason still fits a message (it once took 4.2 MB at 1,024 faults).
   std::string what;
   std::vector<int64_t> dead_ranks;
   std::vector<int64_t> collective_ranks;
   bool collective = false;
   std::optional<std::string> poison;
+  size_t described = 0;
+  std::map<std::string, int64_t> not_described;
   for (const auto& f : batch) {
-    if (!what.empty()) what += "; ";
-    what += std::string(FaultKindName(f.kind));
-    if (!f.ranks.empty()) what += " on ranks " + List(f.ranks);
-    if (!f.pods.empty()) what += " on pods " + List(f.pods);
-    if (f.step >= 0) what += " at step " + std::to_string(f.step);
-    if (!f.detail.empty()) what += " (" + f.detail + ")";
+    if (described < kFaultsDescribed) {
+      ++described;
+      if (!what.empty()) what += "; ";
+      what += std::string(FaultKindName(f.kind));
+      if (!f.ranks.empty()) what += " on ranks " + BoundedText(List(f.ranks), kListBytes);
+      if (!f.pods.empty()) what += " on pods " + BoundedText(List(f.pods), kListBytes);
+      if (f.step >= 0) what += " at step " + std::to_string(f.step);
+      if (!f.detail.empty()) what += " (" + BoundedText(f.detail, kDetailBytes) + ")";
+      if (f.merged > 0) what += " (and " + std::to_string(f.merged) + " more merged into it)";
+    } else {
+      not_described[std::string(FaultKindName(f.kind))] += 1 + f.merged;
+    }
     if (f.kind == FaultKind::kProcessExit || f.kind == FaultKind::kHang) {
       for (int64_t p : f.pods)
         if (slots_[static_cast<size_t>(p)].status != PodSlot::Status::kLost)
@@ -434,6 +463,12 @@ void Job::Decide(int64_t now) {
         poison = "poison step " + std::to_string(f.step) + ": " +
                  std::string(FaultKindName(f.kind)) + " twice at the same step";
     }
+  }
+  if (!not_described.empty()) {
+    std::string more;
+    for (const auto& [kind, count] : not_described)
+      more += (more.empty() ? "" : ", ") + std::to_string(count) + " " + kind;
+    what += "; and " + more + " more";
   }
   std::sort(dead_ranks.begin(), dead_ranks.end());
   dead_ranks.erase(std::unique(dead_ranks.begin(), dead_ranks.end()), dead_ranks.end());

@@ -119,7 +119,16 @@ struct PendingFault {
   int64_t step = -1;
   int64_t at_ms = 0;
   std::string detail;
+  int64_t merged = 0;  // faults of its kind joined into it past a report window's bound
 };
+
+// A report window holds at most this many faults; more join the first of their kind.
+inline constexpr size_t kMaxFaultsPerWindow = 256;
+// A decision's reason describes this many faults in full (details cut to kDetailBytes, pod and
+// rank lists to kListBytes) and counts the rest by kind.
+inline constexpr size_t kFaultsDescribed = 16;
+inline constexpr size_t kDetailBytes = 512;
+inline constexpr size_t kListBytes = 256;
 
 struct HistoryEntry {
   int64_t at_ms;

@@ -761,5 +761,37 @@ TEST_F(EngineTest, DecisionsAreReproducibleFromTheirInputs) {
   EXPECT_EQ(run(a), run(b));
 }
 
+// Issue 12: at 1,024 faults with 4 KiB details in one report window, the decision's reason took
+// 4.2 MB (over gRPC's 4 MiB message limit, so the directive could not reach the manager), and
+// the window kept every fault however many came.
+TEST_F(EngineTest, AMassFailuresDecisionFitsAMessageAndStillCountsEveryLostPod) {
+  Engine e;
+  LargeJobState::Fail(e);  // 512 nodes fail and 512 devices, 4 KiB of detail each
+  e.Tick(1200);
+  const Directive& d = e.FindJob(kJob)->directive();
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_WAIT) << d.reason.substr(0, 300);
+  EXPECT_LT(d.reason.size(), 16u * 1024) << d.reason.substr(0, 300);
+  EXPECT_NE(d.reason.find(" more"), std::string::npos);
+  // Every lost pod is still known: the scale-in at the deadline removes all 1,024 of them.
+  e.Tick(31200);
+  const Directive& in = e.FindJob(kJob)->directive();
+  ASSERT_EQ(in.kind, REGROUP_DIRECTIVE_SCALE_IN) << in.reason.substr(0, 300);
+  EXPECT_EQ(in.dp, LargeJobState::kPods / 2);
+}
+
+TEST_F(EngineTest, AFloodOfFaultsInOneWindowIsMergedByKind) {
+  Submit(kForce, {{"recover-strategy", "recover-in-place,elastic-training"},
+                  {"regroup.io/prefer-elastic", "true"}});
+  const std::string detail(4096, 'y');
+  for (int i = 0; i < 100000; ++i) {
+    PendingFault f{FaultKind::kProcessExit, {}, {i % 2 == 0 ? 0 : 3}, 5, 1000, detail};
+    ASSERT_TRUE(engine_.ReportFault(kJob, std::move(f)).ok());
+  }
+  const Directive& d = Tick(1200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE) << d.reason.substr(0, 300);
+  EXPECT_EQ(d.restart_ranks, (std::vector<int64_t>{0, 3})) << "both ranks, though merged";
+  EXPECT_LT(d.reason.size(), 16u * 1024);
+  EXPECT_NE(d.reason.find("more merged into it"), std::string::npos) << d.reason.substr(0, 600);
+}
 }  // namespace
 }  // namespace regroup

@@ -203,7 +203,10 @@ class Parser {
       *field = static_cast<int>(*parsed);
       return Status::Ok();
     };
-    if (name == "manager") return text(&o.manager_addr);
+    if (name == "manager") {
+      manager_given_ = true;
+      return text(&o.manager_addr);
+    }
     if (name == "job-id") return text(&o.job_id);
     if (name == "pod-uid") return text(&o.pod_uid);
     if (name == "pod-name") return text(&o.pod_name);
@@ -246,7 +249,10 @@ class Parser {
       return integer(&o.nproc, 1, 1024,
                      "a positive integer (regroup-agent does not count devices: give the number)");
     if (name == "node-rank") return integer(&o.node_rank, 0, 1 << 20, "an integer >= 0");
-    if (name == "master-addr") return text(&o.master_addr);
+    if (name == "master-addr") {
+      master_given_ = true;
+      return text(&o.master_addr);
+    }
     if (name == "master-port") return integer(&o.master_port, 1, 65535, "a port from 1 to 65535");
     if (name == "module") {
       o.module = true;
@@ -270,6 +276,16 @@ class Parser {
       return InvalidArgument("flag --node-rank " + std::to_string(o.node_rank) +
                              " is not below --nnodes " + std::to_string(o.nnodes_max));
     if (o.node_rank < 0 && o.nnodes_max == 1) o.node_rank = 0;  // torchrun's default
+    // No manager named: it is where MindCluster's layout puts it, on rank 0's pod at
+    // $MASTER_ADDR (else the --master-addr given), port 9601.
+    if (!manager_given_) {
+      const std::optional<std::string> master = Env("MASTER_ADDR");
+      const std::string host = master ? *master : master_given_ ? o.master_addr : "127.0.0.1";
+      o.manager_addr = (host.find(':') != std::string::npos && host.front() != '['
+                            ? "[" + host + "]"
+                            : host) +
+                       ":9601";
+    }
     // A server name alone would be ignored and the connection left plaintext.
     if (!o.tls_server_name.empty() && o.tls_ca_file.empty())
       return InvalidArgument("flag --tls-server-name (or REGROUP_TLS_SERVER_NAME) " +
@@ -280,6 +296,8 @@ class Parser {
 
   const EnvLookup& env_;
   CommandLine out_;
+  bool manager_given_ = false;  // --manager or REGROUP_MANAGER_ADDR
+  bool master_given_ = false;   // --master-addr or PET_MASTER_ADDR
 };
 
 }  // namespace
@@ -407,7 +425,9 @@ Usage: regroup-agent [agent options] [torchrun flags] SCRIPT [ARGS...]
        regroup-agent [agent options] [torchrun flags] -- SCRIPT [ARGS...]
 
 Agent options (environment fallback in brackets):
-  --manager HOST:PORT         the job's regroup-manager [REGROUP_MANAGER_ADDR] (127.0.0.1:9601)
+  --manager HOST:PORT         the job's regroup-manager [REGROUP_MANAGER_ADDR] ($MASTER_ADDR:9601,
+                              as MindCluster runs it on rank 0's pod; else --master-addr:9601;
+                              else 127.0.0.1:9601)
   --job-id ID                 [REGROUP_JOB_ID, MINDX_TASK_ID]
   --pod-uid UID               this pod's uid [REGROUP_POD_UID] (random)
   --pod-name NAME             [REGROUP_POD_NAME, HOSTNAME]

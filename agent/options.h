@@ -21,7 +21,9 @@ namespace regroup::agent {
 
 struct AgentOptions {
   // Agent options.
-  std::string manager_addr = "127.0.0.1:9601";  // --manager, REGROUP_MANAGER_ADDR
+  // --manager, REGROUP_MANAGER_ADDR; else $MASTER_ADDR:9601, else --master-addr:9601 (when
+  // given), else 127.0.0.1:9601.
+  std::string manager_addr = "127.0.0.1:9601";
   std::string job_id;           // --job-id, REGROUP_JOB_ID, MINDX_TASK_ID
   std::string pod_uid;          // --pod-uid, REGROUP_POD_UID; default: random
   std::string pod_name;         // --pod-name, REGROUP_POD_NAME, HOSTNAME; default: hostname

@@ -178,6 +178,27 @@ TEST(CommandLine, AServerNameWithoutACaIsRefused) {
             std::string::npos);
 }
 
+// Issue 14: in MindCluster's layout the manager runs on rank 0's pod, and its agents find it at
+// $MASTER_ADDR:9601; an agent given no manager address looked at 127.0.0.1:9601 instead.
+TEST(CommandLine, WithNoManagerNamedTheAgentLooksOnRankZerosPodAsMindClusters) {
+  EXPECT_EQ(Parse({"train.py"}).options.manager_addr, "127.0.0.1:9601");
+  EXPECT_EQ(Parse({"train.py"}, {{"MASTER_ADDR", "10.1.2.3"}}).options.manager_addr,
+            "10.1.2.3:9601");
+  EXPECT_EQ(Parse({"train.py"}, {{"MASTER_ADDR", "fd00::7"}}).options.manager_addr,
+            "[fd00::7]:9601");
+  EXPECT_EQ(Parse({"--master-addr", "10.9.9.9", "train.py"}).options.manager_addr,
+            "10.9.9.9:9601");
+  EXPECT_EQ(Parse({"train.py"}, {{"PET_MASTER_ADDR", "10.9.9.8"}}).options.manager_addr,
+            "10.9.9.8:9601");
+  // The explicit address keeps precedence over both.
+  EXPECT_EQ(Parse({"train.py"}, {{"MASTER_ADDR", "10.1.2.3"}, {"REGROUP_MANAGER_ADDR", "mgr:1"}})
+                .options.manager_addr,
+            "mgr:1");
+  EXPECT_EQ(Parse({"--manager", "flag:2", "train.py"}, {{"MASTER_ADDR", "10.1.2.3"}})
+                .options.manager_addr,
+            "flag:2");
+}
+
 TEST(CommandLine, ABadEnvironmentValueNamesTheVariable) {
   std::string e = Error({"train.py"}, {{"REGROUP_RECONNECT_TIMEOUT_S", "soon"}});
   EXPECT_NE(e.find("environment variable REGROUP_RECONNECT_TIMEOUT_S \"soon\""),

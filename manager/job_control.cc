@@ -805,10 +805,12 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
                                " is not available yet");
         return false;
       }
-  // The step to resume from: the highest any survivor committed, or heard commit for.
-  for (int64_t r : replicas)
-    for (int64_t p : layout_.PodsOfReplica(r))
-      for (const auto& lr : agents_[static_cast<size_t>(p)].ranks)
+  // The step to resume from: the highest any survivor committed, or heard commit for, kept or
+  // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
+  // it in the generation that committed it, and apply it from their vote).
+  for (const Agent& a : agents_)
+    if (a.state != AgentState::kLost && !a.pod_uid.empty())
+      for (const auto& lr : a.ranks)
         committed_step_ = std::max({committed_step_, lr.committed_step(), lr.heard_commit_step()});
 
   ++generation_;

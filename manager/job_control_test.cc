@@ -856,5 +856,32 @@ TEST(JobControl, AStalledGenerationIsBlamedOnTheRankThatNeverEnteredIt) {
   EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 0) << "not rank 0, which waited for it";
 }
 
+// Issue 11, finding 6: a restarted manager took the highest commit heard over the replicas it
+// kept only, so a standby that heard the commit of step 41 got step 41 redone (its samples
+// twice). Any survivor's word counts.
+TEST(JobControl, ARestartedManagerResumesAtACommitOnlyAStandbyHeard) {
+  JobControlOptions o;
+  o.epoch = 2;
+  Sim sim(4, 2, kForce, kElastic, o);
+  for (int64_t n = 0; n < 4; ++n) {
+    std::vector<v1::LocalRank> ranks(2);
+    for (uint32_t l = 0; l < 2; ++l) {
+      ranks[l].set_local_rank(l);
+      ranks[l].set_alive(true);
+      ranks[l].set_pid(100 + static_cast<int32_t>(l));
+      ranks[l].set_phase(v1::PHASE_PAUSED);
+      ranks[l].set_generation(9);
+      ranks[l].set_committed_step(40);
+      ranks[l].set_heard_commit_step(n == 3 ? 41 : 40);
+    }
+    if (n == 3) ranks[1].set_phase(v1::PHASE_STARTING);  // not back yet: not kept
+    ASSERT_TRUE(sim.Register(n, "", ranks, 4).ok());
+  }
+  sim.Run(6000);  // the join window closes without pod 3; prefer-elastic starts without it
+  ASSERT_GE(sim.rt->generation(), 1u);
+  ASSERT_EQ(sim.starts_[0].plan().data_parallel(), 3u) << "pod 3 is not in the generation";
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 41);
+}
+
 }  // namespace
 }  // namespace regroup::manager

@@ -1134,6 +1134,21 @@ void JobControl::TryFirstGeneration(int64_t now) {
 }
 
 void JobControl::Tick(int64_t now) {
+  // A manager that was not scheduled (an overloaded machine) for longer than half the liveness
+  // timeout has not heard its pods for that long through no fault of theirs: their messages wait
+  // in its sockets. That time is not counted against any pod (it delays detection by as much).
+  if (last_tick_ms_ >= 0 && now - last_tick_ms_ > LivenessMs() / 2) {
+    const int64_t stall = now - last_tick_ms_;
+    for (Agent& a : agents_) {
+      a.last_seen_ms += stall;
+      for (int64_t& since : a.step_since_ms) since += stall;
+    }
+    ++counters_.manager_stalls;
+    Event(now, "manager_stall",
+          "this manager ran nothing for " + std::to_string(stall) +
+              " ms (an overloaded machine?): that time is not counted against any pod");
+  }
+  last_tick_ms_ = now;
   if (state_ == State::kJoining) TryFirstGeneration(now);
   if (state_ == State::kTraining || state_ == State::kAborted) DetectFailures(now);
   decisions_->Tick(now);

@@ -144,6 +144,7 @@ class JobControl {
     std::map<std::string, uint64_t> directives;  // by kind
     uint64_t generations = 0;
     uint64_t commits = 0;
+    uint64_t manager_stalls = 0;   // ticks late by more than half the liveness timeout
     double last_recovery_ms = 0;   // abort -> first commit of the next generation
     double step_seconds = 0;       // median step time
   };
@@ -271,6 +272,7 @@ class JobControl {
   std::vector<std::optional<v1::ManagerMessage>> starts_;  // [node] its StartGeneration
   std::set<int64_t> leaving_;                  // agents that asked to leave (SIGTERM)
   int64_t abort_ms_ = -1;                      // when the running generation was aborted
+  int64_t last_tick_ms_ = -1;                  // the previous Tick (a stall is not the pods')
   int64_t first_fault_ms_ = -1;
   std::deque<int64_t> step_times_ms_;          // recent commit intervals
   int64_t last_commit_ms_ = -1;

@@ -883,5 +883,28 @@ TEST(JobControl, ARestartedManagerResumesAtACommitOnlyAStandbyHeard) {
   EXPECT_EQ(sim.starts_[0].plan().committed_step(), 41);
 }
 
+// Issue 11, finding 7: under CPU overload a manager that was not scheduled for a while found
+// every pod silent when it ran again (their heartbeats waited in its sockets) and declared them
+// lost. Its own stall is not counted against the pods.
+TEST(JobControl, AManagerThatWasNotScheduledDoesNotBlameThePods) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(100, 0);
+  ASSERT_TRUE(sim.rt->training());
+  sim.now += 3000;  // the manager ran nothing for 3 s; the pods' beats wait in its sockets
+  sim.rt->Tick(sim.now);
+  sim.Collect();
+  EXPECT_TRUE(sim.rt->training()) << "no pod was blamed for the manager's stall";
+  EXPECT_FALSE(sim.rt->IsFenced("pod-0"));
+  EXPECT_FALSE(sim.rt->IsFenced("pod-1"));
+  sim.Run(100, 0);  // the waiting beats arrive
+  EXPECT_TRUE(sim.rt->training());
+  EXPECT_EQ(sim.rt->generation(), 1u);
+  // A pod that really is silent is still found, a liveness timeout after the stall.
+  sim.Gone(1);
+  sim.Run(1500, 0);
+  EXPECT_TRUE(sim.rt->IsFenced("pod-1"));
+}
+
 }  // namespace
 }  // namespace regroup::manager

@@ -291,6 +291,10 @@ std::string ManagerServer::MetricsText() {
   for (const auto& [kind, n] : c.directives)
     m.Sample("regroup_directives_total", {{"job", id}, {"kind", kind}}, static_cast<uint64_t>(n));
   counter("regroup_commits_total", "Steps committed.", static_cast<uint64_t>(c.commits));
+  counter("regroup_manager_stalls_total",
+          "Times the manager ran nothing for over half the liveness timeout (not counted against "
+          "any pod).",
+          c.manager_stalls);
   counter("regroup_messages_total", "Agent messages received.", static_cast<uint64_t>(messages_));
   counter("regroup_refusals_total", "Sessions and messages refused.",
           static_cast<uint64_t>(refusals_));

@@ -29,7 +29,7 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr milliseconds kMaxBackoff{2000};
+constexpr milliseconds kMaxBackoff{500};  // as the channel's own (grpc_settings.cc)
 constexpr milliseconds kRegisterTimeout{5000};
 constexpr milliseconds kConnectReport{5000};
 constexpr milliseconds kDoneWait{5000};

@@ -53,7 +53,7 @@ class ManagerSession {
 
   // Opens the stream in the background; `credential` goes in the authorization metadata. The
   // call waits for the channel to connect (wait_for_ready), so a manager that is down is retried
-  // by the channel's own backoff (100 ms growing to 2 s, set by MakeChannel) with this stream's
+  // by the channel's own backoff (100 ms growing to 0.5 s, set by MakeChannel) with this stream's
   // thread driving the connection attempts; kOpened is posted once the stream is open.
   ManagerSession(uint64_t id, std::shared_ptr<grpc::Channel> channel, std::string credential,
                  Inbox* inbox);

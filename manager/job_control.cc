@@ -995,14 +995,15 @@ void JobControl::LoseSilentPod(int64_t node, const std::string& why, int64_t now
 }
 
 void JobControl::DetectFailures(int64_t now) {
-  // Silent pods, while training and while a recovery waits too (a pod that dies then must not
-  // hold its node rank against its replacement until TCP gives up): active ones, and connected
-  // standbys (a standby's broken stream is a fault at once, see Disconnected).
+  // Silent pods, while training and while a recovery waits, the first generation's included (a
+  // pod that dies then must not hold its node rank against its replacement until TCP gives up):
+  // active ones, and connected standbys and registered pods (a broken stream of theirs is a
+  // fault at once, see Disconnected).
   const int64_t liveness = LivenessMs();
   for (size_t n = 0; n < agents_.size(); ++n) {
     Agent& a = agents_[n];
-    if (a.state != AgentState::kActive && !(a.state == AgentState::kStandby && a.connected))
-      continue;
+    const bool waiting = a.state == AgentState::kStandby || a.state == AgentState::kRegistered;
+    if (a.state != AgentState::kActive && !(waiting && a.connected)) continue;
     if (now - a.last_seen_ms > liveness) {
       LoseSilentPod(static_cast<int64_t>(n),
                     (a.connected ? "no heartbeat from pod " + a.pod_uid + " for "

@@ -26,7 +26,7 @@ namespace {
 constexpr int64_t kTickMs = 20;               // the manager's ticker (ServerOptions::tick)
 constexpr int64_t kKeepaliveMs = 15000;       // a ping every 10 s, 5 s to answer (grpc_settings)
 constexpr int64_t kReconnectTimeoutMs = 60000;  // the agent's --reconnect-timeout-s default
-constexpr int64_t kMaxBackoffMs = 2000;       // the agent's reconnect backoff, 100 ms doubling
+constexpr int64_t kMaxBackoffMs = 500;        // the agent's reconnect backoff, 100 ms doubling
 constexpr int64_t kDoneGraceMs = 5000;        // an agent whose trainers finished exits by then
 constexpr int64_t kFenceBoundMs = 5000;       // a lost, reachable pod is told so by then
 constexpr int64_t kStoppedBoundMs = 10000;    // a pod still running this long after the job stopped

@@ -527,6 +527,7 @@ Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
 
 void JobControl::Commit(int64_t step, int64_t now) {
   committed_step_ = step;
+  committed_mark_ = {options_.epoch, generation_};
   vote_step_ = -1;
   ++counters_.commits;
   v1::ManagerMessage m;
@@ -808,10 +809,15 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   // The step to resume from: the highest any survivor committed, or heard commit for, kept or
   // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
   // it in the generation that committed it, and apply it from their vote).
+  int64_t heard = committed_step_;
   for (const Agent& a : agents_)
     if (a.state != AgentState::kLost && !a.pod_uid.empty())
       for (const auto& lr : a.ranks)
-        committed_step_ = std::max({committed_step_, lr.committed_step(), lr.heard_commit_step()});
+        heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
+  if (heard > committed_step_) {  // committed by a generation this incarnation did not run
+    committed_step_ = heard;
+    committed_mark_ = {0, 0};
+  }
 
   ++generation_;
   ++counters_.generations;
@@ -865,6 +871,8 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   plan.set_store_port(host.free_port ? host.free_port
                                      : 29500 + static_cast<uint32_t>(generation_ % 1000));
   plan.set_committed_step(committed_step_);
+  plan.set_committed_epoch(committed_mark_.first);
+  plan.set_committed_generation(committed_mark_.second);
   plan.set_microbatches_per_step(static_cast<uint64_t>(micro_total));
   plan.set_reason(reason);
   plan.set_agents(generation_agents_);
@@ -1151,7 +1159,7 @@ void JobControl::Tick(int64_t now) {
   }
   last_tick_ms_ = now;
   if (state_ == State::kJoining) TryFirstGeneration(now);
-  if (state_ == State::kTraining || state_ == State::kAborted) DetectFailures(now);
+  if (state_ != State::kStopped) DetectFailures(now);
   decisions_->Tick(now);
   while (auto d = decisions_->Poll()) {
     if (state_ == State::kStopped) break;

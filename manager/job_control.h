@@ -273,6 +273,8 @@ class JobControl {
   std::set<int64_t> leaving_;                  // agents that asked to leave (SIGTERM)
   int64_t abort_ms_ = -1;                      // when the running generation was aborted
   int64_t last_tick_ms_ = -1;                  // the previous Tick (a stall is not the pods')
+  // (epoch, generation) that committed committed_step_; (0, 0) when it was heard from agents.
+  std::pair<uint64_t, uint64_t> committed_mark_{0, 0};
   int64_t first_fault_ms_ = -1;
   std::deque<int64_t> step_times_ms_;          // recent commit intervals
   int64_t last_commit_ms_ = -1;

@@ -497,14 +497,14 @@ TEST(JobControl, AMinorityOfTheLastGenerationMustNotFormOne) {
   Sim sim(4, 2, kForce, kElastic, o);
   ASSERT_TRUE(sim.Register(0, "", {}, 4).ok());
   ASSERT_TRUE(sim.Register(1, "", {}, 4).ok());
-  sim.Run(6000);
+  sim.Run(6000, -1);  // the registered pods beat as they wait
   EXPECT_EQ(sim.rt->generation(), 0u) << "2 of 4 is no majority";
   bool said = false;
   for (const auto& e : Events(sim))
     said = said || e.message().find("waiting for a majority") != std::string::npos;
   EXPECT_TRUE(said);
   ASSERT_TRUE(sim.Register(2, "", {}, 4).ok());
-  sim.Run(400);  // the missing pod goes through the engine's report window
+  sim.Run(400, -1);  // the missing pod goes through the engine's report window
   EXPECT_EQ(sim.rt->generation(), 1u) << "3 of 4 is";
 }
 
@@ -920,6 +920,42 @@ TEST(JobControl, APodThatGoesSilentWhileTheJobWaitsForItsFirstGenerationIsLost) 
   sim.Run(1500, -1);
   EXPECT_TRUE(sim.rt->IsFenced("pod-1"));
   EXPECT_TRUE(sim.Register(1, "pod-1-b").ok()) << "its replacement takes node rank 1";
+}
+
+// The same while a restarted manager gathers its first generation (seed 6941): it waited for a
+// majority, a registered pod died, and its replacement was refused for good.
+TEST(JobControl, APodThatGoesSilentWhileARestartedManagerGathersIsLost) {
+  JobControlOptions o;
+  o.epoch = 3;
+  Sim sim(4, 1, kForce, {{"recover-strategy", "recover,elastic-training"}}, o);
+  ASSERT_TRUE(sim.Register(0, "", {}, 4).ok());
+  ASSERT_TRUE(sim.Register(1, "", {}, 4).ok());
+  sim.Run(400, -1);
+  sim.Gone(1);
+  sim.Run(1500, -1);
+  EXPECT_EQ(sim.rt->generation(), 0u);
+  EXPECT_TRUE(sim.rt->IsFenced("pod-1"));
+  EXPECT_TRUE(sim.Register(1, "pod-1-b").ok()) << "its replacement takes node rank 1";
+}
+
+// Found by the chaos soak (seed 1): a pod readmitted after its loss had voted for step 88 in the
+// generation that was aborted for it; the next generation, without it, committed its own step
+// 88; rejoining, the pod applied its own vote of 88 (reduced in another order) and the replicas
+// disagreed at the next checksum. The plan names the generation that committed the step.
+TEST(JobControl, ThePlanNamesTheGenerationThatCommittedItsStep) {
+  Sim sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  EXPECT_EQ(sim.starts_[0].plan().committed_generation(), 0u) << "nothing committed yet";
+  for (int64_t n = 0; n < 4; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  sim.Run(20, 1);
+  sim.rt->Disconnected(sim.streams_[3], sim.now);
+  sim.Gone(3);
+  sim.Run(900, 1);
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 0);
+  EXPECT_EQ(sim.starts_[0].plan().committed_epoch(), sim.rt->epoch());
+  EXPECT_EQ(sim.starts_[0].plan().committed_generation(), 1u) << "step 0 was generation 1's";
 }
 
 }  // namespace

@@ -158,6 +158,22 @@ int main(int argc, char** argv) {
               << (p.severity == regroup::Problem::Severity::kError ? "error: " : "warning: ")
               << p.message << "\n";
   if (!resolved.ok()) return 2;
+  // Where the job's strategy came from, and a loud word when it leaves recovery off: a
+  // MindCluster manager.py passes only the job id and sizes, and the strategy lives in the job's
+  // labels and annotations.
+  const std::string source =
+      !job_file.empty() ? "the job file " + job_file
+      : !labels.empty() || !annotations.empty() ? std::string("--label/--annotation")
+                                                 : std::string("nowhere (no --job, --label or --annotation)");
+  spdlog::info("regroup-manager: job {}: {} labels and {} annotations from {}", spec.id,
+               spec.labels.size(), spec.annotations.size(), source);
+  if (!resolved.config.recovery_on())
+    spdlog::warn("regroup-manager: job {}: process-level recovery is off (fault-scheduling and "
+                 "process-recover-enable as resolved from {}): a fault ends the job unless "
+                 "fault-retry-times restarts it. Give the manager the job's labels and "
+                 "annotations (--job FILE, or --label/--annotation; init_manager's \"labels\" "
+                 "and \"annotations\")",
+                 spec.id, source);
 
   auto credential = regroup::LoadCredential(credential_file);
   if (!credential.ok()) {

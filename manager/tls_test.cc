@@ -111,7 +111,9 @@ class Tls : public ::testing::Test {
     context.set_deadline(std::chrono::system_clock::now() + 10s);
     v1::GetStatusResponse response;
     grpc::Status st = stub->GetStatus(&context, {}, &response);
-    if (st.ok()) EXPECT_EQ(response.job_id(), "default/tls");
+    if (st.ok()) {
+      EXPECT_EQ(response.job_id(), "default/tls");
+    }
     return st;
   }
 

@@ -62,4 +62,10 @@ kill $pid 2>/dev/null; wait $pid 2>/dev/null
 [ -s "$dir/insecure.port" ] || fail "--insecure must start the manager: $(cat "$dir/insecure.log")"
 grep -qF -- "--insecure: no job credential, any client reaching 127.0.0.1:0" "$dir/insecure.log" \
   || fail "--insecure must be logged as a warning: $(cat "$dir/insecure.log")"
+# A manager given only the job id and sizes (a MindCluster manager.py) says where its strategy
+# came from, and that recovery is off.
+grep -qF -- "0 labels and 0 annotations from nowhere (no --job, --label or --annotation)" \
+  "$dir/insecure.log" || fail "the configuration's source must be logged: $(cat "$dir/insecure.log")"
+grep -qF -- "process-level recovery is off" "$dir/insecure.log" \
+  || fail "recovery off must be a warning: $(cat "$dir/insecure.log")"
 echo "regroup-manager flags: ok"

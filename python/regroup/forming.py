@@ -97,7 +97,12 @@ def settle_vote(t: Trainer, plan: Any, layout: Layout, begin: int, count: int) -
     if voted is None:
         return
     t._voted = None
-    if plan.committed_step == voted.step == t.committed_step + 1:
+    # The step may have been committed by a generation this rank was not in (it was lost, or a
+    # standby, when that one ran): its own vote reduced the gradients in another order, so it is
+    # dropped and the state comes from a peer. (0, 0): the plan does not know (an older manager).
+    committed_by = (plan.committed_epoch, plan.committed_generation)
+    own_vote = committed_by == (0, 0) or committed_by == voted.mark
+    if plan.committed_step == voted.step == t.committed_step + 1 and own_vote:
         t._phase(pb.PHASE_APPLYING, voted.step)
         t.state.step_optimizer()
         t.committed_step = voted.step

@@ -426,6 +426,11 @@ class Chaos:
             r.promise("training finished or stopped for a named reason", False,
                       "events:\n" + "\n".join(f"    {e['at_ms']} {e['kind']}: {e['message'][:200]}" for e in events))
             check_training(c, r, expect_done=False)
+        # Replicas that disagree on their parameters are an exactness failure (a step applied from
+        # the wrong state), never an allowed end, whatever the strategy does next.
+        diverged = [e["message"] for e in events if "replicas disagree" in e["message"]]
+        r.promise("the replicas never disagreed on their parameters", not diverged,
+                  diverged[0][:300] if diverged else "")
         self.check_epochs()
         self.check_record()
 

@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   app.add_option("--http", http,
                  "HTTP address for /metrics and /status (default: none). On a loopback address "
                  "they are open; elsewhere each request needs \"Authorization: Bearer <the job's "
-                 "credential>\"");
+                 "credential>\". With --tls-cert/--tls-key it is HTTPS");
   bool metrics_open = false;
   app.add_flag("--metrics-open", metrics_open,
                "serve /metrics without the credential on a non-loopback --http (for a Prometheus "

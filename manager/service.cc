@@ -65,7 +65,20 @@ Status ManagerServer::Start() {
                           " needs \"Authorization: Bearer <the job's credential>\"\n",
                       "text/plain");
     };
-    http_ = std::make_unique<httplib::Server>();
+    // With a certificate, HTTP is HTTPS with it too: the credential never crosses in clear.
+    if (!options_.tls_cert_file.empty()) {
+      auto https = std::make_unique<httplib::SSLServer>(options_.tls_cert_file.c_str(),
+                                                        options_.tls_key_file.c_str());
+      if (!https->is_valid()) {
+        Stop();
+        return InvalidArgument("regroup-manager cannot serve HTTPS on " + options_.http_listen +
+                               " with the certificate " + options_.tls_cert_file + " and key " +
+                               options_.tls_key_file);
+      }
+      http_ = std::move(https);
+    } else {
+      http_ = std::make_unique<httplib::Server>();
+    }
     http_->Get("/metrics", [this, allowed, refuse](const httplib::Request& req,
                                                    httplib::Response& res) {
       if (!allowed(req, /*metrics=*/true)) return refuse(req, res);

@@ -33,7 +33,8 @@ struct ServerOptions {
   // "" : no HTTP endpoint; "127.0.0.1:0" for any port. On a loopback address /status and
   // /metrics are open; elsewhere each request needs "Authorization: Bearer <credential>", but
   // /metrics is open when `metrics_open` (an operator's explicit choice, for a scraper without
-  // the token). Off loopback without a credential (--insecure), HTTP does not start.
+  // the token). Off loopback without a credential (--insecure), HTTP does not start. With
+  // tls_cert_file and tls_key_file, it is HTTPS with the same certificate.
   std::string http_listen;
   bool metrics_open = false;
   std::chrono::milliseconds tick{20};

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include "common/credential.h"
 #include "common/grpc_settings.h"
@@ -76,7 +77,8 @@ class Tls : public ::testing::Test {
   }
 
   // A one-pod manager serving TLS with the certificate `name` (.crt and .key).
-  std::unique_ptr<ManagerServer> StartManager(const std::string& name) {
+  std::unique_ptr<ManagerServer> StartManager(const std::string& name,
+                                              const std::string& http = "") {
     JobSpec spec;
     spec.id = "default/tls";
     spec.pods = 1;
@@ -91,6 +93,7 @@ class Tls : public ::testing::Test {
     so.credential = kCredential;
     so.tls_cert_file = certs_->Path(name + ".crt");
     so.tls_key_file = certs_->Path(name + ".key");
+    so.http_listen = http;
     so.tick = 5ms;
     auto server = std::make_unique<ManagerServer>(std::move(job), so);
     Status st = server->Start();
@@ -157,6 +160,31 @@ TEST_F(Tls, AGoodCertificateConnectsAndAnAgentRegistersOverIt) {
   ASSERT_TRUE(started) << stream->Finish().error_message();
   EXPECT_EQ(m.start().plan().world_size(), 1u);
   context.TryCancel();
+  server->Stop();
+}
+
+// Issue 12: /status and /metrics need the credential off loopback; with a certificate they are
+// HTTPS, so the credential never crosses the network in clear.
+TEST_F(Tls, WithACertificateHttpIsHttpsAndTheCredentialNeverCrossesInClear) {
+  auto server = StartManager("ip", "0.0.0.0:0");
+  const int port = server->http_port();
+  ASSERT_GT(port, 0);
+  httplib::SSLClient https("127.0.0.1", port);
+  https.set_ca_cert_path(certs_->Path("ca.crt").c_str());
+  https.enable_server_certificate_verification(true);
+  https.set_connection_timeout(5);
+  auto res = https.Get("/status", {{"Authorization", std::string("Bearer ") + kCredential}});
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  EXPECT_NE(res->body.find("default/tls"), std::string::npos);
+  res = https.Get("/status");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 401) << "still needs the credential";
+  httplib::Client plain("127.0.0.1", port);
+  plain.set_connection_timeout(5);
+  plain.set_read_timeout(5);
+  auto cleartext = plain.Get("/status", {{"Authorization", std::string("Bearer ") + kCredential}});
+  EXPECT_FALSE(cleartext && cleartext->status == 200) << "plain HTTP must not be answered";
   server->Stop();
 }
 

@@ -6,7 +6,6 @@
 // Owner::OnStreamDone(Stream*), after which the stream deletes itself.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -58,13 +57,13 @@ class QueuedStream final : public grpc::ServerBidiReactor<In, Out> {
       finishing_ = true;
       // The write in flight stays until gRPC is done with it; the rest is dropped.
       while (queue_.size() > (writing_ ? 1 : 0)) queue_.pop_back();
-      queued_bytes_ = writing_ ? queue_.front().ByteSizeLong() : 0;
+      queued_bytes_ = writing_ ? queue_.front().bytes : 0;
       close_status_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, cut_off_);
       context_->TryCancel();
       if (!writing_) this->Finish(close_status_);
       return;
     }
-    queue_.push_back(message);
+    queue_.push_back({message, bytes});
     queued_bytes_ += bytes;
     if (close) {
       finishing_ = true;
@@ -72,7 +71,7 @@ class QueuedStream final : public grpc::ServerBidiReactor<In, Out> {
     }
     if (!writing_) {
       writing_ = true;
-      this->StartWrite(&queue_.front());
+      this->StartWrite(&queue_.front().message);
     }
   }
 
@@ -97,7 +96,7 @@ class QueuedStream final : public grpc::ServerBidiReactor<In, Out> {
 
   void OnWriteDone(bool ok) override {
     std::lock_guard lock(mu_);
-    queued_bytes_ -= std::min(queued_bytes_, queue_.front().ByteSizeLong());
+    queued_bytes_ -= queue_.front().bytes;
     queue_.pop_front();
     if (!ok) {
       writing_ = false;
@@ -107,7 +106,7 @@ class QueuedStream final : public grpc::ServerBidiReactor<In, Out> {
       return;
     }
     if (!queue_.empty()) {
-      this->StartWrite(&queue_.front());
+      this->StartWrite(&queue_.front().message);
       return;
     }
     writing_ = false;
@@ -127,7 +126,11 @@ class QueuedStream final : public grpc::ServerBidiReactor<In, Out> {
   const size_t max_queued_bytes_;
   In in_;
   mutable std::mutex mu_;
-  std::deque<Out> queue_;
+  struct Queued {
+    Out message;
+    size_t bytes;  // its serialized size, counted once
+  };
+  std::deque<Queued> queue_;
   size_t queued_bytes_ = 0;
   std::string cut_off_;
   bool writing_ = false;

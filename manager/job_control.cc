@@ -270,9 +270,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
       !a.pod_uid.empty() && a.pod_uid != reg.pod_uid();
   // The same pod on a new stream (a connection reset) before it was declared lost, in the
   // running generation and epoch: it resumes its session, and the generation goes on.
-  const bool in_generation = std::any_of(rank_of_[static_cast<size_t>(node)].begin(),
-                                         rank_of_[static_cast<size_t>(node)].end(),
-                                         [](int32_t r) { return r >= 0; });
+  const bool in_generation = !GenerationRanks(node).empty();
   const bool resumed = !replacement && a.pod_uid == reg.pod_uid() &&
                        a.state == AgentState::kActive && state_ != State::kJoining &&
                        state_ != State::kStopped && header.epoch() == options_.epoch &&
@@ -625,11 +623,7 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
                                  std::to_string(LivenessMs()) + " ms to resume its session");
     return;
   }
-  std::vector<uint32_t> ranks;
-  for (int32_t r : rank_of_[static_cast<size_t>(node)])
-    if (r >= 0) ranks.push_back(static_cast<uint32_t>(r));
-  Fault(v1::FAULT_KIND_POD_LOST, {node}, ranks, -1,
-        "the stream of pod " + a.pod_uid + " broke (node lost or agent gone)", now);
+  LoseSilentPod(node, "the stream of pod " + a.pod_uid + " broke (node lost or agent gone)", now);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -651,8 +645,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   // Only a fault that touches the running generation aborts it: a lost standby or spare, or a
   // replacement that fails before it joins, leaves the generation training.
   bool touches_generation = !ranks.empty() || pods.empty();
-  for (int64_t p : pods)
-    for (int32_t r : rank_of_[static_cast<size_t>(p)]) touches_generation |= r >= 0;
+  for (int64_t p : pods) touches_generation |= !GenerationRanks(p).empty();
   if (state_ == State::kTraining && touches_generation) {
     first_fault_ms_ = now;
     Abort(FaultKindText(kind) + ": " + detail, now);
@@ -739,8 +732,7 @@ void JobControl::CheckPendingWait(int64_t now) {
   pending_since_ms_ = -1;
   std::vector<uint32_t> ranks;
   for (int64_t p : waiting)
-    for (int32_t r : rank_of_[static_cast<size_t>(p)])
-      if (r >= 0) ranks.push_back(static_cast<uint32_t>(r));
+    for (uint32_t r : GenerationRanks(p)) ranks.push_back(r);
   Fault(v1::FAULT_KIND_POD_LOST, waiting, ranks, -1, reason, now);
 }
 
@@ -996,10 +988,7 @@ int64_t JobControl::HangTimeoutMs() const {
 }
 
 void JobControl::LoseSilentPod(int64_t node, const std::string& why, int64_t now) {
-  std::vector<uint32_t> ranks;
-  for (int32_t r : rank_of_[static_cast<size_t>(node)])
-    if (r >= 0) ranks.push_back(static_cast<uint32_t>(r));
-  Fault(v1::FAULT_KIND_POD_LOST, {node}, ranks, -1, why, now);
+  Fault(v1::FAULT_KIND_POD_LOST, {node}, GenerationRanks(node), -1, why, now);
 }
 
 void JobControl::DetectFailures(int64_t now) {

@@ -254,6 +254,13 @@ class JobControl {
     const auto& locals = rank_of_[static_cast<size_t>(node)];
     return local < locals.size() ? locals[local] : -1;
   }
+  // The global ranks pod `node` holds in the running generation (none: a standby or a spare).
+  std::vector<uint32_t> GenerationRanks(int64_t node) const {
+    std::vector<uint32_t> ranks;
+    for (int32_t r : rank_of_[static_cast<size_t>(node)])
+      if (r >= 0) ranks.push_back(static_cast<uint32_t>(r));
+    return ranks;
+  }
   std::vector<int64_t> microbatches_;
   int64_t committed_step_ = -1;
   uint32_t generation_agents_ = 0;

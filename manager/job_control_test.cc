@@ -467,6 +467,22 @@ TEST(JobControl, RegistrationRefusals) {
   EXPECT_EQ(sim.rt->Register(93, h, bad, sim.now).status().message().rfind("fenced", 0), 0u);
 }
 
+// What a restarted manager hears from a surviving pod of `ppp` processes: each alive and paused,
+// last in generation 9 of the old epoch, having applied step `committed`.
+std::vector<v1::LocalRank> Survivor(int64_t ppp, int64_t committed) {
+  std::vector<v1::LocalRank> ranks(static_cast<size_t>(ppp));
+  for (uint32_t l = 0; l < ranks.size(); ++l) {
+    ranks[l].set_local_rank(l);
+    ranks[l].set_alive(true);
+    ranks[l].set_pid(100 + static_cast<int32_t>(l));
+    ranks[l].set_phase(v1::PHASE_PAUSED);
+    ranks[l].set_generation(9);
+    ranks[l].set_committed_step(committed);
+    ranks[l].set_heard_commit_step(committed);
+  }
+  return ranks;
+}
+
 TEST(JobControl, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
   // A new manager incarnation (epoch 2): agents report what their trainers hold. Rank 3 heard
   // commit for step 41 before the old manager died; the others only voted.
@@ -474,15 +490,8 @@ TEST(JobControl, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
   o.epoch = 2;
   Sim sim(2, 2, kForce, kElastic, o);
   for (int64_t n = 0; n < 2; ++n) {
-    std::vector<v1::LocalRank> ranks(2);
-    for (uint32_t l = 0; l < 2; ++l) {
-      ranks[l].set_local_rank(l);
-      ranks[l].set_alive(true);
-      ranks[l].set_phase(v1::PHASE_PAUSED);
-      ranks[l].set_generation(9);
-      ranks[l].set_committed_step(40);
-      ranks[l].set_heard_commit_step(n == 1 && l == 1 ? 41 : 40);
-    }
+    std::vector<v1::LocalRank> ranks = Survivor(2, 40);
+    if (n == 1) ranks[1].set_heard_commit_step(41);
     ASSERT_TRUE(sim.Register(n, "", ranks, 2).ok());
   }
   sim.Run(20);
@@ -864,17 +873,11 @@ TEST(JobControl, ARestartedManagerResumesAtACommitOnlyAStandbyHeard) {
   o.epoch = 2;
   Sim sim(4, 2, kForce, kElastic, o);
   for (int64_t n = 0; n < 4; ++n) {
-    std::vector<v1::LocalRank> ranks(2);
-    for (uint32_t l = 0; l < 2; ++l) {
-      ranks[l].set_local_rank(l);
-      ranks[l].set_alive(true);
-      ranks[l].set_pid(100 + static_cast<int32_t>(l));
-      ranks[l].set_phase(v1::PHASE_PAUSED);
-      ranks[l].set_generation(9);
-      ranks[l].set_committed_step(40);
-      ranks[l].set_heard_commit_step(n == 3 ? 41 : 40);
+    std::vector<v1::LocalRank> ranks = Survivor(2, 40);
+    if (n == 3) {
+      for (auto& r : ranks) r.set_heard_commit_step(41);
+      ranks[1].set_phase(v1::PHASE_STARTING);  // not back yet: not kept
     }
-    if (n == 3) ranks[1].set_phase(v1::PHASE_STARTING);  // not back yet: not kept
     ASSERT_TRUE(sim.Register(n, "", ranks, 4).ok());
   }
   sim.Run(6000, -1);  // the join window closes without pod 3; prefer-elastic starts without it

@@ -111,6 +111,22 @@ def shutdown_fd(fd: int) -> bool:
     return False
 
 
+def _pipe_ends() -> Dict[int, Tuple[int, bool]]:
+    """This process's pipe descriptors: fd -> (pipe inode, opened for writing)."""
+    out: Dict[int, Tuple[int, bool]] = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if not target.startswith("pipe:["):
+                continue
+            with open(f"/proc/self/fdinfo/{name}") as f:
+                flags = next(int(line.split()[1], 8) for line in f if line.startswith("flags:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        out[int(name)] = (int(target[6:-1]), flags & os.O_ACCMODE == os.O_WRONLY)
+    return out
+
+
 class Abandoned(RuntimeError):
     """The generation was aborted while this rank waited for a collective: the training thread
     left it; the collective itself may still be running in gloo (it ends at its timeout)."""
@@ -149,6 +165,8 @@ class GroupSockets:
         self._before: Optional[Dict[int, int]] = None
         self._group: List[Tuple[int, int]] = []      # (fd, inode) of the groups' connections
         self._store_client: List[Tuple[int, int]] = []  # our connections to the store
+        self._pipes_before: Dict[int, Tuple[int, bool]] = {}
+        self._store_control: Optional[Tuple[int, int]] = None  # (fd, inode): see quiet_store
         self._ended = False
         self._released = False
         self.shut_down = False
@@ -161,6 +179,7 @@ class GroupSockets:
         global _current
         with self._lock:
             self._before = _socket_inodes()
+            self._pipes_before = _pipe_ends()
         with _current_lock:
             _current = self
 
@@ -220,6 +239,53 @@ class GroupSockets:
             except Exception as e:  # noqa: BLE001 - one waiter must not keep the others asleep
                 log.warning("regroup: waking a collective's waiter failed: %s", e)
         return count
+
+    def note_store(self, is_master: bool) -> None:
+        """Notes the control pipe of the store client just constructed (call right after it).
+
+        torch 1.13's TCPStore client runs a thread that polls its connection to the store
+        together with that pipe. Once the store's server is gone (the rank hosting it left the
+        generation, or died) the connection reads as closed and the thread goes round its loop
+        at once, again and again: one core busy for as long as the store object lives, which a
+        generation's groups parked past an abort (:func:`park`) stretch to the collective
+        timeout. The pipe hanging up is the thread's way out (:meth:`quiet_store`). The rank
+        hosting the store made two pipes: its server's first, then its client's (the one with
+        the higher descriptors). torch versions without the thread make no pipe, and nothing is
+        noted.
+        """
+        with self._lock:
+            new: Dict[int, List[Tuple[int, bool]]] = {}
+            for fd, (inode, writes) in _pipe_ends().items():
+                if self._pipes_before.get(fd, (None,))[0] != inode:
+                    new.setdefault(inode, []).append((fd, writes))
+            pipes = sorted(((max(fd for fd, _ in ends), inode, ends)
+                            for inode, ends in new.items() if len(ends) == 2))
+            if len(pipes) != (2 if is_master else 1):
+                return
+            _, inode, ends = pipes[-1]
+            write_end = [fd for fd, writes in ends if writes]
+            if len(write_end) == 1:
+                self._store_control = (write_end[0], inode)
+
+    def quiet_store(self) -> bool:
+        """Ends the polling thread of our store client (see :meth:`note_store`), even one already
+        spinning; True when it was told to. Call when leaving the generation, before its groups
+        are destroyed or parked. The pipe's write end is replaced, in place, by /dev/null: the
+        thread sees the hang-up and ends, and the store's destructor later closes the number
+        it still owns and finds the thread ended."""
+        with self._lock:
+            noted, self._store_control = self._store_control, None
+        if noted is None or _pipe_ends().get(noted[0], (None,))[0] != noted[1]:
+            return False
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.dup2(null, noted[0], inheritable=False)
+            return True
+        except OSError as e:
+            log.debug("regroup: cannot end the store client's polling thread: %s", e)
+            return False
+        finally:
+            os.close(null)
 
     def release(self) -> None:
         """Forget the descriptors: call before destroying the groups."""

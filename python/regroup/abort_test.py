@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 
 from regroup.testing import PYTHON, free_port, wait_for
 
@@ -295,3 +297,50 @@ if __name__ == "__main__":
         _stuck_send_worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     else:
         _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+
+
+# A store client whose server dies: its polling thread (torch 1.13) must not keep a core busy.
+STORE_CLIENT = r"""
+import os, signal, subprocess, sys, time
+import torch.distributed as dist
+from regroup.abort import GroupSockets
+port, quiet = int(sys.argv[1]), sys.argv[2] == "quiet"
+server = subprocess.Popen([sys.executable, "-c",
+    "import sys, time, torch.distributed as d; s = d.TCPStore('127.0.0.1', %d, 2, True, wait_for_workers=False); "
+    "print('up', flush=True); time.sleep(600)" % port], stdout=subprocess.PIPE, text=True)
+assert server.stdout.readline().strip() == "up"
+sockets = GroupSockets(port)
+sockets.begin()
+store = dist.TCPStore("127.0.0.1", port, 2, False)
+sockets.note_store(is_master=False)
+sockets.end()
+server.kill()
+server.wait()
+time.sleep(0.3)  # the client's thread spins from here (torch 1.13)
+if quiet:
+    assert sockets.quiet_store()
+time.sleep(0.1)
+began = time.process_time()
+time.sleep(1.0)
+spent = time.process_time() - began
+del store  # the destructor still ends (and joins) what is left of the client
+print(spent)
+"""
+
+
+def _store_client_cpu(quiet: bool) -> float:
+    import subprocess
+    done = subprocess.run([PYTHON, "-c", STORE_CLIENT, str(free_port()), "quiet" if quiet else "plain"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_quieted_store_client_sleeps_once_its_server_is_gone():
+    spinning = _store_client_cpu(quiet=False)
+    if spinning < 0.3:
+        pytest.skip(f"this torch's store client does not spin on a dead server ({spinning:.2f} s of "
+                    "CPU in 1 s): nothing to quiet")
+    quiet = _store_client_cpu(quiet=True)
+    assert quiet < 0.1, f"{quiet:.2f} s of CPU in 1 s after quiet_store (unquieted: {spinning:.2f} s)"

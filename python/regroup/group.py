@@ -114,6 +114,7 @@ class ProcessGroups:
         if self.destroyed:
             return
         self.destroyed = True
+        self.sockets.quiet_store()  # no thread of ours spins on the store once its host is gone
         self.sockets.release()
         left = list(self.sockets.left)
         if left:
@@ -221,6 +222,7 @@ def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: s
     sockets.begin()
     deadline = time.monotonic() + rendezvous_s
     store = _connect_store(store_host, store_port, layout.world_size, layout.rank == 0, deadline, aborted)
+    sockets.note_store(is_master=layout.rank == 0)
     try:
         store.set_timeout(datetime.timedelta(seconds=collective_s))
         timeout = datetime.timedelta(seconds=collective_s)

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -36,6 +37,12 @@ constexpr milliseconds kDoneWait{5000};
 constexpr milliseconds kKillAfterTerm{5000};  // after a directive's grace: SIGTERM, then SIGKILL
 constexpr milliseconds kFinalClose{2000};  // for the manager to confirm the last messages
 constexpr size_t kMaxPending = 1024;
+// The fork server answers a WarmStart in a few milliseconds; past this the process is started
+// plainly. A server that died is started again after 1 s, doubling up to a minute.
+constexpr milliseconds kWarmForkTimeout{1000};
+constexpr milliseconds kWarmFirstBackoff{1000};
+constexpr milliseconds kWarmFirstStart{30000};
+constexpr milliseconds kWarmMaxBackoff{60000};
 // How often a pod declared lost comes back as its own replacement before it stops for good (a
 // flapping node is then replaced by the scheduler instead).
 constexpr int kMaxReadmissions = 5;
@@ -55,6 +62,11 @@ std::string DescribeExit(const v1::ProcessExit& exit) {
                                           exit.signal())
                             : fmt::format("local rank {} exited with code {}", exit.local_rank(),
                                           exit.exit_code());
+}
+
+std::string DescribeStatus(int status) {
+  return WIFSIGNALED(status) ? fmt::format("killed by signal {}", WTERMSIG(status))
+                             : fmt::format("exit code {}", WEXITSTATUS(status));
 }
 
 const char* BodyName(const v1::ManagerMessage& m) {
@@ -127,6 +139,24 @@ Status Agent::Setup() {
   }
   if (found != nullptr) freeaddrinfo(found);
 
+  if (options_.warm_start) {
+    Status reaper = MakeSubreaper();
+    if (!reaper.ok()) {
+      spdlog::warn("warm starts off: {}", reaper.message());
+    } else {
+      WarmStarter::Config warm;
+      warm.python = executable_;
+      warm.imports = options_.warm_imports;
+      if (!options_.module)
+        warm.script_dir = std::filesystem::absolute(options_.script[0]).parent_path().string();
+      warm.env = MergeEnvironment(
+          CurrentEnvironment(),
+          TrainerEnvironment(options_, node_rank_, 0, server_->socket_path(),
+                             std::getenv("OMP_NUM_THREADS") != nullptr));
+      warm_ = std::make_unique<WarmStarter>(std::move(warm));
+    }
+  }
+
   auto channel = MakeChannel(options_.manager_addr,
                              {options_.tls_ca_file, options_.tls_server_name});
   if (!channel.ok())
@@ -145,12 +175,16 @@ int Agent::Run() {
                options_.nproc, fmt::join(argv_, " "), server_->socket_path(),
                options_.manager_addr);
   for (uint32_t r = 0; r < ranks_.size(); ++r) StartChild(r);
+  // The fork server imports torch too: it starts once every trainer said hello, so that it does
+  // not slow their own start on a busy node (or after kWarmFirstStart, whatever comes first).
+  if (warm_) warm_retry_at_ = Clock::now() + kWarmFirstStart;
   outage_since_ = Clock::now();  // the reconnect timeout also bounds the wait for a first manager
   Connect();
   while (!exit_code_) {
     loop_.RunOnce(NextTimeoutMs());
     if (!exit_code_) OnTimers();
   }
+  if (warm_) DropWarmServer("", /*retry=*/false);
   session_.reset();
   server_.reset();
   spdlog::info("exiting with code {}", *exit_code_);
@@ -174,6 +208,7 @@ int Agent::NextTimeoutMs() const {
     if (outage_since_)
       consider(*outage_since_ + std::chrono::seconds(options_.reconnect_timeout_s));
     if (done_at_) consider(*done_at_);
+    if (warm_retry_at_) consider(*warm_retry_at_);
   }
   if (next <= now) return 0;
   return static_cast<int>(duration_cast<milliseconds>(next - now).count()) + 1;
@@ -217,6 +252,10 @@ void Agent::OnTimers() {
     return;  // BeginStop ran the timers again
   }
   if (exit_code_) return;
+  if (warm_retry_at_ && now >= *warm_retry_at_ && !stopping_) {
+    warm_retry_at_.reset();
+    StartWarmServer();
+  }
   if (pause_at_ && now >= *pause_at_) {
     pause_at_.reset();
     spdlog::warn("no session with the manager for {} ms (its liveness timeout): trainers paused",
@@ -257,7 +296,19 @@ void Agent::StartChild(uint32_t r) {
         TrainerEnvironment(options_, node_rank_, r, server_->socket_path(),
                            std::getenv("OMP_NUM_THREADS") != nullptr));
   }
-  auto pid = SpawnProcessGroup(executable_, argv_, k.env);
+  const auto began = Clock::now();
+  StatusOr<pid_t> pid = FailedPrecondition("not started");
+  bool forked = false;
+  if (warm_ && warm_->ready()) {
+    pid = warm_->Fork(r, options_.module, options_.script, k.env, kWarmForkTimeout);
+    forked = pid.ok();
+    if (!forked) {
+      spdlog::warn("local rank {}: no warm start ({}); starting a new interpreter", r,
+                   pid.status().message());
+      if (!warm_->running()) DropWarmServer("", /*retry=*/true);
+    }
+  }
+  if (!forked) pid = SpawnProcessGroup(executable_, argv_, k.env);
   const auto now = Clock::now();
   k.started = now;
   k.heard = false;
@@ -285,7 +336,60 @@ void Agent::StartChild(uint32_t r) {
   k.exited = false;
   k.exit_code = 0;
   k.exit_signal = 0;
-  spdlog::info("local rank {} started: pid {}", r, k.pid);
+  if (forked) {
+    spdlog::info("local rank {} started: pid {}, forked by the fork server in {:.1f} ms", r, k.pid,
+                 std::chrono::duration<double, std::milli>(now - began).count());
+  } else {
+    spdlog::info("local rank {} started: pid {}", r, k.pid);
+  }
+}
+
+void Agent::StartWarmServer() {
+  warm_started_ = true;
+  Status started = warm_->Start();
+  if (!started.ok()) {
+    DropWarmServer(started.message(), /*retry=*/true);
+    return;
+  }
+  Status watched = loop_.Add(warm_->fd(), EPOLLIN, [this](uint32_t) { OnWarmReady(); });
+  if (!watched.ok()) {
+    DropWarmServer(watched.message(), /*retry=*/true);
+    return;
+  }
+  warm_watched_ = true;
+  spdlog::debug("fork server starting: pid {}, importing {}", warm_->pid(),
+                fmt::join(options_.warm_imports, ","));
+}
+
+void Agent::OnWarmReady() {
+  loop_.Remove(warm_->fd());
+  warm_watched_ = false;
+  const pid_t pid = warm_->pid();
+  Status ready = warm_->OnReadable();
+  if (!ready.ok()) {
+    DropWarmServer(ready.message(), /*retry=*/false);
+    return;
+  }
+  warm_backoff_ = kWarmFirstBackoff;
+  spdlog::info("fork server ready (pid {}, {} imported): restarted trainers are forked from it",
+               pid, fmt::join(options_.warm_imports, ","));
+}
+
+void Agent::DropWarmServer(const std::string& why, bool retry) {
+  if (warm_watched_) loop_.Remove(warm_->fd());
+  warm_watched_ = false;
+  warm_->Stop();
+  if (why.empty() && !retry) return;
+  if (!retry) {
+    spdlog::warn("warm starts off: {}; restarted trainers start as new interpreters", why);
+    warm_.reset();
+    return;
+  }
+  if (stopping_ || exit_code_) return;
+  spdlog::warn("fork server gone{}{}; starting it again in {} ms", why.empty() ? "" : ": ", why,
+               warm_backoff_.count());
+  warm_retry_at_ = Clock::now() + warm_backoff_;
+  warm_backoff_ = std::min(warm_backoff_ * 2, kWarmMaxBackoff);
 }
 
 void Agent::OnSignals() {
@@ -311,7 +415,12 @@ void Agent::ReapChildren() {
     auto it = std::find_if(ranks_.begin(), ranks_.end(),
                            [pid](const Rank& k) { return k.alive && k.pid == pid; });
     if (it == ranks_.end()) {
-      spdlog::debug("reaped process {} (not a trainer)", pid);  // an orphan, when we are pid 1
+      if (warm_ && pid == warm_->pid()) {
+        DropWarmServer("it exited (" + DescribeStatus(status) + ")", /*retry=*/true);
+        continue;
+      }
+      // An orphan adopted as pid 1 or as the subreaper (a trainer's leftover, the fork server's).
+      spdlog::debug("reaped process {} (not a trainer)", pid);
       continue;
     }
     OnChildExit(static_cast<uint32_t>(it - ranks_.begin()), status);
@@ -970,6 +1079,11 @@ void Agent::OnHello(uint32_t r, const v1::TrainerHello& hello) {
     server_->Send(r, pause);
   } else if (k.standing) {
     Deliver(r, *k.standing);
+  }
+  if (warm_ && !warm_started_ &&
+      std::all_of(ranks_.begin(), ranks_.end(), [](const Rank& x) { return x.heard; })) {
+    warm_retry_at_.reset();
+    StartWarmServer();
   }
 }
 

@@ -39,6 +39,7 @@
 #include "agent/options.h"
 #include "agent/trainer_server.h"
 #include "agent/vote_tally.h"
+#include "agent/warm_starter.h"
 #include "regroup/v1/wire.pb.h"
 
 namespace regroup::agent {
@@ -200,6 +201,17 @@ class Agent final : private TrainerServer::Listener {
   // number the abort must not touch).
   uint64_t started_epoch_ = 0;
   VoteTally tally_;
+
+  // Warm starts (warm_starter.h): null when off or given up.
+  std::unique_ptr<WarmStarter> warm_;
+  bool warm_watched_ = false;  // its socket is in the loop, waiting for WarmReady
+  bool warm_started_ = false;  // started once (first when every trainer said hello)
+  std::optional<Clock::time_point> warm_retry_at_;  // start the server again then
+  std::chrono::milliseconds warm_backoff_{1000};
+  void StartWarmServer();
+  void OnWarmReady();
+  // The server is gone (`retry`: it died, start it again later) or cannot serve (give up).
+  void DropWarmServer(const std::string& why, bool retry);
 
   // Ending.
   bool leaving_ = false;                     // Leave sent: wait for StopTraining LEAVE

@@ -47,6 +47,8 @@ constexpr Flag kFlags[] = {
     {"stop-grace-s", Kind::kAgent, true},
     {"python", Kind::kAgent, true},
     {"log-level", Kind::kAgent, true},
+    {"warm-start", Kind::kAgent, true},
+    {"warm-imports", Kind::kAgent, true},
     {"help", Kind::kAgent, false},
     {"nnodes", Kind::kTorch, true},
     {"nproc-per-node", Kind::kTorch, true},
@@ -86,6 +88,24 @@ StatusOr<long> ParseInteger(const std::string& text, long min, long max, const s
   if (text.empty() || ec != std::errc() || ptr != end || value < min || value > max)
     return InvalidArgument(what + " \"" + text + "\" is not valid: " + allowed);
   return value;
+}
+
+// A dotted Python module name: identifiers of ASCII letters, digits and '_' joined by '.'.
+bool IsModuleName(const std::string& name) {
+  if (name.empty() || name.size() > 256) return false;
+  bool at_start = true;
+  for (char c : name) {
+    if (c == '.') {
+      if (at_start) return false;
+      at_start = true;
+      continue;
+    }
+    const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    const bool digit = c >= '0' && c <= '9';
+    if (!letter && !(digit && !at_start)) return false;
+    at_start = false;
+  }
+  return !at_start;
 }
 
 class Parser {
@@ -177,6 +197,8 @@ class Parser {
         {"REGROUP_STOP_GRACE_S", "stop-grace-s"},
         {"PYTHON", "python"},
         {"REGROUP_LOG_LEVEL", "log-level"},
+        {"REGROUP_WARM_START", "warm-start"},
+        {"REGROUP_WARM_IMPORTS", "warm-imports"},
         {"PET_NNODES", "nnodes"},
         {"PET_NPROC_PER_NODE", "nproc-per-node"},
         {"PET_NODE_RANK", "node-rank"},
@@ -228,6 +250,30 @@ class Parser {
       return InvalidArgument(what + " \"" + value +
                              "\" is not valid: one of trace, debug, info, warn, error, off");
     }
+    if (name == "warm-start") {
+      if (value != "on" && value != "off")
+        return InvalidArgument(what + " \"" + value + "\" is not valid: on or off");
+      o.warm_start = value == "on";
+      return Status::Ok();
+    }
+    if (name == "warm-imports") {
+      std::vector<std::string> modules;
+      size_t start = 0;
+      for (;;) {
+        const size_t comma = value.find(',', start);
+        std::string module =
+            value.substr(start, comma == std::string::npos ? comma : comma - start);
+        if (!IsModuleName(module))
+          return InvalidArgument(what + " \"" + value + "\" is not valid: \"" + module +
+                                 "\" is not a Python module name (a comma-separated list of "
+                                 "dotted names, such as torch,torch.distributed,mymodel)");
+        modules.push_back(std::move(module));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+      o.warm_imports = std::move(modules);
+      return Status::Ok();
+    }
     if (name == "help") {
       out_.help = true;
       return Status::Ok();
@@ -276,6 +322,7 @@ class Parser {
       return InvalidArgument("flag --node-rank " + std::to_string(o.node_rank) +
                              " is not below --nnodes " + std::to_string(o.nnodes_max));
     if (o.node_rank < 0 && o.nnodes_max == 1) o.node_rank = 0;  // torchrun's default
+    if (o.no_python) o.warm_start = false;  // nothing to import: the script is a program
     // No manager named: it is where MindCluster's layout puts it, on rank 0's pod at
     // $MASTER_ADDR (else the --master-addr given), port 9601.
     if (!manager_given_) {
@@ -447,6 +494,13 @@ Agent options (environment fallback in brackets):
                               SIGTERM, then SIGKILL [REGROUP_STOP_GRACE_S] (30)
   --python PATH               the interpreter [PYTHON] (python3)
   --log-level LEVEL           trace, debug, info, warn, error, off [REGROUP_LOG_LEVEL] (info)
+  --warm-start on|off         keep a fork server that has imported the modules below, and start
+                              a restarted trainer by forking it instead of a new interpreter
+                              [REGROUP_WARM_START] (on; off with --no-python). The script and
+                              the modules must not start threads, create an accelerator context
+                              or read the rank's variables at import time
+  --warm-imports M1,M2        what the fork server imports [REGROUP_WARM_IMPORTS]
+                              (torch,torch.distributed,regroup)
 
 torchrun flags honoured (PET_* environment fallbacks):
   --nnodes N|MIN:MAX  --nproc-per-node N  --node-rank R  --master-addr A  --master-port P

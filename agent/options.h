@@ -37,6 +37,10 @@ struct AgentOptions {
   int stop_grace_s = 30;         // --stop-grace-s, REGROUP_STOP_GRACE_S
   std::string python = "python3";  // --python, PYTHON
   std::string log_level = "info";  // --log-level, REGROUP_LOG_LEVEL
+  // --warm-start, REGROUP_WARM_START: restarts fork from a server that imported these modules
+  // (--warm-imports, REGROUP_WARM_IMPORTS); see warm_starter.h. Never with --no-python.
+  bool warm_start = true;
+  std::vector<std::string> warm_imports = {"torch", "torch.distributed", "regroup"};
 
   // torchrun flags (PET_* environment fallbacks, as torchrun has).
   int nnodes_min = 1;  // --nnodes N or MIN:MAX

@@ -119,6 +119,26 @@ TEST(CommandLine, MalformedCommandLinesSayWhatIsWrong) {
   EXPECT_NE(Error({"-m", "--no-python", "x"}).find("cannot be used together"), std::string::npos);
 }
 
+TEST(CommandLine, WarmStartIsOnForPythonAndTakesTheModulesToImport) {
+  AgentOptions o = Parse({"train.py"}).options;
+  EXPECT_TRUE(o.warm_start);
+  EXPECT_EQ(o.warm_imports, (std::vector<std::string>{"torch", "torch.distributed", "regroup"}));
+  o = Parse({"--warm-start", "off", "--warm-imports", "torch,my_pkg.model2", "train.py"}).options;
+  EXPECT_FALSE(o.warm_start);
+  EXPECT_EQ(o.warm_imports, (std::vector<std::string>{"torch", "my_pkg.model2"}));
+  o = Parse({"train.py"}, {{"REGROUP_WARM_START", "off"}, {"REGROUP_WARM_IMPORTS", "numpy"}})
+          .options;
+  EXPECT_FALSE(o.warm_start);
+  EXPECT_EQ(o.warm_imports, std::vector<std::string>{"numpy"});
+  EXPECT_FALSE(Parse({"--no-python", "./train"}).options.warm_start) << "nothing to import";
+  std::string e = Error({"--warm-start", "yes", "train.py"});
+  EXPECT_NE(e.find("--warm-start \"yes\" is not valid: on or off"), std::string::npos) << e;
+  for (const char* bad : {"torch,,numpy", "torch.", "2fast", "os;rm", "a b"}) {
+    e = Error({"--warm-imports", bad, "train.py"});
+    EXPECT_NE(e.find("is not a Python module name"), std::string::npos) << bad << ": " << e;
+  }
+}
+
 TEST(CommandLine, HelpNeedsNoScript) { EXPECT_TRUE(Parse({"--help"}).help); }
 
 TEST(CommandLine, AgentOptionsFallBackToTheEnvironment) {

@@ -48,7 +48,7 @@ StatusOr<std::string> FindExecutable(const std::string& name, const std::string&
 
 StatusOr<pid_t> SpawnProcessGroup(const std::string& executable,
                                   const std::vector<std::string>& argv,
-                                  const std::vector<std::string>& env) {
+                                  const std::vector<std::string>& env, int pass_fd) {
   // Everything the child touches is prepared here: after fork only async-signal-safe calls.
   std::vector<char*> c_argv;
   for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
@@ -80,12 +80,26 @@ StatusOr<pid_t> SpawnProcessGroup(const std::string& executable,
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    // Every inherited descriptor past stdio closes at exec (gRPC's sockets, the epoll set...).
-    if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
-      for (int fd = 3; fd < 65536; ++fd) fcntl(fd, F_SETFD, FD_CLOEXEC);
+    // The descriptor handed over becomes 3 (the error pipe moves out of its way first).
+    int error_fd = error_pipe[1];
+    int first_closed = 3;
+    if (pass_fd >= 0) {
+      if (error_fd == 3) error_fd = fcntl(error_fd, F_DUPFD_CLOEXEC, 4);
+      if (pass_fd == 3 ? fcntl(3, F_SETFD, 0) != 0 : dup2(pass_fd, 3) != 3) {
+        int err = errno;
+        ssize_t ignored = write(error_fd, &err, sizeof err);
+        (void)ignored;
+        _exit(127);
+      }
+      first_closed = 4;
+    }
+    // Every other inherited descriptor past stdio closes at exec (gRPC's sockets, the epoll
+    // set...).
+    if (close_range(static_cast<unsigned>(first_closed), ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+      for (int fd = first_closed; fd < 65536; ++fd) fcntl(fd, F_SETFD, FD_CLOEXEC);
     execve(path, c_argv.data(), c_env.data());
     int err = errno;
-    ssize_t ignored = write(error_pipe[1], &err, sizeof err);
+    ssize_t ignored = write(error_fd, &err, sizeof err);
     (void)ignored;
     _exit(127);
   }

@@ -19,10 +19,11 @@ StatusOr<std::string> FindExecutable(const std::string& name, const std::string&
 
 // Starts `executable` with `argv` and `env` ("NAME=value" entries) in a new process group whose
 // id is the child's pid. Returns once the exec succeeded; an exec failure is an error naming the
-// program. Signals blocked or ignored by the caller are reset for the child.
+// program. Signals blocked or ignored by the caller are reset for the child. No descriptor past
+// stdio is inherited, except `pass_fd` (when >= 0), which the child gets as descriptor 3.
 StatusOr<pid_t> SpawnProcessGroup(const std::string& executable,
                                   const std::vector<std::string>& argv,
-                                  const std::vector<std::string>& env);
+                                  const std::vector<std::string>& env, int pass_fd = -1);
 
 // Sends `signal` to the process group `pgid`; a group already gone is not an error.
 void SignalGroup(pid_t pgid, int signal);

@@ -397,7 +397,7 @@ def part_recovery_fake(transitions: int = 3, world: int = 8):
 
 def part_recovery_e2e(timeout: float = 150):
     """The real manager and agents: 2 nodes x 4 ranks, one trainer SIGKILLed (restart in place)."""
-    from regroup.testing import children_of, read_ledger
+    from regroup.testing import read_ledger, trainers_of
 
     build = REPO / "build"
     manager, agent_bin, ctl = build / "regroup-manager", build / "regroup-agent", build / "regroupctl"
@@ -450,7 +450,7 @@ def part_recovery_e2e(timeout: float = 150):
             if time.monotonic() > end or m.poll() is not None:
                 return {"error": f"training did not reach step 10 (at {last()})"}
             time.sleep(0.1)
-        victim = sorted(children_of(agents[1].pid))[1]
+        victim = sorted(trainers_of(agents[1].pid))[1]
         os.kill(victim, signal.SIGKILL)
         for a in agents:
             left = end - time.monotonic()

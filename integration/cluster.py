@@ -38,7 +38,7 @@ from network import Network, NodeNet
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
-from regroup.testing import children_of, descendants, read_ledger, wait_for  # noqa: E402
+from regroup.testing import children_of, descendants, read_ledger, trainers_of, wait_for  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "train_mlp.py"
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -339,6 +339,9 @@ class Cluster:
                "REGROUP_CREDENTIAL_FILE": str(self.credential),
                "REGROUP_SOCKET_DIR": str(self.sockets / f"{index}-{secrets.token_hex(4)}"),
                "REGROUP_STOP_GRACE_S": "20",
+               # The library as an image would have it installed (the agent's fork server
+               # imports it before any script runs; train_mlp.py finds it on its own).
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "python"), os.environ.get("PYTHONPATH")])),
                **node.env}
         log = self.dir / f"{uid}.log"
         pod = Pod(name, index, node, uid, self._spawn(node.wrap(argv), log, env), log)
@@ -374,7 +377,7 @@ class Cluster:
         """The trainer processes of the pod on ``node``, by local rank order of start."""
         pod = self.pod_on(node)
         agent = _agent_pid(pod.process.pid)
-        return sorted(children_of(agent)) if agent else []
+        return sorted(trainers_of(agent)) if agent else []
 
     def pod_on(self, node: str) -> Pod:
         for pod in self.pods.values():

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 import torch
 
-from regroup.testing import (EXAMPLE, PYTHON, check_ledger, children_of, read_ledger, relative_error,
+from regroup.testing import (EXAMPLE, PYTHON, check_ledger, read_ledger, relative_error, trainers_of,
                              wait_for)
 
 pytestmark = pytest.mark.e2e
@@ -96,12 +96,15 @@ class Cluster:
                 "--nnodes", str(nodes), "--nproc-per-node", str(nproc), "--node-rank", str(node_rank),
                 "--master-addr", "127.0.0.1", "--host", "127.0.0.1", "--socket-dir", str(self.tmp / f"sock-{name}"),
                 "--stop-grace-s", "20", "--python", PYTHON, str(EXAMPLE), *self.train]
-        p = self.procs.start(argv, {**self.env, "OMP_NUM_THREADS": "1"}, log=self.tmp / f"{name}.log")
+        # The library importable as an installed one would be (the agent's fork server needs it).
+        python_dir = str(Path(__file__).resolve().parents[1])
+        p = self.procs.start(argv, {**self.env, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_dir},
+                             log=self.tmp / f"{name}.log")
         self.agents[name] = p
         return p
 
     def trainers(self, name: str) -> List[int]:
-        return sorted(children_of(self.agents[name].pid))
+        return sorted(trainers_of(self.agents[name].pid))
 
     def last_step(self) -> int:
         records = read_ledger(self.ledger) if self.ledger.exists() else []
@@ -162,6 +165,8 @@ def test_a_killed_rank_is_restarted_in_place_and_rejoins_with_its_peers_state(tm
     os.kill(victim, signal.SIGKILL)
     status = c.finish(tmp_path_factory, ["--optimizer", optimizer], ["node0", "node1"])
     assert "restart_in_place" in status
+    log = (tmp_path / "node1.log").read_text()
+    assert "forked by the fork server" in log, "the new process is a warm start\n" + log[-3000:]
     print(f"abort -> first committed step: {_resumed_ms(status)} ms")
 
 

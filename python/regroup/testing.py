@@ -89,6 +89,21 @@ def children_of(pid: int) -> List[int]:
     return out
 
 
+def trainers_of(agent: int) -> List[int]:
+    """The trainer processes of a regroup-agent: its children but its fork server (warm.py),
+    which names itself ``regroup-warm``."""
+    out = []
+    for pid in children_of(agent):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "regroup-warm":
+                    continue
+        except OSError:
+            continue  # gone
+        out.append(pid)
+    return out
+
+
 def descendants(pid: int) -> List[int]:
     """``pid`` and every process below it (Linux /proc), parents before children."""
     out, todo = [], [pid]

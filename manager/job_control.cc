@@ -207,9 +207,27 @@ JobControl::Agent* JobControl::AgentOf(uint64_t stream, int64_t* node_rank) {
 
 bool JobControl::Ready(const std::vector<int64_t>& replicas) const {
   for (int64_t r : replicas)
-    for (int64_t p : layout_.PodsOfReplica(r))
-      if (!Available(p)) return false;
+    if (!ReplicaReady(r)) return false;
   return !replicas.empty();
+}
+
+bool JobControl::ReplicaReady(int64_t replica) const {
+  const int64_t per_replica = layout_.replica_ranks();
+  const int64_t ppp = spec_.processes_per_pod;
+  for (int64_t local = 0; local < per_replica; ++local) {
+    const int64_t global = replica * per_replica + local;
+    const Agent& a = agents_[static_cast<size_t>(global / ppp)];
+    const auto l = static_cast<uint32_t>(global % ppp);
+    if (!a.connected || a.state == AgentState::kLost || a.state == AgentState::kLeaving ||
+        a.state == AgentState::kDone || a.restarting.count(l) || a.ranks.size() != a.nproc)
+      return false;
+    // Alive and said hello to its agent (not STARTING): a generation formed before would leave
+    // the survivors waiting in its rendezvous.
+    const v1::LocalRank& r = a.ranks[l];
+    if (!r.alive() || r.phase() == v1::PHASE_STARTING || r.phase() == v1::PHASE_UNSPECIFIED)
+      return false;
+  }
+  return true;
 }
 
 bool JobControl::Available(int64_t node) const {
@@ -456,12 +474,24 @@ void JobControl::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e,
                                      : "exit code " + std::to_string(e.exit_code());
   a.failed.insert(e.local_rank());
   if (rank < 0) {
+    const int32_t known =
+        interim_ ? engine_rank_of_[static_cast<size_t>(node)][e.local_rank()] : -1;
+    if (known >= 0) {
+      // Restarted in place while the survivors continued, it died again before it rejoined: the
+      // decision maker hears of it (it counts against the recovery budget); the survivors
+      // train on.
+      Fault(v1::FAULT_KIND_PROCESS_EXIT, {node}, {}, e.step(),
+            "rank " + std::to_string(known) + " (restarted in place, not yet rejoined) " + why,
+            now, {static_cast<uint32_t>(known)});
+      return;
+    }
     Event(now, "standby_exit", "a standby process of pod " + std::to_string(node) + " exited (" +
                                    why + ")");
     return;
   }
-  Fault(v1::FAULT_KIND_PROCESS_EXIT, {node}, {static_cast<uint32_t>(rank)}, e.step(),
-        "rank " + std::to_string(rank) + " " + why, now);
+  const std::string detail = "rank " + std::to_string(rank) + " " + why;
+  Fault(v1::FAULT_KIND_PROCESS_EXIT, {node}, {static_cast<uint32_t>(rank)}, e.step(), detail, now);
+  ContinueWithoutFailedRanks(detail, now);
 }
 
 Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64_t now) {
@@ -558,12 +588,19 @@ void JobControl::Commit(int64_t step, int64_t now) {
     for (int64_t n : pods) Depart(n, now);
     return;
   }
-  // A scale-out waits for the boundary and for every new rank to have said hello: survivors
-  // must not wait in the next generation's rendezvous while new processes still start.
-  if (pending_ && pending_->kind == REGROUP_DIRECTIVE_SCALE_OUT && Ready(pending_->keep_replicas)) {
+  // A scale-out, or the return of ranks restarted while the survivors continued, waits for the
+  // boundary and for every new rank to have said hello: survivors must not wait in the next
+  // generation's rendezvous while new processes still start.
+  if (pending_ &&
+      (pending_->kind == REGROUP_DIRECTIVE_SCALE_OUT ||
+       pending_->kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE) &&
+      Ready(pending_->keep_replicas)) {
     Directive d = *pending_;
     pending_.reset();
-    Abort("scaling out at the step boundary", now);
+    Abort(d.kind == REGROUP_DIRECTIVE_SCALE_OUT
+              ? "scaling out at the step boundary"
+              : "ranks restarted in place rejoin at the step boundary",
+          now);
     if (!FormGeneration(std::vector<int64_t>(d.keep_replicas.begin(), d.keep_replicas.end()),
                         d.microbatches, d.reason, now))
       pending_ = d;
@@ -631,7 +668,8 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
 // ---------------------------------------------------------------------------------------------
 
 void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
-                       int64_t step, const std::string& detail, int64_t now) {
+                       int64_t step, const std::string& detail, int64_t now,
+                       const std::vector<uint32_t>& known_ranks) {
   if (pods.empty())
     for (uint32_t r : ranks)
       if (r < places_.size()) pods.push_back(places_[r].node_rank);
@@ -644,8 +682,9 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   }
   // Only a fault that touches the running generation aborts it: a lost standby or spare, or a
   // replacement that fails before it joins, leaves the generation training.
-  bool touches_generation = !ranks.empty() || pods.empty();
-  for (int64_t p : pods) touches_generation |= !GenerationRanks(p).empty();
+  bool touches_generation = !ranks.empty() || (pods.empty() && known_ranks.empty());
+  if (known_ranks.empty())
+    for (int64_t p : pods) touches_generation |= !GenerationRanks(p).empty();
   if (state_ == State::kTraining && touches_generation) {
     first_fault_ms_ = now;
     Abort(FaultKindText(kind) + ": " + detail, now);
@@ -653,7 +692,15 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   v1::FaultFacts f;
   f.set_kind(kind);
   for (int64_t p : pods) f.add_pods(static_cast<uint32_t>(p));
-  for (uint32_t r : ranks) f.add_ranks(r);
+  for (uint32_t r : ranks) {
+    // An interim generation's rank as the rank it holds in the generation the decision maker
+    // knows (every interim rank holds one: the interim is a subset of it).
+    int32_t known = static_cast<int32_t>(r);
+    if (interim_ && r < places_.size())
+      known = engine_rank_of_[static_cast<size_t>(places_[r].node_rank)][places_[r].local_rank];
+    if (known >= 0) f.add_ranks(static_cast<uint32_t>(known));
+  }
+  for (uint32_t r : known_ranks) f.add_ranks(r);
   f.set_step(step);
   f.set_detail(detail);
   decisions_->Fault(f, now);
@@ -688,12 +735,7 @@ void JobControl::RestartRanks(int64_t node, const std::vector<uint32_t>& locals,
 
 void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
   // The directive's own restarts first.
-  std::map<int64_t, std::vector<uint32_t>> by_node;
-  for (int64_t rank : d.restart_ranks)
-    if (rank >= 0 && static_cast<size_t>(rank) < places_.size())
-      by_node[places_[static_cast<size_t>(rank)].node_rank].push_back(
-          places_[static_cast<size_t>(rank)].local_rank);
-  for (auto& [node, locals] : by_node)
+  for (auto& [node, locals] : RanksToRestart(d))
     if (agents_[static_cast<size_t>(node)].connected) RestartRanks(node, locals, d.reason);
   const bool in_place = config_.allows(Strategy::kRecoverInPlace);
   for (size_t n = 0; n < agents_.size(); ++n) {
@@ -713,8 +755,91 @@ void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
   }
 }
 
+std::map<int64_t, std::vector<uint32_t>> JobControl::RanksToRestart(
+    const Directive& d, bool skip_restarted_early) const {
+  std::map<int64_t, std::vector<uint32_t>> by_node;
+  for (int64_t rank : d.restart_ranks) {
+    if (rank < 0 || static_cast<size_t>(rank) >= engine_places_.size()) continue;
+    const RankPlace& p = engine_places_[static_cast<size_t>(rank)];
+    if (skip_restarted_early && restarted_early_.count({p.node_rank, p.local_rank}) &&
+        !agents_[static_cast<size_t>(p.node_rank)].failed.count(p.local_rank))
+      continue;
+    by_node[p.node_rank].push_back(p.local_rank);
+  }
+  return by_node;
+}
+
+Directive JobControl::Rejoin(const std::string& reason) const {
+  Directive d;
+  d.kind = REGROUP_DIRECTIVE_RESTART_IN_PLACE;
+  d.strategy = "recover-in-place";
+  d.keep_replicas = engine_replicas_;
+  d.reason = reason;
+  return d;
+}
+
+bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t now) {
+  if (!config_.survivors_continue || !config_.recovery_on() ||
+      config_.process_recover_mode() != ProcessRecover::kOn ||
+      !config_.allows(Strategy::kRecoverInPlace) || state_ != State::kAborted ||
+      !decisions_->Available())
+    return false;
+  // Only over a plain abort or an earlier continuation: a directive in progress keeps its course.
+  if (pending_ && pending_->kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE) return false;
+  std::vector<int64_t> keep;
+  for (int64_t r : replicas_)
+    if (ReplicaReady(r)) keep.push_back(r);
+  const auto dp = static_cast<int64_t>(keep.size());
+  const int64_t micro_total =
+      config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size : 0;
+  if (keep.empty() || keep.size() == replicas_.size() || dp < config_.min_data_parallel ||
+      (config_.even_split && micro_total > 0 && micro_total % dp != 0))
+    return false;
+  // Every dead process must be restartable here: its agent connected and in the job.
+  std::vector<int64_t> restart_nodes;
+  for (size_t n = 0; n < agents_.size(); ++n) {
+    const Agent& a = agents_[n];
+    if (a.failed.empty()) continue;
+    if (!a.connected || a.state == AgentState::kLost || a.state == AgentState::kLeaving ||
+        a.state == AgentState::kDone)
+      return false;
+    restart_nodes.push_back(static_cast<int64_t>(n));
+  }
+  if (restart_nodes.empty()) return false;
+  std::vector<int64_t> left;
+  for (int64_t r : replicas_)
+    if (std::find(keep.begin(), keep.end(), r) == keep.end()) left.push_back(r);
+  std::string restarted;
+  for (int64_t n : restart_nodes) {
+    Agent& a = agents_[static_cast<size_t>(n)];
+    std::vector<uint32_t> locals(a.failed.begin(), a.failed.end());
+    for (uint32_t l : locals) {
+      restarted_early_.insert({n, l});
+      restarted += (restarted.empty() ? "" : ", ") + std::to_string(engine_rank_of_[n][l]);
+    }
+    RestartRanks(n, locals, "recover-in-place at once: " + reason);
+  }
+  Event(now, "restart_in_place",
+        "ranks " + restarted + " restart in place; replicas " + Join(left) +
+            " leave until they are back, the other " + std::to_string(dp) +
+            " train on (survivors continued)");
+  // The generation to come back to is the one the decision maker knows (replicas_ may already
+  // be an interim one).
+  Directive rejoin = Rejoin("ranks " + restarted + " restarted in place rejoin (" + reason + ")");
+  if (!FormGeneration(keep, {}, "survivors continue while ranks " + restarted +
+                                    " restart in place (" + reason + ")",
+                      now, /*interim=*/true))
+    return false;
+  pending_ = std::move(rejoin);
+  pending_since_ms_ = -1;
+  return true;
+}
+
 void JobControl::CheckPendingWait(int64_t now) {
-  if (!pending_ || state_ == State::kTraining || state_ == State::kStopped) {
+  // While training, only the return of ranks restarted in place is bounded (the survivors
+  // train on meanwhile); a scale-out waits as long as it takes.
+  const bool rejoin = pending_ && pending_->kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE;
+  if (!pending_ || (state_ == State::kTraining && !rejoin) || state_ == State::kStopped) {
     pending_since_ms_ = pending_ ? pending_since_ms_ : -1;
     return;
   }
@@ -786,18 +911,18 @@ void JobControl::Abort(const std::string& reason, int64_t now) {
 
 bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
                                 const std::vector<int64_t>& micro, const std::string& reason,
-                                int64_t now) {
+                                int64_t now, bool interim) {
   if (replicas.empty()) {
     Event(now, "wait", "generation not formed: no replica to form it from");
     return false;
   }
   for (int64_t r : replicas)
-    for (int64_t p : layout_.PodsOfReplica(r))
-      if (!Available(p)) {
-        Event(now, "wait", "generation not formed: pod " + std::to_string(p) +
-                               " is not available yet");
-        return false;
-      }
+    if (!ReplicaReady(r)) {
+      std::vector<int64_t> pods = layout_.PodsOfReplica(r);
+      Event(now, "wait", "generation not formed: replica " + std::to_string(r) + " (pods " +
+                             Join(pods) + ") is not available yet");
+      return false;
+    }
   // The step to resume from: the highest any survivor committed, or heard commit for, kept or
   // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
   // it in the generation that committed it, and apply it from their vote).
@@ -872,7 +997,13 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   const uint64_t id = ++directive_id_;
   for (size_t n = 0; n < agents_.size(); ++n) {
     Agent& a = agents_[n];
-    if (!Available(static_cast<int64_t>(n))) continue;
+    // Every pod that trains or stands by, including one whose process restarts in place (its
+    // other ranks train, or wait for the rejoin as standbys).
+    const bool usable = a.connected && a.state != AgentState::kLost &&
+                        a.state != AgentState::kLeaving && a.state != AgentState::kDone;
+    if (!Available(static_cast<int64_t>(n)) && !training_nodes.count(static_cast<int64_t>(n)) &&
+        !(usable && !a.restarting.empty()))
+      continue;
     v1::ManagerMessage m;
     auto* start = m.mutable_start();
     start->set_directive_id(id);
@@ -897,6 +1028,12 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   state_ = State::kTraining;
   vote_step_ = -1;
   last_commit_ms_ = -1;
+  interim_ = interim;
+  if (!interim) {
+    engine_replicas_ = replicas_;
+    engine_places_ = places_;
+    engine_rank_of_ = rank_of_;
+  }
   Event(now, "generation",
         "generation (" + std::to_string(options_.epoch) + ", " + std::to_string(generation_) +
             "): " + std::to_string(places_.size()) + " ranks, dp " +
@@ -931,6 +1068,8 @@ void JobControl::Apply(const Directive& d, int64_t now) {
                               (d.strategy.empty() ? "" : " [" + d.strategy + "]") + ": " +
                               d.reason);
   std::vector<int64_t> keep(d.keep_replicas.begin(), d.keep_replicas.end());
+  if (d.kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE && d.kind != REGROUP_DIRECTIVE_RETRY)
+    restarted_early_.clear();  // a decision of another course: it owns every rank again
   if (d.kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE && d.kind != REGROUP_DIRECTIVE_DUMP &&
       d.kind != REGROUP_DIRECTIVE_EXIT && d.kind != REGROUP_DIRECTIVE_RESTART_JOB)
     SettleFailedPods(d, now);
@@ -938,18 +1077,24 @@ void JobControl::Apply(const Directive& d, int64_t now) {
     case REGROUP_DIRECTIVE_CONTINUE:
     case REGROUP_DIRECTIVE_WAIT:
       return;  // survivors stay paused (aborted) until the next directive
-    case REGROUP_DIRECTIVE_RETRY:
-      FormGeneration(replicas_, microbatches_, d.reason, now);
+    case REGROUP_DIRECTIVE_RETRY: {
+      // An interim generation is retried as it was, and its restarted ranks still rejoin.
+      const bool interim = interim_;
+      FormGeneration(replicas_, microbatches_, d.reason, now, interim);
+      if (interim) pending_ = Rejoin("ranks restarted in place rejoin");
       return;
+    }
     case REGROUP_DIRECTIVE_RESTART_IN_PLACE: {
-      std::map<int64_t, std::vector<uint32_t>> by_node;
-      for (int64_t rank : d.restart_ranks)
-        if (rank >= 0 && static_cast<size_t>(rank) < places_.size())
-          by_node[places_[static_cast<size_t>(rank)].node_rank].push_back(
-              places_[static_cast<size_t>(rank)].local_rank);
-      for (auto& [node, locals] : by_node) RestartRanks(node, locals, d.reason);
-      pending_ = d;
-      pending_->keep_replicas.assign(replicas_.begin(), replicas_.end());
+      // Ranks the manager restarted at once (the survivors continued) are not restarted again.
+      const auto restart = RanksToRestart(d, /*skip_restarted_early=*/true);
+      restarted_early_.clear();  // this decision was about them
+      for (auto& [node, locals] : restart) RestartRanks(node, locals, d.reason);
+      // Wait for them (at a step boundary while training), unless they were all restarted at
+      // once and have rejoined already.
+      if (!restart.empty() || interim_ || state_ != State::kTraining) {
+        pending_ = d;
+        pending_->keep_replicas = engine_replicas_;
+      }
       return;
     }
     case REGROUP_DIRECTIVE_SCALE_OUT:

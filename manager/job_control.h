@@ -183,9 +183,27 @@ class JobControl {
   void OnLeave(int64_t node, Agent& agent, const v1::Leave& leave, int64_t now);
   void Depart(int64_t node, int64_t now);
 
-  // A fault: abort the generation at once and tell the decision maker.
+  // A fault: abort the generation at once and tell the decision maker. `ranks` are of the
+  // running generation; the decision maker hears them as ranks of the generation it knows (see
+  // engine_rank_of_), plus `known_ranks` already in that frame (ranks outside the running one).
   void Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
-             int64_t step, const std::string& detail, int64_t now);
+             int64_t step, const std::string& detail, int64_t now,
+             const std::vector<uint32_t>& known_ranks = {});
+  // The survivors continue (regroup.io/survivors-continue): a process of the generation just
+  // aborted died; its replicas leave, its processes restart in place at once, and the other
+  // replicas form the next generation now. The restarted ranks rejoin at a step boundary
+  // (pending_). False when the job waits instead (dp 1, no replica left whole, the strategies).
+  bool ContinueWithoutFailedRanks(const std::string& reason, int64_t now);
+  // The return of the ranks restarted in place: the generation the decision maker knows again.
+  Directive Rejoin(const std::string& reason) const;
+  // A directive's ranks to restart, by agent (node rank -> local ranks), mapped through the
+  // generation the decision maker knows; `skip_restarted_early`: not those the manager already
+  // restarted at once (unless they died again).
+  std::map<int64_t, std::vector<uint32_t>> RanksToRestart(const Directive& d,
+                                                          bool skip_restarted_early = false) const;
+  // Every rank of replica r is up: its agent usable, the process alive, said hello, not
+  // restarting.
+  bool ReplicaReady(int64_t replica) const;
   void Abort(const std::string& reason, int64_t now);
   // A pod that resumed its session: what it missed while its stream was down, sent again.
   void CatchUp(int64_t node);
@@ -206,8 +224,10 @@ class JobControl {
   void CheckPendingWait(int64_t now);
   void Apply(const Directive& d, int64_t now);
   // Forms and announces a generation over these replicas (original indices, in order).
+  // `interim`: formed by the manager alone while restarted ranks come back (the decision maker
+  // keeps the generation before it as its frame of ranks).
   bool FormGeneration(const std::vector<int64_t>& replicas, const std::vector<int64_t>& micro,
-                      const std::string& reason, int64_t now);
+                      const std::string& reason, int64_t now, bool interim = false);
   // `job_ends`: the job is over (kept on record); false when only this incarnation gives up.
   void StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now,
                bool job_ends = true);
@@ -261,6 +281,13 @@ class JobControl {
       if (r >= 0) ranks.push_back(static_cast<uint32_t>(r));
     return ranks;
   }
+  // The generation the decision maker knows: the last one not formed as interim. Its ranks are
+  // the ones faults name and directives restart.
+  std::vector<int64_t> engine_replicas_;
+  std::vector<RankPlace> engine_places_;
+  std::vector<std::vector<int32_t>> engine_rank_of_;
+  bool interim_ = false;  // the running generation is interim (survivors continued)
+  std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (node, local) restarted at once
   std::vector<int64_t> microbatches_;
   int64_t committed_step_ = -1;
   uint32_t generation_agents_ = 0;

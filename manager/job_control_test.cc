@@ -9,6 +9,10 @@ namespace {
 
 using Map = std::map<std::string, std::string>;
 
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 // A job of `pods` simulated agents of `ppp` processes. Pod n registers on stream n+1 as
 // "pod-<n>" with host 10.0.0.<n> and free port 30000+n.
 class Sim {
@@ -213,7 +217,9 @@ TEST(JobControl, StepCommitsWhenEveryRankVoted) {
 }
 
 TEST(JobControl, ARankDyingBetweenItsPodsVoteAndTheDecisionLeavesTheStepUncommitted) {
-  Sim sim(2, 2, kForce, kElastic);
+  Map annotations = kElastic;
+  annotations["regroup.io/survivors-continue"] = "false";  // the generation stays aborted
+  Sim sim(2, 2, kForce, annotations);
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_TRUE(sim.Vote(0, 0).ok());
@@ -222,8 +228,9 @@ TEST(JobControl, ARankDyingBetweenItsPodsVoteAndTheDecisionLeavesTheStepUncommit
   sim.Collect();
   EXPECT_EQ(sim.rt->committed_step(), -1);
   EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kOutcome), 0) << "no outcome: the step is redone";
-  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kAbort), 1);
-  EXPECT_EQ(sim.inbox_[0].back().abort().committed_step(), -1) << "survivors roll back to it";
+  ASSERT_EQ(sim.Count(0, v1::ManagerMessage::kAbort), 1);
+  for (const auto& m : sim.inbox_[0])
+    if (m.has_abort()) EXPECT_EQ(m.abort().committed_step(), -1) << "survivors roll back to it";
   // A late vote of the dead generation changes nothing.
   EXPECT_EQ(sim.Vote(1, 0).code(), REGROUP_FAILED_PRECONDITION);
   EXPECT_EQ(sim.rt->committed_step(), -1);
@@ -242,8 +249,147 @@ TEST(JobControl, ChecksumMismatchAbortsTheStep) {
   EXPECT_EQ(sim.rt->generation(), 2u) << "retried in a fresh generation";
 }
 
-TEST(JobControl, ProcessCrashIsRestartedInPlaceAndRejoins) {
+// The fresh process of local rank `local` of `node` says hello (alive, generation 0); the
+// node's other ranks report generation `generation`, having committed `committed`.
+v1::AgentMessage RestartedHello(uint32_t nproc, uint32_t local, uint64_t generation,
+                                int64_t committed) {
+  v1::AgentMessage hb;
+  for (uint32_t l = 0; l < nproc; ++l) {
+    auto* r = hb.mutable_heartbeat()->add_ranks();
+    r->set_local_rank(l);
+    r->set_pid(2000 + static_cast<int32_t>(l));
+    r->set_alive(true);
+    r->set_generation(l == local ? 0 : generation);
+    r->set_committed_step(l == local ? -1 : committed);
+    r->set_phase(l == local ? v1::PHASE_PAUSED : v1::PHASE_COMPUTING);
+  }
+  return hb;
+}
+
+TEST(JobControl, TheSurvivorsOfAProcessCrashTrainOnAndItsReplicaRejoinsAtAStepBoundary) {
+  Sim sim(3, 2, kForce, kElastic);  // tp 2: a replica per pod, dp 3
+  sim.RegisterAll();
+  sim.Run(20);
+  for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(2, 1, 1).ok());
+  sim.Collect();
+  // At once, before the decision maker's report window: the abort, the restart of the dead
+  // process, and the next generation over the two whole replicas.
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kAbort), 1) << "survivors leave at once";
+  ASSERT_EQ(sim.Count(2, v1::ManagerMessage::kRestart), 1);
+  for (const auto& m : sim.inbox_[2])
+    if (m.has_restart()) {
+      ASSERT_EQ(m.restart().local_ranks_size(), 1);
+      EXPECT_EQ(m.restart().local_ranks(0), 1u);
+    }
+  ASSERT_EQ(sim.rt->generation(), 2u) << "the survivors continue without waiting";
+  EXPECT_EQ(sim.starts_[0].plan().data_parallel(), 2u);
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 0);
+  EXPECT_EQ(sim.starts_[2].plan().ranks_size(), 0) << "pod 2 stands by while its rank restarts";
+  bool named = false;
+  for (const auto& e : Events(sim))
+    named |= e.kind() == "restart_in_place" && Contains(e.message(), "survivors continued");
+  EXPECT_TRUE(named) << "the event says what happened";
+  // The decision maker's own restart-in-place arrives after its window: nothing restarts twice.
+  sim.Run(300, 1);
+  EXPECT_EQ(sim.Count(2, v1::ManagerMessage::kRestart), 1);
+  EXPECT_EQ(sim.rt->generation(), 2u);
+  // The restarted process says hello; the replica rejoins at the next step boundary.
+  ASSERT_TRUE(sim.Send(2, RestartedHello(2, 1, 2, 0)).ok());
+  sim.Run(40);
+  EXPECT_EQ(sim.rt->generation(), 2u) << "not before a step boundary";
+  ASSERT_TRUE(sim.Vote(0, 1).ok());
+  ASSERT_TRUE(sim.Vote(1, 1).ok());
+  sim.Collect();
+  EXPECT_EQ(sim.rt->committed_step(), 1);
+  ASSERT_EQ(sim.rt->generation(), 3u) << "the restarted replica rejoins at the boundary";
+  EXPECT_EQ(sim.starts_[2].plan().data_parallel(), 3u);
+  EXPECT_EQ(sim.starts_[2].plan().world_size(), 6u);
+  EXPECT_EQ(sim.starts_[2].plan().committed_step(), 1);
+  EXPECT_EQ(sim.starts_[2].plan().ranks_size(), 2);
+}
+
+// A job of 2 pods x 2 ranks, one replica each, training; then pod 1's local rank 1 dies and
+// the survivors continue in generation 2.
+void StartThenCrashPod1(Sim& sim) {
+  sim.RegisterAll();
+  sim.Run(20);
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(1, 1, 1).ok());
+  sim.Collect();
+  ASSERT_EQ(sim.rt->generation(), 2u);
+}
+
+TEST(JobControl, ADecisionArrivingAfterTheRejoinRestartsNothingAndRegroupsNothing) {
   Sim sim(2, 2, kForce, kElastic);
+  StartThenCrashPod1(sim);
+  // Back and rejoined within the decision maker's report window.
+  ASSERT_TRUE(sim.Send(1, RestartedHello(2, 1, 2, -1)).ok());
+  ASSERT_TRUE(sim.Vote(0, 0).ok());
+  sim.Collect();
+  ASSERT_EQ(sim.rt->generation(), 3u);
+  ASSERT_EQ(sim.rt->world_size(), 4u);
+  sim.Run(300, 1);  // the restart-in-place decision arrives now
+  EXPECT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1) << "the rejoined process stays";
+  ASSERT_TRUE(sim.Vote(0, 1).ok());
+  ASSERT_TRUE(sim.Vote(1, 1).ok());
+  sim.Collect();
+  EXPECT_EQ(sim.rt->committed_step(), 1);
+  EXPECT_EQ(sim.rt->generation(), 3u) << "no regroup at the boundary: nothing waits to rejoin";
+}
+
+TEST(JobControl, FaultsDuringAnInterimGenerationNameTheRanksTheDecisionMakerKnows) {
+  Sim sim(3, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20);
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(1, 0, 1).ok());  // engine rank 2 (replica 1)
+  sim.Collect();
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  ASSERT_EQ(sim.starts_[2].plan().ranks(0).rank(), 2u) << "pod 2 holds interim ranks 2 and 3";
+  // Pod 2's rank dies in the interim generation: interim rank 3, engine rank 5.
+  ASSERT_TRUE(sim.Exit(2, 1, 1).ok());
+  sim.Collect();
+  ASSERT_EQ(sim.rt->generation(), 3u) << "replica 0 continues alone";
+  EXPECT_EQ(sim.starts_[0].plan().data_parallel(), 1u);
+  sim.Run(400, 0);
+  // Each dead process was restarted once (at once), none twice by the later directives, and
+  // no healthy process was restarted through a rank of the wrong frame.
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 0);
+  EXPECT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1);
+  EXPECT_EQ(sim.Count(2, v1::ManagerMessage::kRestart), 1);
+  bool engine_frame = false;
+  for (const auto& e : Events(sim))
+    engine_frame |= e.kind() == "directive" && Contains(e.message(), "ranks [5]");
+  EXPECT_TRUE(engine_frame) << "the decision maker heard of rank 5, not interim rank 3";
+  // Both come back; at a boundary the whole job trains again.
+  ASSERT_TRUE(sim.Send(1, RestartedHello(2, 0, 2, -1)).ok());
+  ASSERT_TRUE(sim.Send(2, RestartedHello(2, 1, 2, -1)).ok());
+  ASSERT_TRUE(sim.Vote(0, 0).ok());
+  sim.Collect();
+  EXPECT_EQ(sim.rt->generation(), 4u);
+  EXPECT_EQ(sim.starts_[0].plan().world_size(), 6u);
+}
+
+TEST(JobControl, ARankThatDiesAgainBeforeRejoiningIsRestartedAgainAndTheSurvivorsTrainOn) {
+  Sim sim(2, 2, kForce, kElastic);
+  StartThenCrashPod1(sim);
+  ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1);
+  ASSERT_TRUE(sim.Send(1, RestartedHello(2, 1, 2, -1)).ok());
+  ASSERT_TRUE(sim.Exit(1, 1, 1).ok());  // the new process dies too, before it rejoined
+  sim.Collect();
+  EXPECT_EQ(sim.rt->generation(), 2u) << "the generation it is not in trains on";
+  EXPECT_TRUE(sim.rt->training());
+  sim.Run(300, 0);
+  EXPECT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 2) << "the decision restarts it again";
+  EXPECT_TRUE(sim.rt->training());
+}
+
+TEST(JobControl, AProcessCrashWaitsForItsRestartWhenSurvivorsDoNotContinue) {
+  Map annotations = kElastic;
+  annotations["regroup.io/survivors-continue"] = "false";
+  Sim sim(2, 2, kForce, annotations);
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_TRUE(sim.Vote(0, 0).ok());

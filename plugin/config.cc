@@ -60,6 +60,10 @@ constexpr KeySpec kKeys[] = {
     {"regroup.io/prefer-elastic", S::kAnnotation, O::kRegroup, T::kBool, 0, 1, "", "false", 0,
      &JobConfig::prefer_elastic,
      "Scale in at once instead of waiting for a replacement; scale out when it registers."},
+    {"regroup.io/survivors-continue", S::kAnnotation, O::kRegroup, T::kBool, 0, 1, "", "true", 1,
+     &JobConfig::survivors_continue,
+     "When a process dies, the other data-parallel replicas train on at once while it restarts in "
+     "place; its replica rejoins at a step boundary. false: they wait for it (recover-in-place)."},
     {"regroup.io/even-split", S::kAnnotation, O::kRegroup, T::kBool, 0, 1, "", "false", 0,
      &JobConfig::even_split,
      "Require the data-parallel degree to divide the number of micro-batches per step."},

@@ -76,6 +76,7 @@ struct JobConfig {
   int64_t global_batch_size = 0;  // 0: not set
   int64_t micro_batch_size = 0;   // 0: not set
   int64_t prefer_elastic = 0;
+  int64_t survivors_continue = 1;
   int64_t even_split = 0;
   int64_t heartbeat_interval_ms = 100;
   int64_t liveness_misses = 5;

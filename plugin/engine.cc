@@ -267,7 +267,14 @@ void Job::SettleProgress() {
   if (!in_transition) return;
   const bool newer = manager_.epoch > manager_at_directive_.epoch ||
                      manager_.generation > manager_at_directive_.generation;
-  if (!newer || manager_.committed_step <= manager_at_directive_.committed_step) return;
+  // A restart in place may have been carried out before this decision reached the manager (it
+  // restarts a dead process at once while the survivors continue): then the generation it
+  // reported at the decision trains on, and its next commit completes the transition.
+  const bool same_training = directive_.kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE &&
+                             manager_.epoch == manager_at_directive_.epoch &&
+                             manager_.generation == manager_at_directive_.generation;
+  if ((!newer && !same_training) || manager_.committed_step <= manager_at_directive_.committed_step)
+    return;
   phase_ = dp_ < original_dp() ? REGROUP_PHASE_SCALED_IN : REGROUP_PHASE_RUNNING;
 }
 

@@ -229,8 +229,11 @@ TEST(JobControl, ARankDyingBetweenItsPodsVoteAndTheDecisionLeavesTheStepUncommit
   EXPECT_EQ(sim.rt->committed_step(), -1);
   EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kOutcome), 0) << "no outcome: the step is redone";
   ASSERT_EQ(sim.Count(0, v1::ManagerMessage::kAbort), 1);
-  for (const auto& m : sim.inbox_[0])
-    if (m.has_abort()) EXPECT_EQ(m.abort().committed_step(), -1) << "survivors roll back to it";
+  for (const auto& m : sim.inbox_[0]) {
+    if (m.has_abort()) {
+      EXPECT_EQ(m.abort().committed_step(), -1) << "survivors roll back to it";
+    }
+  }
   // A late vote of the dead generation changes nothing.
   EXPECT_EQ(sim.Vote(1, 0).code(), REGROUP_FAILED_PRECONDITION);
   EXPECT_EQ(sim.rt->committed_step(), -1);

@@ -161,12 +161,16 @@ def test_a_killed_rank_is_restarted_in_place_and_rejoins_with_its_peers_state(tm
     c = Cluster(tmp_path, procs, binaries, steps=40, train=["--optimizer", optimizer, "--step-sleep", "0.1"], tp=tp)
     c.start()
     c.wait_step(10)
+    # The fork server starts once the trainers said hello and imports torch meanwhile; a crash
+    # before it is ready gets a plain start (tested by warm_test.py), so wait for it here.
+    log = tmp_path / "node1.log"
+    wait_for(lambda: "fork server ready" in log.read_text(), 60, "node1's fork server")
     victim = c.trainers("node1")[1]
     os.kill(victim, signal.SIGKILL)
     status = c.finish(tmp_path_factory, ["--optimizer", optimizer], ["node0", "node1"])
     assert "restart_in_place" in status
-    log = (tmp_path / "node1.log").read_text()
-    assert "forked by the fork server" in log, "the new process is a warm start\n" + log[-3000:]
+    text = log.read_text()
+    assert "forked by the fork server" in text, "the new process is a warm start\n" + text[-3000:]
     print(f"abort -> first committed step: {_resumed_ms(status)} ms")
 
 

@@ -45,7 +45,8 @@ class AgentLink:
         path: the socket's path ($REGROUP_AGENT_SOCKET).
         local_rank: this process's local rank ($REGROUP_LOCAL_RANK).
         timeouts: heartbeat interval and connect timeout.
-        on_urgent: called on the background thread with each AbortGeneration and with a
+        on_urgent: called on the background thread with each AbortGeneration and
+            StartGeneration (a newer one ends the generation this rank is in) and with a
             LinkLost, before they are queued. It must be quick and must not raise.
     """
 
@@ -247,7 +248,7 @@ class AgentLink:
                     kind = reply.WhichOneof("body")
                     if kind == "welcome":
                         self.agent_epoch = reply.welcome.epoch
-                    if kind == "abort" and self._on_urgent is not None:
+                    if kind in ("abort", "start") and self._on_urgent is not None:
                         try:
                             self._on_urgent(reply)
                         except Exception:  # noqa: BLE001

@@ -1,8 +1,8 @@
 """Message dispatch: what the agent sends a trainer, and where each message is handled.
 
-Two paths. Urgent items (an abort, a lost link) are handled on the link's own thread by
-:func:`on_urgent`, which frees the training thread at once (it shuts the generation's sockets
-down). Everything else is read by the training thread with :func:`next_item` where it waits
+Two paths. Urgent items (an abort, a newer generation's start, a lost link) are handled on the
+link's own thread by :func:`on_urgent`, which frees the training thread at once (it shuts the generation's
+sockets down). Everything else is read by the training thread with :func:`next_item` where it waits
 (for a step's outcome, or for the next generation) and handed to :func:`dispatch`, which either
 handles it (a pause, an abort, a standby) or raises to where it is handled: a newer generation
 (:class:`NewStart`) or a stop (:class:`regroup.stops.Stop`).
@@ -37,10 +37,25 @@ class NewStart(Exception):
 
 
 def on_urgent(t: Trainer, item: Any) -> None:
-    """On the link thread: an abort or a lost link. Free the training thread at once."""
+    """On the link thread: an abort, a newer generation's start or a lost link. Free the
+    training thread at once.
+
+    A start ends the generation this rank is in as an abort does (the manager has moved on:
+    that generation can commit nothing more), even when no abort came before it: a rank stuck
+    in that generation's rendezvous would otherwise wait there until the collective timeout.
+    The start itself is queued and handled by the training thread.
+    """
     if isinstance(item, LinkLost):
         mark = (1 << 62, 1 << 62)
         reason = item.reason
+    elif item.WhichOneof("body") == "start":
+        plan = item.start.plan
+        with t._lock:
+            if (t._active == NO_GENERATION or (plan.epoch, plan.generation) <= t._active
+                    or t._abort_mark >= t._active):
+                return  # nothing to end: between generations, this one's start, or aborted
+            mark = t._active
+        reason = f"generation {plan.generation} started"
     else:
         a = item.abort
         mark = (a.epoch, a.generation)

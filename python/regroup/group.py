@@ -147,6 +147,27 @@ def _destroy_default() -> None:
             log.warning("regroup: destroying the process group failed: %s", e)
 
 
+def _reset_group_names() -> None:
+    """With no group left, names new groups from the start again, as a fresh process does.
+
+    torch names each new group (the default one included) by a counter that only a successful
+    destroy of the default group resets. A group that failed half-built (its rendezvous timed
+    out or broke) leaves the counter raised: this rank's next groups would take names that its
+    peers, fresh processes among them, do not use, and every rank would wait for the others'
+    keys under its own name until the timeout, generation after generation. torch 1.13 keeps
+    the counter in ``distributed_c10d._group_count``; torch 2.x behind ``_world.group_count``.
+    """
+    if dist.is_initialized():
+        return
+    c10d = dist.distributed_c10d
+    world = getattr(c10d, "_world", None)
+    holder = world if world is not None and hasattr(world, "group_count") else c10d
+    name = "group_count" if holder is world else "_group_count"
+    if getattr(holder, name, 0) != 0:
+        log.info("regroup: group names restart at 0 (a group failed half-built before)")
+        setattr(holder, name, 0)
+
+
 def _connect_store(host: str, port: int, world_size: int, is_master: bool, deadline: float,
                    aborted: threading.Event) -> Any:
     """A TCPStore at host:port; workers retry (in short attempts, watching for an abort)."""
@@ -215,6 +236,7 @@ def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: s
         RuntimeError: the store or a group could not be formed (or an abort freed this rank).
     """
     _destroy_default()  # a leftover default group (never expected) would refuse a new one
+    _reset_group_names()
     if backend == "nccl":
         nccl_environment()
     sockets = sockets or GroupSockets(store_port)

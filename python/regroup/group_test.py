@@ -86,6 +86,50 @@ def test_descriptors_and_threads_stay_flat_over_200_rebuilds(tmp_path, procs):
         assert result["threads"][1] == result["threads"][0], result
 
 
+def _after_a_failed_generation(rank: int, directory: str) -> None:
+    """Rank 0 first fails to form a generation inside torch's init_process_group (its peer
+    never comes), then forms the next one with a fresh rank 1, which never saw the failure."""
+    import torch
+    import torch.distributed as dist
+
+    from regroup.group import build_groups
+    from regroup.testing import free_port
+
+    side = dist.FileStore(os.path.join(directory, "side"), 2)
+    if rank == 0:
+        try:
+            build_groups(store_host="127.0.0.1", store_port=free_port(), layout=Layout(2, 0, 1),
+                         backend="gloo", rendezvous_s=30, collective_s=1, aborted=threading.Event())
+            raise SystemExit("a generation without its peer was formed")
+        except RuntimeError as e:
+            print(f"the first generation failed as it should: {e}", flush=True)
+        port = free_port()
+        side.set("port", str(port))
+    else:
+        port = int(side.get("port"))
+    groups = build_groups(store_host="127.0.0.1", store_port=port, layout=Layout(2, rank, 1),
+                          backend="gloo", rendezvous_s=30, collective_s=20, aborted=threading.Event())
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert t[0].item() == 2
+    groups.destroy()
+
+
+def test_a_rank_that_failed_to_form_a_generation_forms_the_next_with_fresh_ranks(tmp_path, procs):
+    """torch names each new group by a counter that only a successful destroy resets. A group
+    that failed half-built (a rendezvous that timed out, or broke) left it raised: the rank's
+    next default group got a name its fresh peers did not use, and both waited for each other's
+    keys for good. Seen in e2e: a rank restarted in place waited forever for the survivors."""
+    env = {"PYTHONPATH": os.path.dirname(HERE), "OMP_NUM_THREADS": "1"}
+    workers = [procs.start([PYTHON, __file__, "after-failure", str(r), str(tmp_path)], env,
+                           log=tmp_path / f"r{r}.log") for r in range(2)]
+    for r, w in enumerate(workers):
+        assert w.wait(timeout=120) == 0, (tmp_path / f"r{r}.log").read_text()[-3000:]
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(HERE))
-    _worker(int(sys.argv[1]), sys.argv[2])
+    if sys.argv[1] == "after-failure":
+        _after_a_failed_generation(int(sys.argv[2]), sys.argv[3])
+    else:
+        _worker(int(sys.argv[1]), sys.argv[2])

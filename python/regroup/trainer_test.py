@@ -412,6 +412,21 @@ def test_an_abort_frees_a_rank_waiting_for_its_generations_store(job, tmp_path_f
     j.finish(tmp_path_factory)
 
 
+def test_a_newer_generation_frees_a_rank_stuck_in_the_rendezvous_of_an_older_one(job, tmp_path_factory):
+    """A start for a newer generation ends the one a rank is in, abort or no abort: rank 0 hosts
+    generation 1's store and waits in its rendezvous for rank 1, which never hears of it. Without
+    the start freeing it, rank 0 would wait there for the collective timeout (600 s)."""
+    j = job(extra=["--verbose"])
+    j.launch(0), j.launch(1)
+    j.generation, j.directive, j.ranks = 1, 1, [0, 1]
+    j.agent.send(0, FakeAgent.start(1, j.epoch, 1, 2, 0, free_port(), -1, local_rank=0))
+    wait_for(lambda: j.agent.last_phase(0) == pb.PHASE_SYNCING, 30, "rank 0 to start forming generation 1")
+    time.sleep(0.5)  # inside torch's rendezvous by now
+    j.form([0, 1])  # generation 2, with no abort of generation 1
+    j.finish(tmp_path_factory)
+    assert "generation 1 aborted while forming" in j.log(0), j.log(0)
+
+
 def test_a_rank_that_never_finished_a_state_sync_receives_the_state_before_the_first_commit(job, tmp_path_factory):
     j = job(extra=["--verbose"])
     j.launch(0), j.launch(1)

@@ -37,6 +37,9 @@ constexpr milliseconds kDoneWait{5000};
 constexpr milliseconds kKillAfterTerm{5000};  // after a directive's grace: SIGTERM, then SIGKILL
 constexpr milliseconds kFinalClose{2000};  // for the manager to confirm the last messages
 constexpr size_t kMaxPending = 1024;
+// Free ports in each report: a generation whose store this pod hosts takes one, so several can
+// form between two heartbeats, each on a port no other store holds.
+constexpr size_t kFreePorts = 4;
 // The fork server answers a WarmStart in a few milliseconds; past this the process is started
 // plainly. A server that died is started again after 1 s, doubling up to a minute.
 constexpr milliseconds kWarmForkTimeout{1000};
@@ -976,7 +979,7 @@ v1::AgentMessage Agent::BuildRegister() {
   reg->set_nproc(static_cast<uint32_t>(ranks_.size()));
   const auto now = Clock::now();
   for (uint32_t r = 0; r < ranks_.size(); ++r) *reg->add_ranks() = Report(r, now);
-  reg->set_free_port(FreePort());
+  SetFreePorts(reg);
   reg->set_last_generation_agents(last_generation_agents_);
   return m;
 }
@@ -987,7 +990,7 @@ void Agent::SendHeartbeat() {
   auto* hb = m.mutable_heartbeat();
   const auto now = Clock::now();
   for (uint32_t r = 0; r < ranks_.size(); ++r) *hb->add_ranks() = Report(r, now);
-  hb->set_free_port(FreePort());
+  SetFreePorts(hb);
   session_->Send(m);
 }
 
@@ -1020,21 +1023,27 @@ void Agent::ForgetConfirmed(bool votes, bool exits) {
   });
 }
 
-uint32_t Agent::FreePort() const {
-  auto try_bind = [](const sockaddr* addr, socklen_t len) -> uint32_t {
-    int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return 0;
-    uint32_t port = 0;
-    sockaddr_storage bound{};
-    socklen_t bound_len = sizeof bound;
-    if (bind(fd, addr, len) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len) == 0) {
-      port = bound.ss_family == AF_INET6
-                 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                 : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+std::vector<uint32_t> Agent::FreePorts() const {
+  // All bound at once, then closed: the ports are distinct. Where --host is an address, on it;
+  // else (or when that fails) on any address.
+  auto bind_all = [](sockaddr_storage addr, socklen_t len) {
+    std::vector<uint32_t> ports;
+    std::vector<int> fds;
+    for (size_t i = 0; i < kFreePorts; ++i) {
+      int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) break;
+      fds.push_back(fd);
+      sockaddr_storage bound{};
+      socklen_t bound_len = sizeof bound;
+      if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+          getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len) != 0)
+        break;
+      ports.push_back(bound.ss_family == AF_INET6
+                          ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                          : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port));
     }
-    close(fd);
-    return port;
+    for (int fd : fds) close(fd);
+    return ports;
   };
   if (host_addr_len_ > 0) {
     sockaddr_storage addr = host_addr_;
@@ -1043,12 +1052,20 @@ uint32_t Agent::FreePort() const {
     } else {
       reinterpret_cast<sockaddr_in*>(&addr)->sin_port = 0;
     }
-    if (uint32_t port = try_bind(reinterpret_cast<sockaddr*>(&addr), host_addr_len_)) return port;
+    if (auto ports = bind_all(addr, host_addr_len_); !ports.empty()) return ports;
   }
-  sockaddr_in any{};
-  any.sin_family = AF_INET;
-  any.sin_addr.s_addr = htonl(INADDR_ANY);
-  return try_bind(reinterpret_cast<sockaddr*>(&any), sizeof any);
+  sockaddr_storage any{};
+  auto* in = reinterpret_cast<sockaddr_in*>(&any);
+  in->sin_family = AF_INET;
+  in->sin_addr.s_addr = htonl(INADDR_ANY);
+  return bind_all(any, sizeof(sockaddr_in));
+}
+
+template <typename Message>
+void Agent::SetFreePorts(Message* report) const {
+  const std::vector<uint32_t> ports = FreePorts();
+  if (!ports.empty()) report->set_free_port(ports[0]);
+  for (uint32_t p : ports) report->add_free_ports(p);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -132,7 +132,11 @@ class Agent final : private TrainerServer::Listener {
   void SendHeartbeat();
   // Sends now when registered, else keeps it for after the next Welcome.
   void SendEvent(regroup::v1::AgentMessage message);
-  uint32_t FreePort() const;
+  // Ports free on --host now (kFreePorts, distinct), for the stores of the generations whose
+  // rank 0 is here; and them into a Register or Heartbeat.
+  std::vector<uint32_t> FreePorts() const;
+  template <typename Message>
+  void SetFreePorts(Message* report) const;
   int64_t OutageLeftMs() const;
 
   // Trainers.

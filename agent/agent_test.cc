@@ -358,7 +358,10 @@ TEST_F(AgentTest, RegistersWithItsPodAndItsTrainersStates) {
   EXPECT_EQ(r.node_name(), "node-a");
   EXPECT_EQ(r.host(), "127.0.0.1");
   EXPECT_EQ(r.nproc(), 2u);
-  EXPECT_GT(r.free_port(), 0u);
+  ASSERT_EQ(r.free_ports_size(), 4) << "a port for each of several generations between reports";
+  EXPECT_EQ(std::set<uint32_t>(r.free_ports().begin(), r.free_ports().end()).size(), 4u);
+  EXPECT_EQ(r.free_port(), r.free_ports(0)) << "for a manager that reads only free_port";
+  for (uint32_t port : r.free_ports()) EXPECT_GT(port, 0u);
   ASSERT_EQ(r.ranks_size(), 2);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(r.ranks(i).local_rank(), static_cast<uint32_t>(i));
@@ -383,6 +386,7 @@ TEST_F(AgentTest, HeartbeatsAggregateEveryLocalRankAtTheWelcomeInterval) {
     EXPECT_EQ(r.phase(), v1::PHASE_COMPUTING);
     EXPECT_LT(r.beat_age_ms(), 1000u);
   }
+  EXPECT_EQ(hb.heartbeat().free_ports_size(), 4);
   EXPECT_GT(hb.heartbeat().free_port(), 0u);
   const size_t mark = manager_.Mark();
   std::this_thread::sleep_for(1s);

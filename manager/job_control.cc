@@ -19,6 +19,11 @@ std::string FaultKindText(v1::FaultKind kind) { return std::string(EngineFaultKi
 // Steps beyond this are refused: no job runs 10^15 steps, and arithmetic on them stays safe.
 constexpr int64_t kMaxStep = 1'000'000'000'000'000;
 
+// Store ports: how many of an agent's reported free ports are kept (an agent reports 4), and how
+// many of the latest stores' ports are never given out again.
+constexpr size_t kMaxFreePorts = 16;
+constexpr size_t kRecentStorePorts = 64;
+
 // A rank's state as an agent reports it: steps within [-1, kMaxStep] and a local rank the pod
 // has. The error names what is wrong.
 Status CheckRanks(const google::protobuf::RepeatedPtrField<v1::LocalRank>& ranks, uint32_t nproc) {
@@ -313,7 +318,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   a.node_name = reg.node_name();
   a.host = reg.host();
   a.nproc = reg.nproc();
-  a.free_port = reg.free_port();
+  NoteFreePorts(a, reg);
   a.last_seen_ms = now;
   a.last_generation_agents = reg.last_generation_agents();
   a.restarting.clear();
@@ -435,7 +440,7 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
 
 void JobControl::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, int64_t now) {
   (void)node;
-  if (hb.free_port()) a.free_port = hb.free_port();
+  if (hb.free_port() || hb.free_ports_size() > 0) NoteFreePorts(a, hb);
   for (const auto& r : hb.ranks()) {
     if (r.local_rank() >= a.nproc) continue;
     v1::LocalRank& mine = a.ranks[r.local_rank()];
@@ -864,7 +869,7 @@ void JobControl::CheckPendingWait(int64_t now) {
 void JobControl::CatchUp(int64_t node) {
   const Agent& a = agents_[static_cast<size_t>(node)];
   if (state_ == State::kAborted) {
-    if (abort_) Send(node, *abort_);
+    SendAbort(node);
     return;
   }
   bool behind = false, missed_commit = false;
@@ -876,7 +881,7 @@ void JobControl::CatchUp(int64_t node) {
   if (behind && starts_[static_cast<size_t>(node)]) {
     // The generation it was in was aborted and replaced while it was away: the abort first, so
     // that its ranks leave that generation's collectives at once.
-    if (abort_) Send(node, *abort_);
+    SendAbort(node);
     Send(node, *starts_[static_cast<size_t>(node)]);
   }
   if (missed_commit && committed_step_ >= 0) {
@@ -887,6 +892,46 @@ void JobControl::CatchUp(int64_t node) {
     o->set_commit(true);
     Send(node, std::move(m));
   }
+}
+
+template <typename Message>
+void JobControl::NoteFreePorts(Agent& a, const Message& report) {
+  a.free_ports.clear();
+  auto note = [&](uint32_t port) {
+    const bool recent = std::find(store_ports_.begin(), store_ports_.end(),
+                                  std::make_pair(a.host, port)) != store_ports_.end();
+    if (port != 0 && port <= 65535 && !recent && a.free_ports.size() < kMaxFreePorts &&
+        std::find(a.free_ports.begin(), a.free_ports.end(), port) == a.free_ports.end())
+      a.free_ports.push_back(port);
+  };
+  for (uint32_t port : report.free_ports()) note(port);
+  if (report.free_ports_size() == 0) note(report.free_port());  // an agent before free_ports
+}
+
+uint32_t JobControl::TakeStorePort(Agent& host) {
+  auto recent = [&](uint32_t port) {
+    return std::find(store_ports_.begin(), store_ports_.end(), std::make_pair(host.host, port)) !=
+           store_ports_.end();
+  };
+  uint32_t port = 0;
+  if (!host.free_ports.empty()) {
+    port = host.free_ports.front();
+    host.free_ports.erase(host.free_ports.begin());
+  } else {
+    // None reported free since the last store took one: a port of the torchrun convention's
+    // range (29500), by generation, that no recent store holds.
+    port = 29500 + static_cast<uint32_t>(generation_ % 1000);
+    while (recent(port)) port = 29500 + (port - 29500 + 1) % 1000;
+  }
+  store_ports_.emplace_back(host.host, port);
+  while (store_ports_.size() > kRecentStorePorts) store_ports_.pop_front();
+  return port;
+}
+
+void JobControl::SendAbort(int64_t node) {
+  if (!abort_) return;
+  Send(node, *abort_);
+  agents_[static_cast<size_t>(node)].aborted_through = abort_->abort().generation();
 }
 
 void JobControl::Abort(const std::string& reason, int64_t now) {
@@ -903,8 +948,12 @@ void JobControl::Abort(const std::string& reason, int64_t now) {
   a->set_reason(reason);
   std::set<int64_t> nodes;
   for (const auto& p : places_) nodes.insert(p.node_rank);
-  for (int64_t n : nodes)
-    if (agents_[static_cast<size_t>(n)].connected) Send(n, m);
+  for (int64_t n : nodes) {
+    Agent& agent = agents_[static_cast<size_t>(n)];
+    if (!agent.connected) continue;
+    Send(n, m);
+    agent.aborted_through = generation_;
+  }
   abort_ = m;
   Event(now, "abort", "generation " + std::to_string(generation_) + " aborted: " + reason);
 }
@@ -923,6 +972,10 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
                              Join(pods) + ") is not available yet");
       return false;
     }
+  // A generation still training is over: its ranks hear so before the next one starts (a rank
+  // still in its rendezvous waits there until its collective timeout otherwise).
+  Abort("superseded by the next generation: " + reason, now);
+
   // The step to resume from: the highest any survivor committed, or heard commit for, kept or
   // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
   // it in the generation that committed it, and apply it from their vote).
@@ -965,7 +1018,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   // from a census over their new group (python/regroup/sync.py); only they know what they hold
   // once their votes are settled. The plan names the step they resume after.
 
-  const Agent& host = agents_[static_cast<size_t>(places_[0].node_rank)];
+  const Agent& host = agents_[static_cast<size_t>(places_[0].node_rank)];  // of the store
   std::set<int64_t> training_nodes;
   for (const auto& p : places_) training_nodes.insert(p.node_rank);
   generation_agents_ = static_cast<uint32_t>(training_nodes.size());
@@ -985,8 +1038,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   plan.set_pipeline_parallel(static_cast<uint32_t>(config_.pipeline_parallel));
   plan.set_data_parallel(static_cast<uint32_t>(replicas.size()));
   plan.set_store_host(host.host);
-  plan.set_store_port(host.free_port ? host.free_port
-                                     : 29500 + static_cast<uint32_t>(generation_ % 1000));
+  plan.set_store_port(TakeStorePort(agents_[static_cast<size_t>(places_[0].node_rank)]));
   plan.set_committed_step(committed_step_);
   plan.set_committed_epoch(committed_mark_.first);
   plan.set_committed_generation(committed_mark_.second);
@@ -1004,6 +1056,13 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     if (!Available(static_cast<int64_t>(n)) && !training_nodes.count(static_cast<int64_t>(n)) &&
         !(usable && !a.restarting.empty()))
       continue;
+    // A pod whose ranks may still be in an earlier generation (it was away when that one's
+    // abort went out, or it is back under a new uid) hears the abort first: its ranks leave
+    // that generation's rendezvous or collectives now, not at their timeout.
+    uint64_t in = 0;
+    for (const auto& lr : a.ranks)
+      if (lr.alive()) in = std::max(in, lr.generation());
+    if (in > a.aborted_through && in < generation_) SendAbort(static_cast<int64_t>(n));
     v1::ManagerMessage m;
     auto* start = m.mutable_start();
     start->set_directive_id(id);

@@ -162,7 +162,7 @@ class JobControl {
     std::string node_name;
     std::string host;
     uint32_t nproc = 0;
-    uint32_t free_port = 0;
+    std::vector<uint32_t> free_ports;       // free on `host` as last reported, none given out
     AgentState state = AgentState::kRegistered;
     int64_t last_seen_ms = 0;
     std::vector<v1::LocalRank> ranks;       // as last reported, by local rank
@@ -170,6 +170,7 @@ class JobControl {
     std::set<uint32_t> restarting;          // local ranks restarted in place, not back yet
     std::set<uint32_t> failed;              // local ranks that exited with an error, not restarted
     uint32_t last_generation_agents = 0;
+    uint64_t aborted_through = 0;           // the latest generation whose abort it was sent
   };
 
   void Event(int64_t now, const std::string& kind, const std::string& message);
@@ -205,6 +206,13 @@ class JobControl {
   // restarting.
   bool ReplicaReady(int64_t replica) const;
   void Abort(const std::string& reason, int64_t now);
+  // A pod's report of its free ports, less the ports of recent stores.
+  template <typename Message>
+  void NoteFreePorts(Agent& agent, const Message& report);
+  // The store port of the next generation, hosted by `host`.
+  uint32_t TakeStorePort(Agent& host);
+  // The latest abort (abort_) to one pod, again: it was away when it went out.
+  void SendAbort(int64_t node);
   // A pod that resumed its session: what it missed while its stream was down, sent again.
   void CatchUp(int64_t node);
   // A pod uid that must never take part again (lost, left or replaced), kept on record too.
@@ -302,6 +310,9 @@ class JobControl {
   std::optional<Directive> pending_;           // waits for restarted ranks or a step boundary
   int64_t pending_since_ms_ = -1;
   std::optional<v1::ManagerMessage> stop_;     // the StopTraining that ended the job
+  // (host, port) of the latest generations' stores: never given again while one may be up (its
+  // ranks hold it until they leave), nor taken from a report that predates its bind.
+  std::deque<std::pair<std::string, uint32_t>> store_ports_;
   std::optional<v1::ManagerMessage> abort_;    // the AbortGeneration of the running generation
   std::vector<std::optional<v1::ManagerMessage>> starts_;  // [node] its StartGeneration
   std::set<int64_t> leaving_;                  // agents that asked to leave (SIGTERM)

@@ -389,6 +389,54 @@ TEST(JobControl, ARankThatDiesAgainBeforeRejoiningIsRestartedAgainAndTheSurvivor
   EXPECT_TRUE(sim.rt->training());
 }
 
+// Found by the e2e test of a fault during a state sync: two generations formed within one
+// heartbeat interval got the same store port; the first one's store was still up, the second's
+// rank 0 could not listen, and its peers read the first one's keys.
+TEST(JobControl, EveryGenerationsStoreGetsAPortNoRecentStoreHolds) {
+  Sim sim(2, 2, kForce, kElastic);  // a replica per pod; pod 0's rank 0 hosts every store
+  sim.RegisterAll();  // pod 0 reported 30000 alone (as an agent before free_ports does)
+  sim.Run(20);
+  auto ports = [&] {  // the store port of every generation pod 0 started, in order
+    std::vector<uint32_t> out;
+    for (const auto& m : sim.inbox_[0])
+      if (m.has_start()) out.push_back(m.start().plan().store_port());
+    return out;
+  };
+  auto report = [&](std::vector<uint32_t> free) {
+    v1::AgentMessage m;
+    for (uint32_t p : free) m.mutable_heartbeat()->add_free_ports(p);
+    m.mutable_heartbeat()->set_free_port(free[0]);
+    ASSERT_TRUE(sim.Send(0, m).ok());
+  };
+  // Pod 1's process crashes: pod 0 trains on alone in a generation of its own, and pod 1's
+  // replica rejoins at the next commit: two generations, two stores.
+  auto crash_and_rejoin = [&] {
+    const uint64_t before = sim.rt->generation();
+    ASSERT_TRUE(sim.Exit(1, 1, 0, 9).ok());
+    sim.Collect();
+    ASSERT_EQ(sim.rt->generation(), before + 1);
+    ASSERT_TRUE(sim.Send(1, RestartedHello(2, 1, before, sim.rt->committed_step())).ok());
+    ASSERT_TRUE(sim.Vote(0, sim.rt->committed_step() + 1).ok());
+    sim.Collect();
+    ASSERT_EQ(sim.rt->generation(), before + 2);
+  };
+  EXPECT_EQ(ports(), (std::vector<uint32_t>{30000}));
+  // A report that still names the port in use (it predates the store's bind), and one more.
+  report({30000, 30007});
+  crash_and_rejoin();  // 30007, then none reported: a port by generation
+  report({31001, 31002, 31003, 31004});
+  crash_and_rejoin();
+  crash_and_rejoin();
+  const std::vector<uint32_t> all = ports();
+  ASSERT_EQ(all.size(), 7u);
+  EXPECT_EQ(all[1], 30007u) << "not the port of the store just formed";
+  EXPECT_EQ(std::vector<uint32_t>(all.begin() + 3, all.end()),
+            (std::vector<uint32_t>{31001, 31002, 31003, 31004}))
+      << "several generations between two reports each take one of its ports";
+  EXPECT_EQ(std::set<uint32_t>(all.begin(), all.end()).size(), all.size())
+      << "no two stores on one port";
+}
+
 TEST(JobControl, AProcessCrashWaitsForItsRestartWhenSurvivorsDoNotContinue) {
   Map annotations = kElastic;
   annotations["regroup.io/survivors-continue"] = "false";
@@ -912,6 +960,54 @@ v1::AgentMessage CollectiveError(uint64_t generation) {
   m.mutable_fault()->set_generation(generation);
   m.mutable_fault()->set_detail("Connection closed by peer");
   return m;
+}
+
+// Every start of a generation reaches a pod that trained in the generation before only after
+// that one's abort: a rank still forming the old generation (in its rendezvous) is freed by the
+// abort, and would otherwise wait there until its collective timeout.
+void ExpectEveryStartAfterTheAbortOfTheGenerationBefore(Sim& sim) {
+  for (const auto& [node, inbox] : sim.inbox_) {
+    uint64_t in = 0;  // the generation this pod trains in and that was not aborted yet
+    for (const auto& m : inbox) {
+      if (m.has_abort() && m.abort().generation() == in) in = 0;
+      if (!m.has_start()) continue;
+      EXPECT_EQ(in, 0u) << "pod " << node << " got generation " << m.start().plan().generation()
+                        << " while generation " << in << " was not aborted";
+      in = m.start().plan().ranks_size() > 0 ? m.start().plan().generation() : 0;
+    }
+  }
+}
+
+// Found by the e2e test of a fault during a state sync: the restarted process died again, and in
+// the interim generation that followed a survivor's rendezvous failed. The failure aborted the
+// interim generation and the rejoin formed the next at once; the decision on the failure (retry)
+// came a report window later and formed another generation without aborting that one, whose
+// ranks waited in their rendezvous.
+TEST(JobControl, ADecisionFormingAGenerationAbortsTheRunningOneFirst) {
+  Sim sim(2, 2, kForce,
+          {{"recover-strategy", "retry,recover-in-place,recover,elastic-training,dump,exit"},
+           {"regroup.io/prefer-elastic", "true"}});
+  sim.RegisterAll();
+  sim.Run(20);
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(1, 1, 0, 9).ok());
+  sim.Collect();
+  ASSERT_EQ(sim.rt->generation(), 2u) << "the survivors continue";
+  sim.Run(240, 0);  // the decision on the crash
+  ASSERT_TRUE(sim.Send(1, RestartedHello(2, 1, 2, -1)).ok());
+  for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  sim.Collect();
+  ASSERT_EQ(sim.rt->generation(), 3u) << "the restarted rank rejoins";
+  ASSERT_TRUE(sim.Exit(1, 1, 0, 9).ok());  // and dies again, before its state arrived
+  sim.Collect();
+  ASSERT_EQ(sim.rt->generation(), 4u);
+  sim.Run(240, 0);  // the decision on the second crash: the rank rejoins at a step boundary
+  ASSERT_TRUE(sim.Send(1, RestartedHello(2, 1, 4, 0)).ok());
+  ASSERT_TRUE(sim.Send(0, CollectiveError(4)).ok());  // a survivor could not form generation 4
+  sim.Collect();
+  sim.Run(600, 0);
+  EXPECT_GE(sim.rt->generation(), 5u);
+  ExpectEveryStartAfterTheAbortOfTheGenerationBefore(sim);
 }
 
 // A broken stream gets the liveness timeout to resume, but when the pod's peers' collectives

@@ -89,6 +89,9 @@ struct Pod {
   int64_t liveness_ms = 500;  // Welcome.liveness_timeout_ms
   uint64_t pause_token = 0;   // bumped to cancel a pending pause of the trainers
   uint32_t last_generation_agents = 0;
+  // The generation (epoch, generation) this pod's ranks train in and that no abort ended yet.
+  std::pair<uint64_t, uint64_t> training_in{0, 0};
+  uint32_t port_cursor = 0;  // the free ports it reports: 4 new ones each time, as bind(0) gives
   agent::VoteTally tally;
   std::vector<Trainer> ranks;
   int64_t done_at = -1;  // every trainer exited 0
@@ -197,6 +200,8 @@ class World {
   void HeartbeatLoop(Pod* pod, uint64_t token);
   v1::AgentMessage NewMessage(const Pod* pod) const;
   v1::LocalRank Report(const Pod* pod, uint32_t local) const;
+  template <typename Message>
+  void FreePorts(Pod* pod, Message* report);
   void PauseTrainers(Pod* pod);
   void PodExits(Pod* pod, bool replace, const std::string& why);
 
@@ -231,6 +236,7 @@ class World {
   // What the invariants remember.
   std::map<std::tuple<uint64_t, uint64_t, uint32_t>, std::string> rank_holder_;  // (e, g, rank)
   std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::string> node_holder_;   // (e, g, node)
+  std::map<std::pair<std::string, uint32_t>, std::pair<uint64_t, uint64_t>> store_of_;  // -> (e, g)
   uint64_t highest_commit_epoch_ = 0;
   std::set<std::string> ever_lost_;          // uids some incarnation declared lost
   std::map<std::string, int64_t> limbo_since_;      // lost uid, alive, since
@@ -660,6 +666,15 @@ v1::LocalRank World::Report(const Pod* pod, uint32_t local) const {
   return r;
 }
 
+template <typename Message>
+void World::FreePorts(Pod* pod, Message* report) {
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t port = 32768 + (pod->port_cursor++ % 28000);
+    if (i == 0) report->set_free_port(port);
+    report->add_free_ports(port);
+  }
+}
+
 void World::Connect(Pod* pod) {
   if (pod->dead || pod->stopping) return;
   pod->link = Pod::Link::kRegistering;
@@ -682,7 +697,7 @@ void World::Connect(Pod* pod) {
   reg->set_node_name("node-" + std::to_string(pod->slot));
   reg->set_host("10.0.0." + std::to_string(pod->slot));
   reg->set_nproc(static_cast<uint32_t>(pod->ranks.size()));
-  reg->set_free_port(30000 + static_cast<uint32_t>(pod->slot));
+  FreePorts(pod, reg);
   reg->set_last_generation_agents(pod->last_generation_agents);
   for (uint32_t l = 0; l < pod->ranks.size(); ++l) *reg->add_ranks() = Report(pod, l);
   Packet p;
@@ -799,6 +814,7 @@ void World::OnManagerMessage(Pod* pod, const v1::ManagerMessage& m) {
         }
       if (!pod->tally.active() || m.abort().generation() >= pod->tally.generation())
         pod->tally.Clear();
+      if (m.abort().generation() >= pod->training_in.second) pod->training_in = {0, 0};
       pod->unconfirmed.clear();
       break;
     case v1::ManagerMessage::kOutcome:
@@ -839,6 +855,24 @@ void World::OnStart(Pod* pod, const v1::StartGeneration& start, uint64_t epoch) 
               pod->uid + " local rank " + std::to_string(l) + " heard step " +
               std::to_string(t.heard) + " committed");
   }
+  // A generation's ranks leave it on its abort: one not aborted holds them (in its rendezvous,
+  // or its collectives) until the collective timeout, whatever starts after it.
+  if (pod->training_in.first == epoch && pod->training_in.second != 0 &&
+      plan.generation() > pod->training_in.second)
+    Violate(pod->uid + " starts generation (" + std::to_string(epoch) + ", " +
+            std::to_string(plan.generation()) + ") while its ranks train in generation " +
+            std::to_string(pod->training_in.second) + ", which was never aborted");
+  // A store per generation: a port a recent generation's store may still hold is never given to
+  // the next (its rank 0 could not listen, and its ranks would read the older one's keys).
+  const auto store = std::make_pair(plan.store_host(), plan.store_port());
+  if (auto [it, added] = store_of_.emplace(store, std::make_pair(epoch, plan.generation()));
+      !added && it->second != std::make_pair(epoch, plan.generation())) {
+    if (it->second.first == epoch && plan.generation() - it->second.second < 16)
+      Violate("generation (" + std::to_string(epoch) + ", " + std::to_string(plan.generation()) +
+              ") has its store on " + store.first + ":" + std::to_string(store.second) +
+              ", the store of generation " + std::to_string(it->second.second));
+    it->second = {epoch, plan.generation()};
+  }
   // One membership per generation.
   const auto node_key = std::make_tuple(epoch, plan.generation(), pod->slot);
   if (auto [it, added] = node_holder_.emplace(node_key, pod->uid); !added && it->second != pod->uid)
@@ -859,6 +893,8 @@ void World::OnStart(Pod* pod, const v1::StartGeneration& start, uint64_t epoch) 
     t.assigned = true;
   }
   pod->tally.Start(plan.generation(), assigned);
+  if (!assigned.empty()) pod->training_in = {epoch, plan.generation()};
+  else if (plan.generation() > pod->training_in.second) pod->training_in = {0, 0};
   pod->unconfirmed.clear();
   Trace(pod->uid + " starts generation (" + std::to_string(epoch) + ", " +
         std::to_string(plan.generation()) + ") after step " +
@@ -976,6 +1012,7 @@ void World::OnRefusal(Pod* pod, const v1::Refusal& refusal) {
         t.assigned = false;
       }
     pod->tally.Clear();
+    pod->training_in = {0, 0};  // the agent aborts its trainers' generation itself
     pod->pending.clear();
     pod->unconfirmed.clear();
     ++pod->pause_token;
@@ -1045,7 +1082,7 @@ void World::SendHeartbeat(Pod* pod) {
   v1::AgentMessage m = NewMessage(pod);
   auto* hb = m.mutable_heartbeat();
   for (uint32_t l = 0; l < pod->ranks.size(); ++l) *hb->add_ranks() = Report(pod, l);
-  hb->set_free_port(30000 + static_cast<uint32_t>(pod->slot));
+  FreePorts(pod, hb);
   Packet p;
   p.up = std::move(m);
   SendUp(pod->stream, std::move(p));

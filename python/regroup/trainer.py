@@ -126,7 +126,11 @@ class Trainer:
         self._opened = False
         self._closed = False
         self.metrics = {"aborts": 0, "generations": 0, "abort_to_unblocked_s": [], "rebuild_s": [],
-                        "state_bytes_sent": 0}
+                        "state_bytes_sent": 0,
+                        # Seconds spent, summed over the steps committed here (bench/steady.py):
+                        # the gradient reduce (without DDP), the checksums, and from the vote to
+                        # its outcome (the agent and manager's round trip, and the slowest rank).
+                        "committed_steps": 0, "reduce_s": 0.0, "checksum_s": 0.0, "vote_s": 0.0}
         self._abort_at: Optional[float] = None
         self._position = 0                # this rank's last position in a replica (for a dump)
 
@@ -189,14 +193,20 @@ class Trainer:
             raise UsageError(f"step {step.number} cannot be committed: it is not the step in flight")
         if step.failure is not None:
             raise step.failure
+        timed = time.perf_counter()
         if not step.reduced:
             self._reduce(step)
         self._check_aborted(step)
         s = step.number
         interval = self.config.checksum_interval
+        summed = time.perf_counter()
         checksum = self.state.checksum() if interval and s % interval == 0 else 0
+        voted = time.perf_counter()
+        self.metrics["reduce_s"] += summed - timed
+        self.metrics["checksum_s"] += voted - summed
         if not self.managed:
             self._apply(step)
+            self.metrics["committed_steps"] += 1
             return
         assert self._link is not None and step.snapshot is not None
         self._voted = _Voted(s, self._active, step.snapshot)
@@ -213,8 +223,10 @@ class Trainer:
                 if o.generation != step.generation.number or o.step != s:
                     continue  # an outcome of an earlier vote
                 if o.commit:
+                    self.metrics["vote_s"] += time.perf_counter() - voted
                     self.heard_commit_step = max(self.heard_commit_step, s)
                     self._apply(step)
+                    self.metrics["committed_steps"] += 1
                     return
                 self._voted = None
                 self._rollback(step)

@@ -298,13 +298,17 @@ def test_a_collective_failure_without_an_abort_is_reported_as_a_fault(job):
 
 
 def test_a_rank_that_does_not_leave_its_step_after_an_abort_exits_with_the_distinctive_code(job):
-    j = job(extra=["--step-sleep", "30", "--abort-exit", "1"])
+    j = job(extra=["--step-sleep", "30", "--abort-exit", "1", "--verbose"])
     j.launch(0), j.launch(1)
     j.form([0, 1])
     wait_for(lambda: j.agent.last_phase(0) == pb.PHASE_COMPUTING, 60, "rank 0 to start its step")
     sent = time.monotonic()
     j.abort("test")
-    assert j.processes[0].wait(timeout=20) == 75  # regroup.EXIT_ABORT_STUCK
+    try:
+        code = j.processes[0].wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"rank 0 is still in its step 20 s after the abort:\n{j.log(0)}")
+    assert code == 75, j.log(0)  # regroup.EXIT_ABORT_STUCK
     assert 0.9 < time.monotonic() - sent < 10
 
 

@@ -1137,6 +1137,13 @@ void JobControl::Apply(const Directive& d, int64_t now) {
     case REGROUP_DIRECTIVE_WAIT:
       return;  // survivors stay paused (aborted) until the next directive
     case REGROUP_DIRECTIVE_RETRY: {
+      // A generation formed since the fault (its abort let a pending rejoin form one) already
+      // does the step again: another would cost a regroup and retry nothing more.
+      if (state_ == State::kTraining) {
+        Event(now, "retry", "generation " + std::to_string(generation_) +
+                                ", formed since the fault, does the step again");
+        return;
+      }
       // An interim generation is retried as it was, and its restarted ranks still rejoin.
       const bool interim = interim_;
       FormGeneration(replicas_, microbatches_, d.reason, now, interim);

@@ -982,8 +982,10 @@ void ExpectEveryStartAfterTheAbortOfTheGenerationBefore(Sim& sim) {
 // the interim generation that followed a survivor's rendezvous failed. The failure aborted the
 // interim generation and the rejoin formed the next at once; the decision on the failure (retry)
 // came a report window later and formed another generation without aborting that one, whose
-// ranks waited in their rendezvous.
-TEST(JobControl, ADecisionFormingAGenerationAbortsTheRunningOneFirst) {
+// ranks waited in their rendezvous. The generation formed since the fault is the retry: nothing
+// regroups again. (Other decisions that form a generation while one trains abort it first: the
+// sim's invariant, 38 of 4,000 seeds take that path.)
+TEST(JobControl, ARetryDecidedAfterAGenerationFormedSinceTheFaultRegroupsNothing) {
   Sim sim(2, 2, kForce,
           {{"recover-strategy", "retry,recover-in-place,recover,elastic-training,dump,exit"},
            {"regroup.io/prefer-elastic", "true"}});
@@ -1006,7 +1008,12 @@ TEST(JobControl, ADecisionFormingAGenerationAbortsTheRunningOneFirst) {
   ASSERT_TRUE(sim.Send(0, CollectiveError(4)).ok());  // a survivor could not form generation 4
   sim.Collect();
   sim.Run(600, 0);
-  EXPECT_GE(sim.rt->generation(), 5u);
+  EXPECT_EQ(sim.rt->generation(), 5u) << "the rejoin, at the failure's abort, and nothing more";
+  EXPECT_TRUE(sim.rt->training());
+  bool said = false;
+  for (const auto& e : Events(sim))
+    said |= e.kind() == "retry" && Contains(e.message(), "generation 5, formed since the fault");
+  EXPECT_TRUE(said) << "the event says why nothing regrouped";
   ExpectEveryStartAfterTheAbortOfTheGenerationBefore(sim);
 }
 

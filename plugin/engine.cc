@@ -270,7 +270,10 @@ void Job::SettleProgress() {
   // A restart in place may have been carried out before this decision reached the manager (it
   // restarts a dead process at once while the survivors continue): then the generation it
   // reported at the decision trains on, and its next commit completes the transition.
-  const bool same_training = directive_.kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE &&
+  // A retry likewise, when the manager formed a generation after the fault and before the
+  // decision (that generation does the step again).
+  const bool same_training = (directive_.kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE ||
+                              directive_.kind == REGROUP_DIRECTIVE_RETRY) &&
                              manager_.epoch == manager_at_directive_.epoch &&
                              manager_.generation == manager_at_directive_.generation;
   if ((!newer && !same_training) || manager_.committed_step <= manager_at_directive_.committed_step)

@@ -263,6 +263,20 @@ TEST_F(EngineTest, APassedStepIsNoLongerPoison) {
   EXPECT_EQ(Tick(1200).kind, REGROUP_DIRECTIVE_RETRY);
 }
 
+// The manager formed a generation after the fault and before the retry reached it (its rejoin,
+// at the fault's abort): that generation does the step again, and its next commit ends the
+// recovery, as a restart in place carried out before its decision does.
+TEST_F(EngineTest, ARetryCarriedOutBeforeItsDecisionEndsAtTheNextCommit) {
+  Submit(kForce, {{"recover-strategy", "retry,dump"}});
+  Progress(1, 41, 0);
+  Fault("collective_error", {1}, 42, 0);
+  Progress(2, 41, 50);  // formed at the abort, before the decision
+  ASSERT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_RETRY);
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_RECOVERING);
+  Progress(2, 42, 500);  // the same generation commits the step
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_RUNNING);
+}
+
 TEST_F(EngineTest, RecoveryBudgetExhaustedEscalates) {
   Submit(kForce, {{"recover-strategy", "retry"}, {"regroup.io/recovery-budget", "2"},
                   {"regroup.io/recovery-window-s", "60"}});

@@ -91,17 +91,22 @@ def children_of(pid: int) -> List[int]:
 
 def trainers_of(agent: int) -> List[int]:
     """The trainer processes of a regroup-agent: its children but its fork server (warm.py),
-    which names itself ``regroup-warm``."""
-    out = []
+    which names itself ``regroup-warm`` once Python has started (a second or so after it was
+    spawned, as ``python3 -m regroup.warm``). Trainers forked from it keep that command line,
+    but none is forked before the server named itself: while no child bears the name, a child
+    with that command line is the server starting."""
+    kids = []
     for pid in children_of(agent):
         try:
             with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "regroup-warm":
-                    continue
+                comm = f.read().strip()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().split(b"\0")
         except OSError:
             continue  # gone
-        out.append(pid)
-    return out
+        kids.append((pid, comm, b"regroup.warm" in cmdline))
+    named = any(comm == "regroup-warm" for _, comm, _ in kids)
+    return [pid for pid, comm, warm in kids if comm != "regroup-warm" and (named or not warm)]
 
 
 def descendants(pid: int) -> List[int]:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "bench" / "compare"))
-from train_bench import make_model  # noqa: E402  (the comparison's MLP, ~2.1 M parameters)
+from train_bench import make_data, make_model  # noqa: E402  (the comparison's MLP and data)
 
 
 def parse_args(argv=None):
@@ -43,13 +43,6 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
-
-
-def data(args):
-    g = torch.Generator().manual_seed(args.seed + 1)
-    x = torch.randn(args.dataset, args.features, generator=g)
-    y = torch.tanh(x) + 0.01 * torch.randn(args.dataset, args.features, generator=g)
-    return x, y
 
 
 def plain_ddp(args, x, y, ends):
@@ -104,7 +97,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    x, y = data(args)
+    x, y = make_data(args)
     ends: list = []
     run = plain_ddp if args.mode == "ddp" else with_regroup
     rank, world, metrics = run(args, x, y, ends)

@@ -898,9 +898,8 @@ template <typename Message>
 void JobControl::NoteFreePorts(Agent& a, const Message& report) {
   a.free_ports.clear();
   auto note = [&](uint32_t port) {
-    const bool recent = std::find(store_ports_.begin(), store_ports_.end(),
-                                  std::make_pair(a.host, port)) != store_ports_.end();
-    if (port != 0 && port <= 65535 && !recent && a.free_ports.size() < kMaxFreePorts &&
+    if (port != 0 && port <= 65535 && !RecentStore(a.host, port) &&
+        a.free_ports.size() < kMaxFreePorts &&
         std::find(a.free_ports.begin(), a.free_ports.end(), port) == a.free_ports.end())
       a.free_ports.push_back(port);
   };
@@ -908,11 +907,12 @@ void JobControl::NoteFreePorts(Agent& a, const Message& report) {
   if (report.free_ports_size() == 0) note(report.free_port());  // an agent before free_ports
 }
 
+bool JobControl::RecentStore(const std::string& host, uint32_t port) const {
+  return std::find(store_ports_.begin(), store_ports_.end(), std::make_pair(host, port)) !=
+         store_ports_.end();
+}
+
 uint32_t JobControl::TakeStorePort(Agent& host) {
-  auto recent = [&](uint32_t port) {
-    return std::find(store_ports_.begin(), store_ports_.end(), std::make_pair(host.host, port)) !=
-           store_ports_.end();
-  };
   uint32_t port = 0;
   if (!host.free_ports.empty()) {
     port = host.free_ports.front();
@@ -921,7 +921,7 @@ uint32_t JobControl::TakeStorePort(Agent& host) {
     // None reported free since the last store took one: a port of the torchrun convention's
     // range (29500), by generation, that no recent store holds.
     port = 29500 + static_cast<uint32_t>(generation_ % 1000);
-    while (recent(port)) port = 29500 + (port - 29500 + 1) % 1000;
+    while (RecentStore(host.host, port)) port = 29500 + (port - 29500 + 1) % 1000;
   }
   store_ports_.emplace_back(host.host, port);
   while (store_ports_.size() > kRecentStorePorts) store_ports_.pop_front();

@@ -211,6 +211,8 @@ class JobControl {
   void NoteFreePorts(Agent& agent, const Message& report);
   // The store port of the next generation, hosted by `host`.
   uint32_t TakeStorePort(Agent& host);
+  // Whether one of the last kRecentStorePorts stores was at host:port.
+  bool RecentStore(const std::string& host, uint32_t port) const;
   // The latest abort (abort_) to one pod, again: it was away when it went out.
   void SendAbort(int64_t node);
   // A pod that resumed its session: what it missed while its stream was down, sent again.

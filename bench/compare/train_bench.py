@@ -58,6 +58,14 @@ def make_model(args) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
+def make_data(args) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dataset: args.dataset samples of args.features inputs, regressing tanh of them."""
+    g = torch.Generator().manual_seed(args.seed + 1)
+    x = torch.randn(args.dataset, args.features, generator=g)
+    y = torch.tanh(x) + 0.01 * torch.randn(args.dataset, args.features, generator=g)
+    return x, y
+
+
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(1)
@@ -69,9 +77,7 @@ def main() -> int:
     event(kind="start", t_process=T_START, rank_env=int(os.environ.get("RANK", "-1")),
           restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "-1")),
           managed=bool(os.environ.get("REGROUP_AGENT_SOCKET")))
-    g = torch.Generator().manual_seed(args.seed + 1)
-    x = torch.randn(args.dataset, args.features, generator=g)
-    y = torch.tanh(x) + 0.01 * torch.randn(args.dataset, args.features, generator=g)
+    x, y = make_data(args)
     model = make_model(args)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     config = regroup.TrainerConfig(

@@ -249,6 +249,8 @@ def main(argv=None) -> int:
                 samples += mb.indices.numel()
                 lines[mb.index] = mb.indices.tolist()
             if args.step_sleep:
+                if args.verbose:
+                    print(f"step={step.number} sleeping {args.step_sleep} s", file=sys.stderr, flush=True)
                 time.sleep(args.step_sleep)
             step.reduce_gradients()
             if ledger is not None and g.tp_rank == 0:

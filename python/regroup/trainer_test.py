@@ -301,11 +301,10 @@ def test_a_rank_that_does_not_leave_its_step_after_an_abort_exits_with_the_disti
     j = job(extra=["--step-sleep", "30", "--abort-exit", "1", "--verbose"])
     j.launch(0), j.launch(1)
     j.form([0, 1])
-    wait_for(lambda: j.agent.last_phase(0) == pb.PHASE_COMPUTING, 60, "rank 0 to start its step")
-    # Into the step's 30 s sleep: its micro-batches take milliseconds. An abort before the sleep
-    # is seen at once and the rank leaves its step in time (CI once aborted 15 ms after the step
-    # began: the rank left, as it should, and waited for the next generation).
-    time.sleep(1.0)
+    # Into the step's 30 s sleep, which the example announces with --verbose. An abort before the
+    # sleep is seen at once and the rank leaves its step in time (CI once aborted 15 ms after the
+    # step began: the rank left, as it should, and waited for the next generation).
+    wait_for(lambda: "sleeping 30" in j.log(0), 60, "rank 0 to enter its step's sleep")
     sent = time.monotonic()
     j.abort("test")
     try:

@@ -882,7 +882,7 @@ class Converter {
       case Launcher::kExec:
       case Launcher::kShell:
         Note(Kind::kChanged, at + ".command",
-             "torchrun -> regroup-agent (was: " + rewrite.before +
+             "torchrun -> regroup-agent, rewritten in the command (was: " + rewrite.before +
                  "): the agent takes torchrun's flags, is the parent of the pod's trainers and "
                  "connects them to the job's manager");
         break;
@@ -891,8 +891,12 @@ class Converter {
           Note(Kind::kCheck, at + ".command",
                (rewrite.before.empty() ? std::string("the image's entrypoint")
                                        : "\"" + rewrite.before + "\"") +
-                   " does not start torchrun itself: where it (or a script it runs) calls "
-                   "torchrun, call regroup-agent instead, with the same flags");
+                   " does not start torchrun itself: REGROUP_TORCHRUN=on is set, so the "
+                   "torchrun a script of the image runs hands over to regroup-agent with the "
+                   "same flags where the image ran `python3 -m regroup.torchrun install` (a "
+                   "hook in torch's run.py) or `python3 -m regroup.torchrun shim DIR` (a "
+                   "torchrun ahead on PATH); in an image with neither, call regroup-agent "
+                   "instead of torchrun");
         break;
       case Launcher::kAlreadyAgent:
         break;
@@ -927,6 +931,7 @@ class Converter {
     add(EnvValue("REGROUP_CREDENTIAL_FILE", std::string(kCredentialDir) + "/" + kCredentialKey));
     add(EnvValue("PET_NNODES", std::to_string(pods)));
     if (auto e = add(EnvValue("PET_NPROC_PER_NODE", "1"))) trainer_nproc_env_.push_back(*e);
+    if (rewrite.launcher == Launcher::kNone) add(EnvValue("REGROUP_TORCHRUN", "on"));
     for (YAML::Node e : env)
       if (!Child(e, "value").IsNull()) MarkStrings(e["value"]);
     if (!added.empty() && !env_noted_) {

@@ -207,7 +207,8 @@ TEST(Convert, ElasticExampleReportSaysWhatChangedAndWhy) {
                       "rank 0's pod is not special (the manager assigns node ranks)"))
       << Notes(r);
   EXPECT_TRUE(HasNote(r, K::kChanged, "spec.tasks[worker].template.spec.containers[0].command",
-                      "torchrun -> regroup-agent (was: /bin/bash -c cd /job/code torchrun "
+                      "torchrun -> regroup-agent, rewritten in the command (was: /bin/bash -c cd "
+                      "/job/code torchrun "
                       "--nproc_per_node 8 --nnodes 4 pretr...): the agent takes torchrun's flags, "
                       "is the parent of the pod's trainers and connects them to the job's manager"))
       << Notes(r);
@@ -276,15 +277,23 @@ TEST(Convert, PlainJobNeedsEveryPodAndAsksForTheScriptToBeChanged) {
       << Notes(r);
   EXPECT_TRUE(HasNote(r, K::kCheck, "spec.tasks[worker].template.spec.containers[0].command",
                       "\"/bin/bash -c cd /job/code/scripts; chmod +x train_start.sh; bash "
-                      "train...\" does not start torchrun itself: where it (or a script it runs) "
-                      "calls torchrun, call regroup-agent instead, with the same flags"))
+                      "train...\" does not start torchrun itself: REGROUP_TORCHRUN=on is set, so "
+                      "the torchrun a script of the image runs hands over to regroup-agent with "
+                      "the same flags where the image ran `python3 -m regroup.torchrun install` "
+                      "(a hook in torch's run.py) or `python3 -m regroup.torchrun shim DIR` (a "
+                      "torchrun ahead on PATH); in an image with neither, call regroup-agent "
+                      "instead of torchrun"))
       << Notes(r);
   EXPECT_TRUE(HasNote(r, K::kCheck,
                       "spec.tasks[worker].template.spec.containers[0].env.ASCEND_VISIBLE_DEVICES",
                       "it reads a pod annotation that MindCluster's Ascend Volcano plugin writes: "
                       "keep that plugin enabled beside regroup, or remove the variable"))
       << Notes(r);
-  // The command itself is unchanged.
+  // The command itself is unchanged, and the torchrun of train_start.sh hands over.
+  std::string handover;
+  for (const auto& e : out["spec"]["tasks"][1]["template"]["spec"]["containers"][0]["env"])
+    if (e["name"].Scalar() == "REGROUP_TORCHRUN") handover = e["value"].Scalar();
+  EXPECT_EQ(handover, "on");
   EXPECT_EQ(out["spec"]["tasks"][1]["template"]["spec"]["containers"][0]["args"][0].Scalar(),
             "cd /job/code/scripts; chmod +x train_start.sh; bash train_start.sh /job/code "
             "/job/output main.py --data=/job/data/resnet50/imagenet --amp --arch=resnet50 "

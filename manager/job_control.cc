@@ -344,7 +344,10 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   if (join_started_ms_ < 0) join_started_ms_ = now;
 
   decisions_->PodRunning(node, a.pod_uid, a.node_name, now);
-  if (!resumed && (replacement || (state_ != State::kJoining && generation_ > 0)))
+  // Once the decision maker knows pods lost (a generation ran, or the join window closed with
+  // pods missing), a pod that registers anew is the replacement it waits for.
+  if (!resumed &&
+      (replacement || (state_ != State::kJoining && (generation_ > 0 || missing_reported_))))
     decisions_->ReplacementRegistered(node, a.pod_uid, now);
   Event(now, resumed ? "resume" : "register",
         "pod " + a.pod_uid + (resumed ? " resumed its session" : " registered") +
@@ -464,9 +467,18 @@ void JobControl::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e,
   if (e.exit_code() == 0 && e.signal() == 0) {
     Event(now, "rank_done",
           "rank " + std::to_string(rank) + " (pod " + std::to_string(node) + ") finished");
-    bool all_done = !places_.empty();
-    for (const auto& p : places_)
-      all_done = all_done && !agents_[static_cast<size_t>(p.node_rank)].ranks[p.local_rank].alive();
+    // Training is over once every rank that holds the trained state finished: a rank that
+    // joined without it (a replica rejoining at the last step's boundary) has nobody left to
+    // send it. Once the generation committed a step, every rank of it holds the state.
+    const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
+    bool all_done = false, holders_done = true;
+    for (const auto& p : places_) {
+      const bool holder = committed_here || !p.needs_state;
+      const bool alive = agents_[static_cast<size_t>(p.node_rank)].ranks[p.local_rank].alive();
+      all_done = all_done || holder;
+      holders_done = holders_done && (!alive || !holder);
+    }
+    all_done = all_done && holders_done;
     if (all_done) {
       // Tell every agent, so each exits at once instead of waiting for an acknowledgement.
       StopAll(v1::StopTraining::MODE_LEAVE,
@@ -988,6 +1000,11 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     committed_step_ = heard;
     committed_mark_ = {0, 0};
   }
+  // Who holds the committed state: the ranks of the generation that committed it (their reports
+  // may not say so yet), and every rank whose report says it committed or heard it.
+  std::set<std::pair<int64_t, uint32_t>> voted;
+  if (committed_mark_ == std::make_pair(options_.epoch, generation_))
+    for (const auto& p : places_) voted.insert({p.node_rank, p.local_rank});
 
   ++generation_;
   ++counters_.generations;
@@ -1001,8 +1018,14 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
       const int64_t global = replicas[k] * per_replica + local;
       rank_of_[static_cast<size_t>(global / ppp)][static_cast<size_t>(global % ppp)] =
           static_cast<int32_t>(places_.size());
-      places_.push_back({global / ppp, static_cast<uint32_t>(global % ppp),
-                         static_cast<uint32_t>(k)});
+      const auto& reported = agents_[static_cast<size_t>(global / ppp)].ranks;
+      const size_t at = static_cast<size_t>(global % ppp);
+      const bool holds = voted.count({global / ppp, static_cast<uint32_t>(at)}) ||
+                         (at < reported.size() &&
+                          std::max(reported[at].committed_step(),
+                                   reported[at].heard_commit_step()) >= committed_step_);
+      places_.push_back({global / ppp, static_cast<uint32_t>(at), static_cast<uint32_t>(k),
+                         !holds});
     }
   const int64_t micro_total =
       config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size : 0;

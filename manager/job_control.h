@@ -82,6 +82,7 @@ struct RankPlace {
   int64_t node_rank = -1;
   uint32_t local_rank = 0;
   uint32_t replica = 0;  // in the generation
+  bool needs_state = false;  // it joined without the committed state: a peer sends it
 };
 
 class JobControl {

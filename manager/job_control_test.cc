@@ -1213,5 +1213,52 @@ TEST(JobControl, ThePlanNamesTheGenerationThatCommittedItsStep) {
   EXPECT_EQ(sim.starts_[0].plan().committed_generation(), 1u) << "step 0 was generation 1's";
 }
 
+// Found by the e2e tests on torch 2.x, whose slower start let the survivors finish first: the
+// replica of a crashed rank rejoined at the boundary of the job's last step, and the survivors,
+// done, exited. No rank that holds the trained state is left to send it, so the rejoined rank
+// can never train: training is over, and every agent is told so.
+TEST(JobControl, TrainingEndsWhenEveryRankHoldingTheStateFinishedEvenIfARejoinerWaits) {
+  Sim sim(2, 2, kForce, kElastic);  // tp 2: a replica per pod
+  sim.RegisterAll();
+  sim.Run(20);
+  for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  ASSERT_TRUE(sim.Exit(1, 1, 1).ok());
+  sim.Collect();
+  ASSERT_EQ(sim.rt->generation(), 2u) << "the survivors continue";
+  sim.Run(300, 1);
+  ASSERT_TRUE(sim.Send(1, RestartedHello(2, 1, 2, 0)).ok());
+  ASSERT_TRUE(sim.Vote(0, 1).ok());  // the last step
+  sim.Collect();
+  ASSERT_EQ(sim.rt->generation(), 3u) << "the replica rejoins at the last step's boundary";
+  sim.Clear();
+  // Pod 0's ranks hold step 1 and finish; pod 1's wait for state nobody will send.
+  ASSERT_TRUE(sim.Beat(0, 1, 3, 1).ok());
+  ASSERT_TRUE(sim.Send(1, RestartedHello(2, 1, 3, -1)).ok());
+  ASSERT_TRUE(sim.Exit(0, 0, 0).ok());
+  ASSERT_TRUE(sim.Exit(0, 1, 0).ok());
+  sim.Collect();
+  bool done = false;
+  for (const auto& e : Events(sim)) done |= e.kind() == "done";
+  EXPECT_TRUE(done) << "training finished at step 1";
+  int stops = 0;
+  for (const auto& m : sim.inbox_[1])
+    stops += m.has_stop() && m.stop().mode() == v1::StopTraining::MODE_LEAVE;
+  EXPECT_EQ(stops, 1) << "the waiting pod is told to leave";
+}
+
+// Found by the simulation (seed 7332) once a job restart waited for its pods: a pod missing when
+// the join window closed (here, after a manager restart) registered later, and the decision maker,
+// waiting for exactly that pod, never heard of it. Such a pod is the replacement it waits for.
+TEST(JobControl, APodMissingAtTheJoinWindowThatRegistersLaterIsTheAwaitedReplacement) {
+  Sim sim(2, 1, kForce, {{"recover-strategy", "recover"}});
+  ASSERT_TRUE(sim.Register(1).ok());
+  sim.Run(5200, -1);
+  ASSERT_EQ(sim.rt->generation(), 0u) << "recover waits for pod 0";
+  ASSERT_TRUE(sim.Register(0).ok());
+  sim.Run(400, -1);
+  EXPECT_EQ(sim.rt->generation(), 1u) << "the job starts once the awaited pod is there";
+  EXPECT_TRUE(sim.rt->training());
+}
+
 }  // namespace
 }  // namespace regroup::manager

@@ -952,7 +952,9 @@ v1::LocalRank Agent::Report(uint32_t r, Clock::time_point now) const {
   const Rank& k = ranks_[r];
   v1::LocalRank out;
   out.set_local_rank(r);
-  out.set_pid(k.pid);
+  // A process being restarted is not a process that died: it has no pid until the new one
+  // starts (a registration in between, a readmission, must not name it failed).
+  out.set_pid(k.restart_pending ? 0 : k.pid);
   out.set_alive(k.alive && !k.restart_pending);
   out.set_step(k.step);
   // STARTING means "has not said hello": the manager forms generations only from ranks that

@@ -457,6 +457,36 @@ TEST_F(AgentTest, RestartProcessesStartsTheChildrenAgain) {
   EXPECT_EQ(manager_.Count(IsExitOf(0), mark), 0);
 }
 
+// A job restart (MindCluster's rescheduling, standalone): every process restarts and the pod
+// comes back as its own replacement at once. Its registration must not present the processes
+// being restarted as processes that died (the manager would take the pod for failed and replace
+// it for good): until the new ones start, they have no pid.
+TEST_F(AgentTest, AJobRestartReadmitsThePodWithItsProcessesRestartingNotDead) {
+  manager_.Start();
+  StartAgent(2);
+  WaitTraining(2);
+  const size_t mark = manager_.Mark();
+  v1::ManagerMessage restart;
+  restart.mutable_restart()->set_directive_id(5);
+  restart.mutable_restart()->add_local_ranks(0);
+  restart.mutable_restart()->add_local_ranks(1);
+  restart.mutable_restart()->set_reason("the job restarts");
+  ASSERT_TRUE(manager_.Send(restart));
+  v1::ManagerMessage refusal;
+  refusal.mutable_refusal()->set_reason("the job restarts: come back as your own replacement");
+  refusal.mutable_refusal()->set_fenced(true);
+  refusal.mutable_refusal()->set_readmit(true);
+  ASSERT_TRUE(manager_.Send(refusal));
+  auto reg = manager_.WaitFor(IsRegister, 10s, mark);
+  ASSERT_TRUE(reg);
+  EXPECT_NE(reg->message.register_().pod_uid().find("/2"), std::string::npos)
+      << "a new incarnation: " << reg->message.register_().pod_uid();
+  for (const auto& r : reg->message.register_().ranks())
+    EXPECT_TRUE(r.alive() || r.pid() == 0)
+        << "local rank " << r.local_rank() << " is reported dead with pid " << r.pid();
+  EXPECT_TRUE(manager_.WaitFor(AllTraining(2), 10s, mark)) << "both processes start again";
+}
+
 TEST_F(AgentTest, StartGenerationGivesEachTrainerItsAssignmentOrStandby) {
   manager_.Start();
   StartAgent(3, {"--ack"});

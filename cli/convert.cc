@@ -448,6 +448,14 @@ class Converter {
          "Ascend operator");
     out["metadata"] = Metadata();
     REGROUP_RETURN_IF_ERROR(ReadSpec(Child(job, "spec")));
+    if (backoff_limit_ && Scalar(Child(Child(meta_, "annotations"), "regroup.io/backoff-limit")).empty()) {
+      out["metadata"]["annotations"]["regroup.io/backoff-limit"] =
+          Str(std::to_string(*backoff_limit_));
+      Note(Kind::kAdded, "metadata.annotations[regroup.io/backoff-limit]",
+           "from spec.runPolicy.backoffLimit: as MindCluster's operator does, it bounds every "
+           "rescheduling of the job, whatever the fault (Volcano's maxRetry bounds only "
+           "Volcano's own restarts)");
+    }
     YAML::Node spec = out["spec"];
     spec["schedulerName"] = "volcano";
     spec["minAvailable"] = 0;  // set below, once the job's sizes are known
@@ -641,6 +649,7 @@ class Converter {
         volcano_fields_.emplace_back("maxRetry", YAML::Node(*v));
         Note(Kind::kChanged, where + " -> spec.maxRetry",
              "Volcano's limit on restarts of the whole job");
+        if (*v > 0) backoff_limit_ = *v;
       } else if (key == "ttlSecondsAfterFinished") {
         auto v = integer(kv.second, where);
         if (!v.ok()) return v.status();
@@ -1028,6 +1037,7 @@ class Converter {
   std::vector<ReplicaSpec> replicas_;
   std::vector<std::pair<std::string, YAML::Node>> volcano_fields_;
   std::optional<int64_t> ascend_min_available_;
+  std::optional<int64_t> backoff_limit_;  // spec.runPolicy.backoffLimit, when above 0
   std::optional<YAML::Node> first_trainer_;  // rank 0's container, as the validator reads it
   bool first_trainer_gives_nproc_ = false;
   std::vector<YAML::Node> trainer_nproc_env_;  // set once the processes per pod are known

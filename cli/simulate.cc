@@ -192,10 +192,23 @@ class World {
     for (auto it = occupant_.begin(); it != occupant_.end();)
       it = it->second == pod ? occupant_.erase(it) : std::next(it);
   }
+  // Rescheduling: the pods the decision gave up are recreated (all, or the faulty ones with
+  // pod-rescheduling), and every process restarts from the newest checkpoint.
   void RestartAll(int64_t now) {
-    (void)now;
-    occupant_.clear();
-    registering_.clear();
+    for (size_t p = 0; p < job_.slots().size(); ++p)
+      if (job_.slots()[p].status == PodSlot::Status::kLost) Free(static_cast<int64_t>(p));
+    for (auto it = registering_.begin(); it != registering_.end();)
+      it = job_.slots()[static_cast<size_t>(it->first)].status == PodSlot::Status::kLost
+               ? registering_.erase(it)
+               : std::next(it);
+    const int64_t interval = job_.config().checkpoint_interval;
+    const int64_t from = interval > 0 ? step_ / interval * interval : 0;
+    Line(now, "  trainers: every process restarts from " +
+                  (interval > 0 ? "the newest checkpoint, step " + std::to_string(from)
+                                : std::string("the start (no regroup.io/checkpoint-interval)")) +
+                  "; " + std::to_string(step_ - from) + " steps are done again");
+    step_ = from;
+    blocked_ = true;
   }
   void Report(int64_t now) {
     ManagerStatus m{1, generation_, step_, job_.current_dp() * job_.layout().replica_ranks()};

@@ -91,6 +91,7 @@ class JobSpec:
     extra_labels: Dict[str, str] = field(default_factory=dict)
     extra_annotations: Dict[str, str] = field(default_factory=dict)
     extra_train: List[str] = field(default_factory=list)
+    checkpoint_interval: int = 0          # steps between checkpoints in the cluster's checkpoints/
     dataset: int = 128
     micro_batch: int = 8
     microbatches: int = 4
@@ -115,7 +116,10 @@ class JobSpec:
     def train_args(self, ledger: Path, out: Path) -> List[str]:
         return [*self._data_args(), "--checksum-interval", "5", "--tp", str(self.tp),
                 "--step-sleep", str(self.step_sleep), "--ledger", str(ledger), "--out", str(out),
-                *(["--quiet"] if self.quiet else []), *self.extra_train]
+                *(["--quiet"] if self.quiet else []),
+                *(["--checkpoint-dir", str(ledger.parent / "checkpoints"), "--checkpoint-interval",
+                   str(self.checkpoint_interval)] if self.checkpoint_interval else []),
+                *self.extra_train]
 
     def reference_args(self) -> List[str]:
         """The uninterrupted single-process run whose final weights every run must equal."""

@@ -489,6 +489,58 @@ def bad_key(c: Cluster, r: Result) -> None:
     r.promise("nothing was started", not c.pods, f"pods {list(c.pods)}")
 
 
+def rescheduling(level: str) -> Callable[[Cluster, Result], None]:
+    """MindCluster's rescheduling, process-level recovery off: a node dies, a spare exists; every
+    process of the job restarts and resumes from the newest checkpoint (every 5 steps)."""
+
+    def run(c: Cluster, r: Result) -> None:
+        c.start()
+        c.wait_step(12)
+        survivor = c.node_of(0)
+        before = set(c.trainers(survivor))
+        f = c.kill_node(c.node_of(1))
+        directive = c.wait_event("directive", f"restart_job [{level}]", timeout=90, after_ms=int(f["at"] * 1000))
+        pod = c.replace_pod(1, c.nodes["node-2"])
+        generation = c.wait_event("generation", "4 ranks", timeout=120, after_ms=int(directive["at_ms"]))
+        resumed_after = int(generation["message"].split("resuming after step ")[1].split(";")[0])
+        complete = sorted(int(m.parent.name.split(".")[0][len("step-"):])
+                          for m in (c.dir / "checkpoints").glob("step-*/manifest.json"))
+        newest = max((s for s in complete if s <= f["step"]), default=-1)
+        r.promise("the job resumed from the newest checkpoint before the fault",
+                  resumed_after == newest and resumed_after >= 0,
+                  f"resumed after step {resumed_after}; complete checkpoints {complete}, the fault at step {f['step']}")
+        after = set(c.trainers(survivor))
+        r.promise("every process restarted, the surviving pod's too", before and not (before & after),
+                  f"trainers of {survivor} before {sorted(before)}, after {sorted(after)}")
+        codes = c.wait_pods_exit()
+        r.promise("the pods exited 0", set(codes.values()) == {0}, str(codes))
+        formed = [e for e in c.events() if e["kind"] in ("generation", "directive")
+                  and int(e["at_ms"]) > int(directive["at_ms"])]
+        r.promise("one generation formed after the restart, and one decision",
+                  [e["kind"] for e in formed] == ["directive", "generation"],
+                  "; ".join(f"{e['kind']}: {e['message'][:100]}" for e in formed))
+        measure(c, r, f)
+        check_training(c, r)
+        check_strategy(c, r, ["restart_job"], ["scale_in", "wait", "restart_in_place", "retry"])
+        check_story(c, r, [("fault", "pod_lost"), ("directive", f"restart_job [{level}]"),
+                           (level.replace("-", "_"), "every process restarts from the newest checkpoint"),
+                           ("register", pod.node.name), ("generation", "4 ranks"), ("resumed", ""),
+                           ("done", "")])
+
+    return run
+
+
+def _rescheduling_job(pod_rescheduling: str) -> JobSpec:
+    return JobSpec(steps=40, strategies="exit", checkpoint_interval=5,
+                   extra_labels={"process-recover-enable": "off", "pod-rescheduling": pod_rescheduling})
+
+
+scenario(13, "MindCluster's job-level rescheduling: a node dies, every process resumes from the newest checkpoint",
+         lambda: _rescheduling_job("off"), spare_nodes=1)(rescheduling("job-rescheduling"))
+scenario(14, "MindCluster's pod-level rescheduling: only the lost pod is replaced, every process restarts",
+         lambda: _rescheduling_job("on"), spare_nodes=1)(rescheduling("pod-rescheduling"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------------------------

@@ -754,7 +754,9 @@ void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
   // The directive's own restarts first.
   for (auto& [node, locals] : RanksToRestart(d))
     if (agents_[static_cast<size_t>(node)].connected) RestartRanks(node, locals, d.reason);
-  const bool in_place = config_.allows(Strategy::kRecoverInPlace);
+  // While the job restarts, every process restarts anyway: one that failed (or that a pod
+  // readmitted for the restart reported down) is restarted too, never a reason to replace the pod.
+  const bool in_place = config_.allows(Strategy::kRecoverInPlace) || job_restarting_;
   for (size_t n = 0; n < agents_.size(); ++n) {
     Agent& a = agents_[n];
     if (a.failed.empty() || !a.connected || a.state == AgentState::kLost) continue;
@@ -1008,6 +1010,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
 
   ++generation_;
   ++counters_.generations;
+  job_restarting_ = false;
   replicas_ = replicas;
   const int64_t per_replica = layout_.replica_ranks();
   const int64_t ppp = spec_.processes_per_pod;
@@ -1200,10 +1203,44 @@ void JobControl::Apply(const Directive& d, int64_t now) {
       StopAll(v1::StopTraining::MODE_DUMP, d.reason, now);
       return;
     case REGROUP_DIRECTIVE_EXIT:
-    case REGROUP_DIRECTIVE_RESTART_JOB:
       StopAll(v1::StopTraining::MODE_EXIT, d.reason, now);
       return;
+    case REGROUP_DIRECTIVE_RESTART_JOB:
+      RestartJob(d, now);
+      return;
   }
+}
+
+void JobControl::RestartJob(const Directive& d, int64_t now) {
+  Abort(d.reason, now);
+  pending_.reset();  // the decision maker resumes the job once every pod is back
+  interim_ = false;
+  job_restarting_ = true;
+  const bool every_pod = d.strategy != "pod-rescheduling";
+  committed_step_ = -1;
+  committed_mark_ = {0, 0};
+  std::vector<std::string> restarted;
+  for (size_t n = 0; n < agents_.size(); ++n) {
+    Agent& a = agents_[n];
+    const bool usable = a.connected && a.state != AgentState::kLost &&
+                        a.state != AgentState::kLeaving && a.state != AgentState::kDone;
+    if (!usable) continue;
+    std::vector<uint32_t> locals(static_cast<size_t>(spec_.processes_per_pod));
+    std::iota(locals.begin(), locals.end(), 0u);
+    RestartRanks(static_cast<int64_t>(n), locals, d.reason);
+    restarted.push_back(a.pod_uid);
+    // Job level, every pod is given up. Standalone nobody recreates them: each comes back as
+    // its own replacement, a new incarnation, as a pod readmitted after its loss does. (Pod
+    // level, a healthy pod stays itself.)
+    if (every_pod && !decisions_->ReplacesPods())
+      Fence(static_cast<int64_t>(n), "the job restarts: " + d.reason, /*readmit=*/true);
+  }
+  Event(now, d.strategy == "pod-rescheduling" ? "pod_rescheduling" : "job_rescheduling",
+        "every process restarts from the newest checkpoint: " +
+            std::to_string(restarted.size()) + " pods restart theirs now" +
+            (decisions_->ReplacesPods() ? "; the scheduler replaces the pods given up"
+             : every_pod ? " and come back as their own replacements; lost ones wait for theirs"
+                         : "; lost ones wait for their replacements"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -43,6 +43,10 @@ class Decisions {
   virtual std::optional<Directive> Poll() = 0;
   // False while the decision maker cannot be reached (survivors then stay paused).
   virtual bool Available() const { return true; }
+  // Whether a scheduler replaces the pods a decision gives up (Volcano). Standalone nobody does:
+  // a job restart then restarts a healthy pod's processes, and the pod counts as its own
+  // replacement.
+  virtual bool ReplacesPods() const { return false; }
 };
 
 // The header of every message this manager incarnation sends (to agents or to the coordinator).
@@ -234,6 +238,10 @@ class JobControl {
   // declared lost, and the decision maker decides again.
   void CheckPendingWait(int64_t now);
   void Apply(const Directive& d, int64_t now);
+  // MindCluster's rescheduling (RESTART_JOB): every process of the job restarts and resumes from
+  // the newest checkpoint, so the next generation resumes after the step the restarted ranks
+  // hold, not after the last commit.
+  void RestartJob(const Directive& d, int64_t now);
   // Forms and announces a generation over these replicas (original indices, in order).
   // `interim`: formed by the manager alone while restarted ranks come back (the decision maker
   // keeps the generation before it as its frame of ranks).
@@ -298,6 +306,7 @@ class JobControl {
   std::vector<RankPlace> engine_places_;
   std::vector<std::vector<int32_t>> engine_rank_of_;
   bool interim_ = false;  // the running generation is interim (survivors continued)
+  bool job_restarting_ = false;  // RESTART_JOB applied, no generation formed since
   std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (node, local) restarted at once
   std::vector<int64_t> microbatches_;
   int64_t committed_step_ = -1;

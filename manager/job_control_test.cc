@@ -1213,6 +1213,169 @@ TEST(JobControl, ThePlanNamesTheGenerationThatCommittedItsStep) {
   EXPECT_EQ(sim.starts_[0].plan().committed_generation(), 1u) << "step 0 was generation 1's";
 }
 
+// The ranks of a pod whose processes all just restarted: each said hello, holding the step of
+// the newest checkpoint (`committed`; -1 with none).
+std::vector<v1::LocalRank> FreshRanks(uint32_t nproc, int64_t committed) {
+  std::vector<v1::LocalRank> ranks(nproc);
+  for (uint32_t l = 0; l < nproc; ++l) {
+    ranks[l].set_local_rank(l);
+    ranks[l].set_pid(3000 + static_cast<int32_t>(l));
+    ranks[l].set_alive(true);
+    ranks[l].set_phase(v1::PHASE_PAUSED);
+    ranks[l].set_committed_step(committed);
+    ranks[l].set_heard_commit_step(committed);
+  }
+  return ranks;
+}
+
+// A restarted pod beats with its fresh ranks.
+v1::AgentMessage FreshBeat(uint32_t nproc, int64_t committed) {
+  v1::AgentMessage m;
+  for (const auto& r : FreshRanks(nproc, committed)) *m.mutable_heartbeat()->add_ranks() = r;
+  return m;
+}
+
+// Standalone nobody recreates pods: each healthy pod of a restarted job restarts every process
+// and is told to come back as its own replacement (a new incarnation).
+void ExpectRestartedAndReadmitted(Sim& sim, int64_t node) {
+  ASSERT_EQ(sim.Count(node, v1::ManagerMessage::kRestart), 1) << "pod " << node;
+  bool readmitted = false;
+  for (const auto& m : sim.inbox_[node]) {
+    if (m.has_restart()) EXPECT_EQ(m.restart().local_ranks_size(), 2) << "every process";
+    if (m.has_refusal())
+      readmitted = m.refusal().fenced() && m.refusal().readmit() &&
+                   Contains(m.refusal().reason(), "the job restarts");
+  }
+  EXPECT_TRUE(readmitted) << "pod " << node;
+}
+
+// MindCluster's job-level rescheduling, standalone: process-level recovery is off, a node is
+// lost. Every process restarts, every pod comes back as a new incarnation (the lost one's
+// replacement too), and the next generation resumes after the step of the newest checkpoint the
+// restarted processes hold, not after the last commit.
+TEST(JobControl, AJobRestartRestartsEveryProcessAndResumesFromTheirCheckpoint) {
+  Sim sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  for (int64_t step = 0; step <= 5; ++step)
+    for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Vote(n, step).ok());
+  ASSERT_EQ(sim.rt->committed_step(), 5);
+  sim.Clear();
+  sim.rt->Disconnected(sim.streams_[1], sim.now);  // pod 1's node dies
+  sim.Gone(1);
+  sim.Run(800, 5);
+  EXPECT_FALSE(sim.rt->training());
+  for (int64_t n : {0, 2}) ExpectRestartedAndReadmitted(sim, n);
+  bool said = false;
+  for (const auto& e : Events(sim))
+    said |= e.kind() == "job_rescheduling" &&
+            Contains(e.message(), "every process restarts from the newest checkpoint");
+  EXPECT_TRUE(said);
+  // The pods come back with processes that hold the checkpoint of step 3, pod 1's replacement
+  // last; they wait, beating.
+  auto wait = [&](int64_t ms) {
+    for (int64_t t = 0; t < ms; t += 100) {
+      for (int64_t n = 0; n < 3; ++n)
+        if (!sim.gone_.count(n)) ASSERT_TRUE(sim.Send(n, FreshBeat(2, 3)).ok());
+      sim.Run(100);
+    }
+  };
+  for (int64_t n : {0, 2})
+    ASSERT_TRUE(sim.Register(n, "pod-" + std::to_string(n) + "/2", FreshRanks(2, 3)).ok());
+  wait(1000);
+  EXPECT_EQ(sim.rt->generation(), 1u) << "pod 1 is not back yet";
+  ASSERT_TRUE(sim.Register(1, "pod-1-b", FreshRanks(2, 3)).ok());
+  sim.gone_.clear();
+  wait(400);
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  EXPECT_TRUE(sim.rt->training());
+  const auto& plan = sim.starts_[0].plan();
+  EXPECT_EQ(plan.world_size(), 6u);
+  EXPECT_EQ(plan.committed_step(), 3) << "after the checkpoint's step, not the last commit (5)";
+  for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Vote(n, 4).ok());
+  EXPECT_EQ(sim.rt->committed_step(), 4) << "step 4 is done again, once";
+  ExpectEveryStartAfterTheAbortOfTheGenerationBefore(sim);
+}
+
+// A fault of the training's own reschedules with fault-retry-times: every process restarts;
+// without a checkpoint, the job starts over.
+TEST(JobControl, AJobRestartAfterAFaultOfTheTrainingsOwnRestartsEveryProcess) {
+  Sim sim(2, 2, {{"fault-scheduling", "force"}, {"fault-retry-times", "2"}}, {});
+  sim.RegisterAll();
+  sim.Run(20);
+  for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(1, 0, 1).ok());
+  sim.Run(400, 0);
+  for (int64_t n : {0, 1}) ExpectRestartedAndReadmitted(sim, n);
+  for (int64_t n : {0, 1})
+    ASSERT_TRUE(sim.Register(n, "pod-" + std::to_string(n) + "/2", FreshRanks(2, -1)).ok());
+  sim.Run(400);
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), -1) << "no checkpoint: from the start";
+}
+
+// Pod-level rescheduling standalone: only the lost pod is replaced (a healthy pod stays itself,
+// its processes restart), and one decision resumes the job once the replacement is there.
+TEST(JobControl, APodLevelRestartResumesOnceEveryPodIsBack) {
+  Sim sim(3, 2, {{"fault-scheduling", "force"}, {"pod-rescheduling", "on"}},
+          {{"regroup.io/tensor-parallel", "2"}});
+  sim.RegisterAll();
+  sim.Run(20);
+  for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  sim.rt->Disconnected(sim.streams_[1], sim.now);
+  sim.Gone(1);
+  sim.Run(800, 1);
+  for (int64_t n : {0, 2}) {
+    ASSERT_EQ(sim.Count(n, v1::ManagerMessage::kRestart), 1) << "pod " << n;
+    EXPECT_EQ(sim.Count(n, v1::ManagerMessage::kRefusal), 0) << "pod " << n << " stays itself";
+  }
+  ASSERT_TRUE(sim.Register(1, "pod-1-b", FreshRanks(2, -1)).ok());
+  sim.gone_.clear();
+  for (int i = 0; i < 10; ++i) {
+    for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Send(n, FreshBeat(2, -1)).ok());
+    sim.Run(100);
+  }
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  int resumes = 0, restarts = 0;
+  for (const auto& e : Events(sim)) {
+    resumes += e.kind() == "directive" && Contains(e.message(), "resume [pod-rescheduling]");
+    restarts += e.kind() == "directive" && Contains(e.message(), "restart_job");
+  }
+  EXPECT_EQ(restarts, 1);
+  EXPECT_EQ(resumes, 1);
+}
+
+// Found by integration scenario 13: a pod readmitted for a job restart registered while its
+// processes were being restarted, and named them as processes that had died. Replacing it for
+// good (recover-in-place not being allowed) left the job waiting for a pod that never came:
+// while the job restarts, such processes are restarted.
+TEST(JobControl, APodReadmittedForAJobRestartWithItsProcessesDownIsRestartedNotReplaced) {
+  Sim sim(2, 2, {{"fault-scheduling", "force"}, {"fault-retry-times", "2"}}, {});
+  sim.RegisterAll();
+  sim.Run(20);
+  for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  ASSERT_TRUE(sim.Exit(1, 0, 1).ok());
+  sim.Run(400, 0);
+  sim.Clear();
+  std::vector<v1::LocalRank> down = FreshRanks(2, -1);
+  for (auto& r : down) {
+    r.set_alive(false);
+    r.set_pid(4242);  // as an agent that reported the old pids
+  }
+  ASSERT_TRUE(sim.Register(0, "pod-0/2", FreshRanks(2, 0)).ok());
+  ASSERT_TRUE(sim.Register(1, "pod-1/2", down).ok());
+  sim.Run(400);
+  EXPECT_FALSE(sim.rt->IsFenced("pod-1/2")) << "not replaced for good";
+  ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1) << "its processes restart";
+  ASSERT_TRUE(sim.Send(1, FreshBeat(2, 0)).ok());
+  ASSERT_TRUE(sim.Send(0, FreshBeat(2, 0)).ok());
+  sim.Run(200);
+  EXPECT_EQ(sim.rt->generation(), 2u);
+  EXPECT_TRUE(sim.rt->training());
+}
+
 // Found by the e2e tests on torch 2.x, whose slower start let the survivors finish first: the
 // replica of a crashed rank rejoined at the boundary of the job's last step, and the survivors,
 // done, exited. No rank that holds the trained state is left to send it, so the rejoined rank

@@ -68,6 +68,7 @@ class RemoteDecisions final : public Decisions {
   std::optional<Directive> Poll() override;
   // True while attached.
   bool Available() const override;
+  bool ReplacesPods() const override { return true; }  // the scheduler recreates them
 
   // Waits until attached (true) or until `timeout` passes (false).
   bool WaitAvailable(std::chrono::milliseconds timeout) const;

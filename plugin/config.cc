@@ -29,7 +29,9 @@ constexpr KeySpec kKeys[] = {
      "`MINDIO_WAIT_MINDX_TIME` runs out) or off."},
     {"pod-rescheduling", S::kLabel, O::kMindCluster, T::kEnum, 0, 0, "off|on", "off", 0,
      &JobConfig::pod_rescheduling,
-     "`on`: only the faulty pods are replaced; otherwise a job-level restart replaces them all."},
+     "When the job is rescheduled (process-level recovery off or exhausted): `on` replaces "
+     "only the faulty pods (every pod when rank 0's is one of them), `off` every pod; either "
+     "way every process restarts from the newest checkpoint."},
     {"recover-strategy", S::kAnnotation, O::kMindCluster, T::kStrategies, 0, 0, "", "exit",
      kExitOnly, &JobConfig::strategies,
      "Comma list of the strategies allowed: retry, recover-in-place, recover, elastic-training, "
@@ -42,7 +44,11 @@ constexpr KeySpec kKeys[] = {
      "Seconds trainers wait for a control-plane decision; without `recover` but with "
      "`elastic-training`, the replacement wait is this minus 10 s (0 at least)."},
     {"fault-retry-times", S::kLabel, O::kMindCluster, T::kInt, 0, 1000, "", "0", 0,
-     &JobConfig::fault_retry_times, "Restarts of the whole job before it gives up."},
+     &JobConfig::fault_retry_times,
+     "Reschedules after a fault of the training's own (a process failed or hung, a collective "
+     "failed); 0: such a fault exits when nothing else recovers it. A lost pod, node or device "
+     "reschedules whatever this says. Also bounds every reschedule when "
+     "`regroup.io/backoff-limit` is not set."},
     {"regroup.io/tensor-parallel", S::kAnnotation, O::kRegroup, T::kInt, 1, 4096, "", "1", 1,
      &JobConfig::tensor_parallel, "Tensor-parallel size."},
     {"regroup.io/pipeline-parallel", S::kAnnotation, O::kRegroup, T::kInt, 1, 4096, "", "1", 1,
@@ -88,6 +94,11 @@ constexpr KeySpec kKeys[] = {
      "Recoveries allowed per recovery window; one more escalates to `dump` or `exit`."},
     {"regroup.io/recovery-window-s", S::kAnnotation, O::kRegroup, T::kInt, 60, 604800, "", "3600",
      3600, &JobConfig::recovery_window_s, "The recovery budget's window, in seconds."},
+    {"regroup.io/backoff-limit", S::kAnnotation, O::kRegroup, T::kInt, 0, 1000000, "",
+     "0 (no limit)", 0, &JobConfig::backoff_limit,
+     "Reschedules of the job allowed in all, whatever the fault (an AscendJob's "
+     "`runPolicy.backoffLimit`, which `regroupctl convert` carries here); 0: "
+     "`fault-retry-times` bounds them if set, else nothing does."},
     {"regroup.io/scale-out-backoff-s", S::kAnnotation, O::kRegroup, T::kInt, 0, 3600, "", "10", 10,
      &JobConfig::scale_out_backoff_s,
      "Delay before a scale-out, doubled for each earlier recovery in the window (the first "

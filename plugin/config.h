@@ -87,6 +87,7 @@ struct JobConfig {
   int64_t manager_failover_s = 5;
   int64_t recovery_budget = 10;
   int64_t recovery_window_s = 3600;
+  int64_t backoff_limit = 0;  // 0: not set
   int64_t scale_out_backoff_s = 10;
   int64_t node_avoid_s = 600;
   int64_t checksum_interval = 100;

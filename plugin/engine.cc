@@ -46,6 +46,14 @@ bool SameIncarnation(std::string& known, std::string_view uid) {
   return true;
 }
 
+// A lost pod, node or device: what MindCluster reschedules whatever fault-retry-times says (a
+// fault of the training's own, a process or a collective, counts against it).
+bool HasHardwareFault(const std::vector<PendingFault>& faults) {
+  return std::any_of(faults.begin(), faults.end(), [](const PendingFault& f) {
+    return f.kind == FaultKind::kPodLost || f.kind == FaultKind::kDeviceError;
+  });
+}
+
 }  // namespace
 
 std::string_view PhaseName(Phase phase) { return NameOf(kPhaseNames, phase); }
@@ -320,25 +328,52 @@ void Job::Issue(int64_t now, Phase phase, Directive d) {
   while (history_.size() > history_limit_) history_.pop_front();
 }
 
+std::string Job::RescheduleRefused() const {
+  if (config_.fault_scheduling_mode() == FaultScheduling::kOff)
+    return "fault-scheduling is off, so the job is not rescheduled";
+  const bool own_limit = config_.backoff_limit > 0;
+  const int64_t limit = own_limit ? config_.backoff_limit : config_.fault_retry_times;
+  if (limit > 0 && job_restarts_ >= limit)
+    return "the reschedules are used up (" + std::to_string(job_restarts_) + " of " +
+           std::to_string(limit) +
+           (own_limit ? ", regroup.io/backoff-limit)" : ", fault-retry-times)");
+  if (!hardware_fault_ && business_restarts_ >= config_.fault_retry_times)
+    return config_.fault_retry_times == 0
+               ? std::string("a fault of the training's own reschedules only with "
+                             "fault-retry-times set")
+               : "fault-retry-times is used up (" + std::to_string(business_restarts_) + " of " +
+                     std::to_string(config_.fault_retry_times) + ")";
+  return "";
+}
+
 void Job::JobLevel(int64_t now, const std::string& why) {
   Directive d;
-  if (config_.fault_scheduling_mode() != FaultScheduling::kOff &&
-      job_restarts_ < config_.fault_retry_times) {
-    ++job_restarts_;
-    for (size_t p = 0; p < slots_.size(); ++p)
-      MarkLost(static_cast<int64_t>(p), LostCause::kJobRestart, now, false);
-    d.kind = REGROUP_DIRECTIVE_RESTART_JOB;
-    d.strategy = "fault-retry-times";
-    d.reason = why + "; restarting the whole job (fault-retry-times: restart " +
-               std::to_string(job_restarts_) + " of " + std::to_string(config_.fault_retry_times) +
-               ")";
-    Issue(now, REGROUP_PHASE_RESTARTING, std::move(d));
+  if (const std::string refused = RescheduleRefused(); !refused.empty()) {
+    d.kind = REGROUP_DIRECTIVE_EXIT;
+    d.strategy = "exit";
+    d.reason = why + "; " + refused + "; exiting";
+    Issue(now, REGROUP_PHASE_EXITING, std::move(d));
     return;
   }
-  d.kind = REGROUP_DIRECTIVE_EXIT;
-  d.strategy = "exit";
-  d.reason = why + "; exiting";
-  Issue(now, REGROUP_PHASE_EXITING, std::move(d));
+  ++job_restarts_;
+  if (!hardware_fault_) ++business_restarts_;
+  // MindCluster's pod-level rescheduling replaces the faulty pods only, unless rank 0's pod is
+  // one of them; its job-level rescheduling replaces them all. A pod that is not lost is faulty
+  // only by its processes, which restart with every other process anyway.
+  const bool pod_level = config_.pod_rescheduling != 0 &&
+                         slots_[0].status != PodSlot::Status::kLost;
+  if (!pod_level)
+    for (size_t p = 0; p < slots_.size(); ++p)
+      MarkLost(static_cast<int64_t>(p), LostCause::kJobRestart, now, false);
+  const int64_t limit = config_.backoff_limit > 0 ? config_.backoff_limit : config_.fault_retry_times;
+  d.kind = REGROUP_DIRECTIVE_RESTART_JOB;
+  d.strategy = pod_level ? "pod-rescheduling" : "job-rescheduling";
+  d.reason = why + (pod_level ? "; replacing the faulty pods (pod-level rescheduling)"
+                              : "; replacing every pod (job-level rescheduling)") +
+             ": every process restarts from the newest checkpoint (reschedule " +
+             std::to_string(job_restarts_) + (limit > 0 ? " of " + std::to_string(limit) : "") +
+             ")";
+  Issue(now, REGROUP_PHASE_RESTARTING, std::move(d));
 }
 
 void Job::Escalate(int64_t now, const std::string& why) {
@@ -435,6 +470,7 @@ void Job::Decide(int64_t now) {
     for (auto& f : batch) held_.push_back(std::move(f));
     return;
   }
+  hardware_fault_ = HasHardwareFault(batch);
 
   // What happened, in one sentence: the first faults in full (details cut), the rest counted,
   // so that a mass failure's reason still fits a message (it once took 4.2 MB at 1,024 faults).
@@ -615,6 +651,7 @@ void Job::DecideHeldWhilePaused(int64_t now) {
     Decide(now);
   } else if (config_.process_recover_mode() == ProcessRecover::kOff ||
              now >= held_since_ms_ + config_.mindio_wait_s * 1000) {
+    hardware_fault_ = HasHardwareFault(held_);
     held_.clear();
     held_since_ms_ = -1;
     JobLevel(now, config_.process_recover_mode() == ProcessRecover::kOff
@@ -668,9 +705,9 @@ bool Job::TryGrow(int64_t now) {
   dp_ = plan->dp;
   if (waiting) {
     d.kind = REGROUP_DIRECTIVE_RESUME;
-    d.strategy = phase_ == REGROUP_PHASE_RESTARTING ? "fault-retry-times" : directive_.strategy;
+    d.strategy = directive_.strategy;
     d.reason = "replacements registered; resuming at dp=" + std::to_string(dp_) +
-               (phase_ == REGROUP_PHASE_RESTARTING ? " after the job restart"
+               (phase_ == REGROUP_PHASE_RESTARTING ? " from the newest checkpoint"
                                                    : " with the survivors' state");
     Issue(now, dp_ < original_dp() ? REGROUP_PHASE_SCALED_IN : REGROUP_PHASE_RUNNING,
           std::move(d));
@@ -733,7 +770,9 @@ uint32_t Job::GangMin() const {
 }
 
 bool Job::WantsPods() const {
-  if (!config_.recovery_on() || IsTerminal(phase_)) return false;
+  if (IsTerminal(phase_)) return false;
+  // Without process-level recovery a lost pod is wanted back only by a rescheduling.
+  if (!config_.recovery_on() && phase_ != REGROUP_PHASE_RESTARTING) return false;
   for (const auto& s : slots_)
     if (s.status == PodSlot::Status::kLost) return true;
   return false;

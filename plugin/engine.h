@@ -211,7 +211,12 @@ class Job {
   void ScaleIn(int64_t now, const std::string& what, bool waited);
   bool TryGrow(int64_t now);
   void Escalate(int64_t now, const std::string& why);
+  // MindCluster's rescheduling, when process-level recovery is off or has nothing left to try:
+  // every pod restarts (job level), or only the faulty ones (pod-rescheduling), and every
+  // process resumes from the newest checkpoint; `exit` when that is not allowed or used up.
   void JobLevel(int64_t now, const std::string& why);
+  // Why the job may not be rescheduled once more; empty when it may.
+  std::string RescheduleRefused() const;
   void Issue(int64_t now, Phase phase, Directive d);
   std::vector<bool> Available() const;
   bool HasCompleteReplica() const;
@@ -239,7 +244,9 @@ class Job {
   int64_t scale_outs_in_window_ = 0;
   int64_t last_recovery_ms_ = -1;
   std::map<int64_t, std::map<std::string, int64_t>> step_failures_;  // step -> kind -> count
-  int64_t job_restarts_ = 0;
+  int64_t job_restarts_ = 0;        // reschedules, whatever the fault
+  int64_t business_restarts_ = 0;   // of them, after a fault of the training's own (fault-retry-times)
+  bool hardware_fault_ = false;     // the last decided faults include a pod or device lost
   ManagerStatus manager_;
   ManagerStatus manager_at_directive_;
   std::deque<HistoryEntry> history_;

@@ -457,11 +457,7 @@ Status ReadSlotsV1(const json& j, std::vector<PodSlot>& slots) {
     auto pp = ParseName<PodPhase>(kPodPhaseNames, pod_phase);
     if (!pp) return InvalidArgument(sw + " field \"phase\" is not a pod phase: " + pod_phase);
     slot.phase = *pp;
-    if (auto r = s.find("replacement_seen"); r != s.end()) {
-      if (!r->is_boolean())
-        return InvalidArgument(sw + " field \"replacement_seen\" must be a bool");
-      slot.replacement_seen = r->get<bool>();
-    }
+    REGROUP_RETURN_IF_ERROR(ju::GetBool(s, "replacement_seen", sw, slot.replacement_seen, false));
     REGROUP_RETURN_IF_ERROR(ju::GetString(s, "lost_reason", sw, reason, false));
     if (slot.status == PodSlot::Status::kLost) slot.lost_cause = CauseOfReason(reason);
   }
@@ -604,6 +600,8 @@ json Job::StateJson() const {
           {"recoveries_ms", recoveries_ms_},
           {"step_failures", failures},
           {"job_restarts", job_restarts_},
+          {"business_restarts", business_restarts_},
+          {"hardware_fault", hardware_fault_},
           {"manager", ManagerJson(manager_)},
           {"manager_at_directive", ManagerJson(manager_at_directive_)}};
 }
@@ -687,6 +685,14 @@ Status Job::LoadState(const json& j) {
   }
   REGROUP_RETURN_IF_ERROR(
       ju::GetInt(j, "job_restarts", where, 0, kMaxTime, next.job_restarts_, false));
+  REGROUP_RETURN_IF_ERROR(
+      ju::GetInt(j, "business_restarts", where, 0, kMaxTime, next.business_restarts_, false));
+  // A state saved before the field: a pod lost to its node, or itself, was a hardware fault.
+  next.hardware_fault_ = std::any_of(next.slots_.begin(), next.slots_.end(), [](const PodSlot& s) {
+    return s.status == PodSlot::Status::kLost && s.lost_cause != LostCause::kJobRestart &&
+           s.lost_cause != LostCause::kProcessDied;
+  });
+  REGROUP_RETURN_IF_ERROR(ju::GetBool(j, "hardware_fault", where, next.hardware_fault_, false));
   if (auto it = j.find("manager"); it != j.end())
     REGROUP_RETURN_IF_ERROR(ReadManager(*it, "job state manager", next.manager_));
   if (auto it = j.find("manager_at_directive"); it != j.end())

@@ -69,6 +69,18 @@ Status GetStringMap(const nlohmann::json& obj, std::string_view field, std::stri
   return Status::Ok();
 }
 
+Status GetBool(const nlohmann::json& obj, std::string_view field, std::string_view where,
+               bool& out, bool required) {
+  auto it = obj.find(field);
+  if (it == obj.end() || it->is_null()) {
+    if (required) return InvalidArgument(Where(where, field) + " is missing");
+    return Status::Ok();
+  }
+  if (!it->is_boolean()) return InvalidArgument(Where(where, field) + " must be true or false");
+  out = it->get<bool>();
+  return Status::Ok();
+}
+
 Status GetIntList(const nlohmann::json& obj, std::string_view field, std::string_view where,
                   int64_t min, int64_t max, std::vector<int64_t>& out, size_t max_items) {
   auto it = obj.find(field);

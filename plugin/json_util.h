@@ -21,6 +21,8 @@ Status GetString(const nlohmann::json& obj, std::string_view field, std::string_
                  std::string& out, bool required = true);
 Status GetInt(const nlohmann::json& obj, std::string_view field, std::string_view where,
               int64_t min, int64_t max, int64_t& out, bool required = true);
+Status GetBool(const nlohmann::json& obj, std::string_view field, std::string_view where,
+               bool& out, bool required = true);
 Status GetStringMap(const nlohmann::json& obj, std::string_view field, std::string_view where,
                     std::map<std::string, std::string>& out);
 Status GetIntList(const nlohmann::json& obj, std::string_view field, std::string_view where,

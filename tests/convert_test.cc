@@ -92,9 +92,13 @@ TEST(Convert, ElasticExampleBecomesTheVolcanoJobForRegroup) {
   EXPECT_EQ(out["kind"].Scalar(), "Job");
   EXPECT_EQ(out["metadata"]["name"].Scalar(), "llama-pretrain");
   EXPECT_EQ(out["metadata"]["namespace"].Scalar(), "training");
-  // MindCluster's labels and annotations, every one unchanged and still a string.
+  // MindCluster's labels and annotations, every one unchanged and still a string; and
+  // runPolicy.backoffLimit, which bounds every rescheduling as in MindCluster.
+  EXPECT_EQ(out["metadata"]["annotations"]["regroup.io/backoff-limit"].Scalar(), "3");
   for (const char* field : {"labels", "annotations"}) {
-    ASSERT_EQ(out["metadata"][field].size(), in["metadata"][field].size()) << field;
+    ASSERT_EQ(out["metadata"][field].size(),
+              in["metadata"][field].size() + (std::string(field) == "annotations" ? 1 : 0))
+        << field;
     for (const auto& kv : in["metadata"][field]) {
       const YAML::Node v = out["metadata"][field][kv.first.Scalar()];
       EXPECT_EQ(v.Scalar(), kv.second.Scalar()) << kv.first.Scalar();
@@ -124,7 +128,8 @@ TEST(Convert, ElasticExampleBecomesTheVolcanoJobForRegroup) {
                 "fault-retry-times=10", "--label", "fault-scheduling=force", "--label",
                 "pod-rescheduling=on", "--label", "process-recover-enable=on", "--annotation",
                 "recover-strategy=retry,recover-in-place,recover,elastic-training,dump",
-                "--annotation", "regroup.io/global-batch-size=512", "--annotation",
+                "--annotation", "regroup.io/backoff-limit=3", "--annotation",
+                "regroup.io/global-batch-size=512", "--annotation",
                 "regroup.io/micro-batch-size=4", "--annotation", "regroup.io/min-data-parallel=2",
                 "--annotation", "regroup.io/pipeline-parallel=2", "--annotation",
                 "regroup.io/tensor-parallel=4", "--annotation", "wait-reschedule-timeout=60",

@@ -119,14 +119,109 @@ TEST_F(EngineTest, ReplacementInTimeResumesAtFullSize) {
   EXPECT_FALSE(job().WantsPods());
 }
 
-TEST_F(EngineTest, RecoverAloneExitsWhenTheWaitRunsOut) {
+TEST_F(EngineTest, RecoverAloneReschedulesTheJobWhenTheWaitRunsOut) {
+  // MindCluster: when process-level recovery fails, the job is rescheduled (a lost node is a
+  // hardware fault: no fault-retry-times needed).
   Submit(kForce, {{"recover-strategy", "recover"}, {"wait-reschedule-timeout", "30"}});
   NodeFails(0, 0);
   Tick(200);
   const Directive& d = Tick(30200);
-  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);
-  EXPECT_EQ(job().phase(), REGROUP_PHASE_EXITING);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_JOB);
+  EXPECT_EQ(d.strategy, "job-rescheduling");
+  EXPECT_EQ(job().phase(), REGROUP_PHASE_RESTARTING);
   EXPECT_NE(d.reason.find("elastic-training is not allowed"), std::string::npos) << d.reason;
+  EXPECT_NE(d.reason.find("replacing every pod (job-level rescheduling): every process restarts "
+                          "from the newest checkpoint (reschedule 1)"),
+            std::string::npos)
+      << d.reason;
+}
+
+TEST_F(EngineTest, AHardwareFaultReschedulesTheJobWhateverFaultRetryTimesSays) {
+  Submit({{"fault-scheduling", "force"}}, {});  // recover-strategy: exit only
+  NodeFails(2, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_JOB);
+  EXPECT_EQ(job().Evictions().size(), 4u) << "job level: every pod is replaced";
+  EXPECT_TRUE(job().WantsPods()) << "without process-level recovery, but rescheduling";
+  for (int64_t i = 0; i < 4; ++i) Replace(i, 5000, "node-new-" + std::to_string(i));
+  const Directive& resumed = Tick(5100);
+  EXPECT_EQ(resumed.kind, REGROUP_DIRECTIVE_RESUME);
+  EXPECT_EQ(resumed.strategy, "job-rescheduling");
+  EXPECT_NE(resumed.reason.find("from the newest checkpoint"), std::string::npos) << resumed.reason;
+  // With no limit set, the next hardware fault reschedules again.
+  engine_.SetNodeHealth("node-new-1", REGROUP_NODE_FAULTY, "gone", 9000).ok();
+  EXPECT_EQ(Tick(9200).kind, REGROUP_DIRECTIVE_RESTART_JOB);
+}
+
+TEST_F(EngineTest, AFaultOfTheTrainingsOwnReschedulesOnlyWithFaultRetryTimes) {
+  Submit({{"fault-scheduling", "force"}}, {});
+  Fault("process_exit", {3}, 7, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);
+  EXPECT_NE(d.reason.find("a fault of the training's own reschedules only with fault-retry-times "
+                          "set; exiting"),
+            std::string::npos)
+      << d.reason;
+}
+
+TEST_F(EngineTest, FaultRetryTimesCountsTheTrainingsOwnFaultsOnly) {
+  Submit({{"fault-scheduling", "force"}, {"fault-retry-times", "1"}},
+         {{"regroup.io/backoff-limit", "3"}});
+  Fault("process_exit", {3}, 7, 0);
+  EXPECT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_RESTART_JOB);
+  for (int64_t i = 0; i < 4; ++i) Replace(i, 1000, "node-a-" + std::to_string(i));
+  EXPECT_EQ(Tick(1100).kind, REGROUP_DIRECTIVE_RESUME);
+  // A node: hardware, not counted by fault-retry-times; the backoff limit counts it.
+  engine_.SetNodeHealth("node-a-1", REGROUP_NODE_FAULTY, "gone", 2000).ok();
+  EXPECT_EQ(Tick(2200).kind, REGROUP_DIRECTIVE_RESTART_JOB);
+  for (int64_t i = 0; i < 4; ++i) Replace(i, 3000, "node-b-" + std::to_string(i));
+  EXPECT_EQ(Tick(3100).kind, REGROUP_DIRECTIVE_RESUME);
+  // A second process fault: fault-retry-times (1) is used up.
+  Fault("process_exit", {3}, 9, 4000);
+  const Directive& d = Tick(4200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);
+  EXPECT_NE(d.reason.find("fault-retry-times is used up (1 of 1)"), std::string::npos) << d.reason;
+}
+
+TEST_F(EngineTest, TheBackoffLimitBoundsEveryReschedule) {
+  Submit({{"fault-scheduling", "force"}}, {{"regroup.io/backoff-limit", "1"}});
+  NodeFails(1, 0);
+  EXPECT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_RESTART_JOB);
+  for (int64_t i = 0; i < 4; ++i) Replace(i, 1000, "node-a-" + std::to_string(i));
+  EXPECT_EQ(Tick(1100).kind, REGROUP_DIRECTIVE_RESUME);
+  engine_.SetNodeHealth("node-a-2", REGROUP_NODE_FAULTY, "gone", 2000).ok();
+  const Directive& d = Tick(2200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);
+  EXPECT_NE(d.reason.find("the reschedules are used up (1 of 1, regroup.io/backoff-limit)"),
+            std::string::npos)
+      << d.reason;
+}
+
+TEST_F(EngineTest, PodReschedulingReplacesOnlyTheFaultyPods) {
+  Submit({{"fault-scheduling", "force"}, {"pod-rescheduling", "on"}}, {});
+  NodeFails(2, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_JOB);
+  EXPECT_EQ(d.strategy, "pod-rescheduling");
+  EXPECT_NE(d.reason.find("replacing the faulty pods (pod-level rescheduling): every process "
+                          "restarts from the newest checkpoint"),
+            std::string::npos)
+      << d.reason;
+  ASSERT_EQ(job().Evictions().size(), 1u);
+  EXPECT_EQ(job().Evictions()[0].pod, 2);
+  Replace(2, 1000);
+  const Directive& resumed = Tick(1100);
+  EXPECT_EQ(resumed.kind, REGROUP_DIRECTIVE_RESUME);
+  EXPECT_EQ(resumed.strategy, "pod-rescheduling");
+  EXPECT_EQ(resumed.dp, 4);
+}
+
+TEST_F(EngineTest, PodReschedulingReplacesEveryPodWhenRankZerosIsFaulty) {
+  Submit({{"fault-scheduling", "force"}, {"pod-rescheduling", "on"}}, {});
+  NodeFails(0, 0);
+  const Directive& d = Tick(200);
+  EXPECT_EQ(d.strategy, "job-rescheduling");
+  EXPECT_EQ(job().Evictions().size(), 4u);
 }
 
 TEST_F(EngineTest, RecoverThenDumpWhenAllowed) {

@@ -30,6 +30,17 @@ for want in "restart_in_place [recover-in-place]" "wait [recover]" "scale_in [el
   grep -qF -- "$want" <<<"$out" || fail "simulate did not show: $want; it said: $out"
 done
 
+# MindCluster's job-level rescheduling: every pod replaced, every process back at the newest
+# checkpoint, the job running again at full size once capacity returns.
+out=$("$ctl" simulate "$src/examples/jobs/mindcluster-rescheduling.yaml" \
+      "$src/examples/faults/node-lost-then-back.txt") || fail "simulate failed: $out"
+for want in "restart_job [job-rescheduling] phase=restarting" "reschedule 1 of 5" \
+            "every process restarts from the newest checkpoint, step 60; 5 steps are done again" \
+            "replacement for pod 3 bound to node-8" "resume [job-rescheduling] phase=running dp=4" \
+            "end: phase running, dp 4 of 4"; do
+  grep -qF -- "$want" <<<"$out" || fail "simulate did not show: $want; it said: $out"
+done
+
 # A job's token at the coordinator: HMAC-SHA256 of the job's id and uid under the cluster key
 # (common/job_token.h), the value `printf 'regroup-job-v1\0team-a/victim\0c0ffee-uid' |
 # openssl dgst -sha256 -hmac k3y` gives.

@@ -107,7 +107,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     torch_s = import_torch_seconds()
-    print(f"import_torch_s={torch_s:.3f}", flush=True)
+    version = subprocess.run([PYTHON, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    print(f"torch={version} python={PYTHON} import_torch_s={torch_s:.3f}", flush=True)
     steps = int((args.crashes * args.every + 15) / 0.15)
     job = JobSpec(nodes=4, nproc=2, steps=steps, step_sleep=0.1, prefer_elastic=True,
                   dataset=512, micro_batch=4, microbatches=16,

@@ -38,7 +38,8 @@ from typing import Dict, List
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 BUILD = Path(os.environ.get("REGROUP_BIN_DIR") or os.environ.get("BUILD_DIR") or REPO / "build")
-PYTHON = "/usr/bin/python3"  # Debian's python3 with torch 1.13
+# Debian's python3 with torch 1.13, or $REGROUP_PYTHON (scripts/torch2's venv: torch 2.x).
+PYTHON = os.environ.get("REGROUP_PYTHON") or "/usr/bin/python3"
 TRAIN = HERE / "steady_train.py"
 VARIANTS = ("ddp", "regroup-ddp", "regroup")
 
@@ -147,6 +148,9 @@ def main() -> int:
         if not (BUILD / b).exists():
             raise SystemExit(f"{BUILD / b} is missing: run scripts/setup (or set REGROUP_BIN_DIR)")
     worlds = [int(w) for w in args.worlds.split(",")]
+    torch_version = subprocess.run([PYTHON, "-c", "import torch; print(torch.__version__)"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+    print(f"torch {torch_version} ({PYTHON})")
     print(f"machine: {os.cpu_count()} cores, load {loadavg()}; {args.runs} runs x {args.steps} steps "
           f"(median after {args.warmup}), variants {', '.join(VARIANTS)}", flush=True)
     figures: Dict[str, dict] = {}

@@ -41,7 +41,10 @@ sys.path.insert(0, str(REPO / "python"))
 from regroup.testing import children_of, descendants, read_ledger, trainers_of, wait_for  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "train_mlp.py"
-PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+# The trainers' interpreter: $REGROUP_PYTHON (CI's torch 2.x stage names its venv's), else
+# Debian's, else this one.
+PYTHON = os.environ.get("REGROUP_PYTHON") or (
+    "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
 
 
 def find_binaries(build: Optional[Path] = None) -> Dict[str, str]:

@@ -97,7 +97,7 @@ def _ms(v: Optional[int]) -> str:
 def reference_weights(job: JobSpec) -> Path:
     """The final weights of the same training in one plain process, computed once and cached."""
     args = job.reference_args()
-    key = hashlib.sha256(json.dumps([args, _source_digest()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([args, PYTHON, _source_digest()]).encode()).hexdigest()[:16]
     path = CACHE / f"reference-{key}.pt"
     if not path.exists():
         CACHE.mkdir(parents=True, exist_ok=True)

@@ -244,9 +244,12 @@ def test_a_fault_during_state_sync(tmp_path, tmp_path_factory, procs, binaries, 
     hold = tmp_path / "hold"
     hold.mkdir()
     train = ["--optimizer", "adam", "--step-sleep", "0.1", "--hold-sync", str(hold)]
-    c = Cluster(tmp_path, procs, binaries, steps=40, train=train)
+    c = Cluster(tmp_path, procs, binaries, steps=60, train=train)
     c.start()
     c.wait_step(10)
+    # A warm start, so that the restarted rank is back before the survivors, training on, finish
+    # (a plain start imports torch: 6 s for torch 2.x on this machine, longer than the steps left).
+    wait_for(lambda: "fork server ready" in (tmp_path / "node1.log").read_text(), 60, "node1's fork server")
     before = set(c.trainers("node1"))
     first = c.trainers("node1")[1]
     os.kill(first, signal.SIGKILL)

@@ -245,7 +245,7 @@ typedef enum regroup_phase {
   REGROUP_PHASE_PAUSED = 5,      /* process-recover-enable=pause: faults held */
   REGROUP_PHASE_DUMPING = 6,     /* survivors write a checkpoint, then exit */
   REGROUP_PHASE_EXITING = 7,     /* the job stops with a reason */
-  REGROUP_PHASE_RESTARTING = 8,  /* the whole job is being restarted (fault-retry-times) */
+  REGROUP_PHASE_RESTARTING = 8,  /* being rescheduled: every pod, or the faulty ones */
   REGROUP_PHASE_FAILED = 9       /* the job's configuration was refused */
 } regroup_phase;
 
@@ -260,7 +260,7 @@ typedef enum regroup_directive_kind {
   REGROUP_DIRECTIVE_SCALE_OUT = 6,        /* grow to dp at the next step boundary */
   REGROUP_DIRECTIVE_DUMP = 7,             /* survivors checkpoint and exit */
   REGROUP_DIRECTIVE_EXIT = 8,             /* stop the job */
-  REGROUP_DIRECTIVE_RESTART_JOB = 9       /* restart every pod (fault-retry-times) */
+  REGROUP_DIRECTIVE_RESTART_JOB = 9       /* reschedule: every process restarts from a checkpoint */
 } regroup_directive_kind;
 
 #define REGROUP_DECISION_VERSION 1

@@ -71,7 +71,7 @@ const (
 	PhasePaused                  // process-recover-enable=pause: faults held
 	PhaseDumping                 // survivors write a checkpoint, then exit
 	PhaseExiting                 // the job stops with a reason
-	PhaseRestarting              // the whole job is being restarted (fault-retry-times)
+	PhaseRestarting              // the job is being rescheduled (every pod, or the faulty ones)
 	PhaseFailed                  // the job's configuration was refused
 )
 
@@ -102,7 +102,7 @@ const (
 	DirectiveScaleOut                            // grow to dp at the next step boundary
 	DirectiveDump                                // survivors checkpoint and exit
 	DirectiveExit                                // stop the job
-	DirectiveRestartJob                          // restart every pod (fault-retry-times)
+	DirectiveRestartJob                          // reschedule: every process restarts from the newest checkpoint
 )
 
 var directiveKindNames = []string{"continue", "retry", "restart_in_place", "wait", "resume",

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from cluster import PYTHON, Cluster, JobSpec, Pod, _agent_pid, _signal, _tree, free_port  # noqa: F401
+from cluster import PYTHON, Cluster, JobSpec, Pod, _agent_pid, _signal, _tree, free_ports  # noqa: F401
 from regroup.testing import read_ledger, wait_for
 from scenarios import Result, check_training, committed_attempts, measure, reference_weights
 
@@ -328,7 +328,7 @@ class Chaos:
         other ports, for ``duration`` s: it must form no generation and commit nothing."""
         c = self.c
         n = len(self.second_managers) + 1
-        port, http = free_port(c.manager_host), free_port(c.manager_host)
+        port, http = free_ports(c.manager_host, 2)
         argv = [c.bin["regroup-manager"], "--job", str(c.job_file), "--job-id", c.job.job_id,
                 "--listen", f"{c.manager_host}:{port}", "--http", f"{c.manager_host}:{http}",
                 "--credential-file", str(c.credential), "--join-window-s", "120"]

@@ -331,12 +331,11 @@ void Job::Issue(int64_t now, Phase phase, Directive d) {
 std::string Job::RescheduleRefused() const {
   if (config_.fault_scheduling_mode() == FaultScheduling::kOff)
     return "fault-scheduling is off, so the job is not rescheduled";
-  const bool own_limit = config_.backoff_limit > 0;
-  const int64_t limit = own_limit ? config_.backoff_limit : config_.fault_retry_times;
+  const int64_t limit = RescheduleLimit();
   if (limit > 0 && job_restarts_ >= limit)
     return "the reschedules are used up (" + std::to_string(job_restarts_) + " of " +
            std::to_string(limit) +
-           (own_limit ? ", regroup.io/backoff-limit)" : ", fault-retry-times)");
+           (config_.backoff_limit > 0 ? ", regroup.io/backoff-limit)" : ", fault-retry-times)");
   if (!hardware_fault_ && business_restarts_ >= config_.fault_retry_times)
     return config_.fault_retry_times == 0
                ? std::string("a fault of the training's own reschedules only with "
@@ -365,7 +364,7 @@ void Job::JobLevel(int64_t now, const std::string& why) {
   if (!pod_level)
     for (size_t p = 0; p < slots_.size(); ++p)
       MarkLost(static_cast<int64_t>(p), LostCause::kJobRestart, now, false);
-  const int64_t limit = config_.backoff_limit > 0 ? config_.backoff_limit : config_.fault_retry_times;
+  const int64_t limit = RescheduleLimit();
   d.kind = REGROUP_DIRECTIVE_RESTART_JOB;
   d.strategy = pod_level ? "pod-rescheduling" : "job-rescheduling";
   d.reason = why + (pod_level ? "; replacing the faulty pods (pod-level rescheduling)"

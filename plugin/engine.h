@@ -217,6 +217,10 @@ class Job {
   void JobLevel(int64_t now, const std::string& why);
   // Why the job may not be rescheduled once more; empty when it may.
   std::string RescheduleRefused() const;
+  // Reschedules allowed in all: regroup.io/backoff-limit, else fault-retry-times; 0: no limit.
+  int64_t RescheduleLimit() const {
+    return config_.backoff_limit > 0 ? config_.backoff_limit : config_.fault_retry_times;
+  }
   void Issue(int64_t now, Phase phase, Directive d);
   std::vector<bool> Available() const;
   bool HasCompleteReplica() const;

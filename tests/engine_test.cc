@@ -61,6 +61,13 @@ class EngineTest : public ::testing::Test {
     Status st = engine_.ApplyEvents(reg, t);
     ASSERT_TRUE(st.ok()) << st.message();
   }
+  // Every pod is replaced (a job restart): pod i's replacement runs on `prefix`-i.
+  void ReplaceAll(int64_t t, const std::string& prefix) {
+    for (int64_t i = 0; i < 4; ++i) Replace(i, t, prefix + std::to_string(i));
+  }
+  void NodeNamedFails(const std::string& node, int64_t t) {
+    ASSERT_TRUE(engine_.SetNodeHealth(node, REGROUP_NODE_FAULTY, "gone", t).ok());
+  }
   void Progress(int64_t generation, int64_t step, int64_t t) {
     json e = {{"type", "manager_status"}, {"job", kJob}, {"epoch", 1},
               {"generation", generation}, {"committed_step", step}, {"live_ranks", 8}};
@@ -143,13 +150,13 @@ TEST_F(EngineTest, AHardwareFaultReschedulesTheJobWhateverFaultRetryTimesSays) {
   EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_JOB);
   EXPECT_EQ(job().Evictions().size(), 4u) << "job level: every pod is replaced";
   EXPECT_TRUE(job().WantsPods()) << "without process-level recovery, but rescheduling";
-  for (int64_t i = 0; i < 4; ++i) Replace(i, 5000, "node-new-" + std::to_string(i));
+  ReplaceAll(5000, "node-new-");
   const Directive& resumed = Tick(5100);
   EXPECT_EQ(resumed.kind, REGROUP_DIRECTIVE_RESUME);
   EXPECT_EQ(resumed.strategy, "job-rescheduling");
   EXPECT_NE(resumed.reason.find("from the newest checkpoint"), std::string::npos) << resumed.reason;
   // With no limit set, the next hardware fault reschedules again.
-  engine_.SetNodeHealth("node-new-1", REGROUP_NODE_FAULTY, "gone", 9000).ok();
+  NodeNamedFails("node-new-1", 9000);
   EXPECT_EQ(Tick(9200).kind, REGROUP_DIRECTIVE_RESTART_JOB);
 }
 
@@ -169,12 +176,12 @@ TEST_F(EngineTest, FaultRetryTimesCountsTheTrainingsOwnFaultsOnly) {
          {{"regroup.io/backoff-limit", "3"}});
   Fault("process_exit", {3}, 7, 0);
   EXPECT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_RESTART_JOB);
-  for (int64_t i = 0; i < 4; ++i) Replace(i, 1000, "node-a-" + std::to_string(i));
+  ReplaceAll(1000, "node-a-");
   EXPECT_EQ(Tick(1100).kind, REGROUP_DIRECTIVE_RESUME);
   // A node: hardware, not counted by fault-retry-times; the backoff limit counts it.
-  engine_.SetNodeHealth("node-a-1", REGROUP_NODE_FAULTY, "gone", 2000).ok();
+  NodeNamedFails("node-a-1", 2000);
   EXPECT_EQ(Tick(2200).kind, REGROUP_DIRECTIVE_RESTART_JOB);
-  for (int64_t i = 0; i < 4; ++i) Replace(i, 3000, "node-b-" + std::to_string(i));
+  ReplaceAll(3000, "node-b-");
   EXPECT_EQ(Tick(3100).kind, REGROUP_DIRECTIVE_RESUME);
   // A second process fault: fault-retry-times (1) is used up.
   Fault("process_exit", {3}, 9, 4000);
@@ -187,9 +194,9 @@ TEST_F(EngineTest, TheBackoffLimitBoundsEveryReschedule) {
   Submit({{"fault-scheduling", "force"}}, {{"regroup.io/backoff-limit", "1"}});
   NodeFails(1, 0);
   EXPECT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_RESTART_JOB);
-  for (int64_t i = 0; i < 4; ++i) Replace(i, 1000, "node-a-" + std::to_string(i));
+  ReplaceAll(1000, "node-a-");
   EXPECT_EQ(Tick(1100).kind, REGROUP_DIRECTIVE_RESUME);
-  engine_.SetNodeHealth("node-a-2", REGROUP_NODE_FAULTY, "gone", 2000).ok();
+  NodeNamedFails("node-a-2", 2000);
   const Directive& d = Tick(2200);
   EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);
   EXPECT_NE(d.reason.find("the reschedules are used up (1 of 1, regroup.io/backoff-limit)"),
@@ -406,12 +413,12 @@ TEST_F(EngineTest, ProcessRecoverOffGoesToJobLevelRetriesThenExit) {
   EXPECT_EQ(job().phase(), REGROUP_PHASE_RESTARTING);
   EXPECT_EQ(job().Evictions().size(), 4u) << "every pod is restarted, the lost one evicted too";
   // All pods come back; the job resumes at full size.
-  for (int64_t i = 0; i < 4; ++i) Replace(i, 5000, "node-new-" + std::to_string(i));
+  ReplaceAll(5000, "node-new-");
   EXPECT_EQ(Tick(5100).kind, REGROUP_DIRECTIVE_RESUME);
   EXPECT_EQ(job().phase(), REGROUP_PHASE_RUNNING);
   NodeFails(5, 9000);  // not the job's node: nothing happens
   EXPECT_EQ(Tick(9200).kind, REGROUP_DIRECTIVE_RESUME);
-  engine_.SetNodeHealth("node-new-2", REGROUP_NODE_FAULTY, "gone", 10000).ok();
+  NodeNamedFails("node-new-2", 10000);
   EXPECT_EQ(Tick(10200).kind, REGROUP_DIRECTIVE_EXIT) << "the retries are used up";
 }
 

@@ -25,6 +25,15 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 STATE_DIR = Path(os.environ.get("REGROUP_NETNS_STATE", "/run/regroup-integration"))
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc
+
+# A node's resolver. The host's nameserver is out of a namespace's reach (the bridge does not
+# forward), so a lookup would wait out the resolver's timeouts: 5 s twice. torch 2.x looks up
+# the name of every address it connects to (c10d's formatSockAddr calls getnameinfo), so each
+# generation's store took 10 s to form in the first namespace process to connect. In a cluster
+# the pod's DNS answers at once; here a nameserver on the node's own loopback, where nothing
+# listens, refuses at once.
+NODE_RESOLV_CONF = "# regroup integration node: no DNS, refuse at once\nnameserver 127.0.0.1\n"
 
 
 class NetworkError(RuntimeError):
@@ -170,6 +179,8 @@ class NetnsNetwork(Network):
                                           env={"GLOO_SOCKET_IFNAME": "eth0"})
         self._record({"pid": os.getpid(), "bridge": self.bridge, "netns": [n.netns for n in self.nodes.values()]})
         _ip("netns", "add", ns)
+        (NETNS_ETC / ns).mkdir(parents=True, exist_ok=True)
+        (NETNS_ETC / ns / "resolv.conf").write_text(NODE_RESOLV_CONF)
         _ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
         _ip("link", "set", link, "master", self.bridge, "up")
         _ip("-n", ns, "addr", "add", f"{address}/{self.subnet.prefixlen}", "dev", "eth0")
@@ -215,7 +226,7 @@ class NetnsNetwork(Network):
                     os.kill(pid, 9)
                 except ProcessLookupError:
                     pass
-            _ip("netns", "del", node.netns, check=False)
+            _del_netns(node.netns)
         _ip("link", "del", self.bridge, check=False)
         try:
             (STATE_DIR / f"{self.id}.json").unlink()
@@ -242,6 +253,11 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _del_netns(ns: str) -> None:
+    _ip("netns", "del", ns, check=False)
+    shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+
+
 def _clean_stale() -> None:
     """Removes the namespaces and bridges of runs whose process is gone."""
     if not STATE_DIR.is_dir():
@@ -254,6 +270,6 @@ def _clean_stale() -> None:
         if _alive(int(state.get("pid", 0))):
             continue
         for ns in state.get("netns", []):
-            _ip("netns", "del", ns, check=False)
+            _del_netns(ns)
         _ip("link", "del", state.get("bridge", ""), check=False)
         f.unlink(missing_ok=True)

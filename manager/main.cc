@@ -26,6 +26,9 @@
 
 namespace {
 
+// The coordinator's Service in a cluster set up from deploy/.
+constexpr const char* kInClusterCoordinator = "regroup-coordinator.volcano-system.svc:8899";
+
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
 
@@ -95,8 +98,11 @@ int main(int argc, char** argv) {
                  "epochs and keeps lost pods fenced, the job's end and the majority a restarted "
                  "manager needs");
   app.add_option("--coordinator", coordinator,
-                 "the coordinator HOST:PORT that makes the scheduling decisions (default: "
-                 "$REGROUP_COORDINATOR_ADDR; none: the embedded engine makes them)");
+                 "the coordinator HOST:PORT that makes the scheduling decisions and holds the "
+                 "job's labels and annotations (default: $REGROUP_COORDINATOR_ADDR; else, in a "
+                 "Kubernetes pod given a coordinator token, "
+                 "regroup-coordinator.volcano-system.svc:8899; else none: the embedded engine "
+                 "decides, by the keys of --job or --label/--annotation)");
   app.add_option("--coordinator-ca", coordinator_ca,
                  "connect to the coordinator over TLS, trusting this CA bundle (PEM)");
   app.add_option("--coordinator-server-name", coordinator_server_name,
@@ -158,22 +164,11 @@ int main(int argc, char** argv) {
               << (p.severity == regroup::Problem::Severity::kError ? "error: " : "warning: ")
               << p.message << "\n";
   if (!resolved.ok()) return 2;
-  // Where the job's strategy came from, and a loud word when it leaves recovery off: a
-  // MindCluster manager.py passes only the job id and sizes, and the strategy lives in the job's
-  // labels and annotations.
-  const std::string source =
+  // Where the job's strategy came from (the coordinator's copy replaces it below).
+  std::string source =
       !job_file.empty() ? "the job file " + job_file
       : !labels.empty() || !annotations.empty() ? std::string("--label/--annotation")
                                                  : std::string("nowhere (no --job, --label or --annotation)");
-  spdlog::info("regroup-manager: job {}: {} labels and {} annotations from {}", spec.id,
-               spec.labels.size(), spec.annotations.size(), source);
-  if (!resolved.config.recovery_on())
-    spdlog::warn("regroup-manager: job {}: process-level recovery is off (fault-scheduling and "
-                 "process-recover-enable as resolved from {}): a fault ends the job unless "
-                 "fault-retry-times restarts it. Give the manager the job's labels and "
-                 "annotations (--job FILE, or --label/--annotation; init_manager's \"labels\" "
-                 "and \"annotations\")",
-                 spec.id, source);
 
   auto credential = regroup::LoadCredential(credential_file);
   if (!credential.ok()) {
@@ -195,6 +190,16 @@ int main(int argc, char** argv) {
 
   if (coordinator.empty())
     if (const char* v = Env("REGROUP_COORDINATOR_ADDR")) coordinator = v;
+  if (coordinator_credential_file.empty())
+    if (const char* v = Env("REGROUP_COORDINATOR_CREDENTIAL_FILE")) coordinator_credential_file = v;
+  // Inside a Kubernetes pod that holds its job's coordinator token, the coordinator is found at
+  // its Service (deploy/volcano/scheduler.yaml) with no address given.
+  if (coordinator.empty() && !coordinator_credential_file.empty() && Env("KUBERNETES_SERVICE_HOST")) {
+    coordinator = kInClusterCoordinator;
+    spdlog::info("regroup-manager: in a Kubernetes pod with a coordinator token: the coordinator "
+                 "is {} (set --coordinator or $REGROUP_COORDINATOR_ADDR for another)",
+                 coordinator);
+  }
   if (!coordinator.empty() && epoch != 0) {
     std::cerr << "regroup-manager: --epoch cannot be given with --coordinator: the coordinator "
                  "grants this manager's epoch\n";
@@ -238,8 +243,6 @@ int main(int argc, char** argv) {
     rd.target = coordinator;
     rd.channel = std::move(*channel);
     rd.credential = *credential;
-    if (coordinator_credential_file.empty())
-      if (const char* v = Env("REGROUP_COORDINATOR_CREDENTIAL_FILE")) coordinator_credential_file = v;
     if (!coordinator_credential_file.empty()) {
       // The job's token at the coordinator; the job's own credential guards this manager.
       auto token = regroup::LoadCredential(coordinator_credential_file);
@@ -269,10 +272,36 @@ int main(int argc, char** argv) {
                    "epoch is higher",
                    granted, ro.record->epoch, record_file);
     ro.epoch = granted;
+    // The scheduler's engine decides by the job's keys as it holds them: they replace what this
+    // manager was given (a MindCluster manager.py gives only the id and sizes).
+    const auto taken = regroup::manager::TakeJobKeys(remote->job_keys(), spec);
+    if (taken.taken) {
+      source = "the coordinator at " + coordinator;
+      for (const auto& d : taken.differences)
+        spdlog::warn("regroup-manager: job {}: the coordinator's {} replaces what this manager "
+                     "was given",
+                     spec.id, d);
+      resolved = spec.Resolve();
+    } else {
+      spdlog::warn("regroup-manager: job {}: the coordinator at {} sent no job keys (an older "
+                   "version?): keeping those from {}",
+                   spec.id, coordinator, source);
+    }
     decisions = std::move(remote);
   } else {
     decisions = std::make_unique<regroup::manager::EmbeddedDecisions>(spec);
   }
+  // A loud word when the strategy leaves recovery off: a MindCluster manager.py passes only the
+  // job id and sizes, and the strategy lives in the job's labels and annotations.
+  spdlog::info("regroup-manager: job {}: {} labels and {} annotations from {}", spec.id,
+               spec.labels.size(), spec.annotations.size(), source);
+  if (!resolved.config.recovery_on())
+    spdlog::warn("regroup-manager: job {}: process-level recovery is off (fault-scheduling and "
+                 "process-recover-enable as resolved from {}): a fault ends the job unless "
+                 "rescheduling restarts it. Give the manager the job's labels and annotations "
+                 "(--coordinator, --job FILE, or --label/--annotation; init_manager's \"labels\" "
+                 "and \"annotations\")",
+                 spec.id, source);
   auto job = std::make_unique<regroup::manager::JobControl>(spec, resolved.config, ro,
                                                                 std::move(decisions));
   regroup::manager::ServerOptions so;

@@ -131,6 +131,54 @@ bool RemoteDecisions::WaitAvailable(std::chrono::milliseconds timeout) const {
   return cv_.wait_for(lock, timeout, [this] { return attached_ || stopping_; }) && attached_;
 }
 
+namespace {
+
+// The keys of `from` that `to` lacks or holds with another value, and those `to` has alone.
+void Differences(std::string_view what, const std::map<std::string, std::string>& to,
+                 const google::protobuf::Map<std::string, std::string>& from,
+                 std::vector<std::string>& out) {
+  for (const auto& [k, v] : from) {
+    auto it = to.find(k);
+    if (it == to.end()) out.push_back(std::string(what) + " " + k + "=" + v + " (was unset)");
+    else if (it->second != v)
+      out.push_back(std::string(what) + " " + k + "=" + v + " (was " + it->second + ")");
+  }
+  for (const auto& [k, v] : to)
+    if (!from.contains(k)) out.push_back(std::string(what) + " " + k + " unset (was " + v + ")");
+}
+
+}  // namespace
+
+TakenKeys TakeJobKeys(const v1::JobKeys& keys, JobSpec& spec) {
+  TakenKeys taken;
+  if (keys.pods() == 0) return taken;  // a coordinator that predates JobKeys
+  taken.taken = true;
+  // What the manager was given from nowhere (no keys at all) is not worth a line per key.
+  const bool given = !spec.labels.empty() || !spec.annotations.empty() || !spec.env.empty();
+  if (given) {
+    Differences("label", spec.labels, keys.labels(), taken.differences);
+    Differences("annotation", spec.annotations, keys.annotations(), taken.differences);
+    Differences("environment variable", spec.env, keys.env(), taken.differences);
+  }
+  if (static_cast<int64_t>(keys.pods()) != spec.pods)
+    taken.differences.push_back("pod count " + std::to_string(keys.pods()) + " (was " +
+                                std::to_string(spec.pods) + ")");
+  if (static_cast<int64_t>(keys.processes_per_pod()) != spec.processes_per_pod)
+    taken.differences.push_back("processes per pod " + std::to_string(keys.processes_per_pod()) +
+                                " (was " + std::to_string(spec.processes_per_pod) + ")");
+  spec.labels = {keys.labels().begin(), keys.labels().end()};
+  spec.annotations = {keys.annotations().begin(), keys.annotations().end()};
+  spec.env = {keys.env().begin(), keys.env().end()};
+  spec.pods = keys.pods();
+  spec.processes_per_pod = keys.processes_per_pod();
+  return taken;
+}
+
+v1::JobKeys RemoteDecisions::job_keys() const {
+  std::lock_guard lock(mu_);
+  return job_keys_;
+}
+
 uint64_t RemoteDecisions::epoch() const {
   std::lock_guard lock(mu_);
   return epoch_;
@@ -221,6 +269,7 @@ void RemoteDecisions::Run() {
       if (epoch_ == 0) {
         epoch_ = first.header().epoch();
         ticket_ = first.epoch_ticket();
+        job_keys_ = first.job();
       } else {
         granted_other = first.header().epoch() != epoch_;
       }

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "manager/job_control.h"
 
@@ -43,6 +44,13 @@ struct RemoteDecisionsOptions {
   std::chrono::milliseconds max_backoff{2000};
   size_t max_queued = 65536;  // facts kept while detached; the oldest are dropped beyond
 };
+
+// The coordinator's copy of the job's keys (RemoteDecisions::job_keys), taken into `spec`.
+struct TakenKeys {
+  bool taken = false;                    // false: the coordinator sent none; `spec` is unchanged
+  std::vector<std::string> differences;  // what it replaced, one line each ("label x=1 (was 2)")
+};
+TakenKeys TakeJobKeys(const v1::JobKeys& keys, JobSpec& spec);
 
 class RemoteDecisions final : public Decisions {
  public:
@@ -74,6 +82,9 @@ class RemoteDecisions final : public Decisions {
   bool WaitAvailable(std::chrono::milliseconds timeout) const;
   // The epoch the coordinator granted this manager at its first attach; 0 until then.
   uint64_t epoch() const;
+  // The job's keys as the coordinator's engine holds them (its labels, annotations, rank 0's
+  // environment and sizes), from the answer to the first hello; empty until then.
+  v1::JobKeys job_keys() const;
   // Why the last attempt to attach failed, or the last refusal of a fact; "" if none.
   std::string last_error() const;
   // Facts not sent yet.
@@ -101,6 +112,7 @@ class RemoteDecisions final : public Decisions {
   uint64_t attaches_ = 0;
   uint64_t generation_ = 0;        // the last generation reported, for headers
   uint64_t epoch_ = 0;             // granted at the first attach
+  v1::JobKeys job_keys_;           // from the answer to the first hello
   std::string ticket_;             // its ticket, sent with every later hello
   uint64_t newest_id_ = 0;         // the highest directive id received
   std::optional<Directive> unseen_;  // received, not yet returned by Poll

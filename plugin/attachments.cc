@@ -187,6 +187,14 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   Outgoing directive;
   (void)DirectiveFor(stream, a, directive);  // the job exists: checked under this lock
   directive.message.set_epoch_ticket(EpochTicket(cluster_key_, job, uid, epoch));
+  // Its keys, for a manager that was given no more than the job's id and sizes.
+  const JobSpec& spec = found->spec();
+  v1::JobKeys* keys = directive.message.mutable_job();
+  keys->mutable_labels()->insert(spec.labels.begin(), spec.labels.end());
+  keys->mutable_annotations()->insert(spec.annotations.begin(), spec.annotations.end());
+  keys->mutable_env()->insert(spec.env.begin(), spec.env.end());
+  keys->set_pods(static_cast<uint32_t>(spec.pods));
+  keys->set_processes_per_pod(static_cast<uint32_t>(spec.processes_per_pod));
   out.push_back(std::move(directive));
   return out;
 }

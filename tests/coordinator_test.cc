@@ -332,6 +332,54 @@ TEST_F(CoordinatorTest, FaultReachesTheEngineAndItsDirectiveReachesTheManager) {
   EXPECT_EQ(m.Restarts(1), 1) << "the directive restarts nothing the manager restarted already";
 }
 
+TEST_F(CoordinatorTest, AManagerGivenOnlyTheJobsIdAndSizesLearnsItsKeysFromTheCoordinator) {
+  // MindCluster's manager.py passes the job id, node count and processes per node, nothing more.
+  Manager m(json{{"id", kJob}, {"pods", 2}, {"processes_per_pod", 1}}.dump(), port_);
+  ASSERT_TRUE(m.remote().Available()) << m.remote().last_error();
+  const v1::JobKeys keys = m.remote().job_keys();
+  EXPECT_EQ(keys.pods(), 2u);
+  EXPECT_EQ(keys.processes_per_pod(), 1u);
+  regroup::JobSpec spec;
+  spec.id = kJob;
+  spec.pods = 2;
+  EXPECT_FALSE(spec.Resolve().config.recovery_on());  // what it would run with alone
+  const rt::TakenKeys taken = rt::TakeJobKeys(keys, spec);
+  EXPECT_TRUE(taken.taken);
+  EXPECT_TRUE(taken.differences.empty());  // nothing given: nothing replaced, line by line
+  EXPECT_EQ(spec.labels, (std::map<std::string, std::string>{{"fault-scheduling", "force"}}));
+  EXPECT_EQ(spec.annotations,
+            (std::map<std::string, std::string>{{"recover-strategy", "recover-in-place,dump"}}));
+  EXPECT_EQ(spec.env, (std::map<std::string, std::string>{{"MINDIO_WAIT_MINDX_TIME", "1"}}));
+  EXPECT_TRUE(spec.Resolve().config.recovery_on());
+}
+
+TEST(TakeJobKeys, TheCoordinatorsKeysReplaceTheManagersAndEachDifferenceIsNamed) {
+  v1::JobKeys keys;
+  (*keys.mutable_labels())["fault-scheduling"] = "force";
+  (*keys.mutable_annotations())["recover-strategy"] = "recover,exit";
+  keys.set_pods(4);
+  keys.set_processes_per_pod(2);
+  regroup::JobSpec spec;
+  spec.id = kJob;
+  spec.labels = {{"fault-scheduling", "grace"}, {"pod-rescheduling", "on"}};
+  spec.pods = 3;
+  spec.processes_per_pod = 2;
+  const rt::TakenKeys taken = rt::TakeJobKeys(keys, spec);
+  ASSERT_TRUE(taken.taken);
+  EXPECT_EQ(taken.differences,
+            (std::vector<std::string>{"label fault-scheduling=force (was grace)",
+                                      "label pod-rescheduling unset (was on)",
+                                      "annotation recover-strategy=recover,exit (was unset)",
+                                      "pod count 4 (was 3)"}));
+  EXPECT_EQ(spec.labels, (std::map<std::string, std::string>{{"fault-scheduling", "force"}}));
+  EXPECT_EQ(spec.pods, 4);
+
+  // A coordinator that predates the keys sends none: the manager keeps its own.
+  regroup::JobSpec mine = spec;
+  EXPECT_FALSE(rt::TakeJobKeys(v1::JobKeys(), mine).taken);
+  EXPECT_EQ(mine.labels, spec.labels);
+}
+
 TEST_F(CoordinatorTest, DirectiveCarriesEveryFieldAndIsSentOncePerId) {
   RawStream s(port_, kCredential);
   const int64_t before = Now();

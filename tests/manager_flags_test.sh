@@ -19,6 +19,11 @@ expect_refused "--nproc-per-node" --job-id t/flags --nodes 1 --nproc-per-node 20
 expect_refused "--epoch" "${job[@]}" --epoch -1
 # The coordinator grants the epoch: a manager never takes one from a flag when it has one.
 expect_refused "--epoch cannot be given with --coordinator" "${job[@]}" --epoch 5 --coordinator 127.0.0.1:1
+# In a Kubernetes pod given its coordinator token, the coordinator is found with no address given.
+out=$(KUBERNETES_SERVICE_HOST=10.96.0.1 REGROUP_COORDINATOR_CREDENTIAL_FILE="$dir/token" timeout 10 \
+  "$manager" "${job[@]}" --epoch 5 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "in a pod with a coordinator token, --epoch must exit 2, got $rc: $out"
+grep -qF "the coordinator is regroup-coordinator.volcano-system.svc:8899" <<<"$out" || fail "in-cluster default: $out"
 expect_refused '--listen "127.0.0.1:99999"' --job-id t/flags --nodes 1 --listen 127.0.0.1:99999
 expect_refused '--http "127.0.0.1:99999"' "${job[@]}" --http 127.0.0.1:99999
 expect_refused '--listen "localhost"' --job-id t/flags --nodes 1 --listen localhost

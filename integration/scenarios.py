@@ -541,6 +541,42 @@ scenario(14, "MindCluster's pod-level rescheduling: only the lost pod is replace
          lambda: _rescheduling_job("on"), spare_nodes=1)(rescheduling("pod-rescheduling"))
 
 
+
+@scenario(15, "a fault of the training's own under fault-retry-times: the job restarts while retries last, then ends",
+          lambda: JobSpec(steps=60, strategies="exit", checkpoint_interval=5,
+                          extra_labels={"process-recover-enable": "off", "pod-rescheduling": "on",
+                                        "fault-retry-times": "1"}))
+def business_fault_retries(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(12)
+    f = c.kill_trainer("node-1", 1)
+    before = {n: set(c.trainers(n)) for n in ("node-0", "node-1")}
+    # No pod is given up, so the decision maker may resume in the tick it restarts the job: the
+    # manager then sees the resume alone, and restarts every process all the same.
+    restart = c.wait_event("pod_rescheduling", "every process restarts from the newest checkpoint",
+                           timeout=90, after_ms=int(f["at"] * 1000))
+    generation = c.wait_event("generation", "4 ranks", timeout=120, after_ms=int(restart["at_ms"]))
+    resumed_after = int(generation["message"].split("resuming after step ")[1].split(";")[0])
+    r.promise("the job resumed from a checkpoint at or before the crash", 0 <= resumed_after <= f["step"],
+              f"resumed after step {resumed_after}, the crash at step {f['step']}")
+    after = {n: set(c.trainers(n)) for n in ("node-0", "node-1")}
+    r.promise("every process restarted, the healthy pod's too",
+              all(before[n] and not before[n] & after[n] for n in before), f"before {before}, after {after}")
+    c.wait_step(f["step"] + 3)
+    second = c.kill_trainer("node-0", 1)
+    ending = c.wait_event("directive", "exit", timeout=90, after_ms=int(second["at"] * 1000))
+    r.promise("the second crash ends the job: fault-retry-times is used up",
+              "used up (1 of 1, fault-retry-times)" in ending["message"], ending["message"])
+    codes = c.wait_pods_exit()
+    r.promise("every pod ended", len(codes) == len(c.pods), str(codes))
+    measure(c, r, f)
+    check_training(c, r, expect_done=False)
+    check_strategy(c, r, ["exit"], ["restart_in_place", "scale_in", "wait", "retry"])
+    check_story(c, r, [("fault", "process_exit"), ("directive", "[pod-rescheduling]"),
+                       ("pod_rescheduling", ""), ("generation", "4 ranks"), ("fault", "process_exit"),
+                       ("directive", "exit")])
+
+
 # ---------------------------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------------------------

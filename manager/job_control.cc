@@ -1153,6 +1153,14 @@ void JobControl::Apply(const Directive& d, int64_t now) {
                               (d.strategy.empty() ? "" : " [" + d.strategy + "]") + ": " +
                               d.reason);
   std::vector<int64_t> keep(d.keep_replicas.begin(), d.keep_replicas.end());
+  // A rescheduling's resume can arrive in place of its restart_job: when the restart gives up
+  // no pod (pod level, after a process fault) the decision maker resumes in the same tick, and
+  // only its newest directive is delivered. Every process still restarts first.
+  if (d.kind == REGROUP_DIRECTIVE_RESUME && IsRescheduling(d.strategy) && !job_restarting_) {
+    Directive restart = d;
+    restart.kind = REGROUP_DIRECTIVE_RESTART_JOB;
+    RestartJob(restart, now);
+  }
   if (d.kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE && d.kind != REGROUP_DIRECTIVE_RETRY)
     restarted_early_.clear();  // a decision of another course: it owns every rank again
   if (d.kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE && d.kind != REGROUP_DIRECTIVE_DUMP &&
@@ -1209,6 +1217,10 @@ void JobControl::Apply(const Directive& d, int64_t now) {
       RestartJob(d, now);
       return;
   }
+}
+
+bool JobControl::IsRescheduling(const std::string& strategy) {
+  return strategy == "job-rescheduling" || strategy == "pod-rescheduling";
 }
 
 void JobControl::RestartJob(const Directive& d, int64_t now) {

@@ -241,6 +241,8 @@ class JobControl {
   // MindCluster's rescheduling (RESTART_JOB): every process of the job restarts and resumes from
   // the newest checkpoint, so the next generation resumes after the step the restarted ranks
   // hold, not after the last commit.
+  // The strategies of MindCluster's rescheduling (the engine's restart_job and its resume).
+  static bool IsRescheduling(const std::string& strategy);
   void RestartJob(const Directive& d, int64_t now);
   // Forms and announces a generation over these replicas (original indices, in order).
   // `interim`: formed by the manager alone while restarted ranks come back (the decision maker

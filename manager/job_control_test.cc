@@ -1347,6 +1347,37 @@ TEST(JobControl, APodLevelRestartResumesOnceEveryPodIsBack) {
   EXPECT_EQ(resumes, 1);
 }
 
+// Found by integration scenario 15: pod level, a process crash gives up no pod, so the decision
+// maker resumes in the tick it restarts the job, and only its newest directive reaches the
+// manager. The resume alone must still restart every process, and never replace the pod whose
+// process crashed (recover-in-place is not allowed, but this is a restart of the job).
+TEST(JobControl, APodLevelRestartAfterAProcessCrashRestartsEveryProcessThoughOnlyItsResumeArrives) {
+  Sim sim(2, 2, {{"fault-scheduling", "force"}, {"pod-rescheduling", "on"},
+                 {"process-recover-enable", "off"}, {"fault-retry-times", "1"}}, {});
+  sim.RegisterAll();
+  sim.Run(20);
+  for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(1, 1, 1).ok());
+  sim.Run(400, 0);
+  for (int64_t n : {0, 1}) {
+    EXPECT_EQ(sim.Count(n, v1::ManagerMessage::kRefusal), 0) << "pod " << n << " stays itself";
+    EXPECT_GE(sim.Count(n, v1::ManagerMessage::kRestart), 1) << "pod " << n;
+  }
+  bool said = false;
+  for (const auto& e : Events(sim))
+    said |= e.kind() == "pod_rescheduling" &&
+            Contains(e.message(), "every process restarts from the newest checkpoint");
+  EXPECT_TRUE(said);
+  for (int i = 0; i < 10; ++i) {
+    for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Send(n, FreshBeat(2, -1)).ok());
+    sim.Run(100);
+  }
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  EXPECT_TRUE(sim.rt->training());
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), -1) << "no checkpoint: from the start";
+}
+
 // Found by integration scenario 13: a pod readmitted for a job restart registered while its
 // processes were being restarted, and named them as processes that had died. Replacing it for
 // good (recover-in-place not being allowed) left the job waiting for a pod that never came:

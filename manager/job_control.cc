@@ -1011,6 +1011,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   ++generation_;
   ++counters_.generations;
   job_restarting_ = false;
+  given_up_.clear();
   replicas_ = replicas;
   const int64_t per_replica = layout_.replica_ranks();
   const int64_t ppp = spec_.processes_per_pod;
@@ -1247,6 +1248,12 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
     if (every_pod && !decisions_->ReplacesPods())
       Fence(static_cast<int64_t>(n), "the job restarts: " + d.reason, /*readmit=*/true);
   }
+  // Job level with a scheduler, every pod is given up and recreated: the old incarnations'
+  // ends (evicted, or replaced before their broken streams resumed) are this restart, no fault.
+  given_up_.clear();
+  if (every_pod && decisions_->ReplacesPods())
+    for (const Agent& a : agents_)
+      if (!a.pod_uid.empty()) given_up_.insert(a.pod_uid);
   Event(now, d.strategy == "pod-rescheduling" ? "pod_rescheduling" : "job_rescheduling",
         "every process restarts from the newest checkpoint: " +
             std::to_string(restarted.size()) + " pods restart theirs now" +
@@ -1271,6 +1278,14 @@ int64_t JobControl::HangTimeoutMs() const {
 }
 
 void JobControl::LoseSilentPod(int64_t node, const std::string& why, int64_t now) {
+  const std::string& uid = agents_[static_cast<size_t>(node)].pod_uid;
+  if (given_up_.count(uid)) {
+    // The decision maker gave this incarnation up for the job's restart (the scheduler replaces
+    // it): its end is no news, and reported it would read as the loss of its replacement.
+    Event(now, "fence", "pod " + uid + ", given up for the job's restart, is gone: " + why);
+    Fence(node, why);
+    return;
+  }
   Fault(v1::FAULT_KIND_POD_LOST, {node}, GenerationRanks(node), -1, why, now);
 }
 

@@ -309,6 +309,7 @@ class JobControl {
   std::vector<std::vector<int32_t>> engine_rank_of_;
   bool interim_ = false;  // the running generation is interim (survivors continued)
   bool job_restarting_ = false;  // RESTART_JOB applied, no generation formed since
+  std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
   std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (node, local) restarted at once
   std::vector<int64_t> microbatches_;
   int64_t committed_step_ = -1;

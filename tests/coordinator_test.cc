@@ -157,27 +157,33 @@ class Manager {
   rt::JobControl& job() { return *job_; }
   int64_t now = 1000;
 
+  // Pod n registers as `uid` on `stream`, its trainer waiting for a generation.
+  void Register(int64_t n, const std::string& uid, uint64_t stream) {
+    v1::Register reg;
+    reg.set_pod_uid(uid);
+    reg.set_node_rank(static_cast<int32_t>(n));
+    reg.set_host("127.0.0.1");
+    reg.set_nproc(1);
+    reg.set_free_port(30000 + static_cast<uint32_t>(n));
+    auto* rank = reg.add_ranks();
+    rank->set_alive(true);
+    rank->set_phase(v1::PHASE_PAUSED);
+    v1::Header h;
+    h.set_job_id(spec_.id);
+    h.set_sender(uid);
+    h.set_epoch(job_->epoch());
+    auto registered = job_->Register(stream, h, reg, now);
+    ASSERT_TRUE(registered.ok()) << registered.status().message();
+    for (auto& o : job_->TakeOutgoing()) sent_.push_back(std::move(o));
+  }
   // Both agents register; the first generation forms.
   void StartTraining() {
-    for (int64_t n = 0; n < 2; ++n) {
-      v1::Register reg;
-      reg.set_pod_uid(Uid(n));
-      reg.set_node_rank(static_cast<int32_t>(n));
-      reg.set_host("127.0.0.1");
-      reg.set_nproc(1);
-      reg.set_free_port(30000 + static_cast<uint32_t>(n));
-      auto* rank = reg.add_ranks();  // its trainer said hello and waits for a generation
-      rank->set_alive(true);
-      rank->set_phase(v1::PHASE_PAUSED);
-      v1::Header h;
-      h.set_job_id(spec_.id);
-      h.set_sender(Uid(n));
-      auto registered = job_->Register(Stream(n), h, reg, now);
-      ASSERT_TRUE(registered.ok()) << registered.status().message();
-    }
+    for (int64_t n = 0; n < 2; ++n) Register(n, Uid(n), Stream(n));
     Tick();
     ASSERT_TRUE(job_->training());
   }
+  // Pod n's stream breaks (its node died, or it was evicted).
+  void Disconnect(int64_t n) { job_->Disconnected(Stream(n), now); }
   // Pod n's process exits with code 1: a fault the job control reports to the decision maker.
   void ProcessExits(int64_t n, int64_t step) {
     v1::AgentMessage m;
@@ -330,6 +336,63 @@ TEST_F(CoordinatorTest, FaultReachesTheEngineAndItsDirectiveReachesTheManager) {
     return m.HasEvent("directive");
   })) << "the engine's directive never reached the manager";
   EXPECT_EQ(m.Restarts(1), 1) << "the directive restarts nothing the manager restarted already";
+}
+
+// Found by integration scenario 13 with Volcano in the loop: at a job-level restart the scheduler
+// gives up every pod and recreates them. A replacement that registered while its predecessor's
+// broken stream still had time to resume was reported as a new loss of the pod, and the engine,
+// taking it for the replacement's, restarted the job a second time.
+TEST_F(CoordinatorTest, AJobRestartsReplacementsAreNotReportedAsNewLosses) {
+  const std::string id = "team/resched";
+  AddJob(json{{"id", id},
+              {"uid", "uid-" + id},
+              {"labels", {{"fault-scheduling", "force"}, {"process-recover-enable", "off"}}},
+              {"annotations", json::object()},
+              {"pods", 2},
+              {"processes_per_pod", 1}}
+             .dump());
+  Manager m(json{{"id", id}, {"pods", 2}, {"processes_per_pod", 1}}.dump(), port_);
+  ASSERT_TRUE(m.remote().WaitAvailable(kWait)) << m.remote().last_error();
+  m.StartTraining();
+  // Pod 1's node dies: its stream breaks, and the scheduler reports the pod failed.
+  m.Disconnect(1);
+  ASSERT_EQ(regroup_engine_set_pod_state(engine_, id.c_str(), 1, "p1", REGROUP_POD_FAILED, "n1",
+                                         Now(), nullptr),
+            REGROUP_OK);
+  ASSERT_TRUE(EngineDecides(REGROUP_DIRECTIVE_RESTART_JOB, id.c_str()))
+      << DecisionJson(id.c_str()).dump();
+  Publish();
+  ASSERT_TRUE(Eventually([&] {
+    ++m.now;
+    m.Tick();
+    return m.HasEvent("job_rescheduling");
+  }));
+  // The scheduler evicts pod 0 (its stream breaks too) and recreates both; the new pods register.
+  m.Disconnect(0);
+  for (uint32_t i = 0; i < 2; ++i)
+    ASSERT_EQ(regroup_engine_set_pod_state(engine_, id.c_str(), i, ("p" + std::to_string(i) + "b").c_str(),
+                                           REGROUP_POD_RUNNING, ("n" + std::to_string(i + 2)).c_str(),
+                                           Now(), nullptr),
+              REGROUP_OK);
+  for (int64_t n = 0; n < 2; ++n) m.Register(n, "p" + std::to_string(n) + "b", 10 + n);
+  // The engine resumes as soon as the new pods run (at the real clock: within the report window
+  // of any fact the registrations sent).
+  ASSERT_TRUE(EngineDecides(REGROUP_DIRECTIVE_RESUME, id.c_str(), /*real_time=*/true))
+      << DecisionJson(id.c_str()).dump();
+  // Facts the manager had to send are in; the engine's window passes: still one restart.
+  for (int i = 0; i < 20; ++i) {
+    ++m.now;
+    m.Tick();
+    ASSERT_EQ(regroup_engine_tick(engine_, Now() + 300 * (i + 1), nullptr, nullptr), REGROUP_OK);
+  }
+  EXPECT_EQ(Decision(id.c_str()).kind, REGROUP_DIRECTIVE_RESUME) << DecisionJson(id.c_str()).dump();
+  char* out = nullptr;
+  ASSERT_EQ(regroup_engine_history_json(engine_, &out, id.c_str(), nullptr), REGROUP_OK);
+  const json history = json::parse(out ? out : "[]");
+  regroup_string_free(out);
+  int restarts = 0;
+  for (const auto& h : history) restarts += h["kind"] == "restart_job";
+  EXPECT_EQ(restarts, 1) << history.dump();
 }
 
 TEST_F(CoordinatorTest, AManagerGivenOnlyTheJobsIdAndSizesLearnsItsKeysFromTheCoordinator) {

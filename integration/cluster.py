@@ -290,7 +290,12 @@ class Cluster:
         if node is not None and node.address != self.manager_host:
             self.manager_host = node.address
             self.manager_port, self.http_port = free_ports("127.0.0.1", 2)
-        argv = [self.bin["regroup-manager"], "--job", str(self.job_file), "--job-id", self.job.job_id,
+        # With a coordinator the manager is given what MindCluster's manager.py gives it, the job's
+        # id and sizes, and learns the labels and annotations from the coordinator; standalone it
+        # reads them from the job file.
+        job = (["--nodes", str(self.job.nodes), "--nproc-per-node", str(self.job.nproc)] if coordinator
+               else ["--job", str(self.job_file)])
+        argv = [self.bin["regroup-manager"], *job, "--job-id", self.job.job_id,
                 "--listen", self.manager_addr, "--http", f"{self.manager_host}:{self.http_port}",
                 "--credential-file", str(self.credential), "--join-window-s", "120"]
         if self.record is not None:

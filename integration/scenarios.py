@@ -561,6 +561,9 @@ def business_fault_retries(c: Cluster, r: Result) -> None:
     # manager then sees the resume alone, and restarts every process all the same.
     restart = c.wait_event("pod_rescheduling", "every process restarts from the newest checkpoint",
                            timeout=90, after_ms=int(f["at"] * 1000))
+    resume = c.wait_event("directive", "[pod-rescheduling]", timeout=90, after_ms=int(f["at"] * 1000))
+    r.promise("the first crash restarts the job, counting the retry", "reschedule 1 of 1" in resume["message"],
+              resume["message"])
     generation = c.wait_event("generation", "4 ranks", timeout=120, after_ms=int(restart["at_ms"]))
     resumed_after = int(generation["message"].split("resuming after step ")[1].split(";")[0])
     r.promise("the job resumed from a checkpoint at or before the crash", 0 <= resumed_after <= f["step"],

@@ -705,9 +705,14 @@ bool Job::TryGrow(int64_t now) {
   if (waiting) {
     d.kind = REGROUP_DIRECTIVE_RESUME;
     d.strategy = directive_.strategy;
+    // A rescheduling's resume says which reschedule it ends: the manager may see it alone
+    // (its restart_job superseded in the same tick).
+    const int64_t limit = RescheduleLimit();
     d.reason = "replacements registered; resuming at dp=" + std::to_string(dp_) +
-               (phase_ == REGROUP_PHASE_RESTARTING ? " from the newest checkpoint"
-                                                   : " with the survivors' state");
+               (phase_ == REGROUP_PHASE_RESTARTING
+                    ? " from the newest checkpoint (reschedule " + std::to_string(job_restarts_) +
+                          (limit > 0 ? " of " + std::to_string(limit) : "") + ")"
+                    : " with the survivors' state");
     Issue(now, dp_ < original_dp() ? REGROUP_PHASE_SCALED_IN : REGROUP_PHASE_RUNNING,
           std::move(d));
   } else {

@@ -495,6 +495,7 @@ TEST_F(CoordinatorTest, MissingOrWrongCredentialIsRefused) {
   Manager m(JobJson("recover-in-place,dump"), port_, "wrong");
   EXPECT_FALSE(m.remote().WaitAvailable(500ms));
   EXPECT_EQ(m.remote().epoch(), 0u) << "no epoch is granted to a refused manager";
+  EXPECT_EQ(m.remote().job_keys().ByteSizeLong(), 0u) << "nor the job's keys";
   EXPECT_TRUE(Eventually([&] {
     return m.remote().last_error().find("not the token of job default/coord") != std::string::npos;
   })) << m.remote().last_error();

@@ -154,7 +154,8 @@ TEST_F(EngineTest, AHardwareFaultReschedulesTheJobWhateverFaultRetryTimesSays) {
   const Directive& resumed = Tick(5100);
   EXPECT_EQ(resumed.kind, REGROUP_DIRECTIVE_RESUME);
   EXPECT_EQ(resumed.strategy, "job-rescheduling");
-  EXPECT_NE(resumed.reason.find("from the newest checkpoint"), std::string::npos) << resumed.reason;
+  EXPECT_NE(resumed.reason.find("from the newest checkpoint (reschedule 1)"), std::string::npos)
+      << resumed.reason;
   // With no limit set, the next hardware fault reschedules again.
   NodeNamedFails("node-new-1", 9000);
   EXPECT_EQ(Tick(9200).kind, REGROUP_DIRECTIVE_RESTART_JOB);

@@ -369,7 +369,12 @@ def init_manager(config: Mapping[str, Any]) -> None:
             process's environment when absent), ``http``, ``port_file``, ``join_window_s``,
             ``credential_file`` (else ``$REGROUP_CREDENTIAL_FILE`` / ``$REGROUP_CREDENTIAL``: the
             manager refuses to start without one), ``insecure`` (True: run without a credential,
-            accepting every client; for tests on a trusted machine, and logged at every start).
+            accepting every client; for tests on a trusted machine, and logged at every start),
+            ``coordinator`` ("HOST:PORT", else ``$REGROUP_COORDINATOR_ADDR``, else in a Kubernetes
+            pod given ``coordinator_credential_file`` the coordinator's Service) and
+            ``coordinator_credential_file`` (the job's token there; else
+            ``$REGROUP_COORDINATOR_CREDENTIAL_FILE``): the decision maker, from which the manager
+            also learns the job's labels and annotations when none are given.
 
     Raises:
         ConfigError: a value is missing or malformed.
@@ -378,7 +383,8 @@ def init_manager(config: Mapping[str, Any]) -> None:
     if not isinstance(config, Mapping):
         raise ConfigError("init_manager takes a dict: {'job_id': ..., 'node_nums': ..., 'proc_per_node': ...}")
     known = {"job_id", "node_nums", "proc_per_node", "listen", "labels", "annotations", "env",
-             "http", "port_file", "join_window_s", "credential_file", "insecure"}
+             "http", "port_file", "join_window_s", "credential_file", "insecure", "coordinator",
+             "coordinator_credential_file"}
     unknown = sorted(set(config) - known)
     if unknown:
         raise ConfigError(f"init_manager: unknown key(s) {unknown}; known: {sorted(known)}")
@@ -406,7 +412,9 @@ def init_manager(config: Mapping[str, Any]) -> None:
     for item in env:
         args += ["--env", item]
     for key, flag in (("http", "--http"), ("port_file", "--port-file"),
-                      ("join_window_s", "--join-window-s"), ("credential_file", "--credential-file")):
+                      ("join_window_s", "--join-window-s"), ("credential_file", "--credential-file"),
+                      ("coordinator", "--coordinator"),
+                      ("coordinator_credential_file", "--coordinator-credential-file")):
         if config.get(key) is not None:
             args += [flag, str(config[key])]
     if config.get("insecure"):

@@ -92,6 +92,21 @@ def test_init_manager_passes_labels_annotations_and_listen(tmp_path, monkeypatch
     assert "--insecure" not in args  # open mode only when asked for
 
 
+def test_init_manager_passes_the_coordinator_that_holds_the_jobs_keys(tmp_path, monkeypatch):
+    record = _fake_manager(tmp_path)
+    monkeypatch.setenv("REGROUP_BIN_DIR", str(tmp_path))
+    regroup.init_manager({"job_id": "j", "node_nums": 2, "proc_per_node": 2,
+                          "coordinator": "regroup-coordinator.volcano-system.svc:8899",
+                          "coordinator_credential_file": "/etc/regroup/coordinator/token"})
+    assert regroup.start_manager() == 0
+    args = record.read_text().split("\n")
+    at = args.index("--coordinator")
+    assert args[at + 1] == "regroup-coordinator.volcano-system.svc:8899"
+    at = args.index("--coordinator-credential-file")
+    assert args[at + 1] == "/etc/regroup/coordinator/token"
+    assert "--label" not in args  # the keys come from the coordinator
+
+
 def test_init_manager_passes_insecure_only_when_asked(tmp_path, monkeypatch):
     record = _fake_manager(tmp_path)
     monkeypatch.setenv("REGROUP_BIN_DIR", str(tmp_path))

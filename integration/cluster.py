@@ -402,6 +402,13 @@ class Cluster:
         agent = _agent_pid(pod.process.pid)
         return sorted(trainers_of(agent)) if agent else []
 
+    def wait_warm(self, node: str, timeout: float = 120) -> None:
+        """Waits until the pod on ``node`` has its fork server ready (its agent says so), so that a
+        restarted trainer is forked warm rather than started plainly."""
+        pod = self.pod_on(node)
+        wait_for(lambda: "fork server ready" in pod.log.read_text(errors="replace")
+                 or pod.process.poll() is not None, timeout, f"the fork server of {pod.name}")
+
     def pod_on(self, node: str) -> Pod:
         for pod in self.pods.values():
             if pod.node.name == node and pod.process.poll() is None:

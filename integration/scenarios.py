@@ -230,11 +230,14 @@ def scenario(number: int, title: str, job: Callable[[], JobSpec], **kw):
 
 
 @scenario(1, "a trainer process crashes; recover-in-place restarts only that process",
-          lambda: JobSpec(steps=40, strategies="recover-in-place,dump,exit"), volcano=True)
+          lambda: JobSpec(steps=80, strategies="recover-in-place,dump,exit"), volcano=True)
 def crash_in_place(c: Cluster, r: Result) -> None:
     c.start()
     c.wait_step(10)
     first, second = c.node_of(0), c.node_of(1)  # Volcano places the pods where it will
+    # The restart is forked warm once the pod's fork server is ready (torch 2.x takes seconds to
+    # import beside the trainers); a plain start could rejoin only after the survivors finished.
+    c.wait_warm(second)
     before = {n: c.trainers(n) for n in (first, second)}
     f = c.kill_trainer(second, 1)
     c.wait_event("resumed", after_ms=int(f["at"] * 1000))

@@ -708,10 +708,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   }
   v1::FaultFacts f;
   f.set_kind(kind);
-  for (int64_t p : pods) {
-    f.add_pods(static_cast<uint32_t>(p));
-    f.add_pod_uids(agents_[static_cast<size_t>(p)].pod_uid);  // the incarnation that failed
-  }
+  for (int64_t p : pods) f.add_pods(static_cast<uint32_t>(p));
   for (uint32_t r : ranks) {
     // An interim generation's rank as the rank it holds in the generation the decision maker
     // knows (every interim rank holds one: the interim is a subset of it).

@@ -21,7 +21,6 @@ namespace {
 // Bounds on what one fact may carry: its lists are pods and ranks of one job, and its detail
 // ends up in the engine's reasons and history, which are exported to the PodGroup.
 constexpr int kMaxListEntries = static_cast<int>(kMaxPods);
-constexpr size_t kMaxUidBytes = 256;  // a Kubernetes uid is 36
 
 uint32_t U32(int64_t v) {
   return static_cast<uint32_t>(std::clamp<int64_t>(v, 0, std::numeric_limits<uint32_t>::max()));
@@ -210,11 +209,6 @@ Status Attachments::ApplyFact(const Attached& a, const v1::ManagerReport& report
                                std::to_string(f.pods_size()) + " pods and " +
                                std::to_string(f.ranks_size()) + " ranks, over the limit of " +
                                std::to_string(kMaxListEntries));
-      for (const std::string& uid : f.pod_uids())
-        if (uid.size() > kMaxUidBytes)
-          return InvalidArgument("the fault of job " + a.job + " names a pod uid of " +
-                                 std::to_string(uid.size()) + " bytes, over the limit of " +
-                                 std::to_string(kMaxUidBytes));
       std::optional<PendingFault> fault = FaultFromWire(f, now_ms);
       if (!fault)
         return InvalidArgument("the fault of job " + a.job + " has kind " +

@@ -192,11 +192,6 @@ Status Job::OnFault(PendingFault fault) {
   for (int64_t p : fault.pods)
     if (p < 0 || p >= spec_.pods)
       return InvalidArgument("job " + spec_.id + " has no pod " + std::to_string(p));
-  if (!fault.pod_uids.empty() && fault.pod_uids.size() != fault.pods.size())
-    return InvalidArgument("a fault of job " + spec_.id + " names " +
-                           std::to_string(fault.pods.size()) + " pods but " +
-                           std::to_string(fault.pod_uids.size()) + " pod uids");
-  if (!fault.pod_uids.empty() && DropReplacedIncarnations(fault)) return Status::Ok();
   if (fault.pods.empty()) {
     for (int64_t rank : fault.ranks) {
       const int64_t pod = PodOfRank(rank);
@@ -236,36 +231,6 @@ Status Job::OnFault(PendingFault fault) {
   }
   pending_.push_back(std::move(fault));
   return Status::Ok();
-}
-
-bool Job::DropReplacedIncarnations(PendingFault& fault) {
-  // Pods compare by their Kubernetes uid: a pod readmitted after a loss is "<uid>/<n>" at the
-  // manager and "<uid>" at the scheduler. A slot known only by a fingerprint (a restored state)
-  // is taken as current.
-  const auto base = [](std::string_view uid) { return uid.substr(0, uid.find('/')); };
-  std::vector<int64_t> pods;
-  std::vector<std::string> uids;
-  std::vector<int64_t> dropped;
-  for (size_t i = 0; i < fault.pods.size(); ++i) {
-    const PodSlot& slot = slots_[static_cast<size_t>(fault.pods[i])];
-    const std::string& uid = fault.pod_uids[i];
-    if (!uid.empty() && !slot.uid.empty() && !IsUidFingerprint(slot.uid) &&
-        base(slot.uid) != base(uid)) {
-      dropped.push_back(fault.pods[i]);
-      continue;
-    }
-    pods.push_back(fault.pods[i]);
-    uids.push_back(uid);
-  }
-  if (dropped.empty()) return false;
-  if (pods.empty()) return true;  // every incarnation it names is gone already
-  std::vector<int64_t> ranks;
-  for (int64_t r : fault.ranks)
-    if (std::find(dropped.begin(), dropped.end(), PodOfRank(r)) == dropped.end()) ranks.push_back(r);
-  fault.pods = std::move(pods);
-  fault.pod_uids = std::move(uids);
-  fault.ranks = std::move(ranks);
-  return false;
 }
 
 Status Job::OnReplacementRegistered(int64_t index, std::string_view uid, int64_t now) {

@@ -120,9 +120,6 @@ struct PendingFault {
   int64_t at_ms = 0;
   std::string detail;
   int64_t merged = 0;  // faults of its kind joined into it past a report window's bound
-  // The incarnation of each of `pods` the reporter saw fail ("" or absent: not known). A fault
-  // of an incarnation the scheduler has replaced already is no news about its replacement.
-  std::vector<std::string> pod_uids;
 };
 
 // A report window holds at most this many faults; more join the first of their kind.
@@ -208,9 +205,6 @@ class Job {
   bool Tick(int64_t now);
 
   void MarkLost(int64_t pod, LostCause cause, int64_t now, bool avoid_node);
-  // Drops from `fault` the pods whose named incarnation was replaced already; true when none
-  // is left (the fault is old news).
-  bool DropReplacedIncarnations(PendingFault& fault);
   void Decide(int64_t now);
   void DecideHeldWhilePaused(int64_t now);
   void RecoverPods(int64_t now, const std::string& what, const std::vector<int64_t>& ranks);

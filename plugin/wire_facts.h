@@ -21,7 +21,6 @@ std::optional<PendingFault> FaultFromWire(const FaultFacts& facts, int64_t now) 
   PendingFault fault;
   fault.kind = *kind;
   fault.pods.assign(facts.pods().begin(), facts.pods().end());
-  fault.pod_uids.assign(facts.pod_uids().begin(), facts.pod_uids().end());
   fault.ranks.assign(facts.ranks().begin(), facts.ranks().end());
   fault.step = std::max<int64_t>(-1, facts.step());  // any negative step: not known
   fault.at_ms = now;

@@ -126,40 +126,6 @@ TEST_F(EngineTest, ReplacementInTimeResumesAtFullSize) {
   EXPECT_FALSE(job().WantsPods());
 }
 
-// Seen in integration scenario 2 with Volcano in the loop: the manager reported the old pod's
-// end (its broken stream's grace ran out) after its replacement ran, and the engine took it for
-// the replacement's: a second wait and resume. A fault names the incarnation it is about.
-TEST_F(EngineTest, AFaultOfAnIncarnationAlreadyReplacedIsNoNewsAboutItsReplacement) {
-  Submit(kForce, {{"recover-strategy", "recover"}, {"wait-reschedule-timeout", "30"}});
-  NodeFails(1, 0);
-  EXPECT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_WAIT);
-  ASSERT_TRUE(engine_.SetPodState(kJob, 1, "uid-1", REGROUP_POD_DELETED, "", 500).ok());
-  Replace(1, 10000);
-  const Directive resumed = Tick(10100);
-  ASSERT_EQ(resumed.kind, REGROUP_DIRECTIVE_RESUME);
-  auto lost = [](std::string uid, int64_t t) {
-    PendingFault f;
-    f.kind = FaultKind::kPodLost;
-    f.pods = {1};
-    f.pod_uids = {std::move(uid)};
-    f.ranks = {2, 3};
-    f.at_ms = t;
-    f.detail = "the stream of the pod broke";
-    return f;
-  };
-  // The old incarnation, readmitted once at the manager ("<uid>/2"): old news.
-  ASSERT_TRUE(engine_.ReportFault(kJob, lost("uid-1/2", 10200)).ok());
-  EXPECT_EQ(Tick(10600).id, resumed.id) << "no new decision: " << job().directive().reason;
-  EXPECT_TRUE(job().Evictions().empty()) << "the replacement stays";
-  // The replacement's own loss is news.
-  ASSERT_TRUE(engine_.ReportFault(kJob, lost(Uid(1) + "-r10000", 11000)).ok());
-  EXPECT_EQ(Tick(11400).kind, REGROUP_DIRECTIVE_WAIT);
-  // A fault that names its pods' uids names one for each.
-  PendingFault bad = lost("uid-1", 12000);
-  bad.pod_uids.push_back("uid-x");
-  EXPECT_FALSE(engine_.ReportFault(kJob, bad).ok());
-}
-
 TEST_F(EngineTest, RecoverAloneReschedulesTheJobWhenTheWaitRunsOut) {
   // MindCluster: when process-level recovery fails, the job is rescheduled (a lost node is a
   // hardware fault: no fault-retry-times needed).

@@ -328,6 +328,12 @@ void Job::Issue(int64_t now, Phase phase, Directive d) {
   while (history_.size() > history_limit_) history_.pop_front();
 }
 
+std::string Job::RescheduleCount() const {
+  const int64_t limit = RescheduleLimit();
+  return "(reschedule " + std::to_string(job_restarts_) +
+         (limit > 0 ? " of " + std::to_string(limit) : "") + ")";
+}
+
 std::string Job::RescheduleRefused() const {
   if (config_.fault_scheduling_mode() == FaultScheduling::kOff)
     return "fault-scheduling is off, so the job is not rescheduled";
@@ -364,14 +370,11 @@ void Job::JobLevel(int64_t now, const std::string& why) {
   if (!pod_level)
     for (size_t p = 0; p < slots_.size(); ++p)
       MarkLost(static_cast<int64_t>(p), LostCause::kJobRestart, now, false);
-  const int64_t limit = RescheduleLimit();
   d.kind = REGROUP_DIRECTIVE_RESTART_JOB;
   d.strategy = pod_level ? "pod-rescheduling" : "job-rescheduling";
   d.reason = why + (pod_level ? "; replacing the faulty pods (pod-level rescheduling)"
                               : "; replacing every pod (job-level rescheduling)") +
-             ": every process restarts from the newest checkpoint (reschedule " +
-             std::to_string(job_restarts_) + (limit > 0 ? " of " + std::to_string(limit) : "") +
-             ")";
+             ": every process restarts from the newest checkpoint " + RescheduleCount();
   Issue(now, REGROUP_PHASE_RESTARTING, std::move(d));
 }
 
@@ -707,11 +710,9 @@ bool Job::TryGrow(int64_t now) {
     d.strategy = directive_.strategy;
     // A rescheduling's resume says which reschedule it ends: the manager may see it alone
     // (its restart_job superseded in the same tick).
-    const int64_t limit = RescheduleLimit();
     d.reason = "replacements registered; resuming at dp=" + std::to_string(dp_) +
                (phase_ == REGROUP_PHASE_RESTARTING
-                    ? " from the newest checkpoint (reschedule " + std::to_string(job_restarts_) +
-                          (limit > 0 ? " of " + std::to_string(limit) : "") + ")"
+                    ? " from the newest checkpoint " + RescheduleCount()
                     : " with the survivors' state");
     Issue(now, dp_ < original_dp() ? REGROUP_PHASE_SCALED_IN : REGROUP_PHASE_RUNNING,
           std::move(d));

@@ -215,6 +215,9 @@ class Job {
   // every pod restarts (job level), or only the faulty ones (pod-rescheduling), and every
   // process resumes from the newest checkpoint; `exit` when that is not allowed or used up.
   void JobLevel(int64_t now, const std::string& why);
+  // "(reschedule N of LIMIT)", or "(reschedule N)" with no limit: in the reasons of a restart
+  // and of its resume.
+  std::string RescheduleCount() const;
   // Why the job may not be rescheduled once more; empty when it may.
   std::string RescheduleRefused() const;
   // Reschedules allowed in all: regroup.io/backoff-limit, else fault-retry-times; 0: no limit.

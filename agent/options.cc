@@ -500,7 +500,7 @@ Agent options (environment fallback in brackets):
                               the modules must not start threads, create an accelerator context
                               or read the rank's variables at import time
   --warm-imports M1,M2        what the fork server imports [REGROUP_WARM_IMPORTS]
-                              (torch,torch.distributed,regroup)
+                              (torch,torch.distributed,regroup.trainer)
 
 torchrun flags honoured (PET_* environment fallbacks):
   --nnodes N|MIN:MAX  --nproc-per-node N  --node-rank R  --master-addr A  --master-port P

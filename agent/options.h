@@ -40,7 +40,7 @@ struct AgentOptions {
   // --warm-start, REGROUP_WARM_START: restarts fork from a server that imported these modules
   // (--warm-imports, REGROUP_WARM_IMPORTS); see warm_starter.h. Never with --no-python.
   bool warm_start = true;
-  std::vector<std::string> warm_imports = {"torch", "torch.distributed", "regroup"};
+  std::vector<std::string> warm_imports = {"torch", "torch.distributed", "regroup.trainer"};
 
   // torchrun flags (PET_* environment fallbacks, as torchrun has).
   int nnodes_min = 1;  // --nnodes N or MIN:MAX

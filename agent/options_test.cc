@@ -122,7 +122,7 @@ TEST(CommandLine, MalformedCommandLinesSayWhatIsWrong) {
 TEST(CommandLine, WarmStartIsOnForPythonAndTakesTheModulesToImport) {
   AgentOptions o = Parse({"train.py"}).options;
   EXPECT_TRUE(o.warm_start);
-  EXPECT_EQ(o.warm_imports, (std::vector<std::string>{"torch", "torch.distributed", "regroup"}));
+  EXPECT_EQ(o.warm_imports, (std::vector<std::string>{"torch", "torch.distributed", "regroup.trainer"}));
   o = Parse({"--warm-start", "off", "--warm-imports", "torch,my_pkg.model2", "train.py"}).options;
   EXPECT_FALSE(o.warm_start);
   EXPECT_EQ(o.warm_imports, (std::vector<std::string>{"torch", "my_pkg.model2"}));

@@ -16,13 +16,28 @@ A script keeps its own loop and wraps each step::
 See python/README.md and ../shared/DESIGN.md ("Exactness: the step contract").
 """
 
+import importlib as _importlib
+
+# torch-free: a MindCluster manager.py (`from regroup.api import init_taskd_manager, ...`) and
+# torchrun's hand-over run where torch is slow to import or absent; the names that need torch are
+# imported on first use.
 from regroup.api import (EXIT_ABORT_STUCK, AgentConnectionError, AgentError, CheckpointError,
                          CollectiveFailed, ConfigError, GenerationAborted, ProtocolError, RegroupError,
                          StateSyncError, StepFailed, StepRolledBack, StopMode, Timeouts, TrainerConfig,
                          TrainingStopped, UsageError, init_manager, start_manager)
-from regroup.abort import Abandoned, all_reduce
-from regroup.step import Generation, MicroBatch, Step
-from regroup.trainer import Trainer
+
+_NEEDS_TORCH = {"Abandoned": "regroup.abort", "all_reduce": "regroup.abort", "Generation": "regroup.step",
+                "MicroBatch": "regroup.step", "Step": "regroup.step", "Trainer": "regroup.trainer"}
+
+
+def __getattr__(name: str):
+    module = _NEEDS_TORCH.get(name)
+    if module is None:
+        raise AttributeError(f"module 'regroup' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Abandoned", "all_reduce", "AgentConnectionError", "AgentError", "CheckpointError", "CollectiveFailed", "ConfigError",

@@ -1,8 +1,11 @@
 """Public types: validated configuration and timeouts, errors, the MindCluster manager entry points."""
 
+import os
+import subprocess
 import stat
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +138,16 @@ def test_find_binary_says_where_to_look(monkeypatch, tmp_path):
         assert "REGROUP_BIN_DIR" in str(e)
     else:
         pytest.fail(f"found {found}")
+
+
+def test_a_manager_py_and_the_torchrun_hand_over_need_no_torch():
+    # rank 0's manager.py imports regroup.api in a Python that may have no torch (or would spend
+    # seconds importing it): the package imports what needs torch only on first use.
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from regroup.api import init_taskd_manager, start_taskd_manager\n"
+            "import regroup, regroup.torchrun\n"
+            "try:\n    regroup.Trainer\nexcept ImportError:\n    print('lazy')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(regroup.__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "lazy"

@@ -61,9 +61,16 @@ int main(int argc, char** argv) {
   app.add_option("--label", labels, "a job label KEY=VALUE (repeatable)");
   app.add_option("--annotation", annotations, "a job annotation KEY=VALUE (repeatable)");
   app.add_option("--env", envs, "rank 0's environment KEY=VALUE (MINDIO_WAIT_MINDX_TIME)");
-  app.add_option("--listen", listen, "gRPC address (port 0: any free port)")->capture_default_str();
+  std::string keys_source;
+  app.add_option("--keys-source", keys_source,
+                 "where the --label/--annotation values were read, for the log (regroup.api "
+                 "gives \"the Kubernetes API: Job NS/NAME ...\" when it read them there)");
+  app.add_option("--listen", listen,
+                 "gRPC address (port 0: any free port; default: $REGROUP_MANAGER_LISTEN, else "
+                 "0.0.0.0:9601, MindCluster's port)");
   app.add_option("--http", http,
-                 "HTTP address for /metrics and /status (default: none). On a loopback address "
+                 "HTTP address for /metrics and /status (default: $REGROUP_MANAGER_HTTP, else "
+                 "none: a manager.py that cannot pass it gets it from its pod's env). On a loopback address "
                  "they are open; elsewhere each request needs \"Authorization: Bearer <the job's "
                  "credential>\". With --tls-cert/--tls-key it is HTTPS");
   bool metrics_open = false;
@@ -113,6 +120,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is 0; any bad command line is 2, as the agent's
   }
+  if (app.count("--listen") == 0)
+    if (const char* v = Env("REGROUP_MANAGER_LISTEN")) listen = v;
+  if (http.empty())
+    if (const char* v = Env("REGROUP_MANAGER_HTTP")) http = v;
   for (auto [flag, address] : {std::pair{"--listen", &listen}, std::pair{"--http", &http}}) {
     if (address->empty()) continue;
     if (auto st = regroup::CheckHostPort(*address, flag, /*port_zero_allowed=*/true); !st.ok()) {
@@ -167,7 +178,8 @@ int main(int argc, char** argv) {
   // Where the job's strategy came from (the coordinator's copy replaces it below).
   std::string source =
       !job_file.empty() ? "the job file " + job_file
-      : !labels.empty() || !annotations.empty() ? std::string("--label/--annotation")
+      : !labels.empty() || !annotations.empty()
+          ? (keys_source.empty() ? std::string("--label/--annotation") : keys_source)
                                                  : std::string("nowhere (no --job, --label or --annotation)");
 
   auto credential = regroup::LoadCredential(credential_file);

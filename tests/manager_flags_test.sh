@@ -26,6 +26,13 @@ out=$(KUBERNETES_SERVICE_HOST=10.96.0.1 REGROUP_COORDINATOR_CREDENTIAL_FILE="$di
 grep -qF "the coordinator is regroup-coordinator.volcano-system.svc:8899" <<<"$out" || fail "in-cluster default: $out"
 expect_refused '--listen "127.0.0.1:99999"' --job-id t/flags --nodes 1 --listen 127.0.0.1:99999
 expect_refused '--http "127.0.0.1:99999"' "${job[@]}" --http 127.0.0.1:99999
+# A manager.py that cannot pass flags takes its addresses from its pod's environment, checked alike.
+out=$(REGROUP_MANAGER_HTTP=127.0.0.1:99999 timeout 10 "$manager" "${job[@]}" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -qF -- '--http "127.0.0.1:99999"' <<<"$out" || fail "\$REGROUP_MANAGER_HTTP is checked: $rc $out"
+out=$(REGROUP_MANAGER_LISTEN=127.0.0.1:99999 timeout 10 "$manager" --job-id t/flags --nodes 1 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -qF -- '--listen "127.0.0.1:99999"' <<<"$out" || fail "\$REGROUP_MANAGER_LISTEN: $rc $out"
+out=$(REGROUP_MANAGER_LISTEN=127.0.0.1:99999 timeout 10 "$manager" "${job[@]}" --http 127.0.0.1:99999 2>&1)
+grep -qF -- '--http' <<<"$out" || fail "--listen given beats \$REGROUP_MANAGER_LISTEN: $out"
 expect_refused '--listen "localhost"' --job-id t/flags --nodes 1 --listen localhost
 # The coordinator's TLS: a CA that cannot be read, or a name without a CA, never means plaintext.
 expect_refused "--coordinator-ca: cannot read the TLS CA file $dir/none.crt" "${job[@]}" \
@@ -73,4 +80,14 @@ grep -qF -- "0 labels and 0 annotations from nowhere (no --job, --label or --ann
   "$dir/insecure.log" || fail "the configuration's source must be logged: $(cat "$dir/insecure.log")"
 grep -qF -- "process-level recovery is off" "$dir/insecure.log" \
   || fail "recovery off must be a warning: $(cat "$dir/insecure.log")"
+# Keys read elsewhere (regroup.api from the Kubernetes API) are logged with where they came from.
+env -u REGROUP_CREDENTIAL_FILE -u REGROUP_CREDENTIAL "$manager" --job-id t/flags --nodes 1 \
+  --listen 127.0.0.1:0 --insecure --port-file "$dir/keys.port" --label fault-scheduling=force \
+  --annotation recover-strategy=recover,exit --keys-source "the Kubernetes API: Job t/flags" \
+  >"$dir/keys.log" 2>&1 &
+pid=$!
+for _ in $(seq 200); do [ -s "$dir/keys.port" ] && break; sleep 0.05; done
+kill $pid 2>/dev/null; wait $pid 2>/dev/null
+grep -qF -- "1 labels and 1 annotations from the Kubernetes API: Job t/flags" "$dir/keys.log" \
+  || fail "--keys-source must name where the keys came from: $(cat "$dir/keys.log")"
 echo "regroup-manager flags: ok"

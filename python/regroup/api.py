@@ -30,6 +30,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -363,7 +364,8 @@ def init_manager(config: Mapping[str, Any]) -> None:
 
     Args:
         config: ``job_id`` (default ``$MINDX_TASK_ID`` / ``$REGROUP_JOB_ID``), ``node_nums``,
-            ``proc_per_node``; optionally ``listen`` ("HOST:PORT", default 0.0.0.0:9601),
+            ``proc_per_node``; optionally ``listen`` ("HOST:PORT", default
+            ``$REGROUP_MANAGER_LISTEN``, else 0.0.0.0:9601),
             ``labels`` and ``annotations`` (mappings, the job's MindCluster and regroup.io keys),
             ``env`` (rank 0's environment, e.g. MINDIO_WAIT_MINDX_TIME; taken from this
             process's environment when absent), ``http``, ``port_file``, ``join_window_s``,
@@ -374,7 +376,9 @@ def init_manager(config: Mapping[str, Any]) -> None:
             pod given ``coordinator_credential_file`` the coordinator's Service) and
             ``coordinator_credential_file`` (the job's token there; else
             ``$REGROUP_COORDINATOR_CREDENTIAL_FILE``): the decision maker, from which the manager
-            also learns the job's labels and annotations when none are given.
+            also learns the job's labels and annotations when none are given. Given none, in a
+            Kubernetes pod they are first read from the API (the pod, then the Volcano Job or
+            AscendJob that owns it: :mod:`regroup.kube`); the coordinator's copy replaces them.
 
     Raises:
         ConfigError: a value is missing or malformed.
@@ -401,10 +405,22 @@ def init_manager(config: Mapping[str, Any]) -> None:
         if number < 1:
             raise ConfigError(f"init_manager: {key}={value!r} must be a positive integer")
         args += [flag, str(number)]
-    args += ["--listen", str(config.get("listen", "0.0.0.0:9601"))]
-    for item in _as_pairs(config.get("labels"), "labels"):
+    if config.get("listen") is not None:  # else $REGROUP_MANAGER_LISTEN, else 0.0.0.0:9601
+        args += ["--listen", str(config["listen"])]
+    labels = _as_pairs(config.get("labels"), "labels")
+    annotations = _as_pairs(config.get("annotations"), "annotations")
+    if not labels and not annotations:
+        # A manager.py gives none: in a pod, read them where the user wrote them (the coordinator's
+        # copy, when one is reachable, still replaces them).
+        from regroup import kube
+        found = kube.job_keys_or_none(log=lambda m: print(m, file=sys.stderr, flush=True))
+        if found is not None:
+            labels = [f"{k}={v}" for k, v in sorted(found.labels.items())]
+            annotations = [f"{k}={v}" for k, v in sorted(found.annotations.items())]
+            args += ["--keys-source", found.source]
+    for item in labels:
         args += ["--label", item]
-    for item in _as_pairs(config.get("annotations"), "annotations"):
+    for item in annotations:
         args += ["--annotation", item]
     env = _as_pairs(config.get("env"), "env")
     if not env and os.environ.get("MINDIO_WAIT_MINDX_TIME"):

@@ -1,0 +1,156 @@
+"""The job's labels and annotations from the Kubernetes API, for a manager started in a pod.
+
+A MindCluster ``manager.py`` gives the manager the job's id and sizes only. The coordinator, when
+one is reachable, gives it the rest; where there is none, the manager's pod can still read them
+where the user wrote them: its own pod names its owner (``ownerReferences``), a Volcano Job
+(``batch.volcano.sh/v1alpha1``) or MindCluster's AscendJob (``mindxdl.gitee.com/v1``), whose
+metadata holds the job's labels and annotations. The pod's own labels and annotations come first;
+the owning job's replace them key by key (the job is what the user configured).
+
+The pod talks to the API server as every in-cluster client does: ``https://$KUBERNETES_SERVICE_HOST:
+$KUBERNETES_SERVICE_PORT``, with the service account's token and CA from
+``/var/run/secrets/kubernetes.io/serviceaccount`` (``$REGROUP_SERVICEACCOUNT_DIR`` for another
+mount). Its service account needs ``get`` on pods and on the owner's kind in the job's namespace:
+``deploy/examples/manager-rbac.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Mapping, Optional
+
+SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Owners whose metadata holds a training job's keys: (apiVersion, kind) -> the API path's group part.
+OWNERS = {("batch.volcano.sh/v1alpha1", "Job"): "apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs/{name}",
+          ("mindxdl.gitee.com/v1", "AscendJob"): "apis/mindxdl.gitee.com/v1/namespaces/{ns}/ascendjobs/{name}"}
+TIMEOUT_S = 5.0
+MAX_BYTES = 4 << 20  # an object larger than this is not a pod or a job
+
+
+class KubeError(RuntimeError):
+    """The API could not be asked, or refused (the message says which call and why)."""
+
+
+@dataclass
+class JobKeys:
+    labels: Dict[str, str] = field(default_factory=dict)
+    annotations: Dict[str, str] = field(default_factory=dict)
+    source: str = ""  # "the Kubernetes API: Job team-a/llama (through pod team-a/llama-worker-0)"
+
+
+def in_cluster(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process runs in a Kubernetes pod that has a service account token."""
+    sa = Path(environ.get("REGROUP_SERVICEACCOUNT_DIR") or SERVICEACCOUNT_DIR)
+    return bool(environ.get("KUBERNETES_SERVICE_HOST")) and (sa / "token").is_file()
+
+
+class _Client:
+    def __init__(self, environ: Mapping[str, str]):
+        sa = Path(environ.get("REGROUP_SERVICEACCOUNT_DIR") or SERVICEACCOUNT_DIR)
+        host = environ.get("KUBERNETES_SERVICE_HOST", "")
+        port = environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host:
+            raise KubeError("KUBERNETES_SERVICE_HOST is not set: not in a Kubernetes pod")
+        try:
+            self.token = (sa / "token").read_text().strip()
+        except OSError as e:
+            raise KubeError(f"cannot read the service account token {sa / 'token'}: {e.strerror}") from None
+        if not self.token:
+            raise KubeError(f"the service account token {sa / 'token'} is empty")
+        try:
+            self.namespace = (sa / "namespace").read_text().strip()
+        except OSError:
+            self.namespace = ""
+        try:
+            self.tls = ssl.create_default_context(cafile=str(sa / "ca.crt"))
+        except (OSError, ssl.SSLError) as e:
+            raise KubeError(f"cannot load the API server's CA {sa / 'ca.crt'}: {e}") from None
+        self.base = f"https://{'[' + host + ']' if ':' in host else host}:{port}/"
+
+    def get(self, path: str) -> dict:
+        request = urllib.request.Request(self.base + path, headers={
+            "Authorization": "Bearer " + self.token, "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=self.tls) as r:
+                body = r.read(MAX_BYTES + 1)
+        except urllib.error.HTTPError as e:
+            hint = " (the pod's service account needs get on it: deploy/examples/manager-rbac.yaml)" \
+                if e.code == 403 else ""
+            raise KubeError(f"GET /{path}: HTTP {e.code} {e.reason}{hint}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise KubeError(f"GET /{path}: {getattr(e, 'reason', e)}") from None
+        if len(body) > MAX_BYTES:
+            raise KubeError(f"GET /{path}: the answer is over {MAX_BYTES} bytes")
+        try:
+            doc = json.loads(body)
+        except ValueError as e:
+            raise KubeError(f"GET /{path}: not JSON ({e})") from None
+        if not isinstance(doc, dict):
+            raise KubeError(f"GET /{path}: not a JSON object")
+        return doc
+
+
+def _string_map(meta: dict, key: str, what: str) -> Dict[str, str]:
+    value = meta.get(key) or {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise KubeError(f"{what}: metadata.{key} is not a map of strings")
+    return dict(value)
+
+
+def job_keys(environ: Mapping[str, str] = os.environ) -> JobKeys:
+    """The labels and annotations of this pod and of the job that owns it.
+
+    The pod is ``$POD_NAME`` (else ``$REGROUP_POD_NAME``, else ``$HOSTNAME``, which Kubernetes sets
+    to the pod's name) in ``$POD_NAMESPACE`` (else ``$REGROUP_NAMESPACE``, else the service
+    account's namespace).
+
+    Raises:
+        KubeError: not in a pod, the API unreachable or refusing, or an object malformed.
+    """
+    client = _Client(environ)
+    pod_name = environ.get("POD_NAME") or environ.get("REGROUP_POD_NAME") or environ.get("HOSTNAME") or ""
+    namespace = environ.get("POD_NAMESPACE") or environ.get("REGROUP_NAMESPACE") or client.namespace
+    if not pod_name or not namespace:
+        raise KubeError("the pod's name or namespace is unknown: set POD_NAME and POD_NAMESPACE "
+                        "from the downward API")
+    quote = urllib.parse.quote
+    what = f"pod {namespace}/{pod_name}"
+    pod = client.get(f"api/v1/namespaces/{quote(namespace)}/pods/{quote(pod_name)}")
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    keys = JobKeys(_string_map(meta, "labels", what), _string_map(meta, "annotations", what),
+                   f"the Kubernetes API: {what}")
+    owners = meta.get("ownerReferences") or []
+    if not isinstance(owners, list):
+        raise KubeError(f"{what}: metadata.ownerReferences is not a list")
+    for owner in owners:
+        if not isinstance(owner, dict):
+            continue
+        path = OWNERS.get((owner.get("apiVersion"), owner.get("kind")))
+        if path is None or not isinstance(owner.get("name"), str):
+            continue
+        job_what = f"{owner['kind']} {namespace}/{owner['name']}"
+        job = client.get(path.format(ns=quote(namespace), name=quote(owner["name"])))
+        job_meta = job.get("metadata") if isinstance(job.get("metadata"), dict) else {}
+        keys.labels.update(_string_map(job_meta, "labels", job_what))
+        keys.annotations.update(_string_map(job_meta, "annotations", job_what))
+        keys.source = f"the Kubernetes API: {job_what} (through {what})"
+        break
+    return keys
+
+
+def job_keys_or_none(environ: Mapping[str, str] = os.environ, log=print) -> Optional[JobKeys]:
+    """:func:`job_keys` in a pod, logging why not instead of raising; None outside a pod."""
+    if not in_cluster(environ):
+        return None
+    try:
+        return job_keys(environ)
+    except KubeError as e:
+        log(f"regroup: the job's keys could not be read from the Kubernetes API: {e}")
+        return None

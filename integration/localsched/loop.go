@@ -277,19 +277,21 @@ func (l *Loop) checkReady() {
 // --- commands -----------------------------------------------------------------------------------
 
 type command struct {
-	Op       string          `json:"op"`
-	Name     string          `json:"name"`
-	CPU      string          `json:"cpu"`
-	Memory   string          `json:"memory"`
-	Pods     json.RawMessage `json:"pods"`
-	Labels   map[string]string
-	Ready    *bool  `json:"ready"`
-	Reason   string `json:"reason"`
-	File     string `json:"file"`
-	Pod      string `json:"pod"`
-	UID      string `json:"uid"`
-	Phase    string `json:"phase"`
-	ExitCode *int32 `json:"exit_code"`
+	Op     string          `json:"op"`
+	Name   string          `json:"name"`
+	CPU    string          `json:"cpu"`
+	Memory string          `json:"memory"`
+	Pods   json.RawMessage `json:"pods"`
+	Labels map[string]string
+	// Extended resources of a node beside cpu, memory and pods, by name ("huawei.com/Ascend910": "8")
+	Resources map[string]string `json:"resources"`
+	Ready     *bool             `json:"ready"`
+	Reason    string            `json:"reason"`
+	File      string            `json:"file"`
+	Pod       string            `json:"pod"`
+	UID       string            `json:"uid"`
+	Phase     string            `json:"phase"`
+	ExitCode  *int32            `json:"exit_code"`
 }
 
 // command applies one line; true means quit. A bad command is answered with an error event.
@@ -361,8 +363,12 @@ func (l *Loop) addNode(c command) error {
 			return fmt.Errorf("\"pods\" must be a number, not %s", string(c.Pods))
 		}
 	}
+	quantities := map[v1.ResourceName]string{v1.ResourceCPU: cpu, v1.ResourceMemory: mem, v1.ResourcePods: pods}
+	for name, v := range c.Resources {
+		quantities[v1.ResourceName(name)] = v
+	}
 	list := v1.ResourceList{}
-	for name, v := range map[v1.ResourceName]string{v1.ResourceCPU: cpu, v1.ResourceMemory: mem, v1.ResourcePods: pods} {
+	for name, v := range quantities {
 		q, err := resource.ParseQuantity(v)
 		if err != nil {
 			return fmt.Errorf("%s=%q is not a quantity: %v", name, v, err)

@@ -258,6 +258,35 @@ func testInvalidJob(t *testing.T, conf string) {
 	}
 }
 
+// A MindCluster job (worker pods only, each requesting NPUs) binds only to nodes that advertise
+// them, one pod per node that has room.
+func TestAcceleratorNodes(t *testing.T) {
+	h := startLoop(t, defaultSchedulerConf)
+	h.wait("ready", 20*time.Second, kind("ready"))
+	h.send(map[string]any{"op": "add_node", "name": "cpu-only"})
+	for i := 0; i < 2; i++ {
+		h.send(map[string]any{"op": "add_node", "name": fmt.Sprintf("npu-%d", i),
+			"resources": map[string]string{"huawei.com/Ascend910": "8"}})
+	}
+	job := strings.Replace(strings.Replace(strings.Replace(jobYAML, "%s\n", "", 1), "minAvailable: 2", "minAvailable: 1", 1),
+		`resources: {requests: {cpu: "1", memory: 1Gi}}`,
+		`resources: {requests: {cpu: "1", memory: 1Gi, huawei.com/Ascend910: 8}, limits: {huawei.com/Ascend910: 8}}`, 1)
+	job = job[:strings.Index(job, "  - name: manager")] + job[strings.Index(job, "  - name: worker"):]
+	f := filepath.Join(t.TempDir(), "job.yaml")
+	if err := os.WriteFile(f, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.send(map[string]any{"op": "submit", "file": f})
+	nodes := map[string]bool{}
+	for len(nodes) < 2 {
+		ev := h.wait("2 binds", 30*time.Second, kind("bind"))
+		nodes[ev["node"].(string)] = true
+	}
+	if !nodes["npu-0"] || !nodes["npu-1"] {
+		t.Fatalf("the NPU pods were bound to %v; want npu-0 and npu-1", nodes)
+	}
+}
+
 func TestBadCommands(t *testing.T) {
 	h := startLoop(t, defaultSchedulerConf)
 	h.wait("ready", 20*time.Second, kind("ready"))

@@ -5,7 +5,7 @@
 // controller (PodGroup and pods of a Volcano Job; a failed or evicted pod is created again). It
 // runs no process: the harness is the kubelet. The two talk in JSON lines:
 //
-//	stdin:  {"op":"add_node","name":"node-0","cpu":"8","memory":"32Gi","pods":110}
+//	stdin:  {"op":"add_node","name":"node-0","cpu":"8","memory":"32Gi","pods":110,"resources":{"huawei.com/Ascend910":"8"}}
 //	        {"op":"node_ready","name":"node-1","ready":false,"reason":"..."}
 //	        {"op":"submit","file":"/path/job.yaml"}
 //	        {"op":"pod_phase","pod":"default/mlp-worker-1","uid":"...","phase":"Running","exit_code":0}

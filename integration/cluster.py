@@ -39,9 +39,12 @@ from network import Network, NodeNet
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
-from regroup.testing import children_of, descendants, read_ledger, trainers_of, wait_for  # noqa: E402
+from regroup.testing import descendants, read_ledger, trainers_of, wait_for  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "train_mlp.py"
+SEED = REPO / "integration" / "seed"   # MindCluster's train_start.sh and manager.py
+SEED_MANAGER_PORT = 9601               # where MindCluster's manager listens, on rank 0's pod
+ACCELERATOR = "huawei.com/Ascend910"   # what each node advertises (volcano_loop.py)
 # The trainers' interpreter: $REGROUP_PYTHON (CI's torch 2.x stage names its venv's), else
 # Debian's, else this one.
 PYTHON = os.environ.get("REGROUP_PYTHON") or (
@@ -112,6 +115,9 @@ class JobSpec:
     microbatches: int = 4
     seed: int = 1234
     quiet: bool = True
+    # MindCluster's own flow: no manager task; each pod runs train_start.sh, which starts
+    # manager.py on rank 0 and torchrun everywhere (integration/seed/).
+    seed_flow: bool = False
 
     @property
     def data(self) -> Dict[str, int]:
@@ -161,12 +167,26 @@ class JobSpec:
         return a
 
     def volcano_job(self, ledger: Path, out: Path) -> dict:
-        """The job as a Volcano Job (what a user submits, and what the manager reads)."""
+        """The job as a Volcano Job (what a user submits, and what the manager reads): a manager
+        task and the worker task, or in MindCluster's own flow the worker task alone."""
         min_dp = self.min_dp or 1
         replicas_per_pod = max(1, self.nproc // self.tp)
         min_pods = -(-min_dp // replicas_per_pod)
-        worker_cmd = ["regroup-agent", f"--nproc-per-node={self.nproc}", f"--nnodes={self.nodes}",
-                      str(EXAMPLE), *self.train_args(ledger, out)]
+        if self.seed_flow:
+            tasks = [{"name": "worker", "replicas": self.nodes,
+                      "template": {"spec": {"containers": [self._seed_worker(ledger, out)]}}}]
+        else:
+            worker_cmd = ["regroup-agent", f"--nproc-per-node={self.nproc}", f"--nnodes={self.nodes}",
+                          str(EXAMPLE), *self.train_args(ledger, out)]
+            tasks = [
+                {"name": "manager", "replicas": 1, "template": {"spec": {"containers": [
+                    {"name": "manager", "command": ["regroup-manager", "--port=9601"],
+                     "resources": {"requests": {"cpu": "1", "memory": "512Mi"}}}]}}},
+                {"name": "worker", "replicas": self.nodes, "template": {"spec": {"containers": [
+                    {"name": "trainer", "command": worker_cmd,
+                     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                     "ports": [{"name": "taskd-port", "containerPort": 9601}]}]}}},
+            ]
         return {
             "apiVersion": "batch.volcano.sh/v1alpha1",
             "kind": "Job",
@@ -174,19 +194,30 @@ class JobSpec:
                          "annotations": self.annotations()},
             "spec": {
                 "schedulerName": "volcano",
-                "minAvailable": min_pods + 1,
+                "minAvailable": min_pods + (0 if self.seed_flow else 1),  # the manager's pod
                 "policies": [{"event": "PodEvicted", "action": "RestartTask"}],
-                "tasks": [
-                    {"name": "manager", "replicas": 1, "template": {"spec": {"containers": [
-                        {"name": "manager", "command": ["regroup-manager", "--port=9601"],
-                         "resources": {"requests": {"cpu": "1", "memory": "512Mi"}}}]}}},
-                    {"name": "worker", "replicas": self.nodes, "template": {"spec": {"containers": [
-                        {"name": "trainer", "command": worker_cmd,
-                         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-                         "ports": [{"name": "taskd-port", "containerPort": 9601}]}]}}},
-                ],
+                "tasks": tasks,
             },
         }
+
+    def _seed_worker(self, ledger: Path, out: Path) -> dict:
+        """The worker container as a MindCluster user writes it: train_start.sh, with the
+        downward-API environment a pod template gives."""
+        def field_env(name: str, path: str) -> dict:
+            return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        env = [{"name": "NNODES", "value": str(self.nodes)}, {"name": "NPROC_PER_NODE", "value": str(self.nproc)},
+               {"name": "MINDIO_WAIT_MINDX_TIME", "value": "60"},
+               field_env("POD_IP", "status.podIP"), field_env("REGROUP_HOST", "status.podIP"),
+               field_env("REGROUP_POD_UID", "metadata.uid"), field_env("REGROUP_POD_NAME", "metadata.name"),
+               field_env("REGROUP_NODE_NAME", "spec.nodeName")]
+        return {"name": "trainer",
+                "command": ["/bin/bash", str(SEED / "train_start.sh"), str(EXAMPLE), *self.train_args(ledger, out)],
+                "env": env,
+                # one NPU per process, as MindCluster's pods request them: how the scheduler's
+                # side learns the processes per pod
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi", ACCELERATOR: self.nproc},
+                              "limits": {ACCELERATOR: self.nproc}},
+                "ports": [{"name": "taskd-port", "containerPort": SEED_MANAGER_PORT}]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,6 +285,8 @@ class Cluster:
             if p.poll() is None:
                 for pid in _tree(p.pid):
                     _signal(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)  # what outlived its pod's main process
         for p in self._started:
             try:
                 p.wait(timeout=10)
@@ -350,27 +383,77 @@ class Cluster:
             return self.scheduler.wait_replacement(index)
         return self.start_pod(index, node)
 
-    def start_pod(self, index: int, node: NodeNet, uid: Optional[str] = None) -> Pod:
-        """What a kubelet does for a bound pod: runs the worker command inside the node."""
+    def start_pod(self, index: int, node: NodeNet, uid: Optional[str] = None,
+                  cluster_env: Optional[Dict[str, str]] = None) -> Pod:
+        """What a kubelet does for a bound pod: runs the worker command inside the node. In the
+        seed flow (MindCluster's train_start.sh) ``cluster_env`` is what the cluster gives the
+        pod besides its template (see :meth:`seed_env`)."""
         name = f"{self.job.name}-worker-{index}"
         uid = uid or f"{name}-{secrets.token_hex(4)}"
         command = self.worker_command()
-        argv = [self.bin["regroup-agent"], "--python", PYTHON, *command[1:]]
-        env = {"REGROUP_MANAGER_ADDR": self.manager_addr, "REGROUP_JOB_ID": self.job.job_id,
-               "REGROUP_POD_UID": uid, "REGROUP_POD_NAME": name, "REGROUP_NODE_NAME": node.name,
-               "REGROUP_HOST": node.address, "PET_NODE_RANK": str(index),
-               "REGROUP_CREDENTIAL_FILE": str(self.credential),
-               "REGROUP_SOCKET_DIR": str(self.sockets / f"{index}-{secrets.token_hex(4)}"),
-               "REGROUP_STOP_GRACE_S": "20",
-               # The library as an image would have it installed (the agent's fork server
-               # imports it before any script runs; train_mlp.py finds it on its own).
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "python"), os.environ.get("PYTHONPATH")])),
-               **node.env}
+        if self.job.seed_flow:
+            argv, env = command, {**self._template_env(name, uid, node), **(cluster_env or {})}
+        else:
+            argv = [self.bin["regroup-agent"], "--python", PYTHON, *command[1:]]
+            env = {"REGROUP_MANAGER_ADDR": self.manager_addr, "REGROUP_JOB_ID": self.job.job_id,
+                   "REGROUP_POD_UID": uid, "REGROUP_POD_NAME": name, "REGROUP_NODE_NAME": node.name,
+                   "REGROUP_HOST": node.address, "PET_NODE_RANK": str(index),
+                   "REGROUP_CREDENTIAL_FILE": str(self.credential)}
+        env.update(self._image_env(index, node))
         log = self.dir / f"{uid}.log"
         pod = Pod(name, index, node, uid, self._spawn(node.wrap(argv), log, env), log)
         self.pods[name] = pod
         self.log(f"pod {name} started on {node.name} ({node.address})")
+        if self.job.seed_flow and index == 0:
+            # manager.py runs in this pod: the job's manager is at its address, port 9601.
+            self.manager, self.manager_node = pod.process, node
+            self.manager_host, self.manager_port = node.address, SEED_MANAGER_PORT
+            self.http_port = int(env["REGROUP_MANAGER_HTTP"].rsplit(":", 1)[1])
         return pod
+
+    def _image_env(self, index: int, node: NodeNet) -> Dict[str, str]:
+        """What the image and the node give every pod: the library installed (the agent's fork
+        server imports it before any script runs), the trainers' sockets, the node's network."""
+        env = {"REGROUP_SOCKET_DIR": str(self.sockets / f"{index}-{secrets.token_hex(4)}"),
+               "REGROUP_STOP_GRACE_S": "20",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "python"), os.environ.get("PYTHONPATH")])),
+               **node.env}
+        if self.job.seed_flow:
+            # Regroup installed in the image: its binaries, and the torchrun entry point ahead of
+            # torch's (`python3 -m regroup.torchrun shim`), which hands over to regroup-agent.
+            shims = self.dir / "image-bin"
+            if not (shims / "torchrun").exists():
+                from regroup.torchrun import write_shim
+                write_shim(shims, PYTHON)
+            env.update({"PATH": f"{shims}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHON": PYTHON,
+                        "REGROUP_BIN_DIR": str(Path(self.bin["regroup-agent"]).parent)})
+        return env
+
+    def _template_env(self, name: str, uid: str, node: NodeNet) -> Dict[str, str]:
+        """The worker template's env, its downward-API fields resolved as a kubelet does."""
+        doc = yaml.safe_load(self.job_file.read_text())
+        task = next(t for t in doc["spec"]["tasks"] if t["name"] == "worker")
+        fields = {"metadata.name": name, "metadata.uid": uid, "metadata.namespace": "default",
+                  "spec.nodeName": node.name, "status.podIP": node.address}
+        env = {}
+        for e in task["template"]["spec"]["containers"][0].get("env", []):
+            ref = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            env[e["name"]] = fields[ref] if ref else str(e.get("value", ""))
+        return env
+
+    def seed_env(self, index: int, coordinator: str, coordinator_token: Path) -> Dict[str, str]:
+        """What the cluster gives pod ``index`` of a MindCluster job besides its template: its
+        rank and rank 0's address (the operator's RANK and MASTER_ADDR), the job's id, the job's
+        credential and coordinator token (Secrets), the coordinator's address (its Service), and
+        the manager's HTTP address for this harness to read /status."""
+        zero = self.pods.get(f"{self.job.name}-worker-0")
+        if index != 0 and (zero is None or zero.process.poll() is not None):
+            raise RuntimeError("rank 0's pod is not running: MASTER_ADDR is unknown")
+        return {"RANK": str(index), "MASTER_ADDR": zero.node.address if index else "",
+                "MINDX_TASK_ID": self.job.job_id, "REGROUP_CREDENTIAL_FILE": str(self.credential),
+                "REGROUP_COORDINATOR_ADDR": coordinator,
+                "REGROUP_COORDINATOR_CREDENTIAL_FILE": str(coordinator_token),
+                "REGROUP_MANAGER_HTTP": f"0.0.0.0:{self.http_port}"}
 
     # -- observing -------------------------------------------------------------------------------
 
@@ -547,12 +630,12 @@ _tree = descendants
 
 
 def _agent_pid(pid: int) -> Optional[int]:
-    """The regroup-agent process: ``pid`` itself, or its child when started by ``ip netns exec``."""
-    try:
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return None
-    if exe.endswith("regroup-agent"):
-        return pid
-    kids = children_of(pid)
-    return kids[0] if kids else None
+    """The pod's regroup-agent process: ``pid`` itself, or the first of its descendants that is
+    one (under ``ip netns exec``, or a pod's shell script and its torchrun)."""
+    for p in [pid, *_tree(pid)]:
+        try:
+            if os.readlink(f"/proc/{p}/exe").endswith("regroup-agent"):
+                return p
+        except OSError:
+            continue
+    return None

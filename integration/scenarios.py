@@ -217,6 +217,7 @@ class Scenario:
     spare_nodes: int = 0
     needs_cut: bool = False
     volcano: bool = False  # run with Volcano in the loop where it is available
+    needs_volcano: bool = False  # skipped where Volcano in the loop is not available
 
 
 SCENARIOS: Dict[int, Scenario] = {}
@@ -589,6 +590,37 @@ def business_fault_retries(c: Cluster, r: Result) -> None:
                        ("directive", "exit")])
 
 
+@scenario(16, "MindCluster's own job: manager.py on rank 0, torchrun in train_start.sh; a node dies, recover",
+          lambda: JobSpec(steps=50, seed_flow=True, strategies="retry,recover-in-place,recover,elastic-training,dump",
+                          extra_labels={"fault-retry-times": "10", "process-recover-enable": "on"}),
+          spare_nodes=1, volcano=True, needs_volcano=True)
+def mindcluster_seed_flow(c: Cluster, r: Result) -> None:
+    """The job as MindCluster's documentation has users write it (integration/seed/): worker pods
+    only, each running train_start.sh; rank 0's starts manager.py (its import line changed), which
+    passes only the job's id and sizes; every pod's torchrun hands over to regroup-agent."""
+    c.start()
+    c.wait_step(10)
+    zero, one = c.pods[f"{c.job.name}-worker-0"], c.pods[f"{c.job.name}-worker-1"]
+    said = zero.log.read_text(errors="replace")
+    r.promise("manager.py's manager learned the job's keys from the coordinator",
+              f"from the coordinator at {c.scheduler.coordinator}" in said and "recovery is off" not in said,
+              "\n".join(line for line in said.splitlines() if "labels and" in line or "recovery" in line)[:600])
+    said = one.log.read_text(errors="replace")
+    r.promise("torchrun handed over, and the agent found the manager at $MASTER_ADDR:9601",
+              "torchrun: handing over to" in said and f"{zero.node.address}:9601" in said,
+              "\n".join(line for line in said.splitlines() if "handing over" in line or ":9601" in line)[:600])
+    f = c.kill_node(c.node_of(1))
+    c.wait_event("directive", "[recover]", after_ms=int(f["at"] * 1000))
+    pod = c.replace_pod(1, c.nodes["node-2"])
+    c.wait_event("resumed", after_ms=int(f["at"] * 1000))
+    codes = c.wait_pods_exit()
+    r.promise("rank 0's pod and the replacement exited 0", set(codes.values()) == {0}, str(codes))
+    measure(c, r, f, detected_kinds=("fault", "directive"))
+    check_training(c, r)
+    check_strategy(c, r, [], ["scale_in", "restart_job"])
+    check_story(c, r, [("register", pod.node.name), ("generation", "4 ranks"), ("resumed", ""), ("done", "")])
+
+
 # ---------------------------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------------------------
@@ -605,10 +637,16 @@ def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: b
         if s.volcano and volcano:
             why = volcano_unavailable()
             if why is None:
-                c.scheduler = VolcanoLoop(c)
+                # MindCluster's flow has no manager pod: its manager runs in rank 0's pod
+                c.scheduler = VolcanoLoop(c, manager_node=not job.seed_flow)
                 result.mode = "volcano"
             else:
                 log(f"  [{number}] notice: standalone mode, Volcano in the loop unavailable: {why}")
+        else:
+            why = "--standalone"
+        if s.needs_volcano and c.scheduler is None:
+            result.skipped = f"needs Volcano in the loop (its coordinator holds the job's keys): {why}"
+            return result
         if s.needs_cut and not c.net.can_cut:
             result.skipped = "needs network namespaces to cut a node's link"
             return result

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from cluster import REPO, Cluster, Pod, _signal, _tree
+from cluster import ACCELERATOR, REPO, Cluster, Pod, _signal, _tree
 
 LOCALSCHED = REPO / "integration" / "localsched"
 # The scheduler configuration that ships (regroup beside gang); localsched's built-in one otherwise.
@@ -265,7 +265,7 @@ class VolcanoLoop:
         if self.proc is None or node.name in self.nodes_added:
             return
         self.send({"op": "add_node", "name": node.name, "cpu": self.cpu, "memory": self.memory,
-                   "pods": self.pods_per_node})
+                   "pods": self.pods_per_node, "resources": {ACCELERATOR: "8"}})  # as a device plugin advertises them
         self.nodes_added.append(node.name)
 
     def on_node_killed(self, name: str, reason: str = "the node died") -> None:
@@ -388,8 +388,13 @@ class VolcanoLoop:
         if node is None:
             self._report(key, uid, "Failed", 127)
             raise RuntimeError(f"{key} was bound to {node_name}, which the cluster does not have")
-        if rec["task"] == "manager":
-            self._start_manager(key, rec, node)
+        if rec["task"] == "manager" or (self.c.job.seed_flow and int(rec["index"]) == 0):
+            # The manager's pod, or in MindCluster's flow rank 0's pod (its manager.py, and the
+            # MASTER_ADDR of the others)
+            if rec["task"] == "manager":
+                self._start_manager(key, rec, node)
+            else:
+                self._start_worker(key, rec)
             pending, self._pending_workers = self._pending_workers, []
             for w in pending:
                 if self.pods.get(w["key"]) is w["rec"]:
@@ -424,7 +429,12 @@ class VolcanoLoop:
 
     def _start_worker(self, key: str, rec: dict) -> None:
         node = self.c.nodes[rec["node"]]
-        pod = self.c.start_pod(int(rec["index"]), node, uid=rec["uid"])  # the engine knows it by uid
+        cluster_env = None
+        if self.c.job.seed_flow:
+            token = self.job_token(rec["job"], rec["job_uid"])
+            cluster_env = self.c.seed_env(int(rec["index"]), self.coordinator, token)
+        # the engine knows the pod by uid
+        pod = self.c.start_pod(int(rec["index"]), node, uid=rec["uid"], cluster_env=cluster_env)
         rec["process"] = pod.process
         self._report(key, rec["uid"], "Running")
 

@@ -16,8 +16,10 @@
 //     role with the replicas seen and a pod's containers as its template. The library is asked
 //     again only when that Volcano Job changes;
 //   - reports the pods of those jobs and the node health that changed (a Ready condition False or
-//     Unknown, the fault taint, the fault label), then ticks the engine at the plugin's clock
-//     (Unix milliseconds, the coordinator's clock) and publishes new directives to the managers;
+//     Unknown, the fault taint, the fault label, a fault at a "separate" level that MindCluster's
+//     Ascend Device Plugin or NodeD publishes: mindcluster.go, docs/mindcluster-faults.md), then
+//     ticks the engine at the plugin's clock (Unix milliseconds, the coordinator's clock) and
+//     publishes new directives to the managers;
 //   - evicts what the engine says (fault-scheduling force: at once, grace period 0; grace: the
 //     pod's grace period; off: never) and writes changed states back to the PodGroups.
 //
@@ -25,9 +27,10 @@
 // fallback is a warning event), job readiness and pipelining against the engine's gang minimum
 // (the whole job at full size, the current generation when scaled in), starving (a job that
 // wants pods starves until it has them all), a predicate that keeps a job's pods off unhealthy
-// and avoided nodes (UnschedulableAndUnresolvable: preemption cannot make a faulty node
-// healthy), node order (a pod's previous node, then a node of its replica), and preemption and
-// reclaim guards that never take a job below its gang minimum nor its manager.
+// and avoided nodes, and its new pods off the nodes MindCluster pre-separates
+// (UnschedulableAndUnresolvable: preemption cannot make a faulty node healthy), node order (a
+// pod's previous node, then a node of its replica), and preemption and reclaim guards that never
+// take a job below its gang minimum nor its manager.
 //
 // A job without Regroup or MindCluster keys gets no answer from any hook that would change its
 // scheduling: the plugin abstains, or answers as gang does (starving).

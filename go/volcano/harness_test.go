@@ -224,6 +224,7 @@ type world struct {
 	args     framework.Arguments
 	noPlugin bool
 	tweak    func([]conf.Tier) // changes the shipped tiers for one test
+	cms      ConfigMapSource   // MindCluster's fault ConfigMaps (nil: the session's empty client)
 	uid      int
 }
 
@@ -243,7 +244,7 @@ func newWorld(t *testing.T) *world {
 }
 
 func (w *world) options() Options {
-	return Options{Now: w.clock.Now, States: w.rec, Events: w.rec, Evictor: w.rec}
+	return Options{Now: w.clock.Now, States: w.rec, Events: w.rec, Evictor: w.rec, ConfigMaps: w.cms}
 }
 
 // addNode adds a node of cpu cores (and room for 110 pods).

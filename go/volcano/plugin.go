@@ -41,6 +41,11 @@ const (
 	argTLSKeyFile  = "regroup.tlsKeyFile"
 	// argNodeOrderWeight multiplies the engine's node scores (0 to 100). Default 10.
 	argNodeOrderWeight = "regroup.nodeOrderWeight"
+	// argMindClusterFaults: read the node and NPU faults MindCluster's Ascend Device Plugin and
+	// NodeD publish (ConfigMaps kube-system/mindx-dl-deviceinfo-<node> and
+	// mindx-dl/mindx-dl-nodeinfo-<node>; docs/mindcluster-faults.md). Default true; without
+	// those components there is nothing to read and nothing changes.
+	argMindClusterFaults = "regroup.mindclusterFaults"
 )
 
 const (
@@ -67,6 +72,9 @@ type Options struct {
 	States  StateStore // default PodGroupStateStore
 	Events  EventSink  // default SessionEvents
 	Evictor Evictor    // default SessionEvictor
+	// ConfigMaps gives the ConfigMaps MindCluster's components publish; default: informers on the
+	// session's client, shared by all sessions.
+	ConfigMaps ConfigMapSource
 }
 
 // New builds the plugin with the default options: what the scheduler registers.
@@ -88,6 +96,7 @@ type config struct {
 	nodes       nodeHealthRules
 	coordinator coordinatorConfig
 	weight      float64
+	mindcluster bool // read MindCluster's fault ConfigMaps
 }
 
 // parseArguments reads the plugin's arguments; a bad one is logged and its default kept.
@@ -96,8 +105,10 @@ func parseArguments(args framework.Arguments) config {
 		nodes:       nodeHealthRules{taint: defaultFaultTaint},
 		coordinator: coordinatorConfig{listen: defaultCoordinatorListen},
 		weight:      defaultNodeOrderWeight,
+		mindcluster: true,
 	}
 	args.GetString(&c.nodes.taint, argFaultTaint)
+	args.GetBool(&c.mindcluster, argMindClusterFaults)
 	label := ""
 	args.GetString(&label, argFaultLabel)
 	if k, v, err := parseFaultLabel(label); err != nil {
@@ -173,6 +184,7 @@ type plugin struct {
 	nowMs     int64
 	rtErr     error
 	unhealthy map[string]string // node -> why it is faulty or unknown
+	avoidNew  map[string]string // node -> why no new pod of a Regroup job goes there (pre-separated)
 	jobs      map[api.JobID]*sessionJob
 }
 
@@ -192,6 +204,9 @@ func newPlugin(arguments framework.Arguments, opts Options) *plugin {
 	if opts.Evictor == nil {
 		opts.Evictor = SessionEvictor{}
 	}
+	if opts.ConfigMaps == nil {
+		opts.ConfigMaps = defaultConfigMaps
+	}
 	return &plugin{cfg: parseArguments(arguments), opts: opts}
 }
 
@@ -206,6 +221,7 @@ func (p *plugin) OnSessionOpen(ssn *framework.Session) {
 	p.ssn = ssn
 	p.jobs = map[api.JobID]*sessionJob{}
 	p.unhealthy = map[string]string{}
+	p.avoidNew = map[string]string{}
 
 	rt, err := p.opts.Runtime()
 	if err != nil {
@@ -245,6 +261,7 @@ func (p *plugin) OnSessionOpen(ssn *framework.Session) {
 func (p *plugin) OnSessionClose(ssn *framework.Session) {
 	p.jobs = nil
 	p.unhealthy = nil
+	p.avoidNew = nil
 	p.ssn = nil
 }
 
@@ -252,9 +269,21 @@ func (p *plugin) OnSessionClose(ssn *framework.Session) {
 // healthy, so healthy nodes are reported only after they were not.
 func (p *plugin) syncNodes(ssn *framework.Session) {
 	rt := p.rt
+	var mc map[string]mcNode
+	if p.cfg.mindcluster {
+		mc = p.readMindCluster(ssn)
+	}
 	known := 0 // nodes of the session the runtime knew: when all it knew, none has left
 	for name, n := range ssn.Nodes {
 		h, reason := p.cfg.nodes.health(n.Node)
+		if f, ok := mc[name]; ok && h != regroup.NodeFaulty {
+			switch f.action {
+			case mcFaulty:
+				h, reason = regroup.NodeFaulty, f.reason
+			case mcAvoidNew:
+				p.avoidNew[name] = f.reason
+			}
+		}
 		if h != regroup.NodeHealthy {
 			p.unhealthy[name] = reason
 		}
@@ -758,6 +787,10 @@ func (p *plugin) predicate(task *api.TaskInfo, node *api.NodeInfo) error {
 	if why, bad := p.unhealthy[node.Name]; bad {
 		return api.NewFitErrWithStatus(task, node, &api.Status{Code: api.UnschedulableAndUnresolvable, Plugin: PluginName,
 			Reason: fmt.Sprintf("node %s is not healthy (%s); Regroup keeps job %s off it", node.Name, why, sj.id)})
+	}
+	if why, pre := p.avoidNew[node.Name]; pre {
+		return api.NewFitErrWithStatus(task, node, &api.Status{Code: api.UnschedulableAndUnresolvable, Plugin: PluginName,
+			Reason: fmt.Sprintf("node %s is pre-separated (%s); Regroup places no new pod of job %s there", node.Name, why, sj.id)})
 	}
 	if sj.avoid[node.Name] {
 		return api.NewFitErrWithStatus(task, node, &api.Status{Code: api.UnschedulableAndUnresolvable, Plugin: PluginName,

@@ -700,6 +700,7 @@ func TestWithoutTheEngineRegroupJobsWaitAndOthersRun(t *testing.T) {
 func TestPredicateRefusesUnhealthyAndAvoidedNodesOnlyForRegroupJobs(t *testing.T) {
 	p := newPlugin(testArgs(), Options{})
 	p.unhealthy = map[string]string{"bad": "NotReady: KubeletStopped"}
+	p.avoidNew = map[string]string{"pre": "MindCluster NodeD: level PreSeparateFault"}
 	p.jobs = map[api.JobID]*sessionJob{
 		"default/train-pg": {id: "default/train", valid: true, avoid: map[string]bool{"avoided": true}},
 	}
@@ -714,8 +715,10 @@ func TestPredicateRefusesUnhealthyAndAvoidedNodesOnlyForRegroupJobs(t *testing.T
 		{"default/train-pg", "good", ""},
 		{"default/train-pg", "bad", "node bad is not healthy (NotReady: KubeletStopped); Regroup keeps job default/train off it"},
 		{"default/train-pg", "avoided", "job default/train avoids node avoided for a while: a pod of it was lost there"},
+		{"default/train-pg", "pre", "node pre is pre-separated (MindCluster NodeD: level PreSeparateFault); Regroup places no new pod of job default/train there"},
 		{"default/plain-pg", "bad", ""},
 		{"default/plain-pg", "avoided", ""},
+		{"default/plain-pg", "pre", ""},
 	} {
 		err := p.predicate(task(api.JobID(tc.job)), node(tc.node))
 		if tc.want == "" {

@@ -28,6 +28,8 @@ type Runtime struct {
 
 	nodes map[string]nodeState  // the health last reported per node
 	jobs  map[string]*jobRecord // by engine job id ("namespace/name")
+
+	mcLogged map[string]string // MindCluster ConfigMap (or namespace) -> the problem last logged
 }
 
 // nodeState is a node's health as last reported to the engine.

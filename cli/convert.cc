@@ -761,6 +761,10 @@ class Converter {
          "one CPU-only pod running regroup-manager on port " + std::to_string(kManagerPort) +
              " (taskd-port), outside the training pods so that losing any training node, rank "
              "0's included, never takes the manager with it; Volcano restarts it if it fails");
+    Note(Kind::kKept, "manager.py",
+         "a MindCluster manager.py the pods' script still starts on rank 0 may stay: with "
+         "REGROUP_MANAGER_ADDR naming this task's manager, regroup.api's start_taskd_manager "
+         "starts no second manager of the job and returns");
     if (!options_.coordinator.empty())
       Note(Kind::kAdded, "spec.tasks[manager] env REGROUP_COORDINATOR_ADDR",
            options_.coordinator +

@@ -217,6 +217,12 @@ TEST(Convert, ElasticExampleReportSaysWhatChangedAndWhy) {
                       "--nproc_per_node 8 --nnodes 4 pretr...): the agent takes torchrun's flags, "
                       "is the parent of the pod's trainers and connects them to the job's manager"))
       << Notes(r);
+  // A manager.py the script keeps steps aside for the manager task: one manager per job.
+  EXPECT_TRUE(HasNote(r, K::kKept, "manager.py",
+                      "a MindCluster manager.py the pods' script still starts on rank 0 may stay: "
+                      "with REGROUP_MANAGER_ADDR naming this task's manager, regroup.api's "
+                      "start_taskd_manager starts no second manager of the job and returns"))
+      << Notes(r);
   EXPECT_TRUE(HasNote(r, K::kDropped, "spec.successPolicy",
                       "no Volcano field: the job completes when its training pods have completed "
                       "(TaskCompleted -> CompleteJob)"))

@@ -29,6 +29,7 @@ import enum
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -438,8 +439,30 @@ def init_manager(config: Mapping[str, Any]) -> None:
     _manager_args = args
 
 
+def manager_elsewhere(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The job's manager address when this pod's environment names one that is not this pod.
+
+    ``regroupctl convert`` gives a job a manager task and its training pods
+    ``REGROUP_MANAGER_ADDR=<job>-manager-0.<job>:9601``; a MindCluster ``manager.py`` that their
+    script still starts on rank 0 must then not start a second manager of the job (it would take
+    the job over at the coordinator from the one its agents talk to)."""
+    addr = (environ.get("REGROUP_MANAGER_ADDR") or "").strip()
+    if not addr:
+        return None
+    host = addr.rsplit(":", 1)[0].strip("[]") if ":" in addr else addr
+    here = {"", "localhost", "0.0.0.0", "::", "::1", socket.gethostname(),
+            environ.get("POD_IP", ""), environ.get("REGROUP_HOST", ""), environ.get("HOSTNAME", "")}
+    if host in here or host.startswith("127."):
+        return None
+    return addr
+
+
 def start_manager(wait: bool = True, extra_args: Sequence[str] = ()) -> Any:
     """Runs ``regroup-manager`` with what ``init_manager`` recorded (MindCluster's ``start_taskd_manager``).
+
+    In a pod whose ``REGROUP_MANAGER_ADDR`` names another pod's manager (a job converted by
+    ``regroupctl convert``, which runs the manager in a task of its own) it starts none, says so
+    on stderr, and returns 0 (``None`` with ``wait=False``): a job has one manager.
 
     Args:
         wait: block until the manager exits and return its exit code (MindCluster's behaviour);
@@ -455,6 +478,11 @@ def start_manager(wait: bool = True, extra_args: Sequence[str] = ()) -> Any:
     """
     if _manager_args is None:
         raise UsageError("start_manager() needs init_manager({...}) first")
+    elsewhere = manager_elsewhere()
+    if elsewhere is not None:
+        print(f"regroup: the job's manager runs at {elsewhere} ($REGROUP_MANAGER_ADDR): this pod "
+              "starts no second one", file=sys.stderr, flush=True)
+        return 0 if wait else None
     process = subprocess.Popen([find_binary("regroup-manager"), *_manager_args, *extra_args])
     if not wait:
         return process

@@ -151,3 +151,24 @@ def test_a_manager_py_and_the_torchrun_hand_over_need_no_torch():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "lazy"
+
+
+def test_a_manager_py_in_a_converted_jobs_pod_starts_no_second_manager(tmp_path, monkeypatch, capfd):
+    # regroupctl convert runs the manager in a task of its own and points the pods at it: a
+    # manager.py their script still starts on rank 0 steps aside.
+    record = _fake_manager(tmp_path)
+    monkeypatch.setenv("REGROUP_BIN_DIR", str(tmp_path))
+    monkeypatch.setenv("REGROUP_MANAGER_ADDR", "llama-manager-0.llama:9601")
+    regroup.init_manager({"job_id": "team-a/llama", "node_nums": 2, "proc_per_node": 8})
+    assert regroup.start_manager() == 0
+    assert not record.exists()
+    assert "the job's manager runs at llama-manager-0.llama:9601" in capfd.readouterr().err
+    assert regroup.start_manager(wait=False) is None
+    # An address of this pod is this manager's own: it starts.
+    for here in ("127.0.0.1:9601", "[::1]:9601", "0.0.0.0:9601"):
+        monkeypatch.setenv("REGROUP_MANAGER_ADDR", here)
+        assert api.manager_elsewhere() is None, here
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    monkeypatch.setenv("REGROUP_MANAGER_ADDR", "10.1.2.3:9601")
+    assert regroup.start_manager() == 0
+    assert record.exists()

@@ -320,6 +320,7 @@ void Agent::StartChild(uint32_t r) {
   k.generation = 0;
   k.committed_step = -1;
   k.heard_commit_step = -1;
+  k.heard_commit_epoch = k.heard_commit_generation = 0;
   k.restart_pending = false;
   if (!pid.ok()) {
     spdlog::error("local rank {}: {}", r, pid.status().message());
@@ -818,8 +819,13 @@ void Agent::OnOutcome(const v1::StepOutcome& outcome) {
     Deliver(r, reply);
     if (outcome.commit()) {
       // What this trainer now holds: it applies a step once it hears commit.
-      ranks_[r].heard_commit_step = std::max(ranks_[r].heard_commit_step, outcome.step());
-      ranks_[r].committed_step = std::max(ranks_[r].committed_step, outcome.step());
+      Rank& k = ranks_[r];
+      if (outcome.step() > k.heard_commit_step) {  // and which generation committed it
+        k.heard_commit_step = outcome.step();
+        k.heard_commit_epoch = started_epoch_;
+        k.heard_commit_generation = outcome.generation();
+      }
+      k.committed_step = std::max(k.committed_step, outcome.step());
     }
   }
   tally_.Settle(outcome.generation(), outcome.step());
@@ -967,6 +973,8 @@ v1::LocalRank Agent::Report(uint32_t r, Clock::time_point now) const {
   out.set_generation(k.generation);
   out.set_committed_step(k.committed_step);
   out.set_heard_commit_step(k.heard_commit_step);
+  out.set_heard_commit_epoch(k.heard_commit_epoch);
+  out.set_heard_commit_generation(k.heard_commit_generation);
   return out;
 }
 
@@ -1085,6 +1093,8 @@ void Agent::OnHello(uint32_t r, const v1::TrainerHello& hello) {
   k.generation = hello.generation();
   k.committed_step = hello.committed_step();
   k.heard_commit_step = hello.heard_commit_step();
+  k.heard_commit_epoch = hello.heard_commit_epoch();
+  k.heard_commit_generation = hello.heard_commit_generation();
   spdlog::info("local rank {} connected (pid {}, generation {}, committed step {})", r,
                hello.pid(), hello.generation(), hello.committed_step());
   v1::AgentReply welcome;

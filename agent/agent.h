@@ -71,6 +71,8 @@ class Agent final : private TrainerServer::Listener {
     uint64_t generation = 0;
     int64_t committed_step = -1;
     int64_t heard_commit_step = -1;
+    uint64_t heard_commit_epoch = 0;       // the generation whose outcome committed it
+    uint64_t heard_commit_generation = 0;  // (0, 0: not known)
     bool exited = false;
     int exit_code = 0;
     int exit_signal = 0;

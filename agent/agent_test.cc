@@ -536,7 +536,12 @@ TEST_F(AgentTest, VotesOfAllLocalRanksGoUpAsOneMessage) {
     return m.has_heartbeat() && m.heartbeat().ranks(0).heard_commit_step() == 10 &&
            m.heartbeat().ranks(1).heard_commit_step() == 10;
   });
-  EXPECT_TRUE(heard);
+  ASSERT_TRUE(heard);
+  // ... and which generation committed it, for a manager that restarts before the next commit.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(heard->message.heartbeat().ranks(r).heard_commit_epoch(), 1u);
+    EXPECT_EQ(heard->message.heartbeat().ranks(r).heard_commit_generation(), 3u);
+  }
 }
 
 TEST_F(AgentTest, ATrainerFaultIsReportedWithItsRank) {

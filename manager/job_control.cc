@@ -972,6 +972,23 @@ void JobControl::Abort(const std::string& reason, int64_t now) {
   Event(now, "abort", "generation " + std::to_string(generation_) + " aborted: " + reason);
 }
 
+// The generation that committed `step`, as the ranks that heard its commit say; (0, 0) when none
+// says, or when they disagree (one of them holds a stale mark: no rank may then trust its vote).
+std::pair<uint64_t, uint64_t> JobControl::HeardCommitMark(int64_t step) const {
+  std::pair<uint64_t, uint64_t> mark{0, 0};
+  for (const Agent& a : agents_) {
+    if (a.state == AgentState::kLost || a.pod_uid.empty()) continue;
+    for (const auto& lr : a.ranks) {
+      if (lr.heard_commit_step() != step) continue;
+      const std::pair<uint64_t, uint64_t> said{lr.heard_commit_epoch(), lr.heard_commit_generation()};
+      if (said == std::pair<uint64_t, uint64_t>{0, 0}) continue;
+      if (mark != std::pair<uint64_t, uint64_t>{0, 0} && mark != said) return {0, 0};
+      mark = said;
+    }
+  }
+  return mark;
+}
+
 bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
                                 const std::vector<int64_t>& micro, const std::string& reason,
                                 int64_t now, bool interim) {
@@ -1000,7 +1017,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
         heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
   if (heard > committed_step_) {  // committed by a generation this incarnation did not run
     committed_step_ = heard;
-    committed_mark_ = {0, 0};
+    committed_mark_ = HeardCommitMark(heard);
   }
   // Who holds the committed state: the ranks of the generation that committed it (their reports
   // may not say so yet), and every rank whose report says it committed or heard it.

@@ -224,6 +224,8 @@ class JobControl {
   void CatchUp(int64_t node);
   // A pod uid that must never take part again (lost, left or replaced), kept on record too.
   void Forget(const std::string& uid);
+  // The (epoch, generation) that the ranks which heard `step` commit say committed it.
+  std::pair<uint64_t, uint64_t> HeardCommitMark(int64_t step) const;
   // After a manager restart: whether a majority of the last generation on record is back.
   bool MajorityBack(int64_t now);
   // Declares a pod lost: its uid is fenced for good, and a connected agent is told so at once.

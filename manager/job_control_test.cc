@@ -1138,6 +1138,52 @@ TEST(JobControl, ARestartedManagerResumesAtACommitOnlyAStandbyHeard) {
   EXPECT_EQ(sim.starts_[0].plan().committed_step(), 41);
 }
 
+// Issue 11 ("whose commit, after a manager restart"): a restarted manager learns the last
+// committed step from the agents; the ranks that heard its commit also say which generation
+// committed it, and its first plan names that generation, so a rank whose pending vote for the
+// step is from another (aborted) generation drops it instead of applying it.
+TEST(JobControl, ARestartedManagersFirstPlanNamesTheGenerationThatCommittedTheStep) {
+  JobControlOptions o;
+  o.epoch = 9;
+  Sim sim(2, 2, kForce, kElastic, o);
+  for (int64_t n = 0; n < 2; ++n) {
+    std::vector<v1::LocalRank> ranks = Survivor(2, 40);
+    for (auto& r : ranks) {
+      r.set_heard_commit_step(41);
+      r.set_heard_commit_epoch(7);
+      r.set_heard_commit_generation(5);
+      if (n == 1) r.set_committed_step(40);  // pod 1's ranks heard it, but have not applied it
+    }
+    ASSERT_TRUE(sim.Register(n, "", ranks, 2).ok());
+  }
+  sim.Run(1000, -1);
+  ASSERT_GE(sim.rt->generation(), 1u);
+  const v1::GenerationPlan& plan = sim.starts_[0].plan();
+  EXPECT_EQ(plan.committed_step(), 41);
+  EXPECT_EQ(plan.committed_epoch(), 7u);
+  EXPECT_EQ(plan.committed_generation(), 5u);
+}
+
+// Ranks that disagree about which generation committed the step they heard (one of them is
+// stale) name none: (0, 0), as before.
+TEST(JobControl, RanksThatDisagreeAboutWhoCommittedTheStepNameNoGeneration) {
+  JobControlOptions o;
+  o.epoch = 9;
+  Sim sim(2, 1, kForce, kElastic, o);
+  for (int64_t n = 0; n < 2; ++n) {
+    std::vector<v1::LocalRank> ranks = Survivor(1, 40);
+    ranks[0].set_heard_commit_step(41);
+    ranks[0].set_heard_commit_epoch(7);
+    ranks[0].set_heard_commit_generation(n == 0 ? 5 : 6);
+    ASSERT_TRUE(sim.Register(n, "", ranks, 2).ok());
+  }
+  sim.Run(1000, -1);
+  ASSERT_GE(sim.rt->generation(), 1u);
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 41);
+  EXPECT_EQ(sim.starts_[0].plan().committed_epoch(), 0u);
+  EXPECT_EQ(sim.starts_[0].plan().committed_generation(), 0u);
+}
+
 // Issue 11, finding 7: under CPU overload a manager that was not scheduled for a while found
 // every pod silent when it ran again (their heartbeats waited in its sockets) and declared them
 // lost. Its own stall is not counted against the pods.
@@ -1241,7 +1287,9 @@ void ExpectRestartedAndReadmitted(Sim& sim, int64_t node) {
   ASSERT_EQ(sim.Count(node, v1::ManagerMessage::kRestart), 1) << "pod " << node;
   bool readmitted = false;
   for (const auto& m : sim.inbox_[node]) {
-    if (m.has_restart()) EXPECT_EQ(m.restart().local_ranks_size(), 2) << "every process";
+    if (m.has_restart()) {
+      EXPECT_EQ(m.restart().local_ranks_size(), 2) << "every process";
+    }
     if (m.has_refusal())
       readmitted = m.refusal().fenced() && m.refusal().readmit() &&
                    Contains(m.refusal().reason(), "the job restarts");
@@ -1277,7 +1325,9 @@ TEST(JobControl, AJobRestartRestartsEveryProcessAndResumesFromTheirCheckpoint) {
   auto wait = [&](int64_t ms) {
     for (int64_t t = 0; t < ms; t += 100) {
       for (int64_t n = 0; n < 3; ++n)
-        if (!sim.gone_.count(n)) ASSERT_TRUE(sim.Send(n, FreshBeat(2, 3)).ok());
+        if (!sim.gone_.count(n)) {
+          ASSERT_TRUE(sim.Send(n, FreshBeat(2, 3)).ok());
+        }
       sim.Run(100);
     }
   };

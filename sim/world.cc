@@ -58,6 +58,7 @@ struct Trainer {
   int64_t step = 0;
   int64_t committed = -1;
   int64_t heard = -1;
+  std::pair<uint64_t, uint64_t> heard_by{0, 0};  // the generation whose commit of `heard` it heard
   uint64_t token = 0;  // bumped to cancel a scheduled step end or hello
 };
 
@@ -238,6 +239,7 @@ class World {
   std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::string> node_holder_;   // (e, g, node)
   std::map<std::pair<std::string, uint32_t>, std::pair<uint64_t, uint64_t>> store_of_;  // -> (e, g)
   uint64_t highest_commit_epoch_ = 0;
+  std::map<int64_t, std::pair<uint64_t, uint64_t>> committed_by_;  // step -> the (e, g) that last committed it
   std::set<std::string> ever_lost_;          // uids some incarnation declared lost
   std::map<std::string, int64_t> limbo_since_;      // lost uid, alive, since
   std::map<std::string, int64_t> reachable_since_;  // not paused, link not cut, since
@@ -663,6 +665,8 @@ v1::LocalRank World::Report(const Pod* pod, uint32_t local) const {
   r.set_generation(t.generation);
   r.set_committed_step(t.committed);
   r.set_heard_commit_step(t.heard);
+  r.set_heard_commit_epoch(t.heard_by.first);
+  r.set_heard_commit_generation(t.heard_by.second);
   return r;
 }
 
@@ -855,6 +859,16 @@ void World::OnStart(Pod* pod, const v1::StartGeneration& start, uint64_t epoch) 
               pod->uid + " local rank " + std::to_string(l) + " heard step " +
               std::to_string(t.heard) + " committed");
   }
+  // A plan that names the generation that committed its step names the one that did: a rank
+  // applies its own vote for the step only when it voted in that generation.
+  const std::pair<uint64_t, uint64_t> named{plan.committed_epoch(), plan.committed_generation()};
+  if (auto by = committed_by_.find(plan.committed_step());
+      named != std::pair<uint64_t, uint64_t>{0, 0} && by != committed_by_.end() && by->second != named)
+    Violate("generation (" + std::to_string(epoch) + ", " + std::to_string(plan.generation()) +
+            ") says step " + std::to_string(plan.committed_step()) + " was committed by (" +
+            std::to_string(named.first) + ", " + std::to_string(named.second) + "), but (" +
+            std::to_string(by->second.first) + ", " + std::to_string(by->second.second) +
+            ") committed it");
   // A generation's ranks leave it on its abort: one not aborted holds them (in its rendezvous,
   // or its collectives) until the collective timeout, whatever starts after it.
   if (pod->training_in.first == epoch && pod->training_in.second != 0 &&
@@ -911,7 +925,10 @@ void World::OnStart(Pod* pod, const v1::StartGeneration& start, uint64_t epoch) 
     // State sync: every rank of the generation holds the plan's committed step.
     t.generation = plan.generation();
     t.committed = plan.committed_step();
-    t.heard = std::max(t.heard, plan.committed_step());
+    if (plan.committed_step() > t.heard) {
+      t.heard = plan.committed_step();
+      t.heard_by = named;
+    }
     t.step = plan.committed_step() + 1;
     BeginStep(pod, l);
   }
@@ -959,6 +976,7 @@ void World::OnOutcome(Pod* pod, const v1::StepOutcome& outcome, uint64_t epoch) 
               std::to_string(outcome.step()) + " after epoch " +
               std::to_string(highest_commit_epoch_) + " committed: a fenced incarnation commits");
     highest_commit_epoch_ = std::max(highest_commit_epoch_, epoch);
+    committed_by_.insert_or_assign(outcome.step(), std::make_pair(epoch, outcome.generation()));
   }
   for (uint32_t l = 0; l < pod->ranks.size(); ++l) {
     Trainer& t = pod->ranks[l];
@@ -967,6 +985,7 @@ void World::OnOutcome(Pod* pod, const v1::StepOutcome& outcome, uint64_t epoch) 
       continue;
     if (outcome.commit()) {
       t.committed = t.heard = outcome.step();
+      t.heard_by = {epoch, outcome.generation()};
       ++result_.commits;
       ++t.step;
     }

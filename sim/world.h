@@ -18,6 +18,8 @@
 //  - fencing: once an incarnation's commit was heard, no older incarnation's commit is heard;
 //  - commits never go backwards: no pod is told to resume before a step one of its live
 //    trainers heard committed (standbys included, across manager restarts);
+//  - a plan that names the generation that committed its step names the one that did (across
+//    manager restarts too: the ranks report it);
 //  - a pod the manager declared lost is told so and stops, or is readmitted, within a bound;
 //  - a replacement is never refused for a pod that is lost or gone;
 //  - liveness: after the last fault, with capacity back, the job finishes, or stops for a reason

@@ -591,6 +591,14 @@ class Cluster:
         _signal(_agent_pid(pod.process.pid) or pod.process.pid, signal.SIGTERM)
         return self.note("SIGTERM a pod (planned departure)", at=at, node=node, pod=pod.name)
 
+    def npu_fault(self, node: str, level: str = "SeparateNPU") -> dict:
+        """MindCluster's device plugin reports an NPU of ``node`` faulty (Volcano in the loop)."""
+        at = self._refresh()
+        if self.scheduler is None:
+            raise AssertionError("an NPU fault is reported through the scheduler: it needs Volcano in the loop")
+        self.scheduler.npu_fault(node, level=level)
+        return self.note(f"the device plugin reports an NPU fault ({level})", at=at, node=node)
+
     def cut_network(self, node: str) -> dict:
         at = self._refresh()
         self.net.cut(self.nodes[node])

@@ -621,6 +621,38 @@ def mindcluster_seed_flow(c: Cluster, r: Result) -> None:
     check_story(c, r, [("register", pod.node.name), ("generation", "4 ranks"), ("resumed", ""), ("done", "")])
 
 
+@scenario(17, "MindCluster's device plugin reports an NPU of a pod's node at SeparateNPU: the pod is replaced",
+          lambda: JobSpec(steps=60, strategies="recover,elastic-training,exit"), spare_nodes=1, volcano=True,
+          needs_volcano=True)
+def device_plugin_fault(c: Cluster, r: Result) -> None:
+    """A cluster that runs MindCluster's device plugin reports its faults to Regroup unchanged: the
+    plugin reads the ConfigMap, the node turns faulty, Volcano evicts the pod on it and places its
+    replacement elsewhere; the healthy pod trains on from its state, nothing is redone."""
+    c.start()
+    c.wait_step(10)
+    faulty = c.node_of(1)
+    survivor_before = c.trainers(c.node_of(0))
+    f = c.npu_fault(faulty)
+    evicted = c.scheduler.wait_event("evict", lambda e: "SeparateNPU" in str(e.get("reason")), timeout=60)
+    r.promise("Volcano evicted the pod on the faulty node, naming the device plugin's fault",
+              evicted["pod"] == f"default/{c.job.name}-worker-1" and
+              "MindCluster device plugin: Ascend910-3 fault 80E18402 level SeparateNPU" in evicted["reason"],
+              str(evicted)[:300])
+    c.wait_event("directive", "[recover]", timeout=60, after_ms=int(f["at"] * 1000))
+    pod = c.replace_pod(1)
+    r.promise("the replacement is not on the faulty node", pod.node.name != faulty,
+              f"replacement on {pod.node.name}, the fault on {faulty}")
+    c.wait_event("resumed", after_ms=int(f["at"] * 1000))
+    r.promise("the healthy pod's trainers were not restarted", c.trainers(c.node_of(0)) == survivor_before,
+              f"before {survivor_before}, after {c.trainers(c.node_of(0))}")
+    codes = c.wait_pods_exit()
+    r.promise("the survivor and the replacement exited 0", set(codes.values()) == {0}, str(codes))
+    measure(c, r, f, detected_kinds=("directive", "fault"))
+    check_training(c, r)
+    check_strategy(c, r, [], ["restart_job", "restart_in_place"])
+    check_story(c, r, [("register", pod.node.name), ("generation", "4 ranks"), ("resumed", ""), ("done", "")])
+
+
 # ---------------------------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------------------------

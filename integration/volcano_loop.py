@@ -294,6 +294,20 @@ class VolcanoLoop:
             self.on_node_killed(name, reason)
         return self.c.kill_node(name)
 
+    def npu_fault(self, node: str, npu: str = "Ascend910-3", level: str = "SeparateNPU",
+                  code: str = "80E18402") -> None:
+        """MindCluster's device plugin on ``node`` reports an NPU fault at ``level``: it writes its
+        ConfigMap kube-system/mindx-dl-deviceinfo-<node> as it does (docs/mindcluster-faults.md)."""
+        faults = [{"fault_type": "CardUnhealthy", "npu_name": npu, "fault_level": level, "fault_handling": level,
+                   "large_model_fault_level": level, "fault_code": code}]
+        healthy = ",".join(f"Ascend910-{i}" for i in range(8) if f"Ascend910-{i}" != npu)
+        info = {"DeviceInfo": {"DeviceList": {"huawei.com/Ascend910": healthy, "huawei.com/Ascend910-Unhealthy": npu,
+                                              "huawei.com/Ascend910-Fault": json.dumps(faults)},
+                               "UpdateTime": int(time.time())},
+                "CheckCode": secrets.token_hex(32)}
+        self.send({"op": "configmap", "namespace": "kube-system", "name": f"mindx-dl-deviceinfo-{node}",
+                   "data": {"DeviceInfoCfg": json.dumps(info)}})
+
     # -- pods ------------------------------------------------------------------------------------
 
     def node_of(self, pod: str) -> str:

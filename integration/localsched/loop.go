@@ -285,6 +285,9 @@ type command struct {
 	Labels map[string]string
 	// Extended resources of a node beside cpu, memory and pods, by name ("huawei.com/Ascend910": "8")
 	Resources map[string]string `json:"resources"`
+	// configmap: the ConfigMap's namespace and data (a component publishing what it sees)
+	Namespace string            `json:"namespace"`
+	Data      map[string]string `json:"data"`
 	Ready     *bool             `json:"ready"`
 	Reason    string            `json:"reason"`
 	File      string            `json:"file"`
@@ -318,10 +321,12 @@ func (l *Loop) command(line []byte) (quit bool) {
 		err = l.submit(c.File)
 	case "pod_phase":
 		err = l.podPhase(c)
+	case "configmap":
+		err = l.configMap(c)
 	case "":
 		err = fmt.Errorf("the command has no \"op\"")
 	default:
-		err = fmt.Errorf("unknown op %q (want add_node, node_ready, submit, pod_phase or quit)", c.Op)
+		err = fmt.Errorf("unknown op %q (want add_node, node_ready, submit, pod_phase, configmap or quit)", c.Op)
 	}
 	if err != nil {
 		l.fail("%s: %v", c.Op, err)
@@ -428,6 +433,23 @@ func readyCondition(ready bool, reason, message string) v1.NodeCondition {
 // notReadyTaint is what the node lifecycle controller puts on a NotReady node; Volcano ignores
 // node conditions and relies on it (predicates: TaintToleration).
 const notReadyTaint = "node.kubernetes.io/not-ready"
+
+// configMap creates or replaces a ConfigMap, as a cluster component publishes one (MindCluster's
+// device plugin and NodeD report faults in theirs).
+func (l *Loop) configMap(c command) error {
+	if c.Name == "" || c.Namespace == "" {
+		return fmt.Errorf("\"name\" and \"namespace\" are needed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cms := l.kube.CoreV1().ConfigMaps(c.Namespace)
+	cm := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: c.Namespace}, Data: c.Data}
+	_, err := cms.Update(ctx, cm, metav1.UpdateOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+	}
+	return err
+}
 
 func (l *Loop) nodeReady(c command) error {
 	if c.Name == "" {

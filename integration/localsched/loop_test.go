@@ -259,8 +259,10 @@ func testInvalidJob(t *testing.T, conf string) {
 }
 
 // A MindCluster job (worker pods only, each requesting NPUs) binds only to nodes that advertise
-// them, one pod per node that has room.
-func TestAcceleratorNodes(t *testing.T) {
+// them, one pod per node that has room; when MindCluster's device plugin then reports an NPU of a
+// pod's node at a separate level (its ConfigMap, as the component publishes it), the plugin
+// evicts that pod, naming the fault.
+func TestAcceleratorNodesAndADevicePluginFault(t *testing.T) {
 	h := startLoop(t, defaultSchedulerConf)
 	h.wait("ready", 20*time.Second, kind("ready"))
 	h.send(map[string]any{"op": "add_node", "name": "cpu-only"})
@@ -277,13 +279,27 @@ func TestAcceleratorNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.send(map[string]any{"op": "submit", "file": f})
-	nodes := map[string]bool{}
-	for len(nodes) < 2 {
+	binds := map[string]map[string]any{}
+	for len(binds) < 2 {
 		ev := h.wait("2 binds", 30*time.Second, kind("bind"))
-		nodes[ev["node"].(string)] = true
+		binds[ev["node"].(string)] = ev
 	}
-	if !nodes["npu-0"] || !nodes["npu-1"] {
-		t.Fatalf("the NPU pods were bound to %v; want npu-0 and npu-1", nodes)
+	if binds["npu-0"] == nil || binds["npu-1"] == nil {
+		t.Fatalf("the NPU pods were bound to %v; want npu-0 and npu-1", binds)
+	}
+	for _, ev := range binds {
+		h.send(map[string]any{"op": "pod_phase", "pod": ev["pod"], "uid": ev["uid"], "phase": "Running"})
+	}
+	faults := `[{"fault_type":"CardUnhealthy","npu_name":"Ascend910-3","fault_level":"SeparateNPU",` +
+		`"fault_handling":"SeparateNPU","large_model_fault_level":"SeparateNPU","fault_code":"80E18402"}]`
+	info, _ := json.Marshal(map[string]any{"DeviceInfo": map[string]any{"DeviceList": map[string]string{
+		"huawei.com/Ascend910": "Ascend910-0,Ascend910-1,Ascend910-2", "huawei.com/Ascend910-Unhealthy": "Ascend910-3",
+		"huawei.com/Ascend910-Fault": faults}, "UpdateTime": 1}, "CheckCode": "x"})
+	h.send(map[string]any{"op": "configmap", "namespace": "kube-system", "name": "mindx-dl-deviceinfo-npu-1",
+		"data": map[string]string{"DeviceInfoCfg": string(info)}})
+	ev := h.wait("the eviction of the pod on npu-1", 30*time.Second, kind("evict"))
+	if ev["uid"] != binds["npu-1"]["uid"] || !strings.Contains(fmt.Sprint(ev["reason"]), "Ascend910-3 fault 80E18402 level SeparateNPU") {
+		t.Fatalf("evicted %v; want the pod on npu-1 (%v), for its NPU's SeparateNPU fault", ev, binds["npu-1"])
 	}
 }
 
@@ -292,7 +308,8 @@ func TestBadCommands(t *testing.T) {
 	h.wait("ready", 20*time.Second, kind("ready"))
 	for _, bad := range []string{`not json`, `{"op":"fly"}`, `{"op":"add_node"}`, `{"op":"add_node","name":"n","cpu":"lots"}`,
 		`{"op":"node_ready","name":"nope","ready":false}`, `{"op":"submit","file":"/nonexistent.yaml"}`,
-		`{"op":"pod_phase","pod":"default/x","phase":"Running"}`, `{"op":"pod_phase","pod":"default/x","phase":"Sleeping"}`} {
+		`{"op":"pod_phase","pod":"default/x","phase":"Running"}`, `{"op":"pod_phase","pod":"default/x","phase":"Sleeping"}`,
+		`{"op":"configmap","name":"x"}`} {
 		_, _ = h.in.Write([]byte(bad + "\n"))
 		h.wait("an error for "+bad, 10*time.Second, kind("error"))
 	}

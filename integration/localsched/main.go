@@ -9,6 +9,7 @@
 //	        {"op":"node_ready","name":"node-1","ready":false,"reason":"..."}
 //	        {"op":"submit","file":"/path/job.yaml"}
 //	        {"op":"pod_phase","pod":"default/mlp-worker-1","uid":"...","phase":"Running","exit_code":0}
+//	        {"op":"configmap","namespace":"kube-system","name":"mindx-dl-deviceinfo-node-1","data":{...}}
 //	        {"op":"quit"}
 //	stdout: {"event":"ready","coordinator":"10.0.0.1:41234"}
 //	        {"event":"bind","pod":"default/mlp-worker-1","uid":"...","node":"node-2","task":"worker","index":1,"job":"default/mlp","job_uid":"..."}

@@ -5,7 +5,8 @@ one is reachable, gives it the rest; where there is none, the manager's pod can 
 where the user wrote them: its own pod names its owner (``ownerReferences``), a Volcano Job
 (``batch.volcano.sh/v1alpha1``) or MindCluster's AscendJob (``mindxdl.gitee.com/v1``), whose
 metadata holds the job's labels and annotations. The pod's own labels and annotations come first;
-the owning job's replace them key by key (the job is what the user configured).
+the owning job's replace them key by key (the job is what the user configured). Only the keys
+a job configures are taken: MindCluster's (no prefix) and Regroup's (``regroup.io/``).
 
 The pod talks to the API server as every in-cluster client does: ``https://$KUBERNETES_SERVICE_HOST:
 $KUBERNETES_SERVICE_PORT``, with the service account's token and CA from
@@ -97,11 +98,17 @@ class _Client:
         return doc
 
 
+def _job_key(key: str) -> bool:
+    """MindCluster's keys (no prefix) and Regroup's (regroup.io/); not Kubernetes' or other
+    tools' prefixed ones (kubectl.kubernetes.io/last-applied-configuration can hold the whole job)."""
+    return "/" not in key or key.startswith("regroup.io/")
+
+
 def _string_map(meta: dict, key: str, what: str) -> Dict[str, str]:
     value = meta.get(key) or {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise KubeError(f"{what}: metadata.{key} is not a map of strings")
-    return dict(value)
+    return {k: v for k, v in value.items() if _job_key(k)}
 
 
 def job_keys(environ: Mapping[str, str] = os.environ) -> JobKeys:

@@ -24,7 +24,8 @@ POD = {"metadata": {"name": "llama-worker-0", "namespace": "team-a",
 JOB = {"metadata": {"name": "llama", "namespace": "team-a",
                     "labels": {"fault-scheduling": "force", "pod-rescheduling": "on"},
                     "annotations": {"recover-strategy": "recover,elastic-training,exit",
-                                    "wait-reschedule-timeout": "60"}}}
+                                    "wait-reschedule-timeout": "60", "regroup.io/min-data-parallel": "1",
+                                    "kubectl.kubernetes.io/last-applied-configuration": "{" + "x" * 200000 + "}"}}}
 
 
 class _Api(BaseHTTPRequestHandler):
@@ -86,9 +87,10 @@ def api(certificate, tmp_path):
 
 def test_the_owning_volcano_jobs_keys_replace_the_pods(api):
     keys = kube.job_keys(api)
-    assert keys.labels == {"volcano.sh/job-name": "llama", "fault-scheduling": "force", "pod-rescheduling": "on"}
-    assert keys.annotations == {"scheduling.k8s.io/group-name": "llama-pg",
-                                "recover-strategy": "recover,elastic-training,exit", "wait-reschedule-timeout": "60"}
+    # only the keys a job configures: MindCluster's and regroup.io/ (never a 200 KB kubectl blob)
+    assert keys.labels == {"fault-scheduling": "force", "pod-rescheduling": "on"}
+    assert keys.annotations == {"recover-strategy": "recover,elastic-training,exit", "wait-reschedule-timeout": "60",
+                                "regroup.io/min-data-parallel": "1"}
     assert keys.source == "the Kubernetes API: Job team-a/llama (through pod team-a/llama-worker-0)"
     assert [p for p, _ in _Api.seen] == ["/api/v1/namespaces/team-a/pods/llama-worker-0",
                                          "/apis/batch.volcano.sh/v1alpha1/namespaces/team-a/jobs/llama"]

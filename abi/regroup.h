@@ -135,8 +135,8 @@ REGROUP_EXTERN regroup_status regroup_job_has_keys(uint8_t *out, const char *con
  * args contain "regroup-manager", runs the job's manager: its replicas are manager pods, not
  * training pods. The first other task gives the processes per pod (an accelerator request
  * whose resource name holds "gpu", "npu" or "Ascend", else `--nproc-per-node` in the command,
- * else 1) and the env (its first container's variables that the configuration table reads,
- * MINDIO_WAIT_MINDX_TIME). *out receives
+ * else torchrun's PET_NPROC_PER_NODE in the container's env, else 1) and the env (its first
+ * container's variables that the configuration table reads, MINDIO_WAIT_MINDX_TIME). *out receives
  *   {"job": <job spec>, "manager_tasks": [indexes into spec.tasks]}.
  * A job with no training pods (none created yet, or only the manager's task) is read with
  * "pods": 0; regroup_engine_upsert_job refuses such a spec, so a caller waits for its pods.

@@ -118,7 +118,8 @@ bool IsManagerTask(const YAML::Node& task) {
   return false;
 }
 
-// Processes per pod: an accelerator request, else --nproc-per-node, else 1.
+// Processes per pod: an accelerator request, else --nproc-per-node in the command, else
+// PET_NPROC_PER_NODE in the env, else 1.
 std::optional<int64_t> ProcessesPerPod(const YAML::Node& container) {
   if (!container) return std::nullopt;
   for (const char* kind : {"limits", "requests"}) {
@@ -140,6 +141,11 @@ std::optional<int64_t> ProcessesPerPod(const YAML::Node& container) {
     while (end < cmd.size() && cmd[end] >= '0' && cmd[end] <= '9') ++end;
     if (auto v = ToInt(cmd.substr(at, end - at)); v && *v > 0) return v;
   }
+  // torchrun's variable for it, where a script hides the command (MindCluster's train_start.sh).
+  if (const YAML::Node env = Child(container, "env"); env && env.IsSequence())
+    for (const auto& e : env)
+      if (Scalar(Child(e, "name")) == "PET_NPROC_PER_NODE")
+        if (auto v = ToInt(Scalar(Child(e, "value"))); v && *v > 0) return v;
   return std::nullopt;
 }
 

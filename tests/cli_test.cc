@@ -81,6 +81,24 @@ spec:
   EXPECT_EQ(spec->processes_per_pod, 4);
 }
 
+// A pod that runs a script (MindCluster's train_start.sh) shows no --nproc-per-node: torchrun's
+// own variable for it, PET_NPROC_PER_NODE, in the container's env gives the processes per pod.
+TEST(VolcanoJob, TorchrunsNprocVariableGivesProcessesPerPod) {
+  std::string yaml = R"(
+kind: Job
+metadata: {name: j}
+spec:
+  tasks:
+    - name: worker
+      replicas: 2
+      template: {spec: {containers: [{name: t, command: [bash, scripts/train_start.sh],
+                                      env: [{name: PET_NPROC_PER_NODE, value: "8"}]}]}}
+)";
+  auto spec = JobSpecFromVolcanoYaml(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->processes_per_pod, 8);
+}
+
 TEST(VolcanoJob, BadDocumentsGiveClearErrors) {
   EXPECT_EQ(JobSpecFromVolcanoYaml("kind: AscendJob\nmetadata: {name: a}\n").status().message(),
             "kind is \"AscendJob\"; expected a Volcano Job (kind: Job); convert it with "

@@ -164,8 +164,11 @@ TakenKeys TakeJobKeys(const v1::JobKeys& keys, JobSpec& spec) {
     taken.differences.push_back("pod count " + std::to_string(keys.pods()) + " (was " +
                                 std::to_string(spec.pods) + ")");
   if (static_cast<int64_t>(keys.processes_per_pod()) != spec.processes_per_pod)
-    taken.differences.push_back("processes per pod " + std::to_string(keys.processes_per_pod()) +
-                                " (was " + std::to_string(spec.processes_per_pod) + ")");
+    taken.differences.push_back(
+        "processes per pod " + std::to_string(keys.processes_per_pod()) + " (was " +
+        std::to_string(spec.processes_per_pod) +
+        "; the scheduler's side reads it from the pod template: an accelerator request, else "
+        "--nproc-per-node in the command, else PET_NPROC_PER_NODE in the env, else 1)");
   spec.labels = {keys.labels().begin(), keys.labels().end()};
   spec.annotations = {keys.annotations().begin(), keys.annotations().end()};
   spec.env = {keys.env().begin(), keys.env().end()};

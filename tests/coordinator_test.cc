@@ -437,6 +437,17 @@ TEST(TakeJobKeys, TheCoordinatorsKeysReplaceTheManagersAndEachDifferenceIsNamed)
   EXPECT_EQ(spec.labels, (std::map<std::string, std::string>{{"fault-scheduling", "force"}}));
   EXPECT_EQ(spec.pods, 4);
 
+  // A size that differs says where the scheduler's side read it, so the pod template can be fixed.
+  keys.set_processes_per_pod(1);
+  const rt::TakenKeys sized = rt::TakeJobKeys(keys, spec);
+  ASSERT_EQ(sized.differences.size(), 1u);
+  EXPECT_EQ(sized.differences[0],
+            "processes per pod 1 (was 2; the scheduler's side reads it from the pod template: an "
+            "accelerator request, else --nproc-per-node in the command, else PET_NPROC_PER_NODE "
+            "in the env, else 1)");
+  keys.set_processes_per_pod(2);
+  spec.processes_per_pod = 2;
+
   // A coordinator that predates the keys sends none: the manager keeps its own.
   regroup::JobSpec mine = spec;
   EXPECT_FALSE(rt::TakeJobKeys(v1::JobKeys(), mine).taken);

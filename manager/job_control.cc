@@ -805,6 +805,15 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
     return false;
   // Only over a plain abort or an earlier continuation: a directive in progress keeps its course.
   if (pending_ && pending_->kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE) return false;
+  // A step that failed again before any commit may be poison (a sample that kills whoever trains
+  // it): continuing past it would hand it to the next survivor, until no rank holds the committed
+  // state. The survivors keep it and wait for the decision maker (its poison-step guard).
+  if (continued_after_step_ == committed_step_) {
+    Event(now, "wait",
+          "step " + std::to_string(committed_step_ + 1) + " failed again before any commit (" +
+              reason + "): the survivors keep their state and wait for the decision maker");
+    return false;
+  }
   std::vector<int64_t> keep;
   for (int64_t r : replicas_)
     if (ReplicaReady(r)) keep.push_back(r);
@@ -851,6 +860,7 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
     return false;
   pending_ = std::move(rejoin);
   pending_since_ms_ = -1;
+  continued_after_step_ = committed_step_;
   return true;
 }
 

@@ -337,6 +337,9 @@ class JobControl {
   int64_t last_tick_ms_ = -1;                  // the previous Tick (a stall is not the pods')
   // (epoch, generation) that committed committed_step_; (0, 0) when it was heard from agents.
   std::pair<uint64_t, uint64_t> committed_mark_{0, 0};
+  // The committed step when the survivors last continued past a failed process: the next step
+  // failing again before a commit is not continued past (it may be poison).
+  int64_t continued_after_step_ = -2;
   int64_t first_fault_ms_ = -1;
   std::deque<int64_t> step_times_ms_;          // recent commit intervals
   int64_t last_commit_ms_ = -1;

@@ -123,6 +123,7 @@ class VolcanoLoop:
         self.pods: Dict[str, dict] = {}
         self._pending_workers: List[dict] = []
         self.kubelet_errors: List[str] = []
+        self._tokens: Dict[tuple, Path] = {}    # (job, job uid) -> its coordinator token file
         self.log_file = self.c.dir / "localsched.log"
         self.nodes_added: List[str] = []
         self.dead_nodes: set = set()           # nodes whose kubelet is dead (killed): no reports, no starts
@@ -421,11 +422,15 @@ class VolcanoLoop:
     def job_token(self, job: str, job_uid: str) -> Path:
         """The job's token at the coordinator, as an administrator mints it with the cluster key
         (``regroupctl token``), in a file of its own."""
+        path = self._tokens.get((job, job_uid))
+        if path is not None:  # minted once per job incarnation, as an administrator does
+            return path
         out = subprocess.run([self.c.bin["regroupctl"], "token", "--cluster-key-file", str(self.coordinator_credential),
                               "--job", job, "--uid", job_uid], capture_output=True, text=True, check=True).stdout
         path = self.c.dir / "coordinator-token"
         path.write_text(out)
         path.chmod(0o600)
+        self._tokens[(job, job_uid)] = path
         return path
 
     def _start_manager(self, key: str, rec: dict, node) -> None:

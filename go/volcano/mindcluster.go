@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"volcano.sh/volcano/pkg/scheduler/framework"
@@ -388,12 +389,7 @@ func (s *InformerConfigMaps) ConfigMaps(ssn *framework.Session, namespace string
 			timeout = 5 * time.Second
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		for !l.synced() && ctx.Err() == nil {
-			select {
-			case <-ctx.Done():
-			case <-time.After(2 * time.Millisecond):
-			}
-		}
+		cache.WaitForCacheSync(ctx.Done(), l.synced)
 		cancel()
 	}
 	if !l.synced() {

@@ -201,6 +201,9 @@ class Parser {
         {"REGROUP_WARM_IMPORTS", "warm-imports"},
         {"PET_NNODES", "nnodes"},
         {"PET_NPROC_PER_NODE", "nproc-per-node"},
+        // The engine's pod index is the node rank: in a Volcano Job's pod, its index in its task
+        // (set by Volcano's job controller), unless torchrun's variable or the flag says otherwise.
+        {"VC_TASK_INDEX", "node-rank"},
         {"PET_NODE_RANK", "node-rank"},
         {"PET_MASTER_ADDR", "master-addr"},
         {"PET_MASTER_PORT", "master-port"},
@@ -294,7 +297,10 @@ class Parser {
     if (name == "nproc-per-node")
       return integer(&o.nproc, 1, 1024,
                      "a positive integer (regroup-agent does not count devices: give the number)");
-    if (name == "node-rank") return integer(&o.node_rank, 0, 1 << 20, "an integer >= 0");
+    if (name == "node-rank") {
+      node_rank_from_ = what;
+      return integer(&o.node_rank, 0, 1 << 20, "an integer >= 0");
+    }
     if (name == "master-addr") {
       master_given_ = true;
       return text(&o.master_addr);
@@ -319,7 +325,7 @@ class Parser {
     if (o.module && o.no_python)
       return InvalidArgument("flags -m/--module and --no-python cannot be used together");
     if (o.node_rank >= o.nnodes_max)
-      return InvalidArgument("flag --node-rank " + std::to_string(o.node_rank) +
+      return InvalidArgument(node_rank_from_ + " " + std::to_string(o.node_rank) +
                              " is not below --nnodes " + std::to_string(o.nnodes_max));
     if (o.node_rank < 0 && o.nnodes_max == 1) o.node_rank = 0;  // torchrun's default
     if (o.no_python) o.warm_start = false;  // nothing to import: the script is a program
@@ -344,6 +350,7 @@ class Parser {
   const EnvLookup& env_;
   CommandLine out_;
   bool manager_given_ = false;  // --manager or REGROUP_MANAGER_ADDR
+  std::string node_rank_from_;  // where the node rank came from, for errors
   bool master_given_ = false;   // --master-addr or PET_MASTER_ADDR
 };
 
@@ -505,6 +512,8 @@ Agent options (environment fallback in brackets):
 torchrun flags honoured (PET_* environment fallbacks):
   --nnodes N|MIN:MAX  --nproc-per-node N  --node-rank R  --master-addr A  --master-port P
   -m/--module  --no-python
+  The node rank is, in order: --node-rank, PET_NODE_RANK, VC_TASK_INDEX (a Volcano Job's pod
+  index in its task), else the manager assigns the first free one.
 torchrun flags accepted and ignored: --rdzv-*, --standalone, --max-restarts, --monitor-interval,
   --redirects, --tee, --role, --start-method, --log-dir, --local-addr, --logs-specs,
   --local-ranks-filter, --run-path

@@ -177,6 +177,22 @@ TEST(CommandLine, RegroupVariablesWinOverOthersAndFlagsWinOverAll) {
   EXPECT_EQ(from_flags.options.manager_addr, "flag:2");
 }
 
+// The manager and the scheduler name a pod by one index (the engine's pod = node rank), so in a
+// Volcano Job's pod the node rank is the pod's index in its task, VC_TASK_INDEX, which Volcano's
+// job controller sets in every container; torchrun's PET_NODE_RANK and the flag win over it.
+TEST(CommandLine, TheNodeRankIsVolcanosTaskIndexUnlessGiven) {
+  EXPECT_EQ(Parse({"--nnodes", "4", "train.py"}, {{"VC_TASK_INDEX", "3"}}).options.node_rank, 3);
+  EXPECT_EQ(Parse({"--nnodes", "4", "train.py"}, {{"VC_TASK_INDEX", "3"}, {"PET_NODE_RANK", "1"}})
+                .options.node_rank,
+            1);
+  EXPECT_EQ(Parse({"--nnodes", "4", "--node-rank", "2", "train.py"}, {{"VC_TASK_INDEX", "3"}})
+                .options.node_rank,
+            2);
+  EXPECT_LT(Parse({"--nnodes", "4", "train.py"}).options.node_rank, 0);  // the manager assigns one
+  std::string e = Error({"--nnodes", "2", "train.py"}, {{"VC_TASK_INDEX", "2"}});
+  EXPECT_NE(e.find("environment variable VC_TASK_INDEX"), std::string::npos) << e;
+}
+
 TEST(CommandLine, TlsTakesACaAndAServerNameFromFlagsOrTheEnvironment) {
   auto from_env = Parse({"train.py"}, {{"REGROUP_TLS_CA_FILE", "/etc/regroup/tls/ca.crt"},
                                        {"REGROUP_TLS_SERVER_NAME", "mgr.default.svc"}});

@@ -206,9 +206,11 @@ Status Job::OnFault(PendingFault fault) {
     return InvalidArgument("a " + std::string(FaultKindName(fault.kind)) + " fault for job " +
                            spec_.id + " names no pod and no rank");
   if (fault.kind == FaultKind::kDeviceError || fault.kind == FaultKind::kPodLost) {
+    // Both avoid the pod's node: a lost pod is reported long before Kubernetes marks its node
+    // NotReady (40 s by default), and its replacement must not be placed back on a dead node.
     const bool device = fault.kind == FaultKind::kDeviceError;
     for (int64_t p : fault.pods)
-      MarkLost(p, device ? LostCause::kDeviceError : LostCause::kPodLost, fault.at_ms, device);
+      MarkLost(p, device ? LostCause::kDeviceError : LostCause::kPodLost, fault.at_ms, true);
   }
   if (pending_.empty()) window_start_ms_ = fault.at_ms;
   // Faults in one report window are bounded: past the bound, a fault joins the first pending one

@@ -539,6 +539,20 @@ TEST_F(EngineTest, FailedNodesAreAvoidedForAWhile) {
   EXPECT_TRUE(engine_.NodeAllowed(&job(), "node-2"));
 }
 
+// The manager learns of a lost pod (its stream broke and was not resumed) long before Kubernetes
+// marks the node NotReady (40 s by default): the replacement must not go back to that node, which
+// is still Ready in the API (found on the real control plane, integration/kube_test.py).
+TEST_F(EngineTest, ThePodOfALostPodsNodeIsPlacedElsewhere) {
+  Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/node-avoid-s", "60"}});
+  Fault("pod_lost", {2, 3}, 5, 1000);  // pod 1's ranks (tp 2)
+  EXPECT_TRUE(job().Avoids("node-1"));
+  EXPECT_FALSE(engine_.NodeAllowed(&job(), "node-1"));
+  EXPECT_EQ(job().Score(1, "node-1"), 0);
+  EXPECT_TRUE(engine_.NodeAllowed(&job(), "node-0"));
+  Tick(61000);
+  EXPECT_TRUE(engine_.NodeAllowed(&job(), "node-1"));
+}
+
 TEST_F(EngineTest, NodeScorePrefersThePreviousNodeAndTheReplicasPeers) {
   Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/tensor-parallel", "4"},
                   {"regroup.io/node-avoid-s", "0"}});

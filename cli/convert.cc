@@ -714,10 +714,9 @@ class Converter {
     YAML::Node task;
     task["name"] = "manager";
     task["replicas"] = 1;
-    YAML::Node policy;
-    policy["event"] = "PodFailed";
-    policy["action"] = "RestartTask";
-    task["policies"].push_back(policy);
+    // No policies: the kubelet restarts the manager's process in place (OnFailure), and Volcano's
+    // job controller recreates a deleted manager pod without one; a Restart* policy would count
+    // each against spec.maxRetry (deploy/README.md, "Job policies").
     YAML::Node tmpl = task["template"];
     tmpl["metadata"]["labels"]["regroup.io/job"] = Str(name_);
     tmpl["metadata"]["labels"]["regroup.io/role"] = Str("manager");

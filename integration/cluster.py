@@ -195,7 +195,8 @@ class JobSpec:
             "spec": {
                 "schedulerName": "volcano",
                 "minAvailable": min_pods + (0 if self.seed_flow else 1),  # the manager's pod
-                "policies": [{"event": "PodEvicted", "action": "RestartTask"}],
+                # no fault policies: the job controller recreates the pod Regroup evicts (a
+                # RestartTask would restart the survivors too: deploy/README.md)
                 "tasks": tasks,
             },
         }

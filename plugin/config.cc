@@ -356,19 +356,40 @@ bool IsWholeJobAction(std::string_view action) {
   return action == "RestartJob" || action == "AbortJob" || action == "TerminateJob";
 }
 
+// Volcano's job controller kills every pod of the task (or of the partition) the faulty pod
+// belongs to: the survivors too (checked against vc-controller-manager, deploy/README.md).
+bool IsWholeTaskAction(std::string_view action) {
+  return action == "RestartTask" || action == "RestartPartition";
+}
+
 bool IsFaultEvent(std::string_view event) {
   return event == "PodEvicted" || event == "PodFailed" || event == "Unknown" || event == "*";
 }
 
 void CheckVolcano(const JobConfig& c, int64_t pods, const VolcanoFacts& v, Checker& check) {
   if (c.recovery_on()) {
+    // Without a policy the job controller creates again the pod Regroup evicts, and nothing else.
     for (const auto& p : v.policies) {
-      if (!IsFaultEvent(p.event) || !IsWholeJobAction(p.action)) continue;
-      check.Error(p.where, p.event + ": " + p.action,
-                  "the Volcano policy " + p.where + " (" + p.event + " -> " + p.action +
-                      ") would " + (p.action == "RestartJob" ? "restart" : "stop") +
-                      " the whole job on a fault while recovery is on; remove it or use "
-                      "RestartTask");
+      if (!IsFaultEvent(p.event)) continue;
+      const std::string policy =
+          "the Volcano policy " + p.where + " (" + p.event + " -> " + p.action + ")";
+      if (IsWholeJobAction(p.action)) {
+        check.Error(p.where, p.event + ": " + p.action,
+                    policy + " would " + (p.action == "RestartJob" ? "restart" : "stop") +
+                        " the whole job on a fault while recovery is on; remove it (the job "
+                        "controller recreates the pod Regroup evicts without one)");
+      } else if (IsWholeTaskAction(p.action) && !p.manager_task) {
+        check.Error(p.where, p.event + ": " + p.action,
+                    policy + " would restart every training pod of the faulty pod's " +
+                        (p.action == "RestartTask" ? "task" : "partition") +
+                        ", the survivors too, while recovery is on; remove it (the job "
+                        "controller recreates the pod Regroup evicts without one)");
+      } else if (p.action == "RestartPod" || IsWholeTaskAction(p.action)) {
+        check.Warning(p.where, p.event + ": " + p.action,
+                      policy + " counts each fault against spec.maxRetry, and Volcano fails "
+                               "the whole job once they reach it; without it the job "
+                               "controller recreates a deleted pod all the same");
+      }
     }
   }
   if (v.min_available && c.recovery_on() && c.allows(Strategy::kElasticTraining)) {

@@ -130,6 +130,7 @@ struct VolcanoFacts {
     std::string event;   // PodEvicted, PodFailed, Unknown, *, ...
     std::string action;  // RestartJob, AbortJob, ...
     std::string where;   // "spec.policies[0]" or "tasks[worker].policies[1]"
+    bool manager_task = false;  // a policy of a manager task (it applies to no training pod)
   };
   std::optional<int64_t> min_available;
   int64_t manager_pods = 0;  // pods of the job that are not training pods

@@ -35,6 +35,7 @@ StatusOr<VolcanoFacts> ParseVolcano(const json& v) {
       REGROUP_RETURN_IF_ERROR(ju::GetString(p, "action", where, policy.action));
       policy.where = "spec.policies[" + std::to_string(i) + "]";
       REGROUP_RETURN_IF_ERROR(ju::GetString(p, "where", where, policy.where, false));
+      REGROUP_RETURN_IF_ERROR(ju::GetBool(p, "manager_task", where, policy.manager_task, false));
       facts.policies.push_back(std::move(policy));
     }
   }
@@ -91,8 +92,11 @@ json JobSpecToJson(const JobSpec& spec) {
             {"processes_per_pod", spec.processes_per_pod}};
   if (spec.volcano) {
     json policies = json::array();
-    for (const auto& p : spec.volcano->policies)
-      policies.push_back({{"event", p.event}, {"action", p.action}, {"where", p.where}});
+    for (const auto& p : spec.volcano->policies) {
+      json policy = {{"event", p.event}, {"action", p.action}, {"where", p.where}};
+      if (p.manager_task) policy["manager_task"] = true;
+      policies.push_back(std::move(policy));
+    }
     j["volcano"] = {{"manager_pods", spec.volcano->manager_pods}, {"policies", policies}};
     if (spec.volcano->min_available) j["volcano"]["min_available"] = *spec.volcano->min_available;
   }

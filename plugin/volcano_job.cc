@@ -220,11 +220,14 @@ StatusOr<VolcanoJobReading> Convert(const YAML::Node& doc, const VolcanoReadOpti
       return InvalidArgument(where + ".replicas must be an integer from 0 to " +
                              std::to_string(kMaxPods));
     const std::string task_name = Scalar(Child(task, "name"));
+    const size_t first_policy = volcano.policies.size();
     REGROUP_RETURN_IF_ERROR(ReadPolicies(Child(task, "policies"),
                                          "tasks[" + (task_name.empty() ? std::to_string(i) : task_name) +
                                              "].policies",
                                          volcano.policies));
     if (IsManagerTask(task)) {
+      for (size_t p = first_policy; p < volcano.policies.size(); ++p)
+        volcano.policies[p].manager_task = true;
       reading.manager_tasks.push_back(i);
       volcano.manager_pods += *replicas;
       if (volcano.manager_pods > kMaxPods)

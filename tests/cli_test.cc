@@ -32,6 +32,8 @@ spec:
   tasks:
     - name: manager
       replicas: 1
+      policies:
+        - {event: PodFailed, action: RestartPod}
       template:
         spec:
           containers:
@@ -61,8 +63,11 @@ TEST(VolcanoJob, ReadsKeysSizesAndPolicies) {
   ASSERT_TRUE(spec->volcano);
   EXPECT_EQ(spec->volcano->manager_pods, 1);
   EXPECT_EQ(spec->volcano->min_available, 3);
-  ASSERT_EQ(spec->volcano->policies.size(), 1u);
+  ASSERT_EQ(spec->volcano->policies.size(), 2u);
   EXPECT_EQ(spec->volcano->policies[0].action, "RestartTask");
+  EXPECT_FALSE(spec->volcano->policies[0].manager_task);  // the job's: every task's
+  EXPECT_EQ(spec->volcano->policies[1].where, "tasks[manager].policies[0]");
+  EXPECT_TRUE(spec->volcano->policies[1].manager_task);
 }
 
 TEST(VolcanoJob, AcceleratorRequestGivesProcessesPerPod) {

@@ -228,20 +228,46 @@ TEST(Config, ReplacementWaitFollowsTheLadder) {
   EXPECT_EQ(none.config.replacement_wait_ms(), std::nullopt);
 }
 
-TEST(Config, VolcanoPoliciesThatRestartTheWholeJobAreRefused) {
+TEST(Config, VolcanoPoliciesThatRestartSurvivorsAreRefused) {
   VolcanoFacts v;
   v.policies = {{"PodEvicted", "RestartJob", "spec.policies[0]"},
                 {"PodFailed", "RestartTask", "spec.policies[1]"},
-                {"Unknown", "AbortJob", "tasks[worker].policies[0]"}};
+                {"Unknown", "AbortJob", "tasks[worker].policies[0]"},
+                {"PodEvicted", "RestartPartition", "tasks[worker].policies[1]"},
+                {"PodFailed", "RestartTask", "tasks[manager].policies[0]", true},
+                {"PodEvicted", "RestartPod", "tasks[worker].policies[2]"},
+                {"TaskCompleted", "CompleteJob", "tasks[worker].policies[3]"}};
   auto r = Resolve({{"fault-scheduling", "force"}}, {{"recover-strategy", "recover"}}, {}, 4, 2, v);
   auto errors = Messages(r, Problem::Severity::kError);
-  ASSERT_EQ(errors.size(), 2u);
+  ASSERT_EQ(errors.size(), 4u);
   EXPECT_EQ(errors[0],
             "the Volcano policy spec.policies[0] (PodEvicted -> RestartJob) would restart the "
-            "whole job on a fault while recovery is on; remove it or use RestartTask");
+            "whole job on a fault while recovery is on; remove it (the job controller recreates "
+            "the pod Regroup evicts without one)");
+  // Volcano's job controller kills every pod of the task: the survivors too
   EXPECT_EQ(errors[1],
+            "the Volcano policy spec.policies[1] (PodFailed -> RestartTask) would restart every "
+            "training pod of the faulty pod's task, the survivors too, while recovery is on; "
+            "remove it (the job controller recreates the pod Regroup evicts without one)");
+  EXPECT_EQ(errors[2],
             "the Volcano policy tasks[worker].policies[0] (Unknown -> AbortJob) would stop the "
-            "whole job on a fault while recovery is on; remove it or use RestartTask");
+            "whole job on a fault while recovery is on; remove it (the job controller recreates "
+            "the pod Regroup evicts without one)");
+  EXPECT_NE(errors[3].find("(PodEvicted -> RestartPartition) would restart every training pod of "
+                           "the faulty pod's partition"),
+            std::string::npos)
+      << errors[3];
+  // The manager task's own restart, and RestartPod, restart no survivor, but count against
+  // maxRetry, after which Volcano fails the job.
+  auto warnings = Messages(r, Problem::Severity::kWarning);
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_EQ(warnings[0],
+            "the Volcano policy tasks[manager].policies[0] (PodFailed -> RestartTask) counts each "
+            "fault against spec.maxRetry, and Volcano fails the whole job once they reach it; "
+            "without it the job controller recreates a deleted pod all the same");
+  EXPECT_NE(warnings[1].find("tasks[worker].policies[2] (PodEvicted -> RestartPod) counts each"),
+            std::string::npos)
+      << warnings[1];
   // With recovery off the same policies are the job's own business.
   EXPECT_TRUE(Resolve({}, {}, {}, 4, 2, v).ok());
 }

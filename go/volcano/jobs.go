@@ -356,6 +356,12 @@ func viewJob(job *api.JobInfo, shape *jobShape) *jobView {
 		}
 	}
 
+	if len(roles) == 0 && len(shape.tasks) == 0 {
+		// No pod yet: the job controller creates them once the PodGroup is enqueued. Nothing to
+		// read, and nothing wrong.
+		return v
+	}
+
 	// The tasks, as remembered and as seen now.
 	if shape.tasks == nil {
 		shape.tasks = map[string]*taskShape{}

@@ -154,6 +154,16 @@ func TestViewJobRefusesWhatTheLibraryRefuses(t *testing.T) {
 	}
 }
 
+// Volcano's job controller creates a job's pods only once its PodGroup is enqueued: a session sees
+// the PodGroup alone first. That is not an invalid job (on a real control plane every new job got a
+// RegroupInvalid event "spec.tasks must be a non-empty list" before its pods existed).
+func TestViewJobOfAPodGroupWithoutPodsIsNotAnError(t *testing.T) {
+	v := viewJob(jobOf(podGroupOf("j", "j")), &jobShape{})
+	if v.err != nil || v.read != nil {
+		t.Errorf("viewJob of a PodGroup without pods = read %v, err %v; want neither (nothing to read yet)", v.read, v.err)
+	}
+}
+
 func TestViewJobNeverShrinksAJob(t *testing.T) {
 	var shape jobShape
 	worker := func(i int) *api.TaskInfo {

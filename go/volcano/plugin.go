@@ -393,8 +393,10 @@ func (p *plugin) syncJob(ssn *framework.Session, job *api.JobInfo, id string) *s
 	for _, why := range v.skipped {
 		klog.V(3).Infof("regroup: job %s: %s; the pod is not reported to the engine", id, why)
 	}
-	sj.full = int32(v.read.Pods + v.read.ManagerPods)
-	if v.read.Pods == 0 {
+	if v.read != nil {
+		sj.full = int32(v.read.Pods + v.read.ManagerPods)
+	}
+	if v.read == nil || v.read.Pods == 0 {
 		// The job controller has not created the training pods yet (a session can see the
 		// PodGroup, or only its manager pod, first): there is nothing to size or validate, and
 		// the job is not invalid. It waits for a session that sees its pods.

@@ -465,6 +465,10 @@ class Converter {
          "Volcano's svc plugin gives every pod a stable hostname (" + name_ + "-manager-0." +
              name_ + " is the manager's address) and a NetworkPolicy admitting only the job's "
              "own pods");
+    spec["plugins"]["env"] = YAML::Node(YAML::NodeType::Sequence);
+    Note(Kind::kAdded, "spec.plugins.env",
+         "Volcano's env plugin gives every pod VC_TASK_INDEX, its index in its task: the agent's "
+         "node rank, so that the manager and the scheduler name each pod alike");
     YAML::Node tasks = spec["tasks"];
     YAML::Node manager = ManagerTask();
     tasks.push_back(manager);

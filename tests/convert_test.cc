@@ -111,6 +111,7 @@ TEST(Convert, ElasticExampleBecomesTheVolcanoJobForRegroup) {
   EXPECT_EQ(spec["queue"].Scalar(), "default");
   EXPECT_EQ(spec["maxRetry"].as<int>(), 3);
   ASSERT_TRUE(spec["plugins"]["svc"].IsSequence());
+  ASSERT_TRUE(spec["plugins"]["env"].IsSequence()) << "VC_TASK_INDEX gives each agent its node rank";
   ASSERT_EQ(spec["tasks"].size(), 2u);
 
   const YAML::Node manager = spec["tasks"][0];

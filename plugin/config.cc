@@ -392,6 +392,13 @@ void CheckVolcano(const JobConfig& c, int64_t pods, const VolcanoFacts& v, Check
       }
     }
   }
+  if (v.node_ranks_given && !*v.node_ranks_given && v.manager_pods > 0 && pods > 1) {
+    check.Warning("volcano.spec.plugins", "",
+                  "no training pod is told its node rank (no env plugin in spec.plugins, no "
+                  "PET_NODE_RANK, VC_TASK_INDEX or --node-rank): the manager would rank the "
+                  "agents as they register while the scheduler names each pod by its index, and "
+                  "a fault would be taken for another pod's; add `env: []` to spec.plugins");
+  }
   if (v.min_available && c.recovery_on() && c.allows(Strategy::kElasticTraining)) {
     const int64_t ranks = c.replica_ranks();
     const int64_t ppp = std::max<int64_t>(1, c.processes_per_pod);

@@ -135,6 +135,10 @@ struct VolcanoFacts {
   std::optional<int64_t> min_available;
   int64_t manager_pods = 0;  // pods of the job that are not training pods
   std::vector<Policy> policies;
+  // Whether every training pod learns its node rank, the index the scheduler names it by: the
+  // env job plugin (VC_TASK_INDEX), or PET_NODE_RANK, VC_TASK_INDEX or --node-rank in every
+  // training container. Unknown when the job was not read from a Volcano Job's document.
+  std::optional<bool> node_ranks_given;
 };
 
 struct ResolvedConfig {

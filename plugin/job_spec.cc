@@ -22,6 +22,11 @@ StatusOr<VolcanoFacts> ParseVolcano(const json& v) {
   if (min_available >= 0) facts.min_available = min_available;
   REGROUP_RETURN_IF_ERROR(
       ju::GetInt(v, "manager_pods", "job spec volcano", 0, kMaxPods, facts.manager_pods, false));
+  if (auto given = v.find("node_ranks_given"); given != v.end() && !given->is_null()) {
+    bool value = false;
+    REGROUP_RETURN_IF_ERROR(ju::GetBool(v, "node_ranks_given", "job spec volcano", value));
+    facts.node_ranks_given = value;
+  }
   auto it = v.find("policies");
   if (it != v.end() && !it->is_null()) {
     if (!it->is_array() || it->size() > 1000)
@@ -99,6 +104,8 @@ json JobSpecToJson(const JobSpec& spec) {
     }
     j["volcano"] = {{"manager_pods", spec.volcano->manager_pods}, {"policies", policies}};
     if (spec.volcano->min_available) j["volcano"]["min_available"] = *spec.volcano->min_available;
+    if (spec.volcano->node_ranks_given)
+      j["volcano"]["node_ranks_given"] = *spec.volcano->node_ranks_given;
   }
   return j;
 }

@@ -120,6 +120,28 @@ bool IsManagerTask(const YAML::Node& task) {
 
 // Processes per pod: an accelerator request, else --nproc-per-node in the command, else
 // PET_NPROC_PER_NODE in the env, else 1.
+// Whether the container names its node rank: PET_NODE_RANK or VC_TASK_INDEX in its env, or
+// --node-rank (--node_rank) in its command or args.
+bool NodeRankGiven(const YAML::Node& container) {
+  if (!container) return false;
+  const YAML::Node env = Child(container, "env");
+  if (env && env.IsSequence())
+    for (const auto& e : env) {
+      const std::string name = Scalar(Child(e, "name"));
+      if (name == "PET_NODE_RANK" || name == "VC_TASK_INDEX") return true;
+    }
+  for (const char* field : {"command", "args"}) {
+    const YAML::Node words = Child(container, field);
+    if (!words || !words.IsSequence()) continue;
+    for (const auto& w : words) {
+      const std::string word = Scalar(w);
+      for (std::string_view flag : {"--node-rank", "--node_rank"})
+        if (word.compare(0, flag.size(), flag) == 0) return true;
+    }
+  }
+  return false;
+}
+
 std::optional<int64_t> ProcessesPerPod(const YAML::Node& container) {
   if (!container) return std::nullopt;
   for (const char* kind : {"limits", "requests"}) {
@@ -209,6 +231,9 @@ StatusOr<VolcanoJobReading> Convert(const YAML::Node& doc, const VolcanoReadOpti
   if (!tasks || !tasks.IsSequence() || tasks.size() == 0)
     return InvalidArgument("spec.tasks must be a non-empty list");
   bool first_training = true;
+  const YAML::Node plugins = Child(s, "plugins");
+  const bool env_plugin = plugins && plugins.IsMap() && Child(plugins, "env");
+  bool ranks_given = true;
   for (size_t i = 0; i < tasks.size(); ++i) {
     const YAML::Node task = tasks[i];
     const std::string where = "spec.tasks[" + std::to_string(i) + "]";
@@ -237,6 +262,7 @@ StatusOr<VolcanoJobReading> Convert(const YAML::Node& doc, const VolcanoReadOpti
     }
     spec.pods += *replicas;
     if (spec.pods > kMaxPods) return InvalidArgument("the job has more than 100000 pods");
+    ranks_given = ranks_given && NodeRankGiven(FirstContainer(task));
     if (!first_training) continue;
     first_training = false;
     const YAML::Node container = FirstContainer(task);
@@ -257,6 +283,7 @@ StatusOr<VolcanoJobReading> Convert(const YAML::Node& doc, const VolcanoReadOpti
   }
   if (spec.pods < 1 && !options.allow_no_training_pods)
     return InvalidArgument("the job has no training pods (spec.tasks replicas)");
+  volcano.node_ranks_given = env_plugin || ranks_given;
   spec.volcano = std::move(volcano);
   return reading;
 }

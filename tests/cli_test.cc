@@ -70,6 +70,27 @@ TEST(VolcanoJob, ReadsKeysSizesAndPolicies) {
   EXPECT_TRUE(spec->volcano->policies[1].manager_task);
 }
 
+// Whether the training pods learn their node ranks: the env plugin, or a rank in every training
+// container (a real control plane showed what happens otherwise: deploy/README.md).
+TEST(VolcanoJob, ReadsWhetherEveryTrainingPodIsToldItsNodeRank) {
+  auto read = [](const std::string& plugins, const std::string& worker_env) {
+    std::string yaml = "kind: Job\nmetadata: {name: j}\nspec:\n" + plugins +
+                       "  tasks:\n"
+                       "    - {name: manager, replicas: 1, template: {spec: {containers: "
+                       "[{name: m, command: [regroup-manager]}]}}}\n"
+                       "    - {name: worker, replicas: 2, template: {spec: {containers: "
+                       "[{name: t, command: [regroup-agent, train.py], env: [" +
+                       worker_env + "]}]}}}\n";
+    auto spec = JobSpecFromVolcanoYaml(yaml);
+    EXPECT_TRUE(spec.ok()) << spec.status().message();
+    return spec.ok() ? spec->volcano->node_ranks_given : std::nullopt;
+  };
+  EXPECT_EQ(read("", ""), false);
+  EXPECT_EQ(read("  plugins: {svc: [], env: []}\n", ""), true);
+  EXPECT_EQ(read("  plugins: {svc: []}\n", "{name: PET_NODE_RANK, value: '1'}"), true);
+  EXPECT_EQ(read("", "{name: HOME, value: /root}"), false);
+}
+
 TEST(VolcanoJob, AcceleratorRequestGivesProcessesPerPod) {
   std::string yaml = R"(
 kind: Job

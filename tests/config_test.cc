@@ -272,6 +272,27 @@ TEST(Config, VolcanoPoliciesThatRestartSurvivorsAreRefused) {
   EXPECT_TRUE(Resolve({}, {}, {}, 4, 2, v).ok());
 }
 
+TEST(Config, ATrainingPodNotToldItsNodeRankIsWarnedOf) {
+  VolcanoFacts v;
+  v.manager_pods = 1;
+  v.node_ranks_given = false;
+  auto r = Resolve({{"fault-scheduling", "force"}}, {{"recover-strategy", "recover"}}, {}, 4, 2, v);
+  auto warnings = Messages(r, Problem::Severity::kWarning);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("no training pod is told its node rank"), std::string::npos);
+  EXPECT_NE(warnings[0].find("add `env: []` to spec.plugins"), std::string::npos);
+  v.node_ranks_given = true;
+  EXPECT_TRUE(Messages(Resolve({{"fault-scheduling", "force"}}, {{"recover-strategy", "recover"}},
+                               {}, 4, 2, v),
+                       Problem::Severity::kWarning)
+                  .empty());
+  v.node_ranks_given.reset();  // the scheduler's view: no document, nothing to say
+  EXPECT_TRUE(Messages(Resolve({{"fault-scheduling", "force"}}, {{"recover-strategy", "recover"}},
+                               {}, 4, 2, v),
+                       Problem::Severity::kWarning)
+                  .empty());
+}
+
 TEST(Config, MinAvailableAboveTheElasticMinimumIsRefused) {
   VolcanoFacts v;
   v.manager_pods = 1;

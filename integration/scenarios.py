@@ -218,6 +218,7 @@ class Scenario:
     needs_cut: bool = False
     volcano: bool = False  # run with Volcano in the loop where it is available
     needs_volcano: bool = False  # skipped where Volcano in the loop is not available
+    kube: Optional[bool] = None  # runs with --kube (default: where it runs with Volcano)
 
 
 SCENARIOS: Dict[int, Scenario] = {}
@@ -369,17 +370,27 @@ def rank0_node_lost(c: Cluster, r: Result) -> None:
 
 
 @scenario(7, "the manager's pod dies: training pauses, the restarted manager takes over, no trainer restarts",
-          lambda: JobSpec(steps=50, strategies="recover-in-place,elastic-training,exit"))
+          lambda: JobSpec(steps=50, strategies="recover-in-place,elastic-training,exit"), kube=True)
 def manager_restart(c: Cluster, r: Result) -> None:
     c.start()
     c.wait_step(10)
-    before = {n: c.trainers(n) for n in ("node-0", "node-1")}
-    f = c.kill_manager()
-    time.sleep(2)  # the job runs without a manager for a while (agents reconnect with backoff)
-    c.start_manager()
-    g = c.note("restart the manager")
+    workers = [c.node_of(i) for i in range(c.job.nodes)]
+    before = {n: c.trainers(n) for n in workers}
+    if c.scheduler is not None:
+        # On Kubernetes: the manager's node is drained (cordoned, its pod deleted); Volcano's job
+        # controller recreates the pod, the scheduler places it on another node, with a new IP.
+        # The agents find it by the svc plugin's hostname, which each pod's hosts file follows.
+        old_host = c.manager_host
+        f = c.scheduler.move_manager()
+        r.promise("the recreated manager has a new address", c.manager_host != old_host,
+                  f"{old_host} -> {c.manager_host}")
+    else:
+        f = c.kill_manager()
+        time.sleep(2)  # the job runs without a manager for a while (agents reconnect with backoff)
+        c.start_manager()
+        c.note("restart the manager")
     c.wait_step(f["step"] + 5)
-    after = {n: c.trainers(n) for n in ("node-0", "node-1")}
+    after = {n: c.trainers(n) for n in workers}
     r.promise("no trainer restarted", after == before, f"trainers before {before}, after {after}")
     codes = c.wait_pods_exit()
     r.promise("every pod exited 0", set(codes.values()) == {0}, str(codes))
@@ -660,7 +671,8 @@ def device_plugin_fault(c: Cluster, r: Result) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: bool = True) -> Result:
+def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: bool = True,
+        kube: bool = False) -> Result:
     s = SCENARIOS[number]
     job = s.job()
     result = Result(number, s.title)
@@ -668,7 +680,18 @@ def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: b
     with Cluster(workdir, job, network=network, log=lambda m: log(f"  [{number}] {m}"),
                  spare_nodes=s.spare_nodes) as c:
         result.network = c.net.mode
-        if s.volcano and volcano:
+        if kube:
+            # the real control plane (kube_cluster.py): only the scenarios that run with Volcano
+            if not (s.volcano if s.kube is None else s.kube):
+                result.skipped = "not a scenario for the Kubernetes cluster (it runs standalone only)"
+                return result
+            if c.net.mode != "netns":
+                result.skipped = "the Kubernetes cluster needs network namespaces"
+                return result
+            from kube_cluster import KubeLoop
+            c.scheduler = KubeLoop(c, manager_node=not job.seed_flow)
+            result.mode = "kube"
+        elif s.volcano and volcano:
             why = volcano_unavailable()
             if why is None:
                 # MindCluster's flow has no manager pod: its manager runs in rank 0's pod
@@ -689,6 +712,8 @@ def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: b
             s.run(c, result)
             if result.skipped:
                 return result
+            if kube:
+                c.scheduler.check(result)
         except Exception as e:  # noqa: BLE001 - any failure is a broken promise, reported with the logs
             story = "\n".join(f"    {e['at_ms']} {e['kind']}: {e['message']}" for e in c.events())
             result.promise("the scenario ran to its end", False, f"{e}\n  events:\n{story}\n{c.logs()}")
@@ -710,12 +735,14 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=None, help="keep each run's logs here (default: a temporary folder)")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--standalone", action="store_true", help="never put Volcano in the loop")
+    p.add_argument("--kube", action="store_true",
+                   help="run on a real Kubernetes control plane with Volcano's job controller (kube_cluster.py)")
     args = p.parse_args(argv)
     numbers = args.numbers or sorted(SCENARIOS)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="regroup-scenarios-"))
     results = []
     for n in numbers:
-        res = run(n, root / f"scenario-{n}", args.network, volcano=not args.standalone)
+        res = run(n, root / f"scenario-{n}", args.network, volcano=not args.standalone, kube=args.kube)
         print(res.report(), flush=True)
         results.append(res)
     if args.json:

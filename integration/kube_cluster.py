@@ -785,6 +785,30 @@ class KubeLoop:
             time.sleep(0.1)
         raise AssertionError(f"the manager's pod was not recreated and run within {timeout} s\n" + self._diagnose())
 
+    def saved_state(self) -> dict:
+        """The engine's state of the job as the scheduler saved it in the job's PodGroup
+        (``scheduler.regroup.io/state``), or {} before the first save."""
+        for pg in self.kube.api("/apis/scheduling.volcano.sh/v1beta1/namespaces/default/podgroups")["items"]:
+            if any(o.get("name") == self.job_name for o in pg["metadata"].get("ownerReferences", [])):
+                text = pg["metadata"].get("annotations", {}).get("scheduler.regroup.io/state")
+                return json.loads(text) if text else {}
+        return {}
+
+    def restart_scheduler(self, timeout: float = 120) -> dict:
+        """Deletes the regroup-scheduler pod (its Deployment creates another); returns the fault's
+        record once the new one is ready (its coordinator listens)."""
+        old = {p["metadata"]["name"] for p in self.kube.pods("-l", "app=regroup-scheduler", namespace="volcano-system")}
+        f = self.c.note("delete the scheduler's pod", pods=",".join(sorted(old)), at=self.c._refresh())
+        self.kube.kubectl("-n", "volcano-system", "delete", "pod", "-l", "app=regroup-scheduler", "--wait=false")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pod = self.kube.wait_scheduler(timeout=max(1.0, deadline - time.monotonic()))
+            if pod["metadata"]["name"] not in old:
+                self.c.note("the new scheduler is ready", pod=pod["metadata"]["name"])
+                return f
+            time.sleep(0.5)
+        raise AssertionError(f"no new regroup-scheduler pod was ready within {timeout} s\n" + self._diagnose())
+
     def node_of(self, pod: str) -> str:
         for b in reversed(self._binds):
             if b["pod"] == pod:

@@ -219,6 +219,7 @@ class Scenario:
     volcano: bool = False  # run with Volcano in the loop where it is available
     needs_volcano: bool = False  # skipped where Volcano in the loop is not available
     kube: Optional[bool] = None  # runs with --kube (default: where it runs with Volcano)
+    needs_kube: bool = False  # skipped without --kube
 
 
 SCENARIOS: Dict[int, Scenario] = {}
@@ -309,6 +310,38 @@ def wait_then_scale_in_out(c: Cluster, r: Result) -> None:
     check_story(c, r, [("fault", "pod_lost"), ("directive", "wait"), ("directive", "scale_in"),
                        ("generation", "2 ranks"), ("register", pod.node.name), ("directive", "scale_out"),
                        ("generation", "4 ranks"), ("done", "")])
+
+
+@scenario(18, "the scheduler restarts in the middle of a wait: the deadline survives in the PodGroup's annotations",
+          lambda: JobSpec(steps=250, strategies="recover,elastic-training,exit", wait_reschedule_s=45), kube=True,
+          needs_kube=True)
+def scheduler_restart_during_wait(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(8)
+    f = c.kill_node(c.node_of(1))
+    c.wait_event("directive", "wait", after_ms=int(f["at"] * 1000))
+    wait_for(lambda: c.scheduler.saved_state().get("phase") == "waiting", 30, "the wait saved in the PodGroup")
+    deadline = int(c.scheduler.saved_state()["directive"]["deadline_ms"])
+    time.sleep(5)  # well inside the 45 s wait
+    # The new scheduler leads once the old one's lease expires (15 s: Volcano's scheduler does not
+    # release it when it stops), about 20 s after the deletion.
+    g = c.scheduler.restart_scheduler()
+    ready = time.time()
+    scale_in = c.wait_event("directive", "scale_in", timeout=120, after_ms=int(f["at"] * 1000))
+    measure(c, r, f)
+    # A wait started again by the new scheduler would end 45 s after its start, at least 5 s past
+    # the saved deadline; the decision comes within a scheduling session or two of the deadline
+    # (or of the new scheduler's start, had it started after the deadline).
+    late = int(scale_in["at_ms"]) - max(deadline, int(ready * 1000))
+    r.promise("the restarted scheduler scaled in at the deadline saved in the PodGroup, not after a new wait",
+              -1000 <= late <= 3000,
+              f"scale_in {late} ms after the saved deadline (or the new scheduler's start); the new scheduler "
+              f"was ready {deadline - ready * 1000:.0f} ms before the deadline, {ready - g['at']:.1f} s after "
+              "the old pod's deletion")
+    codes = c.wait_pods_exit()
+    r.promise("the survivor exited 0", codes.get(f"{c.job.name}-worker-0") == 0, str(codes))
+    check_training(c, r)
+    check_strategy(c, r, ["wait", "scale_in"], ["restart_job"])
 
 
 def lose_a_node_scale_in_then_out(c: Cluster, r: Result, lost: str, index: int) -> None:
@@ -676,6 +709,9 @@ def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: b
     s = SCENARIOS[number]
     job = s.job()
     result = Result(number, s.title)
+    if s.needs_kube and not kube:
+        result.skipped = "needs the real Kubernetes control plane (scenarios.py --kube, integration/kube_test.py)"
+        return result
     start = time.monotonic()
     with Cluster(workdir, job, network=network, log=lambda m: log(f"  [{number}] {m}"),
                  spare_nodes=s.spare_nodes) as c:

@@ -7,8 +7,10 @@ deploy/ installs it, jobs submitted with kubectl, pods run by the process kubele
 them each test is skipped with the reason.
 """
 
+import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,13 +30,9 @@ def test_scenario_on_kubernetes(number, tmp_path):
     assert result.ok, result.report()
 
 
-def test_every_example_job_is_accepted_by_the_api_server(tmp_path):
-    """deploy/examples/pytorch-job.yaml, examples/jobs/*.yaml and `regroupctl convert` of
-    examples/mindcluster/*.yaml, applied (server-side dry run: Volcano's CRD schemas) on the
-    control plane with deploy/volcano installed."""
-    import subprocess
-
-    from cluster import REPO, find_binaries
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory):
+    """The control plane with deploy/volcano installed, and no worker node."""
     from kube_cluster import KubeCluster
     from network import Network, NetworkError
 
@@ -42,6 +40,23 @@ def test_every_example_job_is_accepted_by_the_api_server(tmp_path):
         net = Network.create("netns", log=lambda m: None)
     except NetworkError as e:
         pytest.skip(str(e))
+    try:
+        with KubeCluster(tmp_path_factory.mktemp("kube"), net, log=lambda m: None) as k:
+            k.start()
+            yield k
+    finally:
+        net.close()
+
+
+def test_every_example_job_is_accepted_by_the_api_server(control_plane, tmp_path):
+    """deploy/examples/pytorch-job.yaml, examples/jobs/*.yaml and `regroupctl convert` of
+    examples/mindcluster/*.yaml, applied (server-side dry run: Volcano's CRD schemas) on the
+    control plane with deploy/volcano installed."""
+    import subprocess
+
+    from cluster import REPO, find_binaries
+
+    k = control_plane
     regroupctl = find_binaries()["regroupctl"]
     docs = [REPO / "deploy" / "examples" / "pytorch-job.yaml", *sorted((REPO / "examples" / "jobs").glob("*.yaml"))]
     for source in sorted((REPO / "examples" / "mindcluster").glob("*.yaml")):
@@ -49,15 +64,46 @@ def test_every_example_job_is_accepted_by_the_api_server(tmp_path):
         out.write_text(subprocess.run([regroupctl, "convert", str(source)], capture_output=True, text=True,
                                       check=True, timeout=30).stdout)
         docs.append(out)
-    try:
-        with KubeCluster(tmp_path / "kube", net, log=lambda m: None) as k:
-            k.start()
-            for d in docs:
-                for ns in {line.split(":", 1)[1].strip() for line in d.read_text().splitlines()
-                           if line.strip().startswith("namespace:")} - {"default"}:
-                    k.kubectl("create", "namespace", ns, check=False)
-                r = k.kubectl("apply", "--dry-run=server", "-f", str(d), check=False)
-                print(f"{d.relative_to(REPO) if d.is_relative_to(REPO) else d.name}: {r.stdout.strip() or r.stderr.strip()}")
-                assert r.returncode == 0, f"{d}: {r.stderr}"
-    finally:
-        net.close()
+    for d in docs:
+        for ns in {line.split(":", 1)[1].strip() for line in d.read_text().splitlines()
+                   if line.strip().startswith("namespace:")} - {"default"}:
+            k.kubectl("create", "namespace", ns, check=False)
+        r = k.kubectl("apply", "--dry-run=server", "-f", str(d), check=False)
+        print(f"{d.relative_to(REPO) if d.is_relative_to(REPO) else d.name}: {r.stdout.strip() or r.stderr.strip()}")
+        assert r.returncode == 0, f"{d}: {r.stderr}"
+
+
+def test_the_largest_saved_state_fits_a_podgroup_on_the_api_server(control_plane, tmp_path):
+    """The plugin's state annotation of a 2,048-pod job (the largest the benchmarks run) with half
+    its pods lost, as the engine's own test makes it at its largest, is accepted on a PodGroup by
+    the real API server; one over Kubernetes' 256 KiB limit is refused."""
+    import os
+    import subprocess
+
+    from cluster import find_binaries
+
+    k = control_plane
+    state = tmp_path / "state.json"
+    tests = Path(find_binaries()["regroupctl"]).parent / "tests" / "regroup_tests"
+    subprocess.run([str(tests), "--gtest_filter=EngineTest.JobStateOfAMassFailureFitsAnAnnotationAndRestoresTheSameDecisions"],
+                   env={**os.environ, "REGROUP_DUMP_LARGEST_STATE": str(state)}, check=True, capture_output=True,
+                   timeout=120)
+    k.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": "largest-state", "namespace": "default"}, "spec": {"minMember": 1, "queue": "default"}}))
+
+    def annotate(value: str):
+        patch = tmp_path / "patch.json"
+        patch.write_text(json.dumps({"metadata": {"annotations": {"scheduler.regroup.io/state": value,
+                                                                  "scheduler.regroup.io/phase": "scaled_in"}}}))
+        return k.kubectl("patch", "podgroup", "largest-state", "--type", "merge", "--patch-file", str(patch), check=False)
+
+    text = state.read_text()
+    r = annotate(text)
+    assert r.returncode == 0, r.stderr
+    saved = k.get("podgroup", "largest-state")["metadata"]["annotations"]["scheduler.regroup.io/state"]
+    assert saved == text
+    too_big = annotate("x" * (256 * 1024 + 1))
+    print(f"the largest saved state, {len(text)} bytes, is accepted; {256 * 1024 + 1} bytes: "
+          f"{too_big.stderr.strip()[:200]}")
+    assert too_big.returncode != 0 and "Too long" in too_big.stderr

@@ -22,14 +22,19 @@ kube-proxy and no DNS server: each kubelet writes its pods' /etc/hosts from Serv
 
 from __future__ import annotations
 
+import base64
+import copy
 import hashlib
 import json
 import os
 import secrets
 import signal
+import ssl
 import subprocess
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -157,7 +162,6 @@ def make_pki(d: Path, server_ips: Sequence[str], coordinator_names: Sequence[str
 
 def write_kubeconfig(path: Path, server: str, pki: Path) -> None:
     def b64(f: str) -> str:
-        import base64
         return base64.b64encode((pki / f).read_bytes()).decode()
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "regroup",
@@ -172,6 +176,11 @@ def write_kubeconfig(path: Path, server: str, pki: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # The cluster
 # ---------------------------------------------------------------------------------------------
+
+def _ready(obj: dict) -> bool:
+    """Whether a pod's or a node's Ready condition is True."""
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in obj.get("status", {}).get("conditions", []))
+
 
 class KubeCluster:
     """The control plane on this host, deploy/ applied, and nodes with process kubelets."""
@@ -229,8 +238,6 @@ class KubeCluster:
     def api(self, path: str, timeout: float = 10) -> dict:
         """GET ``path`` from the API server as the admin: what the watchers poll (a kubectl
         process per poll would cost a core's worth of CPU)."""
-        import ssl
-        import urllib.request
         if self._tls is None:
             ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
             ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
@@ -249,7 +256,7 @@ class KubeCluster:
             try:
                 if ok():
                     return
-            except (KubeError, subprocess.TimeoutExpired, ValueError):
+            except (KubeError, subprocess.TimeoutExpired, ValueError, OSError):
                 pass
             time.sleep(0.25)
         raise KubeError(f"{what}: not within {timeout} s\n" + "".join(self.tail(n) for n in procs))
@@ -369,19 +376,14 @@ class KubeCluster:
 
     def wait_scheduler(self, timeout: float = 120) -> dict:
         """The regroup-scheduler pod, ready (its coordinator listens)."""
-        def ready() -> Optional[dict]:
-            pods = self.get("-n", "volcano-system", "pods", "-l", "app=regroup-scheduler")["items"]
-            for p in pods:
-                if p["metadata"].get("deletionTimestamp"):
-                    continue
-                conds = {c["type"]: c["status"] for c in p.get("status", {}).get("conditions", [])}
-                if conds.get("Ready") == "True":
-                    return p
-            return None
         found: List[dict] = []
-        self._wait("regroup-scheduler to be ready", lambda: bool(found.append(ready()) or found[-1]), timeout,
-                   procs=tuple(self.procs))
-        pod = found[-1]
+
+        def ready() -> bool:
+            pods = self.api("/api/v1/namespaces/volcano-system/pods?labelSelector=app%3Dregroup-scheduler")["items"]
+            found[:] = [p for p in pods if not p["metadata"].get("deletionTimestamp") and _ready(p)]
+            return bool(found)
+        self._wait("regroup-scheduler to be ready", ready, timeout, procs=tuple(self.procs))
+        pod = found[0]
         self.log(f"regroup-scheduler ready: pod {pod['metadata']['name']} on {pod['spec'].get('nodeName')} "
                  f"({pod['status'].get('podIP')})")
         return pod
@@ -411,11 +413,7 @@ class KubeCluster:
             self.kubectl("taint", "node", node.name, "--overwrite", *taints)
 
     def node_ready(self, name: str) -> bool:
-        r = self.kubectl("get", "node", name, "-o", "json", check=False)
-        if r.returncode != 0:
-            return False
-        conds = {c["type"]: c["status"] for c in json.loads(r.stdout).get("status", {}).get("conditions", [])}
-        return conds.get("Ready") == "True"
+        return _ready(self.api(f"/api/v1/nodes/{name}"))   # a node not yet registered: 404, an OSError
 
     def kill_node(self, name: str) -> None:
         """The node dies: its kubelet and every process in it, SIGKILL (no heartbeat, no report)."""
@@ -610,7 +608,6 @@ def kube_job(doc: dict, http_port: int = MANAGER_HTTP_PORT) -> dict:
     runs regroup-manager attached to the coordinator (its Service's name), the workers find the
     manager by the svc plugin's hostname, credentials and tokens come from Secrets, the identity
     fields from the downward API."""
-    import copy
     doc = copy.deepcopy(doc)
     name, ns = doc["metadata"]["name"], doc["metadata"].get("namespace", "default")
     spec = doc["spec"]
@@ -685,7 +682,6 @@ class KubeLoop:
         self.retries = 0                       # the Volcano Job's status.retryCount, as last seen
         self.restarts: Dict[str, int] = {}     # "pod/uid" -> the most container restarts seen
         self._phases_at = 0.0
-        import threading
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.errors: List[str] = []
@@ -701,7 +697,6 @@ class KubeLoop:
             self.c.add_node()   # the Cluster calls on_node_added
         for node in list(self.c.nodes.values()):
             self.on_node_added(node)
-        import threading
         self._thread = threading.Thread(target=self._watch, name="kube-watch", daemon=True)
         self._thread.start()
         if submit:
@@ -785,14 +780,18 @@ class KubeLoop:
             time.sleep(0.1)
         raise AssertionError(f"the manager's pod was not recreated and run within {timeout} s\n" + self._diagnose())
 
+    def podgroup(self) -> dict:
+        """The job's PodGroup (Volcano's job controller owns it), or {} before it exists."""
+        for pg in self.kube.api("/apis/scheduling.volcano.sh/v1beta1/namespaces/default/podgroups")["items"]:
+            if any(o.get("name") == self.job_name for o in pg["metadata"].get("ownerReferences", [])):
+                return pg
+        return {}
+
     def saved_state(self) -> dict:
         """The engine's state of the job as the scheduler saved it in the job's PodGroup
         (``scheduler.regroup.io/state``), or {} before the first save."""
-        for pg in self.kube.api("/apis/scheduling.volcano.sh/v1beta1/namespaces/default/podgroups")["items"]:
-            if any(o.get("name") == self.job_name for o in pg["metadata"].get("ownerReferences", [])):
-                text = pg["metadata"].get("annotations", {}).get("scheduler.regroup.io/state")
-                return json.loads(text) if text else {}
-        return {}
+        text = self.podgroup().get("metadata", {}).get("annotations", {}).get("scheduler.regroup.io/state")
+        return json.loads(text) if text else {}
 
     def restart_scheduler(self, timeout: float = 120) -> dict:
         """Deletes the regroup-scheduler pod (its Deployment creates another); returns the fault's
@@ -879,10 +878,8 @@ class KubeLoop:
         self._phases_at = time.monotonic()
         job = self.kube.api(f"/apis/batch.volcano.sh/v1alpha1/namespaces/default/jobs/{self.job_name}")
         self.retries = int(job.get("status", {}).get("retryCount", 0))
-        seen = {"Job": job.get("status", {}).get("state", {}).get("phase")}
-        for pg in self.kube.api("/apis/scheduling.volcano.sh/v1beta1/namespaces/default/podgroups")["items"]:
-            if any(o.get("name") == self.job_name for o in pg["metadata"].get("ownerReferences", [])):
-                seen["PodGroup"] = pg.get("status", {}).get("phase")
+        seen = {"Job": job.get("status", {}).get("state", {}).get("phase"),
+                "PodGroup": self.podgroup().get("status", {}).get("phase")}
         for kind, phase in seen.items():
             if phase and (not self.phases[kind] or self.phases[kind][-1] != phase):
                 self.phases[kind].append(phase)

@@ -164,16 +164,22 @@ def check_story(c: Cluster, result: Result, story: Sequence[Tuple[str, str]]) ->
             i += 1
     told = " -> ".join(f"{k}{'(' + t + ')' if t else ''}" for k, t in story)
     result.promise("the events tell the story in order", i == len(story),
-                   told if i == len(story) else f"missing {story[i]} after {story[:i]}; events:\n"
-                   + "\n".join(f"    {e['at_ms']} {e['kind']}: {e['message'][:160]}" for e in events))
+                   told if i == len(story) else f"missing {story[i]} after {story[:i]}; " + _listed(events))
+
+
+def _listed(events: Sequence[dict]) -> str:
+    """The events, one per line, for a broken promise's detail: what CI's log keeps of a run."""
+    return "events:\n" + "\n".join(f"    {e['at_ms']} {e['kind']}: {e['message'][:300]}" for e in events)
 
 
 def check_strategy(c: Cluster, result: Result, expected: Sequence[str], forbidden: Sequence[str] = ()) -> None:
-    used = [e["message"].split(":")[0] for e in c.events() if e["kind"] == "directive"]
+    events = c.events()
+    used = [e["message"].split(":")[0] for e in events if e["kind"] == "directive"]
     ok = all(any(u.startswith(x) for u in used) for x in expected) and \
         not any(u.startswith(x) for u in used for x in forbidden)
     result.promise("the configured strategy was used", ok,
-                   f"directives {used}; expected {list(expected)}" + (f", never {list(forbidden)}" if forbidden else ""))
+                   f"directives {used}; expected {list(expected)}" + (f", never {list(forbidden)}" if forbidden else "")
+                   + ("" if ok else "; " + _listed(events)))
 
 
 def measure(c: Cluster, result: Result, injected: dict, detected_kinds: Sequence[str] = ("fault",),

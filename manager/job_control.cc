@@ -1035,6 +1035,11 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   if (committed_mark_ == std::make_pair(options_.epoch, generation_))
     for (const auto& p : places_) voted.insert({p.node_rank, p.local_rank});
 
+  // Numbered past every generation an agent reports (a restarted manager's agents come from
+  // another epoch's generations): a late report of an old one is then always older than this.
+  for (const Agent& a : agents_)
+    for (const auto& lr : a.ranks)
+      if (lr.generation() <= kMaxGeneration) generation_ = std::max(generation_, lr.generation());
   ++generation_;
   ++counters_.generations;
   job_restarting_ = false;

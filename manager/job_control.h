@@ -28,6 +28,10 @@ namespace regroup::manager {
 
 namespace v1 = ::regroup::v1;
 
+// The largest generation number an agent's report is believed (2^53: exact in /status's JSON);
+// a larger one is a bad report, and would wrap the next generation's number to 0 ("not known").
+inline constexpr uint64_t kMaxGeneration = uint64_t{1} << 53;
+
 // What the job control tells the decision maker, and what it hears back.
 class Decisions {
  public:

@@ -717,7 +717,7 @@ TEST(JobControl, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
     ASSERT_TRUE(sim.Register(n, "", ranks, 2).ok());
   }
   sim.Run(20);
-  ASSERT_EQ(sim.rt->generation(), 1u);
+  ASSERT_EQ(sim.rt->generation(), 10u) << "numbered past the old epoch's generation 9";
   EXPECT_EQ(sim.starts_[0].plan().committed_step(), 41);
   EXPECT_EQ(sim.starts_[0].plan().epoch(), 2u);
 }
@@ -1073,6 +1073,35 @@ TEST(JobControl, ALateFaultOfAnEarlierGenerationDoesNotAbortTheRunningOne) {
   EXPECT_EQ(sim.rt->generation(), 2u);
 }
 
+
+// Suspected in the Kubernetes scenario 7 (a manager pod recreated elsewhere): a restarted
+// manager's first generation was numbered 1 again, so a collective of the old epoch's generation
+// 1 that failed as the agents moved over (a pod that re-registered first aborted it under its
+// peers) was taken for a fault of the new generation 1, and ranks were restarted for it.
+// Generation numbers now go on from the highest any agent reports: an old one is always older.
+TEST(JobControl, ARestartedManagersGenerationsAreNumberedPastEveryOneTheAgentsReport) {
+  JobControlOptions o;
+  o.epoch = 2;
+  Sim sim(2, 2, kForce, kElastic, o);
+  for (int64_t n = 0; n < 2; ++n) {
+    std::vector<v1::LocalRank> ranks = Survivor(2, 40);
+    for (auto& r : ranks) r.set_generation(1);  // generation 1 of epoch 1
+    ASSERT_TRUE(sim.Register(n, "", ranks, 2).ok());
+  }
+  sim.Run(20);  // forms it (the sim's beats would claim the new manager's generation 0)
+  ASSERT_TRUE(sim.rt->training());
+  EXPECT_EQ(sim.rt->generation(), 2u) << "past generation 1, the agents' last";
+  EXPECT_EQ(sim.starts_[0].plan().generation(), sim.rt->generation());
+  const uint64_t generation = sim.rt->generation();
+  ASSERT_TRUE(sim.Send(1, CollectiveError(1)).ok());  // the old epoch's generation 1
+  sim.Run(400, 41);
+  EXPECT_TRUE(sim.rt->training()) << "the old generation's fault aborts nothing";
+  EXPECT_EQ(sim.rt->generation(), generation);
+  EXPECT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 0);
+  bool stale = false;
+  for (const auto& e : Events(sim)) stale |= e.kind() == "stale_fault";
+  EXPECT_TRUE(stale);
+}
 // Found by the integration scenario 2 under load: the node of pod 1 died, and its replacement
 // registered before anything declared pod 1 lost (its broken stream was within its grace to
 // resume). The replacement taking a slot of the running generation is that pod's loss: the

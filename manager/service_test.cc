@@ -13,6 +13,7 @@
 #include "common/credential.h"
 #include "common/grpc_settings.h"
 #include "common/queued_stream.h"
+#include "common/random_message.h"
 
 namespace regroup::manager {
 namespace {
@@ -203,6 +204,78 @@ TEST(ManagerService, GetStatusNeedsADeadline) {
   EXPECT_NE(server->MetricsText().find("regroup_generation{job=\"default/svc\"} 0"),
             std::string::npos);
   EXPECT_NE(server->StatusJson().find("\"job_id\": \"default/svc\""), std::string::npos);
+  server->Stop();
+}
+
+// Issue 12, "fuzzing": agents that hold the job's credential but send anything. 400 streams from
+// four threads (a fixed seed each), each up to 12 random messages (every body kind, any field,
+// half of them with this job's header, a third of the streams opening with a good registration),
+// then it ends its writes, or is cancelled, or its deadline passes. The server answers every call
+// with a status, its /status and GetStatus keep answering, bounded, and it stops cleanly. (The
+// ASan stage runs this too.)
+TEST(ManagerService, HostileAuthenticatedAgentsNeverBreakTheServer) {
+  const ProtobufQuiet quiet;  // (its complaints about the messages' bad UTF-8)
+  auto server = StartManager(3, "secret");
+  const std::string addr = "127.0.0.1:" + std::to_string(server->port());
+  std::atomic<int> calls{0}, refused{0}, welcomed{0};
+  auto hostile = [&](uint64_t seed) {
+    RandomMessages random(seed);
+    auto stub = v1::Manager::NewStub(MakeChannel(addr).value());
+    for (int i = 0; i < 100; ++i) {
+      grpc::ClientContext ctx;
+      AttachCredential(ctx, "secret");
+      ctx.set_deadline(std::chrono::system_clock::now() + 200ms);
+      auto stream = stub->Session(&ctx);
+      const std::string uid = "pod-" + std::to_string(random.Below(4));
+      for (uint64_t n = random.Below(13); n > 0; --n) {
+        auto m = random.Make<v1::AgentMessage>();
+        if (random.OneIn(2)) {
+          m.mutable_header()->set_job_id("default/svc");
+          m.mutable_header()->set_sender(uid);
+          m.mutable_header()->set_epoch(random.OneIn(4) ? random.Int<uint64_t>() : 5);
+        }
+        if (n == 1 && random.OneIn(3)) {
+          m.mutable_register_()->set_pod_uid(uid);
+          m.mutable_register_()->set_node_rank(static_cast<int32_t>(random.Below(3)));
+          m.mutable_register_()->set_nproc(1);
+        }
+        if (!stream->Write(m)) break;
+      }
+      if (random.OneIn(4)) {
+        ctx.TryCancel();
+      } else if (random.OneIn(2)) {
+        stream->WritesDone();
+      }
+      v1::ManagerMessage reply;
+      while (stream->Read(&reply))
+        if (reply.has_welcome()) ++welcomed;
+      const grpc::Status st = stream->Finish();  // every call ends, with a status
+      ++calls;
+      if (!st.ok()) ++refused;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (uint64_t seed = 1; seed <= 4; ++seed) threads.emplace_back(hostile, HostileSeedBase() + seed);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(calls.load(), 400);
+  EXPECT_GT(refused.load(), 0) << "some of it is refused";
+  EXPECT_GT(welcomed.load(), 0) << "some of it gets past registration, into the job control";
+
+  auto stub = v1::Manager::NewStub(MakeChannel(addr).value());
+  grpc::ClientContext ctx;
+  AttachCredential(ctx, "secret");
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  v1::GetStatusRequest req;
+  v1::GetStatusResponse res;
+  const grpc::Status st = stub->GetStatus(&ctx, req, &res);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(res.job_id(), "default/svc");
+  httplib::Client http("127.0.0.1", server->http_port());
+  http.set_read_timeout(5, 0);
+  auto got = http.Get("/status", {{"Authorization", "Bearer secret"}});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->status, 200);
+  EXPECT_LT(got->body.size(), size_t{2} << 20) << "/status stays bounded";
   server->Stop();
 }
 

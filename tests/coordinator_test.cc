@@ -4,12 +4,14 @@
 // the cluster key; each manager sends its job's token (common/job_token.h).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
@@ -17,6 +19,7 @@
 #include "common/credential.h"
 #include "common/grpc_settings.h"
 #include "common/job_token.h"
+#include "common/random_message.h"
 #include "manager/remote_decisions.h"
 #include "manager/job_control.h"
 #include "plugin/engine.h"
@@ -241,6 +244,10 @@ class Manager {
   std::vector<rt::JobControl::Outgoing> sent_;
 };
 
+bool IsRestart(const rt::JobControl::Outgoing& o, int64_t node) {
+  return o.node_rank == node && o.message.has_restart();
+}
+
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -303,14 +310,39 @@ class CoordinatorTest : public ::testing::Test {
     return j;
   }
 
+  // Jobs `victim` and `attacker`, and the victim's manager attached (null if it could not).
+  std::unique_ptr<Manager> AttachVictim(const std::string& victim, const std::string& attacker) {
+    AddJob(JobJson("recover-in-place,dump", victim));
+    AddJob(JobJson("recover-in-place,dump", attacker));
+    auto real = std::make_unique<Manager>(JobJson("recover-in-place,dump", victim), port_);
+    if (!real->remote().WaitAvailable(kWait)) {
+      ADD_FAILURE() << real->remote().last_error();
+      return nullptr;
+    }
+    return real;
+  }
+
+  // The victim's manager, attacked: still attached at `epoch`, nothing decided for its job, and
+  // its own next fault (a process of pod 1 exits) still decided and delivered.
+  void ExpectUntouched(Manager& real, const std::string& victim, uint64_t epoch) {
+    EXPECT_TRUE(real.remote().Available()) << real.remote().last_error();
+    EXPECT_EQ(real.remote().epoch(), epoch);
+    ASSERT_EQ(regroup_engine_tick(engine_, Now() + 5000, nullptr, nullptr), REGROUP_OK);
+    EXPECT_EQ(Decision(victim.c_str()).kind, REGROUP_DIRECTIVE_CONTINUE)
+        << DecisionJson(victim.c_str()).dump();
+    real.StartTraining();
+    real.ProcessExits(1, 7);
+    ASSERT_TRUE(EngineDecides(REGROUP_DIRECTIVE_RESTART_IN_PLACE, victim.c_str()))
+        << DecisionJson(victim.c_str()).dump();
+    Publish();
+    EXPECT_TRUE(real.TickUntilSent([](const auto& o) { return IsRestart(o, 1); }));
+  }
+
   regroup_engine* engine_ = nullptr;
   regroup_coordinator* coordinator_ = nullptr;
   int port_ = 0;
 };
 
-bool IsRestart(const rt::JobControl::Outgoing& o, int64_t node) {
-  return o.node_rank == node && o.message.has_restart();
-}
 bool IsStop(const rt::JobControl::Outgoing& o, v1::StopTraining::Mode mode) {
   return o.message.has_stop() && o.message.stop().mode() == mode;
 }
@@ -723,10 +755,9 @@ TEST_F(CoordinatorTest, RemovedJobEndsItsManagersStream) {
 // Issue 12's attack: a manager of one job (or anyone holding the cluster key) claims another job.
 TEST_F(CoordinatorTest, AnotherJobsTokenOrTheClusterKeyNeverActsAsTheJob) {
   const std::string victim = "team-a/victim", attacker = "team-b/attacker";
-  AddJob(JobJson("recover-in-place,dump", victim));
-  AddJob(JobJson("recover-in-place,dump", attacker));
-  Manager real(JobJson("recover-in-place,dump", victim), port_);
-  ASSERT_TRUE(real.remote().WaitAvailable(kWait)) << real.remote().last_error();
+  auto victims_manager = AttachVictim(victim, attacker);
+  ASSERT_TRUE(victims_manager);
+  Manager& real = *victims_manager;
   const uint64_t epoch = real.remote().epoch();
 
   // Another job's token, the cluster key itself, and the token of an earlier job of the same
@@ -760,23 +791,69 @@ TEST_F(CoordinatorTest, AnotherJobsTokenOrTheClusterKeyNeverActsAsTheJob) {
 
   // Nothing changed for the victim: its manager is attached as before, the engine evicts
   // nothing, and the real manager's facts still decide.
-  EXPECT_TRUE(real.remote().Available());
-  EXPECT_EQ(real.remote().epoch(), epoch);
-  ASSERT_EQ(regroup_engine_tick(engine_, Now() + 5000, nullptr, nullptr), REGROUP_OK);
-  EXPECT_EQ(Decision(victim.c_str()).kind, REGROUP_DIRECTIVE_CONTINUE)
-      << DecisionJson(victim.c_str()).dump();
-  real.StartTraining();
-  real.ProcessExits(1, 7);
-  ASSERT_TRUE(EngineDecides(REGROUP_DIRECTIVE_RESTART_IN_PLACE, victim.c_str()))
-      << DecisionJson(victim.c_str()).dump();
-  Publish();
-  EXPECT_TRUE(real.TickUntilSent([](const auto& o) { return IsRestart(o, 1); }));
+  ExpectUntouched(real, victim, epoch);
 
   // The attacker's token is good for its own job.
   RawStream own(port_, TokenOf(attacker));
   ASSERT_TRUE(own.Hello(attacker, 0));
   EXPECT_TRUE(own.Read().has_directive());
   EXPECT_TRUE(own.Finish().ok());
+}
+
+// Issue 12, "fuzzing": a manager that holds its own job's token but sends anything, through the
+// real server. 300 streams from three threads (a fixed seed each) of up to 12 random reports
+// (every body kind, any field; half of them headed for its own job, a quarter for the victim's,
+// the rest anywhere; hellos with any epoch and ticket), each ended, cancelled or timed out. Every
+// call ends with a status; the victim's manager stays attached at its epoch, the engine decides
+// nothing for the victim, and the victim's next fault is still decided and delivered.
+TEST_F(CoordinatorTest, AHostileManagerWithItsOwnTokenNeverReachesAnotherJob) {
+  const regroup::ProtobufQuiet quiet;  // (its complaints about the reports' bad UTF-8)
+  const std::string victim = "team-a/victim", attacker = "team-b/attacker";
+  auto victims_manager = AttachVictim(victim, attacker);
+  ASSERT_TRUE(victims_manager);
+  Manager& real = *victims_manager;
+  const uint64_t epoch = real.remote().epoch();
+  const json before = DecisionJson(victim.c_str());
+
+  std::atomic<int> calls{0}, granted{0};
+  auto hostile = [&](uint64_t seed) {
+    regroup::RandomMessages random(seed);
+    auto stub = v1::Coordinator::NewStub(
+        regroup::MakeChannel("127.0.0.1:" + std::to_string(port_)).value());
+    for (int i = 0; i < 100; ++i) {
+      grpc::ClientContext ctx;
+      regroup::AttachCredential(ctx, TokenOf(attacker));
+      ctx.set_deadline(std::chrono::system_clock::now() + 200ms);
+      auto stream = stub->Attach(&ctx);
+      for (uint64_t n = random.Below(13); n > 0; --n) {
+        auto r = random.Make<v1::ManagerReport>();
+        const uint64_t to = random.Below(4);
+        if (to < 3) r.mutable_header()->set_job_id(to < 2 ? attacker : victim);
+        if (to < 3 && random.OneIn(2)) r.mutable_header()->set_epoch(epoch + random.Below(3) - 1);
+        if (!stream->Write(r)) break;
+      }
+      if (random.OneIn(4)) {
+        ctx.TryCancel();
+      } else if (random.OneIn(2)) {
+        stream->WritesDone();
+      }
+      v1::CoordinatorDirective m;
+      while (stream->Read(&m))
+        if (m.has_directive() && m.header().job_id() == attacker) ++granted;
+      (void)stream->Finish();  // every call ends, with a status
+      ++calls;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (uint64_t seed = 1; seed <= 3; ++seed)
+    threads.emplace_back(hostile, regroup::HostileSeedBase() + seed);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(calls.load(), 300);
+  EXPECT_GT(granted.load(), 0) << "some of it attached to its own job, into the coordinator's logic";
+
+  // The victim: its manager attached as before, nothing decided, and its own fault still decided.
+  EXPECT_EQ(DecisionJson(victim.c_str())["directive"], before["directive"]);
+  ExpectUntouched(real, victim, epoch);
 }
 
 // Issue 12's lockout: `--epoch 18446744073709551615` fenced the real manager for good. Epochs

@@ -47,7 +47,7 @@ extern "C" {
 /* ABI version. Since 1.0; minor 1 (the coordinator) since 1.1; minor 2 (reading a job's keys
  * and a Volcano Job) since 1.2; minor 3 (the coordinator's explicit insecure mode) since 1.3. */
 #define REGROUP_ABI_VERSION_MAJOR 1
-#define REGROUP_ABI_VERSION_MINOR 3
+#define REGROUP_ABI_VERSION_MINOR 4
 /* (major << 16) | minor of this header; compare with regroup_abi_version(). */
 #define REGROUP_ABI_VERSION ((REGROUP_ABI_VERSION_MAJOR << 16) | REGROUP_ABI_VERSION_MINOR)
 
@@ -137,7 +137,12 @@ REGROUP_EXTERN regroup_status regroup_job_has_keys(uint8_t *out, const char *con
  * whose resource name holds "gpu", "npu" or "Ascend", else `--nproc-per-node` in the command,
  * else torchrun's PET_NPROC_PER_NODE in the container's env, else 1) and the env (its first
  * container's variables that the configuration table reads, MINDIO_WAIT_MINDX_TIME). *out receives
- *   {"job": <job spec>, "manager_tasks": [indexes into spec.tasks]}.
+ *   {"job": <job spec>, "manager_tasks": [indexes into spec.tasks],
+ *    "elastic_min_available": <pods>}
+ * where elastic_min_available (since 1.4; present when the job's keys are valid) is the fewest
+ * pods, the manager's included, the job runs on once scaled in as far as it may: the
+ * spec.minAvailable a scheduler lowers a MindCluster-style every-pod minAvailable to once the job
+ * runs; 0 for a job that never scales in.
  * A job with no training pods (none created yet, or only the manager's task) is read with
  * "pods": 0; regroup_engine_upsert_job refuses such a spec, so a caller waits for its pods.
  * REGROUP_INVALID_ARGUMENT with a message naming the field (and what it must be) when the

@@ -1001,29 +1001,16 @@ class Converter {
     }
   }
 
-  // The largest minAvailable the validator accepts: the job's elastic minimum when it may scale
-  // in, else every pod. The validator owns the rule (plugin/config.cc); asking it keeps one.
+  // The job's elastic minimum when it may scale in (plugin/config.cc's, which the validator
+  // checks against), else every pod. (Every pod is accepted too, as MindCluster has it: the
+  // scheduler lowers it once the job runs. The elastic minimum needs no such step.)
   void SetMinAvailable(YAML::Node spec, const JobSpec& job) {
     const int64_t managers = job.volcano ? job.volcano->manager_pods : 0;
-    auto accepted = [&](int64_t m) {
-      VolcanoFacts facts = job.volcano.value_or(VolcanoFacts{});
-      facts.min_available = m;
-      ResolvedConfig r =
-          ResolveConfig(job.labels, job.annotations, job.env, job.pods, job.processes_per_pod,
-                        facts);
-      for (const auto& p : r.problems)
-        if (p.key == "volcano.spec.minAvailable") return false;
-      return true;
-    };
-    int64_t lo = 0, hi = job.pods + managers;  // accepted(lo) holds
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (accepted(mid)) lo = mid;
-      else hi = mid - 1;
-    }
-    spec["minAvailable"] = lo;
     const JobConfig c = job.Resolve().config;
-    const bool elastic = c.recovery_on() && c.allows(Strategy::kElasticTraining);
+    const int64_t elastic_min = ElasticMinAvailable(c, job.pods, managers);
+    const bool elastic = elastic_min > 0;
+    const int64_t lo = elastic ? elastic_min : job.pods + managers;
+    spec["minAvailable"] = lo;
     std::string was = ascend_min_available_
                           ? "spec.runPolicy.schedulingPolicy.minAvailable " +
                                 std::to_string(*ascend_min_available_) + " -> "

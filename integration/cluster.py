@@ -118,6 +118,9 @@ class JobSpec:
     # MindCluster's own flow: no manager task; each pod runs train_start.sh, which starts
     # manager.py on rank 0 and torchrun everywhere (integration/seed/).
     seed_flow: bool = False
+    # spec.minAvailable every pod, as MindCluster's jobs have it (the scheduler lowers it to the
+    # elastic minimum once the job runs), rather than the elastic minimum
+    min_available_every_pod: bool = False
 
     @property
     def data(self) -> Dict[str, int]:
@@ -194,7 +197,8 @@ class JobSpec:
                          "annotations": self.annotations()},
             "spec": {
                 "schedulerName": "volcano",
-                "minAvailable": min_pods + (0 if self.seed_flow else 1),  # the manager's pod
+                "minAvailable": (self.nodes if self.min_available_every_pod else min_pods)
+                + (0 if self.seed_flow else 1),  # the manager's pod
                 # no fault policies: the job controller recreates the pod Regroup evicts (a
                 # RestartTask would restart the survivors too: deploy/README.md)
                 "tasks": tasks,

@@ -36,7 +36,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -786,6 +786,15 @@ class KubeLoop:
             if any(o.get("name") == self.job_name for o in pg["metadata"].get("ownerReferences", [])):
                 return pg
         return {}
+
+    def min_available(self) -> Tuple[Optional[int], Optional[str], Optional[int]]:
+        """The Volcano Job's spec.minAvailable, the value it was submitted with as the scheduler
+        noted it when it lowered it (``scheduler.regroup.io/submitted-min-available``), and the
+        PodGroup's minMember."""
+        job = self.kube.api(f"/apis/batch.volcano.sh/v1alpha1/namespaces/default/jobs/{self.job_name}")
+        return (job.get("spec", {}).get("minAvailable"),
+                job.get("metadata", {}).get("annotations", {}).get("scheduler.regroup.io/submitted-min-available"),
+                self.podgroup().get("spec", {}).get("minMember"))
 
     def saved_state(self) -> dict:
         """The engine's state of the job as the scheduler saved it in the job's PodGroup

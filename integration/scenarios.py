@@ -297,6 +297,10 @@ def node_lost_with_spare(c: Cluster, r: Result) -> None:
 def wait_then_scale_in_out(c: Cluster, r: Result) -> None:
     c.start()
     c.wait_step(8)
+    lose_a_node_wait_scale_in_then_out(c, r)
+
+
+def lose_a_node_wait_scale_in_then_out(c: Cluster, r: Result) -> None:
     f = c.kill_node(c.node_of(1))
     c.wait_event("directive", "scale_in", timeout=90, after_ms=int(f["at"] * 1000))
     c.wait_step(c.last_step() + 5)
@@ -316,6 +320,26 @@ def wait_then_scale_in_out(c: Cluster, r: Result) -> None:
     check_story(c, r, [("fault", "pod_lost"), ("directive", "wait"), ("directive", "scale_in"),
                        ("generation", "2 ranks"), ("register", pod.node.name), ("directive", "scale_out"),
                        ("generation", "4 ranks"), ("done", "")])
+
+
+@scenario(19, "a job with MindCluster's minAvailable (every pod): the scheduler lowers it once the job runs, "
+              "then a node dies with no spare: waits, scales in, scales out as in scenario 3",
+          lambda: JobSpec(steps=200, strategies="recover,elastic-training,exit", wait_reschedule_s=30,
+                          min_available_every_pod=True), kube=True, needs_kube=True)
+def every_pod_min_available(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(8)
+    # 2 pods of 2 ranks and the manager; min-data-parallel 1: one pod and the manager's.
+    want = (2, "3", 2)
+    try:
+        wait_for(lambda: c.scheduler.min_available() == want, 30, "the lowered minAvailable", interval=0.5)
+    except AssertionError:
+        pass
+    got = c.scheduler.min_available()
+    r.promise("the scheduler lowered the Job's minAvailable from every pod to the elastic minimum once it ran, "
+              "and the job controller carried it into the PodGroup", got == want,
+              f"Job minAvailable {got[0]} (submitted {got[1]}), PodGroup minMember {got[2]}; want {want}")
+    lose_a_node_wait_scale_in_then_out(c, r)
 
 
 @scenario(18, "the scheduler restarts in the middle of a wait: the deadline survives in the PodGroup's annotations",

@@ -239,6 +239,10 @@ regroup_status regroup_volcano_job_read(char** out, const char* job, size_t len,
     if (!reading.ok()) return Report(err, reading.status());
     json result = {{"job", regroup::JobSpecToJson(reading->spec)},
                    {"manager_tasks", reading->manager_tasks}};
+    // The minAvailable a scheduler lowers an every-pod one to once the job runs (0: none).
+    if (const auto resolved = reading->spec.Resolve(); resolved.ok() && reading->spec.volcano)
+      result["elastic_min_available"] = regroup::ElasticMinAvailable(
+          resolved.config, reading->spec.pods, reading->spec.volcano->manager_pods);
     return Give(out, Dump(result), err);
   });
 }

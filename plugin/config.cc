@@ -399,30 +399,38 @@ void CheckVolcano(const JobConfig& c, int64_t pods, const VolcanoFacts& v, Check
                   "agents as they register while the scheduler names each pod by its index, and "
                   "a fault would be taken for another pod's; add `env: []` to spec.plugins");
   }
-  if (v.min_available && c.recovery_on() && c.allows(Strategy::kElasticTraining)) {
-    const int64_t ranks = c.replica_ranks();
-    const int64_t ppp = std::max<int64_t>(1, c.processes_per_pod);
-    const int64_t pods_per_replica = ranks >= ppp ? ranks / ppp : 1;
-    const int64_t replicas_per_pod = ranks >= ppp ? 1 : ppp / ranks;
-    const int64_t min_pods =
-        ranks >= ppp ? c.min_data_parallel * pods_per_replica
-                     : (c.min_data_parallel + replicas_per_pod - 1) / replicas_per_pod;
-    const int64_t elastic_min = std::min(min_pods, pods) + v.manager_pods;
-    if (*v.min_available > elastic_min) {
-      check.Error("volcano.spec.minAvailable", std::to_string(*v.min_available),
-                  "minAvailable " + std::to_string(*v.min_available) +
-                      " is above the job's elastic minimum of " + std::to_string(elastic_min) +
-                      " pods (" + std::to_string(std::min(min_pods, pods)) +
-                      " for regroup.io/min-data-parallel=" + std::to_string(c.min_data_parallel) +
-                      " and " + std::to_string(v.manager_pods) +
-                      " for the manager): Volcano would stop the job when it scales in; set "
-                      "minAvailable to " +
-                      std::to_string(elastic_min));
-    }
-  }
+  if (!v.min_available) return;
+  const int64_t every_pod = pods + v.manager_pods;
+  const int64_t elastic_min = ElasticMinAvailable(c, pods, v.manager_pods);
+  if (elastic_min <= 0 || *v.min_available <= elastic_min || *v.min_available == every_pod) return;
+  const std::string min = std::to_string(elastic_min);
+  check.Error("volcano.spec.minAvailable", std::to_string(*v.min_available),
+              "minAvailable " + std::to_string(*v.min_available) + " is " +
+                  (*v.min_available > every_pod
+                       ? "more than the job's " + std::to_string(every_pod) + " pods"
+                       : "above the job's elastic minimum of " + min + " pods (for "
+                         "regroup.io/min-data-parallel=" + std::to_string(c.min_data_parallel) +
+                         (v.manager_pods > 0 ? ", the manager's included" : "") +
+                         ") and below its " + std::to_string(every_pod) +
+                         " pods: Volcano would stop the job when it scales in") +
+                  "; set minAvailable to " + min + ", or to every pod (" +
+                  std::to_string(every_pod) + ", as MindCluster does: the scheduler lowers it to " +
+                  min + " once the job runs)");
 }
 
 }  // namespace
+
+int64_t ElasticMinAvailable(const JobConfig& c, int64_t pods, int64_t manager_pods) {
+  if (!c.recovery_on() || !c.allows(Strategy::kElasticTraining) || pods <= 0) return 0;
+  const int64_t ranks = c.replica_ranks();
+  const int64_t ppp = std::max<int64_t>(1, c.processes_per_pod);
+  const int64_t pods_per_replica = ranks >= ppp ? ranks / ppp : 1;
+  const int64_t replicas_per_pod = ranks >= ppp ? 1 : ppp / ranks;
+  const int64_t min_pods = ranks >= ppp
+                               ? c.min_data_parallel * pods_per_replica
+                               : (c.min_data_parallel + replicas_per_pod - 1) / replicas_per_pod;
+  return std::min(min_pods, pods) + manager_pods;
+}
 
 std::optional<Strategy> ParseStrategy(std::string_view name) {
   for (size_t i = 0; i < kStrategyNames.size(); ++i)

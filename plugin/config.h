@@ -154,6 +154,11 @@ ResolvedConfig ResolveConfig(const std::map<std::string, std::string>& labels,
                              const std::map<std::string, std::string>& env, int64_t pods,
                              int64_t processes_per_pod, const std::optional<VolcanoFacts>& volcano);
 
+// The fewest pods a job of `pods` training pods (and `manager_pods`) runs on once it scaled in
+// as far as regroup.io/min-data-parallel allows: the Volcano Job's minAvailable that lets it keep
+// running then. 0 when the job never scales in (recovery off, or elastic-training not allowed).
+int64_t ElasticMinAvailable(const JobConfig& c, int64_t pods, int64_t manager_pods);
+
 // The README's configuration section, generated from the table (Markdown).
 std::string ConfigTableMarkdown();
 

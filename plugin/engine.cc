@@ -757,11 +757,15 @@ std::vector<Eviction> Job::Evictions() const {
   std::vector<Eviction> out;
   if (config_.fault_scheduling_mode() == FaultScheduling::kOff) return out;
   const bool force = config_.fault_scheduling_mode() == FaultScheduling::kForce;
+  // A failed pod stays failed (Volcano's job controller creates again only a pod that is gone):
+  // deleted, while the job wants its pods back.
+  const bool wants = WantsPods();
   for (size_t p = 0; p < slots_.size(); ++p) {
     const PodSlot& s = slots_[p];
     // A fingerprint is not a pod to evict: the pod's next report gives its uid back.
     if (s.status == PodSlot::Status::kLost && !s.replacement_seen && s.uid == s.lost_uid &&
-        !s.uid.empty() && !IsUidFingerprint(s.uid) && PodPresent(s.phase))
+        !s.uid.empty() && !IsUidFingerprint(s.uid) &&
+        (PodPresent(s.phase) || (wants && s.phase == REGROUP_POD_FAILED)))
       out.push_back({static_cast<int64_t>(p), s.uid, s.node, force});
   }
   return out;

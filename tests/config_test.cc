@@ -293,22 +293,45 @@ TEST(Config, ATrainingPodNotToldItsNodeRankIsWarnedOf) {
                   .empty());
 }
 
-TEST(Config, MinAvailableAboveTheElasticMinimumIsRefused) {
+// minAvailable is the elastic minimum, or every pod as MindCluster has it (the scheduler lowers
+// that to the elastic minimum once the job runs); a value in between would stop a scaled-in job.
+TEST(Config, MinAvailableIsTheElasticMinimumOrEveryPod) {
   VolcanoFacts v;
   v.manager_pods = 1;
-  v.min_available = 5;  // 4 workers + manager: the whole job
-  auto r = Resolve({{"fault-scheduling", "force"}},
+  const auto resolve = [&](int64_t min_available) {
+    v.min_available = min_available;
+    return Resolve({{"fault-scheduling", "force"}},
                    {{"recover-strategy", "elastic-training"}, {"regroup.io/min-data-parallel", "4"}},
                    {}, 4, 2, v);
-  EXPECT_EQ(Messages(r, Problem::Severity::kError)[0],
-            "minAvailable 5 is above the job's elastic minimum of 3 pods (2 for "
-            "regroup.io/min-data-parallel=4 and 1 for the manager): Volcano would stop the job "
-            "when it scales in; set minAvailable to 3");
-  v.min_available = 3;
-  EXPECT_TRUE(Resolve({{"fault-scheduling", "force"}},
-                      {{"recover-strategy", "elastic-training"},
-                       {"regroup.io/min-data-parallel", "4"}},
-                      {}, 4, 2, v).ok());
+  };
+  EXPECT_EQ(Messages(resolve(4), Problem::Severity::kError)[0],
+            "minAvailable 4 is above the job's elastic minimum of 3 pods (for "
+            "regroup.io/min-data-parallel=4, the manager's included) and below its 5 pods: "
+            "Volcano would stop the job when it scales in; set minAvailable to 3, or to every "
+            "pod (5, as MindCluster does: the scheduler lowers it to 3 once the job runs)");
+  EXPECT_TRUE(resolve(3).ok());
+  EXPECT_TRUE(resolve(5).ok()) << "every pod, MindCluster's";
+  EXPECT_EQ(Messages(resolve(6), Problem::Severity::kError)[0],
+            "minAvailable 6 is more than the job's 5 pods; set minAvailable to 3, or to every "
+            "pod (5, as MindCluster does: the scheduler lowers it to 3 once the job runs)");
+  EXPECT_TRUE(resolve(2).ok()) << "below: the regroup plugin still starts the job at full size";
+}
+
+TEST(Config, TheElasticMinimumCountsWholeReplicasAndTheManager) {
+  const auto min = [](Map annotations, int64_t manager_pods) {
+    auto r = Resolve({{"fault-scheduling", "force"}}, annotations, {}, 4, 2, std::nullopt);
+    EXPECT_TRUE(r.ok());
+    return ElasticMinAvailable(r.config, 4, manager_pods);
+  };
+  EXPECT_EQ(min({{"recover-strategy", "elastic-training"}, {"regroup.io/min-data-parallel", "4"}},
+                1),
+            3)
+      << "4 one-rank replicas fill 2 pods of 2 processes, and the manager";
+  EXPECT_EQ(min({{"recover-strategy", "elastic-training"}, {"regroup.io/tensor-parallel", "4"}},
+                0),
+            2)
+      << "a replica is 2 pods";
+  EXPECT_EQ(min({{"recover-strategy", "recover"}}, 0), 0) << "never scales in";
 }
 
 TEST(Config, MarkdownTableListsEveryKey) {

@@ -113,6 +113,35 @@ TEST_F(EngineTest, NodeLossWithRecoverWaitsUntilTheDeadlineThenScalesIn) {
   EXPECT_EQ(job().GangMin(), 3u) << "the gang minimum follows the smaller generation";
 }
 
+// Found on the real control plane (Kubernetes scenario 6): a training pod's container failed
+// (restartPolicy Never: its agent exited 1), and Volcano's job controller creates again only a pod
+// that is gone, never one that failed; the engine waited for a replacement nobody would create.
+// A failed pod of a job that wants its pods back is now evicted (deleted), as on a faulty node.
+TEST_F(EngineTest, AFailedPodIsEvictedSoThatTheJobControllerCreatesItAgain) {
+  Submit(kForce, {{"recover-strategy", "recover,elastic-training"},
+                  {"wait-reschedule-timeout", "30"}});
+  ASSERT_TRUE(engine_.SetPodState(kJob, 2, "uid-2", REGROUP_POD_FAILED, Node(2), 1000).ok());
+  EXPECT_EQ(Tick(1200).kind, REGROUP_DIRECTIVE_WAIT);
+  ASSERT_EQ(job().Evictions().size(), 1u);
+  EXPECT_EQ(job().Evictions()[0].uid, "uid-2");
+  // Deleted: nothing more to evict; its replacement is what the wait is for.
+  ASSERT_TRUE(engine_.SetPodState(kJob, 2, "uid-2", REGROUP_POD_DELETED, Node(2), 1500).ok());
+  EXPECT_TRUE(job().Evictions().empty());
+  Replace(2, 5000);
+  EXPECT_EQ(Tick(5200).kind, REGROUP_DIRECTIVE_RESUME);
+}
+
+// A job that no longer wants its pods (it ended) keeps a failed pod: deleting it would only have
+// the job controller create it again.
+TEST_F(EngineTest, AFailedPodOfAJobThatStoppedIsNotEvicted) {
+  Submit(kForce, {});
+  Fault("process_exit", {3}, 7, 0);
+  ASSERT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_EXIT);
+  ASSERT_TRUE(engine_.SetPodState(kJob, 2, "uid-2", REGROUP_POD_FAILED, Node(2), 1000).ok());
+  Tick(1200);
+  EXPECT_TRUE(job().Evictions().empty());
+}
+
 TEST_F(EngineTest, ReplacementInTimeResumesAtFullSize) {
   Submit(kForce, {{"recover-strategy", "recover"}, {"wait-reschedule-timeout", "30"}});
   NodeFails(1, 0);

@@ -14,7 +14,7 @@ for want in \
   'error: annotation regroup.io/min-data-parallel="zero" is invalid: it must be an integer from 1 to 65536' \
   'error: a replica of tensor x pipeline = 3x1=3 ranks does not line up with 8 processes per pod' \
   'error: the Volcano policy spec.policies[0] (PodEvicted -> RestartJob) would restart the whole job' \
-  'error: minAvailable 5 is above the job'"'"'s elastic minimum'; do
+  'error: minAvailable 5 is more than the job'"'"'s 4 pods; set minAvailable to 1, or to every pod (4'; do
   grep -qF -- "$want" <<<"$out" || fail "validate did not report: $want; it said: $out"
 done
 

@@ -92,6 +92,11 @@ type VolcanoJob struct {
 	// ManagerTasks holds the indexes, in spec.tasks, of the tasks that run the job's manager (a
 	// task named "manager", or one that runs regroup-manager).
 	ManagerTasks []int
+	// ElasticMinAvailable is the fewest pods (the manager's included) the job runs on once
+	// scaled in as far as it may: the minAvailable a scheduler lowers a MindCluster-style
+	// every-pod minAvailable to once the job runs. 0 when the job never scales in, or its keys are
+	// invalid.
+	ElasticMinAvailable int
 }
 
 // ReadVolcanoJob reads a Volcano Job (batch.volcano.sh/v1alpha1, kind Job; YAML or JSON) as
@@ -114,8 +119,9 @@ func ReadVolcanoJob(job []byte) (*VolcanoJob, error) {
 		return nil, err
 	}
 	var r struct {
-		Job          json.RawMessage `json:"job"`
-		ManagerTasks []int           `json:"manager_tasks"`
+		Job                 json.RawMessage `json:"job"`
+		ManagerTasks        []int           `json:"manager_tasks"`
+		ElasticMinAvailable int             `json:"elastic_min_available"`
 	}
 	var spec struct {
 		Pods    int `json:"pods"`
@@ -130,5 +136,5 @@ func ReadVolcanoJob(job []byte) (*VolcanoJob, error) {
 		return nil, newError(op, StatusInternal, "the library's job spec is not what it documents: %v", err)
 	}
 	return &VolcanoJob{Spec: []byte(r.Job), Pods: spec.Pods, ManagerPods: spec.Volcano.ManagerPods,
-		ManagerTasks: r.ManagerTasks}, nil
+		ManagerTasks: r.ManagerTasks, ElasticMinAvailable: r.ElasticMinAvailable}, nil
 }

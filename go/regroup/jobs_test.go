@@ -52,6 +52,10 @@ func TestReadVolcanoJob(t *testing.T) {
 	if j.Pods != 2 || j.ManagerPods != 1 || len(j.ManagerTasks) != 1 || j.ManagerTasks[0] != 0 {
 		t.Errorf("read %+v; want 2 training pods, 1 manager pod, manager task [0]", j)
 	}
+	// min-data-parallel 1, two replicas of tp 2 in a pod of 4: one pod, and the manager's.
+	if j.ElasticMinAvailable != 2 {
+		t.Errorf("ElasticMinAvailable %d; want 2", j.ElasticMinAvailable)
+	}
 	var spec map[string]any
 	if err := json.Unmarshal(j.Spec, &spec); err != nil {
 		t.Fatalf("the spec is not JSON: %v", err)

@@ -37,10 +37,11 @@
 //
 // # Conventions
 //
-// A job's minAvailable must be its elastic minimum (the engine refuses more): Volcano ANDs
-// JobReady across plugins, so gang with a full-size minMember would stop a scaled-in job, and
-// Volcano's job controller resets minMember to the Job's minAvailable, so lowering it at run time
-// would not hold. The tests prove both sides.
+// A job's minAvailable is its elastic minimum, or every pod as MindCluster has it (the engine
+// refuses a value in between): Volcano ANDs JobReady across plugins, so gang with a full-size
+// minMember would stop a scaled-in job, and Volcano's job controller resets minMember to the
+// Job's minAvailable. So once an every-pod job runs, the plugin lowers the Job's minAvailable to
+// the elastic minimum (JobPatcher), and the job controller carries it into the PodGroup.
 //
 // The engine's job id is "namespace/name" of the Volcano Job (from the PodGroup's owner), as
 // regroupctl and regroup-manager name it. A pod's index (node rank) is its task index, tasks in

@@ -34,7 +34,7 @@ const (
 // stateWriteTimeout bounds one write of a job's state to its PodGroup.
 const stateWriteTimeout = 10 * time.Second
 
-// The plugin's effects on the cluster go through three small interfaces, so that tests observe
+// The plugin's effects on the cluster go through four small interfaces, so that tests observe
 // them and the scheduler's own harness (which has no API server) can run the plugin.
 
 // StateStore writes a job's annotations to its PodGroup.
@@ -50,6 +50,43 @@ type EventSink interface {
 // Evictor removes a pod from a faulty node.
 type Evictor interface {
 	Evict(ssn *framework.Session, task *api.TaskInfo, mode regroup.EvictionMode, reason string) error
+}
+
+// JobPatcher lowers a Volcano Job's minAvailable, noting the submitted value on the Job.
+type JobPatcher interface {
+	LowerMinAvailable(ssn *framework.Session, namespace, name string, to, submitted int32) error
+}
+
+// SubmittedMinAvailableAnnotation, on a Volcano Job whose minAvailable the plugin lowered, holds
+// the value it was submitted with.
+const SubmittedMinAvailableAnnotation = stateAnnotationPrefix + "submitted-min-available"
+
+// VolcanoJobPatcher patches the Job through the scheduler's Volcano client (a JSON merge patch:
+// spec.minAvailable and the annotation, no resourceVersion). Volcano's admission allows
+// minAvailable to change on a running Job; its job controller carries it into the PodGroup.
+type VolcanoJobPatcher struct{}
+
+// LowerMinAvailable implements JobPatcher.
+func (VolcanoJobPatcher) LowerMinAvailable(ssn *framework.Session, namespace, name string, to, submitted int32) error {
+	client := ssn.VCClient()
+	if client == nil {
+		return fmt.Errorf("no Volcano client to patch Job %s/%s", namespace, name)
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": map[string]string{
+			SubmittedMinAvailableAnnotation: fmt.Sprint(submitted)}},
+		"spec": map[string]any{"minAvailable": to},
+	})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stateWriteTimeout)
+	defer cancel()
+	if _, err := client.BatchV1alpha1().Jobs(namespace).Patch(ctx, name, types.MergePatchType, patch,
+		metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("lowering the minAvailable of Job %s/%s to %d: %w", namespace, name, to, err)
+	}
+	return nil
 }
 
 // PodGroupStateStore writes the annotations with a JSON merge patch through the scheduler's
@@ -90,11 +127,20 @@ func (SessionEvents) Event(ssn *framework.Session, pg *api.PodGroup, eventType, 
 // SessionEvictor evicts through the scheduler (ssn.Evict: the pod is deleted with its own grace
 // period, and the session and cache see it releasing). For fault-scheduling=force it then deletes
 // the pod with a grace period of 0, as MindCluster does, so that a pod on a dead node does not
-// wait out its grace period.
+// wait out its grace period. A failed pod is deleted at once.
 type SessionEvictor struct{}
 
-// Evict implements Evictor.
+// Evict implements Evictor. A failed pod holds nothing to release: it is only deleted.
 func (SessionEvictor) Evict(ssn *framework.Session, task *api.TaskInfo, mode regroup.EvictionMode, reason string) error {
+	if task.Status == api.Failed && task.Pod != nil {
+		pod, client := task.Pod, ssn.KubeClient()
+		go func() {
+			if err := forceDelete(client, pod); err != nil {
+				klog.Errorf("regroup: %v", err)
+			}
+		}()
+		return nil
+	}
 	if err := ssn.Evict(task, reason); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ package volcano
 // check waits on a timer.
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -80,6 +81,8 @@ type recorder struct {
 	evictions []recordedEviction
 	effects   []string // "save <PodGroup>" and "evict <pod>", in the order they happened
 	saveErr   error    // when set, SaveState fails with it
+	lowered   []string // "<Job> <from> -> <to>", each minAvailable lowering asked for
+	lowerErr  error    // when set, LowerMinAvailable fails with it
 }
 
 type recordedEvent struct{ pg, kind, reason, message string }
@@ -119,7 +122,17 @@ func (r *recorder) Evict(ssn *framework.Session, task *api.TaskInfo, mode regrou
 	r.evictions = append(r.evictions, recordedEviction{task.Namespace + "/" + task.Name, mode})
 	r.effects = append(r.effects, "evict "+task.Namespace+"/"+task.Name)
 	r.mu.Unlock()
+	if task.Status == api.Failed {
+		return nil // deleted, as SessionEvictor does: nothing for the session to release
+	}
 	return ssn.Evict(task, reason)
+}
+
+func (r *recorder) LowerMinAvailable(_ *framework.Session, namespace, name string, to, submitted int32) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lowered = append(r.lowered, fmt.Sprintf("%s/%s %d -> %d", namespace, name, submitted, to))
+	return r.lowerErr
 }
 
 func (r *recorder) eventsWithReason(reason string) []recordedEvent {
@@ -244,7 +257,7 @@ func newWorld(t *testing.T) *world {
 }
 
 func (w *world) options() Options {
-	return Options{Now: w.clock.Now, States: w.rec, Events: w.rec, Evictor: w.rec, ConfigMaps: w.cms}
+	return Options{Now: w.clock.Now, States: w.rec, Events: w.rec, Evictor: w.rec, Jobs: w.rec, ConfigMaps: w.cms}
 }
 
 // addNode adds a node of cpu cores (and room for 110 pods).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -60,6 +61,8 @@ const (
 	ReasonFallback = "RegroupFallback" // a MindCluster key's bad value was replaced, as MindCluster does
 	ReasonRestore  = "RegroupRestore"  // the saved state could not be restored
 	ReasonEvict    = "RegroupEvict"    // a pod is evicted from a faulty node
+	// ReasonMinAvailable: an every-pod minAvailable is lowered to the elastic minimum (or could not be)
+	ReasonMinAvailable = "RegroupMinAvailable"
 )
 
 // Options are what a scheduler build (or a test) may replace. Zero fields take the defaults.
@@ -72,6 +75,7 @@ type Options struct {
 	States  StateStore // default PodGroupStateStore
 	Events  EventSink  // default SessionEvents
 	Evictor Evictor    // default SessionEvictor
+	Jobs    JobPatcher // default VolcanoJobPatcher
 	// ConfigMaps gives the ConfigMaps MindCluster's components publish; default: informers on the
 	// session's client, shared by all sessions.
 	ConfigMaps ConfigMapSource
@@ -149,6 +153,9 @@ type jobRecord struct {
 	savedState     string             // the state last written to the PodGroup
 	savedDirective uint64
 	uidsChanged    bool // a pod incarnation appeared or went since the state was saved
+
+	loweredFrom int32 // the minAvailable last asked to be lowered (0: none)
+	loweredAt   int64 // when (ms)
 }
 
 type podSeen struct {
@@ -165,6 +172,7 @@ type sessionJob struct {
 	invalid  string
 	decision regroup.Decision
 	full     int32                           // training pods + managers
+	elastic  int32                           // the elastic minimum (pods, managers included); 0: none
 	avoid    map[string]bool                 // nodes this job avoids
 	managers map[api.TaskID]bool             // manager pods
 	scores   map[api.TaskID]map[string]int32 // pending training pod -> node -> engine score
@@ -203,6 +211,9 @@ func newPlugin(arguments framework.Arguments, opts Options) *plugin {
 	}
 	if opts.Evictor == nil {
 		opts.Evictor = SessionEvictor{}
+	}
+	if opts.Jobs == nil {
+		opts.Jobs = VolcanoJobPatcher{}
 	}
 	if opts.ConfigMaps == nil {
 		opts.ConfigMaps = defaultConfigMaps
@@ -395,6 +406,7 @@ func (p *plugin) syncJob(ssn *framework.Session, job *api.JobInfo, id string) *s
 	}
 	if v.read != nil {
 		sj.full = int32(v.read.Pods + v.read.ManagerPods)
+		sj.elastic = int32(v.read.ElasticMinAvailable)
 	}
 	if v.read == nil || v.read.Pods == 0 {
 		// The job controller has not created the training pods yet (a session can see the
@@ -589,7 +601,44 @@ func (p *plugin) applyDecisions(ssn *framework.Session) {
 		if pending {
 			p.score(job, rec, sj)
 		}
+		p.lowerMinAvailable(ssn, job, rec, sj)
 	}
+}
+
+// minAvailableRetryMs: a lowering the job controller has not carried into the PodGroup yet is not
+// asked for again for this long.
+const minAvailableRetryMs = 30_000
+
+// lowerMinAvailable: a job submitted as MindCluster has it, minAvailable every pod, starts whole
+// (gang needs every pod, as it does for MindCluster). Once it runs, its Volcano Job's minAvailable
+// is lowered to the elastic minimum, so that gang keeps the job Running when it scales in and
+// binds a replacement as soon as one fits; Volcano's job controller carries the Job's
+// minAvailable into the PodGroup's minMember (which the plugin cannot lower itself: the job
+// controller would set it back).
+func (p *plugin) lowerMinAvailable(ssn *framework.Session, job *api.JobInfo, rec *jobRecord, sj *sessionJob) {
+	from := job.PodGroup.Spec.MinMember
+	if sj.elastic <= 0 || from <= sj.elastic || from != sj.full {
+		return
+	}
+	started := len(job.TaskStatusIndex[api.Running]) >= int(sj.full) || sj.decision.Phase != regroup.PhaseRunning
+	if !started || (rec.loweredFrom == from && p.nowMs-rec.loweredAt < minAvailableRetryMs) {
+		return
+	}
+	rec.loweredFrom, rec.loweredAt = from, p.nowMs
+	namespace, name, _ := strings.Cut(sj.id, "/")
+	if err := p.opts.Jobs.LowerMinAvailable(ssn, namespace, name, sj.elastic, from); err != nil {
+		msg := fmt.Sprintf("minAvailable %d (every pod) could not be lowered to %d, the job's elastic "+
+			"minimum, so it would stop when it scales in; tried again in %d s: %v",
+			from, sj.elastic, minAvailableRetryMs/1000, err)
+		klog.Errorf("regroup: job %s: %s", sj.id, msg)
+		p.opts.Events.Event(ssn, job.PodGroup, v1.EventTypeWarning, ReasonMinAvailable, msg)
+		return
+	}
+	msg := fmt.Sprintf("minAvailable lowered from %d (every pod) to %d, the job's elastic minimum, "+
+		"now that the job runs, so that it keeps running when it scales in (the Job's annotation %s "+
+		"keeps %d)", from, sj.elastic, SubmittedMinAvailableAnnotation, from)
+	klog.Infof("regroup: job %s: %s", sj.id, msg)
+	p.opts.Events.Event(ssn, job.PodGroup, v1.EventTypeNormal, ReasonMinAvailable, msg)
 }
 
 // evictionRetryMs: a pod the plugin evicted is not evicted again for this long (the eviction runs
@@ -605,7 +654,10 @@ func (p *plugin) evict(ssn *framework.Session, job *api.JobInfo, rec *jobRecord,
 				break
 			}
 		}
-		if task == nil || ending(task) {
+		// A failed pod is deleted too: Volcano's job controller creates again only a pod that is
+		// gone, never one that failed (restartPolicy Never: its agent exited with an error).
+		failed := task != nil && task.Status == api.Failed
+		if task == nil || (ending(task) && !failed) {
 			continue
 		}
 		if at, ok := rec.evicted[e.UID]; ok && p.nowMs-at < evictionRetryMs {
@@ -617,6 +669,10 @@ func (p *plugin) evict(ssn *framework.Session, job *api.JobInfo, rec *jobRecord,
 		}
 		reason := fmt.Sprintf("Regroup: pod %d of job %s is on node %s (%s); evicted as fault-scheduling=%s says",
 			e.Pod, sj.id, e.Node, why, e.Mode)
+		if failed {
+			reason = fmt.Sprintf("Regroup: pod %d of job %s failed on node %s; deleted, so that the job "+
+				"controller creates it again", e.Pod, sj.id, e.Node)
+		}
 		if err := p.opts.Evictor.Evict(ssn, task, e.Mode, reason); err != nil {
 			klog.Errorf("regroup: evicting pod %s/%s: %v", task.Namespace, task.Name, err)
 			continue

@@ -87,6 +87,29 @@ func TestFaultyNodePodsAreEvictedAsFaultSchedulingSays(t *testing.T) {
 	}
 }
 
+// Found on the real control plane (scenario 6): a training pod that failed (restartPolicy Never)
+// stays failed, and Volcano's job controller creates again only a pod that is gone. The plugin
+// deletes it; the job controller's new pod is bound.
+func TestAFailedPodIsDeletedAndItsReplacementBound(t *testing.T) {
+	w := runningElasticJob(t, "n5")
+	w.clock.set(t0 + 1000)
+	w.pods["train-worker-2"].Status.Phase = v1.PodFailed
+	w.run(defaultActions())
+	if got, want := w.rec.takeEvictions(), []recordedEviction{{"default/train-worker-2", regroup.EvictForce}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("evictions %v; want %v", got, want)
+	}
+	if ev := w.rec.eventsWithReason(ReasonEvict); len(ev) != 1 ||
+		!strings.Contains(ev[0].message, "failed on node n3; deleted, so that the job controller creates it again") {
+		t.Errorf("events %v; want the deletion said", ev)
+	}
+	w.replace("train-worker-2")
+	w.clock.set(t0 + 2000)
+	s := w.run(defaultActions())
+	if len(s.bound) != 1 || s.bound["default/train-worker-2"] == "" {
+		t.Errorf("bound %v; want the replacement of train-worker-2", s.bound)
+	}
+}
+
 func TestTheStateIsSavedBeforeAnyEviction(t *testing.T) {
 	w := runningElasticJob(t, "n5")
 	w.rec.mu.Lock()
@@ -234,12 +257,11 @@ func TestNoCapacityJobStaysReadySmallerAndScalesOutWhenCapacityReturns(t *testin
 }
 
 func TestFullSizeMinMemberWouldStallAScaledInJob(t *testing.T) {
-	// Why Regroup requires the elastic minAvailable at submission instead of lowering minMember
-	// while scaled in: with gang alone and minMember at full size, a job that lost a pod and has
-	// no capacity for it is marked Pending (Volcano then skips it in allocate until enqueue admits
-	// it again), while the same job with its elastic minAvailable stays Running (the test above).
-	// Volcano's job controller also resets minMember to the Job's minAvailable on every sync, so a
-	// lowered minMember would not stay lowered.
+	// Why an every-pod minAvailable is lowered to the elastic minimum once the job runs: with gang
+	// alone and minMember at full size, a job that lost a pod and has no capacity for it is marked
+	// Pending (Volcano then skips it in allocate until enqueue admits it again), while the same
+	// job with its elastic minAvailable stays Running (the test above). Volcano's job controller
+	// resets minMember to the Job's minAvailable on every sync, so it is the Job's that is lowered.
 	w := newWorld(t)
 	w.noPlugin = true
 	for _, n := range []string{"n1", "n2", "n3"} {
@@ -253,21 +275,87 @@ func TestFullSizeMinMemberWouldStallAScaledInJob(t *testing.T) {
 	}
 }
 
-func TestMinAvailableAboveTheElasticMinimumFailsValidation(t *testing.T) {
+func TestMinAvailableBetweenTheElasticMinimumAndEveryPodFailsValidation(t *testing.T) {
+	w := newWorld(t)
+	for _, n := range []string{"n1", "n2", "n3", "n4"} {
+		w.addNode(n, 8)
+	}
+	labels, annotations := elasticKeys()
+	w.addJob("train", 3, labels, annotations, 8, "", "", "", "")
+	s := w.run(defaultActions())
+	if len(s.bound) != 0 {
+		t.Errorf("bound %v; want nothing for an invalid job", s.bound)
+	}
+	ev := w.rec.eventsWithReason(ReasonInvalid)
+	want := "minAvailable 3 is above the job's elastic minimum of 2 pods"
+	if len(ev) != 1 || !strings.Contains(ev[0].message, want) {
+		t.Errorf("events %v; want one %s event containing %q", ev, ReasonInvalid, want)
+	}
+}
+
+// A job submitted as MindCluster has it (minAvailable: every pod) starts whole; once it runs, its
+// Job's minAvailable is lowered to the elastic minimum, once, and the job then scales in and takes
+// a replacement back like a job submitted with the elastic minimum.
+func TestAnEveryPodMinAvailableIsLoweredToTheElasticMinimumOnceTheJobRuns(t *testing.T) {
 	w := newWorld(t)
 	for _, n := range []string{"n1", "n2", "n3", "n4"} {
 		w.addNode(n, 8)
 	}
 	labels, annotations := elasticKeys()
 	w.addJob("train", 4, labels, annotations, 8, "", "", "", "")
+	w.rec.lowerErr = errors.New("the API server is away")
 	s := w.run(defaultActions())
-	if len(s.bound) != 0 {
-		t.Errorf("bound %v; want nothing for an invalid job", s.bound)
+	if len(s.bound) != 4 || len(w.rec.lowered) != 0 {
+		t.Fatalf("bound %v, lowered %v; want the whole job bound and nothing lowered before it runs", s.bound, w.rec.lowered)
 	}
-	ev := w.rec.eventsWithReason(ReasonInvalid)
-	want := "minAvailable 4 is above the job's elastic minimum of 2 pods"
-	if len(ev) != 1 || !strings.Contains(ev[0].message, want) {
-		t.Errorf("events %v; want one %s event containing %q", ev, ReasonInvalid, want)
+	w.clock.set(t0 + 1000)
+	w.run(defaultActions()) // it runs: lowered, but the patch fails
+	if want := []string{"default/train 4 -> 2"}; !reflect.DeepEqual(w.rec.lowered, want) {
+		t.Fatalf("lowered %v; want %v", w.rec.lowered, want)
+	}
+	if ev := w.rec.eventsWithReason(ReasonMinAvailable); len(ev) != 1 || ev[0].kind != v1.EventTypeWarning ||
+		!strings.Contains(ev[0].message, "could not be lowered to 2") {
+		t.Errorf("events %v; want one warning that it could not be lowered", ev)
+	}
+	w.rec.lowerErr = nil
+	w.clock.set(t0 + 2000)
+	w.run(defaultActions())
+	if len(w.rec.lowered) != 1 {
+		t.Errorf("lowered %v; want no new try within %d ms", w.rec.lowered, minAvailableRetryMs)
+	}
+	w.clock.set(t0 + 1000 + minAvailableRetryMs)
+	w.run(defaultActions())
+	if len(w.rec.lowered) != 2 {
+		t.Fatalf("lowered %v; want a second try after %d ms", w.rec.lowered, minAvailableRetryMs)
+	}
+	if ev := w.rec.eventsWithReason(ReasonMinAvailable); len(ev) != 2 || ev[1].kind != v1.EventTypeNormal ||
+		!strings.Contains(ev[1].message, "minAvailable lowered from 4 (every pod) to 2") {
+		t.Errorf("events %v; want the lowering said", ev)
+	}
+	// The job controller carries the Job's minAvailable into the PodGroup: nothing more to lower.
+	w.pgs["train"].Spec.MinMember = 2
+	w.clock.set(t0 + 2000 + 2*minAvailableRetryMs)
+	w.run(defaultActions())
+	if len(w.rec.lowered) != 2 {
+		t.Errorf("lowered %v; want nothing more once minMember is the elastic minimum", w.rec.lowered)
+	}
+	// A node lost: the job scales in at the deadline and stays Running, as with the elastic
+	// minimum from the start.
+	w.setReady("n3", v1.ConditionFalse)
+	w.run(defaultActions())
+	for _, e := range w.rec.takeEvictions() {
+		w.replace(e.pod[len(ns)+1:])
+	}
+	w.clock.set(t0 + 3000 + 2*minAvailableRetryMs)
+	w.run(defaultActions())
+	d := w.decision("train")
+	if d.Phase != regroup.PhaseWaiting {
+		t.Fatalf("decision %+v; want waiting for a replacement", d)
+	}
+	w.clock.set(d.DeadlineMs + 1000)
+	s = w.run(defaultActions())
+	if d := w.decision("train"); d.Phase != regroup.PhaseScaledIn || s.phases["train-pg"] != scheduling.PodGroupRunning {
+		t.Errorf("decision %+v, PodGroup %q; want scaled in, Running", d, s.phases["train-pg"])
 	}
 }
 

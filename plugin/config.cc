@@ -399,6 +399,16 @@ void CheckVolcano(const JobConfig& c, int64_t pods, const VolcanoFacts& v, Check
                   "agents as they register while the scheduler names each pod by its index, and "
                   "a fault would be taken for another pod's; add `env: []` to spec.plugins");
   }
+  if (v.task_index_ranked.size() > 1) {
+    std::string tasks;
+    for (const auto& t : v.task_index_ranked) tasks += (tasks.empty() ? "" : ", ") + t;
+    check.Warning("volcano.spec.tasks", tasks,
+                  "the training tasks " + tasks + " each number their pods from 0 "
+                  "(VC_TASK_INDEX, the env plugin), so their agents claim the same node ranks "
+                  "and the manager refuses all but the first; put the training pods in one task "
+                  "(as regroupctl convert does), or give the pods of each task after the first "
+                  "their node ranks past the tasks before it (--node-rank or PET_NODE_RANK)");
+  }
   if (!v.min_available) return;
   const int64_t every_pod = pods + v.manager_pods;
   const int64_t elastic_min = ElasticMinAvailable(c, pods, v.manager_pods);

@@ -139,6 +139,10 @@ struct VolcanoFacts {
   // env job plugin (VC_TASK_INDEX), or PET_NODE_RANK, VC_TASK_INDEX or --node-rank in every
   // training container. Unknown when the job was not read from a Volcano Job's document.
   std::optional<bool> node_ranks_given;
+  // The training tasks whose pods take their node rank from VC_TASK_INDEX (the env plugin, or
+  // VC_TASK_INDEX in the env) with no PET_NODE_RANK or --node-rank: each numbers its pods from
+  // 0, so two of them claim the same node ranks.
+  std::vector<std::string> task_index_ranked;
 };
 
 struct ResolvedConfig {

@@ -27,6 +27,17 @@ StatusOr<VolcanoFacts> ParseVolcano(const json& v) {
     REGROUP_RETURN_IF_ERROR(ju::GetBool(v, "node_ranks_given", "job spec volcano", value));
     facts.node_ranks_given = value;
   }
+  if (auto tasks = v.find("task_index_ranked"); tasks != v.end() && !tasks->is_null()) {
+    if (!tasks->is_array() || tasks->size() > 1000)
+      return InvalidArgument(
+          "job spec volcano field \"task_index_ranked\" must be an array of at most 1000 names");
+    for (const json& t : *tasks) {
+      if (!t.is_string() || t.get_ref<const std::string&>().size() > 253)
+        return InvalidArgument("job spec volcano field \"task_index_ranked\" must hold task "
+                               "names (strings of at most 253 bytes)");
+      facts.task_index_ranked.push_back(t.get<std::string>());
+    }
+  }
   auto it = v.find("policies");
   if (it != v.end() && !it->is_null()) {
     if (!it->is_array() || it->size() > 1000)
@@ -106,6 +117,8 @@ json JobSpecToJson(const JobSpec& spec) {
     if (spec.volcano->min_available) j["volcano"]["min_available"] = *spec.volcano->min_available;
     if (spec.volcano->node_ranks_given)
       j["volcano"]["node_ranks_given"] = *spec.volcano->node_ranks_given;
+    if (!spec.volcano->task_index_ranked.empty())
+      j["volcano"]["task_index_ranked"] = spec.volcano->task_index_ranked;
   }
   return j;
 }

@@ -142,6 +142,26 @@ bool NodeRankGiven(const YAML::Node& container) {
   return false;
 }
 
+// Whether the container's pods take their node rank from VC_TASK_INDEX alone: the env plugin
+// gives it (or the env names it), and neither PET_NODE_RANK nor --node-rank overrides it.
+bool RankedByTaskIndex(const YAML::Node& container, bool env_plugin) {
+  bool index = env_plugin, own = false;
+  if (const YAML::Node env = Child(container, "env"); env && env.IsSequence())
+    for (const auto& e : env) {
+      const std::string name = Scalar(Child(e, "name"));
+      index = index || name == "VC_TASK_INDEX";
+      own = own || name == "PET_NODE_RANK";
+    }
+  for (const char* field : {"command", "args"}) {
+    const YAML::Node words = Child(container, field);
+    if (!words || !words.IsSequence()) continue;
+    for (const auto& w : words)
+      for (std::string_view flag : {"--node-rank", "--node_rank"})
+        own = own || Scalar(w).compare(0, flag.size(), flag) == 0;
+  }
+  return index && !own;
+}
+
 std::optional<int64_t> ProcessesPerPod(const YAML::Node& container) {
   if (!container) return std::nullopt;
   for (const char* kind : {"limits", "requests"}) {
@@ -263,6 +283,8 @@ StatusOr<VolcanoJobReading> Convert(const YAML::Node& doc, const VolcanoReadOpti
     spec.pods += *replicas;
     if (spec.pods > kMaxPods) return InvalidArgument("the job has more than 100000 pods");
     ranks_given = ranks_given && NodeRankGiven(FirstContainer(task));
+    if (*replicas > 0 && RankedByTaskIndex(FirstContainer(task), env_plugin))
+      volcano.task_index_ranked.push_back(task_name.empty() ? std::to_string(i) : task_name);
     if (!first_training) continue;
     first_training = false;
     const YAML::Node container = FirstContainer(task);

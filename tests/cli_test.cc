@@ -91,6 +91,34 @@ TEST(VolcanoJob, ReadsWhetherEveryTrainingPodIsToldItsNodeRank) {
   EXPECT_EQ(read("", "{name: HOME, value: /root}"), false);
 }
 
+// Two training tasks that both take their node ranks from VC_TASK_INDEX each number their pods
+// from 0: their agents would claim the same node ranks. A warning names them; a task whose pods
+// are given their ranks (--node-rank, PET_NODE_RANK) is not one of them.
+TEST(VolcanoJob, TrainingTasksThatBothNumberTheirPodsFromZeroAreWarnedOf) {
+  auto warnings = [](const std::string& master_command) {
+    std::string yaml = "kind: Job\nmetadata: {name: j}\n"
+                       "spec:\n  plugins: {svc: [], env: []}\n  tasks:\n"
+                       "    - {name: manager, replicas: 1, template: {spec: {containers: "
+                       "[{name: m, command: [regroup-manager]}]}}}\n"
+                       "    - {name: master, replicas: 1, template: {spec: {containers: "
+                       "[{name: t, command: [" + master_command + "]}]}}}\n"
+                       "    - {name: worker, replicas: 2, template: {spec: {containers: "
+                       "[{name: t, command: [regroup-agent, train.py]}]}}}\n";
+    auto spec = JobSpecFromVolcanoYaml(yaml);
+    EXPECT_TRUE(spec.ok()) << spec.status().message();
+    std::vector<std::string> out;
+    if (!spec.ok()) return out;
+    for (const auto& p : spec->Resolve().problems)
+      if (p.key == "volcano.spec.tasks") out.push_back(p.message);
+    return out;
+  };
+  const auto clash = warnings("regroup-agent, train.py");
+  ASSERT_EQ(clash.size(), 1u);
+  EXPECT_EQ(clash[0].find("the training tasks master, worker each number their pods from 0"), 0u)
+      << clash[0];
+  EXPECT_TRUE(warnings("regroup-agent, --node-rank=2, train.py").empty());
+}
+
 TEST(VolcanoJob, AcceleratorRequestGivesProcessesPerPod) {
   std::string yaml = R"(
 kind: Job

@@ -118,50 +118,43 @@ bool IsManagerTask(const YAML::Node& task) {
   return false;
 }
 
-// Processes per pod: an accelerator request, else --nproc-per-node in the command, else
-// PET_NPROC_PER_NODE in the env, else 1.
-// Whether the container names its node rank: PET_NODE_RANK or VC_TASK_INDEX in its env, or
-// --node-rank (--node_rank) in its command or args.
-bool NodeRankGiven(const YAML::Node& container) {
-  if (!container) return false;
+// Whether the container's env names `name`.
+bool HasEnv(const YAML::Node& container, std::string_view name) {
   const YAML::Node env = Child(container, "env");
   if (env && env.IsSequence())
-    for (const auto& e : env) {
-      const std::string name = Scalar(Child(e, "name"));
-      if (name == "PET_NODE_RANK" || name == "VC_TASK_INDEX") return true;
-    }
-  for (const char* field : {"command", "args"}) {
-    const YAML::Node words = Child(container, field);
-    if (!words || !words.IsSequence()) continue;
-    for (const auto& w : words) {
-      const std::string word = Scalar(w);
-      for (std::string_view flag : {"--node-rank", "--node_rank"})
-        if (word.compare(0, flag.size(), flag) == 0) return true;
-    }
-  }
+    for (const auto& e : env)
+      if (Scalar(Child(e, "name")) == name) return true;
   return false;
 }
 
-// Whether the container's pods take their node rank from VC_TASK_INDEX alone: the env plugin
-// gives it (or the env names it), and neither PET_NODE_RANK nor --node-rank overrides it.
-bool RankedByTaskIndex(const YAML::Node& container, bool env_plugin) {
-  bool index = env_plugin, own = false;
-  if (const YAML::Node env = Child(container, "env"); env && env.IsSequence())
-    for (const auto& e : env) {
-      const std::string name = Scalar(Child(e, "name"));
-      index = index || name == "VC_TASK_INDEX";
-      own = own || name == "PET_NODE_RANK";
-    }
+// Whether --node-rank (--node_rank) is in the container's command or args.
+bool HasNodeRankFlag(const YAML::Node& container) {
   for (const char* field : {"command", "args"}) {
     const YAML::Node words = Child(container, field);
     if (!words || !words.IsSequence()) continue;
     for (const auto& w : words)
       for (std::string_view flag : {"--node-rank", "--node_rank"})
-        own = own || Scalar(w).compare(0, flag.size(), flag) == 0;
+        if (Scalar(w).compare(0, flag.size(), flag) == 0) return true;
   }
-  return index && !own;
+  return false;
 }
 
+// Whether the container names its node rank: PET_NODE_RANK or VC_TASK_INDEX in its env, or
+// --node-rank in its command or args.
+bool NodeRankGiven(const YAML::Node& container) {
+  return container && (HasEnv(container, "PET_NODE_RANK") || HasEnv(container, "VC_TASK_INDEX") ||
+                       HasNodeRankFlag(container));
+}
+
+// Whether the container's pods take their node rank from VC_TASK_INDEX alone: the env plugin
+// gives it (or the env names it), and neither PET_NODE_RANK nor --node-rank overrides it.
+bool RankedByTaskIndex(const YAML::Node& container, bool env_plugin) {
+  return (env_plugin || HasEnv(container, "VC_TASK_INDEX")) &&
+         !HasEnv(container, "PET_NODE_RANK") && !HasNodeRankFlag(container);
+}
+
+// Processes per pod: an accelerator request, else --nproc-per-node in the command, else
+// PET_NPROC_PER_NODE in the env, else 1.
 std::optional<int64_t> ProcessesPerPod(const YAML::Node& container) {
   if (!container) return std::nullopt;
   for (const char* kind : {"limits", "requests"}) {

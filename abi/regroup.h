@@ -45,7 +45,8 @@ extern "C" {
 #endif
 
 /* ABI version. Since 1.0; minor 1 (the coordinator) since 1.1; minor 2 (reading a job's keys
- * and a Volcano Job) since 1.2; minor 3 (the coordinator's explicit insecure mode) since 1.3. */
+ * and a Volcano Job) since 1.2; minor 3 (the coordinator's explicit insecure mode) since 1.3;
+ * minor 4 (a Volcano Job's elastic_min_available) since 1.4. */
 #define REGROUP_ABI_VERSION_MAJOR 1
 #define REGROUP_ABI_VERSION_MINOR 4
 /* (major << 16) | minor of this header; compare with regroup_abi_version(). */

@@ -1009,14 +1009,14 @@ class Converter {
     const JobConfig c = job.Resolve().config;
     const int64_t elastic_min = ElasticMinAvailable(c, job.pods, managers);
     const bool elastic = elastic_min > 0;
-    const int64_t lo = elastic ? elastic_min : job.pods + managers;
-    spec["minAvailable"] = lo;
+    const int64_t min_available = elastic ? elastic_min : job.pods + managers;
+    spec["minAvailable"] = min_available;
     std::string was = ascend_min_available_
                           ? "spec.runPolicy.schedulingPolicy.minAvailable " +
                                 std::to_string(*ascend_min_available_) + " -> "
                           : "";
-    Note(Kind::kChanged, was + "spec.minAvailable " + std::to_string(lo),
-         elastic ? "the job's elastic minimum (" + Pods(lo - managers, "training pod") +
+    Note(Kind::kChanged, was + "spec.minAvailable " + std::to_string(min_available),
+         elastic ? "the job's elastic minimum (" + Pods(min_available - managers, "training pod") +
                        " for regroup.io/min-data-parallel=" +
                        std::to_string(c.min_data_parallel) + ", and the manager): a job scaled "
                        "in keeps running with fewer pods, and Volcano stops a job below "

@@ -27,17 +27,8 @@ StatusOr<VolcanoFacts> ParseVolcano(const json& v) {
     REGROUP_RETURN_IF_ERROR(ju::GetBool(v, "node_ranks_given", "job spec volcano", value));
     facts.node_ranks_given = value;
   }
-  if (auto tasks = v.find("task_index_ranked"); tasks != v.end() && !tasks->is_null()) {
-    if (!tasks->is_array() || tasks->size() > 1000)
-      return InvalidArgument(
-          "job spec volcano field \"task_index_ranked\" must be an array of at most 1000 names");
-    for (const json& t : *tasks) {
-      if (!t.is_string() || t.get_ref<const std::string&>().size() > 253)
-        return InvalidArgument("job spec volcano field \"task_index_ranked\" must hold task "
-                               "names (strings of at most 253 bytes)");
-      facts.task_index_ranked.push_back(t.get<std::string>());
-    }
-  }
+  REGROUP_RETURN_IF_ERROR(ju::GetStringList(v, "task_index_ranked", "job spec volcano", 253,
+                                            facts.task_index_ranked));
   auto it = v.find("policies");
   if (it != v.end() && !it->is_null()) {
     if (!it->is_array() || it->size() > 1000)

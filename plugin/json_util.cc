@@ -6,6 +6,19 @@ namespace {
 std::string Where(std::string_view where, std::string_view field) {
   return std::string(where) + " field \"" + std::string(field) + "\"";
 }
+
+// *items: the field's array, or null when it is absent or null.
+Status ArrayField(const nlohmann::json& obj, std::string_view field, std::string_view where,
+                  size_t max_items, const nlohmann::json*& items) {
+  auto it = obj.find(field);
+  if (it == obj.end() || it->is_null()) return Status::Ok();
+  if (!it->is_array()) return InvalidArgument(Where(where, field) + " must be an array");
+  if (it->size() > max_items)
+    return InvalidArgument(Where(where, field) + " has more than " + std::to_string(max_items) +
+                           " items");
+  items = &*it;
+  return Status::Ok();
+}
 }  // namespace
 
 StatusOr<nlohmann::json> Parse(std::string_view text, std::string_view what) {
@@ -83,13 +96,10 @@ Status GetBool(const nlohmann::json& obj, std::string_view field, std::string_vi
 
 Status GetIntList(const nlohmann::json& obj, std::string_view field, std::string_view where,
                   int64_t min, int64_t max, std::vector<int64_t>& out, size_t max_items) {
-  auto it = obj.find(field);
-  if (it == obj.end() || it->is_null()) return Status::Ok();
-  if (!it->is_array()) return InvalidArgument(Where(where, field) + " must be an array");
-  if (it->size() > max_items)
-    return InvalidArgument(Where(where, field) + " has more than " + std::to_string(max_items) +
-                           " items");
-  for (const auto& item : *it) {
+  const nlohmann::json* items = nullptr;
+  REGROUP_RETURN_IF_ERROR(ArrayField(obj, field, where, max_items, items));
+  if (!items) return Status::Ok();
+  for (const auto& item : *items) {
     if (!item.is_number_integer() && !item.is_number_unsigned())
       return InvalidArgument(Where(where, field) + " must hold integers");
     if (item.is_number_unsigned() && item.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
@@ -100,6 +110,20 @@ Status GetIntList(const nlohmann::json& obj, std::string_view field, std::string
                              "; items must be from " + std::to_string(min) + " to " +
                              std::to_string(max));
     out.push_back(v);
+  }
+  return Status::Ok();
+}
+
+Status GetStringList(const nlohmann::json& obj, std::string_view field, std::string_view where,
+                     size_t max_bytes, std::vector<std::string>& out, size_t max_items) {
+  const nlohmann::json* items = nullptr;
+  REGROUP_RETURN_IF_ERROR(ArrayField(obj, field, where, max_items, items));
+  if (!items) return Status::Ok();
+  for (const auto& item : *items) {
+    if (!item.is_string() || item.get_ref<const std::string&>().size() > max_bytes)
+      return InvalidArgument(Where(where, field) + " must hold strings of at most " +
+                             std::to_string(max_bytes) + " bytes");
+    out.push_back(item.get<std::string>());
   }
   return Status::Ok();
 }

@@ -27,5 +27,8 @@ Status GetStringMap(const nlohmann::json& obj, std::string_view field, std::stri
                     std::map<std::string, std::string>& out);
 Status GetIntList(const nlohmann::json& obj, std::string_view field, std::string_view where,
                   int64_t min, int64_t max, std::vector<int64_t>& out, size_t max_items = 100000);
+// Strings of at most `max_bytes` each.
+Status GetStringList(const nlohmann::json& obj, std::string_view field, std::string_view where,
+                     size_t max_bytes, std::vector<std::string>& out, size_t max_items = 1000);
 
 }  // namespace regroup::json_util

@@ -3,8 +3,11 @@
 
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/fault_script.h"
 #include "cli/simulate.h"
+#include "plugin/job_spec.h"
 #include "plugin/volcano_job.h"
 #include "tests/source_file.h"
 
@@ -117,6 +120,29 @@ TEST(VolcanoJob, TrainingTasksThatBothNumberTheirPodsFromZeroAreWarnedOf) {
   EXPECT_EQ(clash[0].find("the training tasks master, worker each number their pods from 0"), 0u)
       << clash[0];
   EXPECT_TRUE(warnings("regroup-agent, --node-rank=2, train.py").empty());
+}
+
+// The tasks ranked by VC_TASK_INDEX travel in the engine's job spec (the scheduler validates what
+// it reads back), and a spec that names them wrongly is refused by the field's name.
+TEST(VolcanoJob, TheTasksRankedByTheirIndexTravelInTheJobSpec) {
+  JobSpec spec;
+  spec.id = "default/j";
+  spec.pods = 3;
+  spec.processes_per_pod = 1;
+  spec.volcano = VolcanoFacts{};
+  spec.volcano->task_index_ranked = {"master", "worker"};
+  const auto json = JobSpecToJson(spec);
+  auto back = ParseJobSpec(json);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->volcano->task_index_ranked, spec.volcano->task_index_ranked);
+  for (const char* bad : {R"("master")", R"([1])", R"(["a", {}])"}) {
+    auto j = json;
+    j["volcano"]["task_index_ranked"] = nlohmann::json::parse(bad);
+    auto refused = ParseJobSpec(j);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("task_index_ranked"), std::string::npos)
+        << refused.status().message();
+  }
 }
 
 TEST(VolcanoJob, AcceleratorRequestGivesProcessesPerPod) {

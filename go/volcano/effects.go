@@ -133,27 +133,26 @@ type SessionEvictor struct{}
 // Evict implements Evictor. A failed pod holds nothing to release: it is only deleted.
 func (SessionEvictor) Evict(ssn *framework.Session, task *api.TaskInfo, mode regroup.EvictionMode, reason string) error {
 	if task.Status == api.Failed && task.Pod != nil {
-		pod, client := task.Pod, ssn.KubeClient()
-		go func() {
-			if err := forceDelete(client, pod); err != nil {
-				klog.Errorf("regroup: %v", err)
-			}
-		}()
+		forceDeleteInBackground(ssn.KubeClient(), task.Pod)
 		return nil
 	}
 	if err := ssn.Evict(task, reason); err != nil {
 		return err
 	}
 	if mode == regroup.EvictForce && task.Pod != nil {
-		pod := task.Pod
-		client := ssn.KubeClient()
-		go func() {
-			if err := forceDelete(client, pod); err != nil {
-				klog.Errorf("regroup: %v", err)
-			}
-		}()
+		forceDeleteInBackground(ssn.KubeClient(), task.Pod)
 	}
 	return nil
+}
+
+// forceDeleteInBackground deletes the pod off the session's goroutine (an API call), logging a
+// failure.
+func forceDeleteInBackground(client kubernetes.Interface, pod *v1.Pod) {
+	go func() {
+		if err := forceDelete(client, pod); err != nil {
+			klog.Errorf("regroup: %v", err)
+		}
+	}()
 }
 
 // forceDelete deletes a pod with a grace period of 0, only the incarnation given (by uid).

@@ -911,7 +911,11 @@ void JobControl::CatchUp(int64_t node) {
   if (missed_commit && committed_step_ >= 0) {
     v1::ManagerMessage m;
     auto* o = m.mutable_outcome();
-    o->set_generation(generation_);
+    // Stamped with the generation that committed it, which the agent notes as the committer
+    // (a restarted manager's first plan names it); 0, "not known", when an older incarnation
+    // did. Not the running generation: that one may not have committed it (simulation seed
+    // 14130: a pod readmitted as the next generation formed was told it had).
+    o->set_generation(committed_mark_.first == options_.epoch ? committed_mark_.second : 0);
     o->set_step(committed_step_);
     o->set_commit(true);
     Send(node, std::move(m));

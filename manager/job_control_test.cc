@@ -789,6 +789,52 @@ TEST(JobControl, APodRegisteringAfterTheJobStoppedIsToldToStop) {
   EXPECT_EQ(sim.inbox_[1].back().stop().reason(), "training finished at step -1");
 }
 
+// Found by the simulation (seed 14130): a pod that missed a commit while its stream was down was
+// sent it again stamped with the running generation, formed since and not the one that made it.
+// Its agent notes the stamp as the committer, which a restarted manager's first plan names.
+TEST(JobControl, ACommitSentAgainNamesTheGenerationThatMadeIt) {
+  Sim sim(3, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"},
+                         {"regroup.io/prefer-elastic", "true"}});
+  sim.RegisterAll();
+  sim.Run(100, 0);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  ASSERT_EQ(sim.rt->committed_step(), 0);
+  ASSERT_TRUE(sim.Exit(2, 0, 1).ok());             // the survivors continue: generation 2
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  sim.rt->Disconnected(sim.streams_[0], sim.now);  // pod 0 heard neither the commit nor that
+  sim.Collect();
+  sim.Clear();
+  v1::LocalRank missed;
+  missed.set_local_rank(0);
+  missed.set_pid(1000);
+  missed.set_alive(true);
+  missed.set_phase(v1::PHASE_VOTED);
+  missed.set_step(0);
+  missed.set_generation(1);
+  missed.set_committed_step(-1);
+  missed.set_heard_commit_step(-1);
+  v1::Register reg;
+  reg.set_pod_uid("pod-0");
+  reg.set_node_rank(0);
+  reg.set_nproc(1);
+  *reg.add_ranks() = missed;
+  sim.streams_[0] = sim.next_stream_++;
+  ASSERT_TRUE(sim.rt->Register(sim.streams_[0], sim.Header(0), reg, sim.now).ok());  // resumed
+  sim.Collect();
+  std::string story;
+  for (const auto& e : Events(sim)) story += e.kind() + ": " + e.message() + "\n";
+  for (const auto& m : sim.inbox_[0])
+    story += "sent: " + m.ShortDebugString().substr(0, 100) + "\n";
+  ASSERT_EQ(sim.Count(0, v1::ManagerMessage::kOutcome), 1) << story;
+  for (const auto& m : sim.inbox_[0])
+    if (m.has_outcome()) {
+      EXPECT_EQ(m.outcome().step(), 0);
+      EXPECT_TRUE(m.outcome().commit());
+      EXPECT_EQ(m.outcome().generation(), 1u) << "generation 1 committed step 0, not 2";
+    }
+}
+
 // Found by the simulation (seed 78): a process died while the job waited for a lost pod's
 // replacement. The engine's wait named the rank to restart, the manager ignored it, and the
 // resume that followed waited for that pod for good.

@@ -239,7 +239,8 @@ class World {
   std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::string> node_holder_;   // (e, g, node)
   std::map<std::pair<std::string, uint32_t>, std::pair<uint64_t, uint64_t>> store_of_;  // -> (e, g)
   uint64_t highest_commit_epoch_ = 0;
-  std::map<int64_t, std::pair<uint64_t, uint64_t>> committed_by_;  // step -> the (e, g) that last committed it
+  // step -> the (e, g) that last committed it, as the manager decided it
+  std::map<int64_t, std::pair<uint64_t, uint64_t>> committed_by_;
   std::set<std::string> ever_lost_;          // uids some incarnation declared lost
   std::map<std::string, int64_t> limbo_since_;      // lost uid, alive, since
   std::map<std::string, int64_t> reachable_since_;  // not paused, link not cut, since
@@ -585,6 +586,13 @@ void World::Flush() {
   if (out.size() > kMaxOutgoingPerFlush)
     Violate("the manager queued " + std::to_string(out.size()) + " messages in one turn");
   for (auto& o : out) {
+    // Who committed a step is the manager's decision, known when it is made: a pod may hear it
+    // after the next generation's plan has named that generation (seeds 7681, 14897: its link
+    // was slow).
+    if (o.message.has_outcome() && o.message.outcome().commit())
+      committed_by_.insert_or_assign(
+          o.message.outcome().step(),
+          std::make_pair(manager_->epoch, o.message.outcome().generation()));
     auto it = manager_->by_node.find(o.node_rank);
     if (it == manager_->by_node.end()) continue;
     const uint64_t id = it->second;
@@ -976,7 +984,6 @@ void World::OnOutcome(Pod* pod, const v1::StepOutcome& outcome, uint64_t epoch) 
               std::to_string(outcome.step()) + " after epoch " +
               std::to_string(highest_commit_epoch_) + " committed: a fenced incarnation commits");
     highest_commit_epoch_ = std::max(highest_commit_epoch_, epoch);
-    committed_by_.insert_or_assign(outcome.step(), std::make_pair(epoch, outcome.generation()));
   }
   for (uint32_t l = 0; l < pod->ranks.size(); ++l) {
     Trainer& t = pod->ranks[l];

@@ -566,6 +566,16 @@ Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
             "replicas disagree on their parameters at step " + std::to_string(votes.step()), now);
     return Status::Ok();
   }
+  // At most one incarnation commits steps: a newer one that formed a generation since (a second
+  // manager of the job, standalone) fences this one before its next commit, not at its next
+  // write of the record.
+  if (options_.fenced_by) {
+    if (auto why = options_.fenced_by()) {
+      vote_step_ = -1;
+      Superseded(*why, now);
+      return Status::Ok();
+    }
+  }
   Commit(votes.step(), now);
   return Status::Ok();
 }

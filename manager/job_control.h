@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -83,6 +84,10 @@ struct JobControlOptions {
   // The durable record the previous incarnation left (job_record.h): lost pods stay fenced, a
   // stopped job stays stopped, and the first generation needs a majority of its members.
   std::optional<JobRecord> record;
+  // Asked before every step this incarnation commits: why it is fenced (the durable record says
+  // a newer incarnation formed a generation since), or nothing. A fenced incarnation commits
+  // nothing more and stops its pods (Superseded). Unset: no record is kept.
+  std::function<std::optional<std::string>()> fenced_by;
 };
 
 // A rank's place: which agent (node rank) and which of its processes.

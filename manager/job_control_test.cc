@@ -969,6 +969,40 @@ TEST(JobControl, ASupersededIncarnationStopsItsPodsAndKeepsOffTheRecord) {
   EXPECT_FALSE(sim.rt->TakeRecord().has_value());
 }
 
+// Issue 11, split brain standalone: a newer incarnation that formed a generation (a second
+// manager given its own pods) fences this one at its next commit, not at its next write of the
+// record, which a job training steadily may not make for hours.
+TEST(JobControl, AnIncarnationFencedOnRecordCommitsNoFurtherStep) {
+  std::optional<JobRecord> stored;
+  JobControlOptions options;
+  options.epoch = 5;
+  options.fenced_by = [&stored] { return FencedBy(stored, 5); };
+  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, options);
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  ASSERT_TRUE(sim.Vote(0, 0).ok());
+  ASSERT_TRUE(sim.Vote(1, 0).ok());
+  ASSERT_EQ(sim.rt->committed_step(), 0);
+  stored = sim.rt->TakeRecord();
+  ASSERT_TRUE(stored);
+  stored->epoch = stored->leader_epoch = 6;  // epoch 6 formed a generation meanwhile
+  sim.Collect();
+  sim.Clear();
+  ASSERT_TRUE(sim.Vote(0, 1).ok());
+  ASSERT_TRUE(sim.Vote(1, 1).ok());
+  sim.Collect();
+  EXPECT_EQ(sim.rt->committed_step(), 0) << "step 1 was not committed";
+  for (int64_t n = 0; n < 2; ++n) {
+    EXPECT_EQ(sim.Count(n, v1::ManagerMessage::kOutcome), 0);
+    ASSERT_EQ(sim.Count(n, v1::ManagerMessage::kStop), 1);
+    EXPECT_EQ(sim.inbox_[n].back().stop().reason(),
+              "fenced: manager epoch 6 formed a generation of job default/job after this one "
+              "(epoch 5); this incarnation stops");
+  }
+  EXPECT_FALSE(sim.rt->TakeRecord().has_value()) << "a fenced incarnation writes no record";
+}
+
 // Issue 11: a pod declared lost for silence (paused, cut off) may be alive: it is told it may
 // come back as its own replacement, and its new incarnation registers as a standby that the
 // next scale-out takes in.

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -84,14 +85,17 @@ StatusOr<JobRecord> ParseJobRecord(const std::string& text) {
   return r;
 }
 
+std::optional<std::string> FencedBy(const std::optional<JobRecord>& stored, uint64_t epoch) {
+  if (!stored || stored->leader_epoch <= epoch) return std::nullopt;
+  return "manager epoch " + std::to_string(stored->leader_epoch) + " formed a generation of job " +
+         stored->job_id + " after this one (epoch " + std::to_string(epoch) + ")";
+}
+
 std::optional<JobRecord> MergeJobRecord(const std::optional<JobRecord>& stored,
                                         const JobRecord& mine, std::string* why) {
   if (!stored) return mine;
-  if (stored->leader_epoch > mine.epoch) {
-    if (why)
-      *why = "manager epoch " + std::to_string(stored->leader_epoch) +
-             " formed a generation of job " + stored->job_id + " after this one (epoch " +
-             std::to_string(mine.epoch) + ")";
+  if (auto fenced = FencedBy(stored, mine.epoch)) {
+    if (why) *why = std::move(*fenced);
     return std::nullopt;
   }
   JobRecord out = mine.leader_epoch == mine.epoch ? mine : *stored;
@@ -150,6 +154,28 @@ StatusOr<bool> UpdateJobRecord(const std::string& path, const JobRecord& mine, s
   }
   ::close(lock);
   return result;
+}
+
+StatusOr<std::optional<JobRecord>> JobRecordWatch::Current() {
+  struct stat st {};
+  std::optional<Seen> now;
+  if (::stat(path_.c_str(), &st) == 0) {
+    now = Seen{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+               static_cast<int64_t>(st.st_size),
+               static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
+  } else if (errno != ENOENT) {
+    return FailedPrecondition("cannot look at the job record " + path_ + ": " +
+                              std::strerror(errno));
+  }
+  if (read_ && now == seen_) return record_;
+  auto loaded = LoadJobRecord(path_);
+  if (!loaded.ok()) return loaded.status();
+  // Cached only under the stat taken before the read: a write between the two is read again
+  // at the next look, never missed.
+  record_ = std::move(*loaded);
+  seen_ = now;
+  read_ = true;
+  return record_;
 }
 
 }  // namespace regroup::manager

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -44,6 +45,11 @@ std::string JobRecordJson(const JobRecord& record);
 // Errors name the field and what it must be.
 StatusOr<JobRecord> ParseJobRecord(const std::string& text);
 
+// Why incarnation `epoch` is fenced by the record stored now (a newer incarnation formed a
+// generation since), or nothing when it is not. The one rule MergeJobRecord and the commit's
+// look at the record (JobRecordWatch) both apply.
+std::optional<std::string> FencedBy(const std::optional<JobRecord>& stored, uint64_t epoch);
+
 // What an incarnation writes over the record stored now, or nothing when a newer incarnation has
 // formed a generation since (this one is fenced; `why` says so). The granted epoch never goes
 // back. An incarnation that has not formed a generation yet adds only its epoch and the pods it
@@ -60,5 +66,25 @@ Status SaveJobRecord(const std::string& path, const JobRecord& record);
 // (`path`.lock) so that two incarnations never interleave. Returns whether it was written:
 // false when this incarnation is fenced (`why` says by whom).
 StatusOr<bool> UpdateJobRecord(const std::string& path, const JobRecord& mine, std::string* why);
+
+// The record at `path` as it is now, read again only when the file changed (another inode, size
+// or modification time: every write renames a new file into place). The manager looks before
+// every step it commits, so a stat per step is the cost while nobody else writes.
+class JobRecordWatch {
+ public:
+  explicit JobRecordWatch(std::string path) : path_(std::move(path)) {}
+  StatusOr<std::optional<JobRecord>> Current();
+
+ private:
+  struct Seen {
+    uint64_t device = 0, inode = 0;
+    int64_t size = -1, modified_ns = 0;
+    bool operator==(const Seen&) const = default;
+  };
+  std::string path_;
+  std::optional<Seen> seen_;  // the file the cached record was read from; nothing: no file
+  bool read_ = false;
+  std::optional<JobRecord> record_;
+};
 
 }  // namespace regroup::manager

@@ -117,5 +117,38 @@ TEST(JobRecord, UpdateMergesIntoTheFileAndRefusesAFencedIncarnation) {
   std::filesystem::remove_all(dir);
 }
 
+// Before every commit the manager looks at the record: the watch reads the file again whenever
+// another write replaced it (a write of the same size within the same clock tick included: a
+// write is a new file renamed into place), and says when there is none.
+TEST(JobRecord, TheWatchSeesEveryWriteOfTheRecord) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("regroup-record-watch-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "record.json").string();
+  JobRecordWatch watch(path);
+  auto none = watch.Current();
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(*none) << "no record yet";
+  JobRecord r = Sample();
+  r.epoch = r.leader_epoch = 40;
+  ASSERT_TRUE(SaveJobRecord(path, r).ok());
+  EXPECT_EQ((*watch.Current())->leader_epoch, 40u);
+  EXPECT_EQ((*watch.Current())->leader_epoch, 40u) << "unchanged: the same record";
+  r.epoch = r.leader_epoch = 41;  // the same size, at once
+  ASSERT_TRUE(SaveJobRecord(path, r).ok());
+  EXPECT_EQ((*watch.Current())->leader_epoch, 41u);
+  EXPECT_EQ(FencedBy(*watch.Current(), 40),
+            "manager epoch 41 formed a generation of job ns/job after this one (epoch 40)");
+  EXPECT_EQ(FencedBy(*watch.Current(), 41), std::nullopt);
+  {
+    std::ofstream(path + ".new") << "{not json";
+  }
+  std::filesystem::rename(path + ".new", path);
+  auto bad = watch.Current();
+  EXPECT_FALSE(bad.ok()) << "a corrupt record is an error, never the last good one";
+  EXPECT_NE(bad.status().message().find(path), std::string::npos) << bad.status().message();
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace regroup::manager

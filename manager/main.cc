@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +22,7 @@
 #include "common/clock.h"
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "common/log_limit.h"
 #include "manager/remote_decisions.h"
 #include "manager/service.h"
 
@@ -314,6 +316,22 @@ int main(int argc, char** argv) {
                  "(--coordinator, --job FILE, or --label/--annotation; init_manager's \"labels\" "
                  "and \"annotations\")",
                  spec.id, source);
+  if (!record_file.empty()) {
+    // Before every step it commits, the manager looks at the record (a stat; a read only when
+    // it changed): a newer incarnation that formed a generation fences this one at once.
+    auto watch = std::make_shared<regroup::manager::JobRecordWatch>(record_file);
+    auto log = std::make_shared<regroup::LogLimit>(std::chrono::seconds(10));
+    ro.fenced_by = [watch, log, epoch = ro.epoch]() -> std::optional<std::string> {
+      auto stored = watch->Current();
+      if (stored.ok()) return regroup::manager::FencedBy(*stored, epoch);
+      if (auto held = log->Allow(regroup::LogLimit::Clock::now()))
+        spdlog::error("{}: this step is committed without knowing whether a newer manager "
+                      "took over{}",
+                      stored.status().message(),
+                      *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
+      return std::nullopt;
+    };
+  }
   auto job = std::make_unique<regroup::manager::JobControl>(spec, resolved.config, ro,
                                                                 std::move(decisions));
   regroup::manager::ServerOptions so;

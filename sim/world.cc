@@ -478,6 +478,7 @@ void World::StartManager() {
   o.epoch = ++last_epoch_;
   o.join_window_ms = 10000;
   o.record = record_;
+  o.fenced_by = [this, epoch = o.epoch] { return manager::FencedBy(record_, epoch); };
   manager_ = std::make_unique<Manager>();
   manager_->epoch = o.epoch;
   manager_->job = std::make_unique<JobControl>(spec_, config_, o,

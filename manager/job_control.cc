@@ -40,6 +40,13 @@ Status CheckRanks(const google::protobuf::RepeatedPtrField<v1::LocalRank>& ranks
   return Status::Ok();
 }
 
+// Said of a silence bound longer than the liveness timeout (silence_bound.h).
+std::string Stretched(int64_t bound, int64_t liveness) {
+  if (bound <= liveness) return "";
+  return "; its timeout was " + std::to_string(bound) +
+         " ms, stretched from the liveness timeout for beats that lately came late";
+}
+
 std::string Join(const std::vector<int64_t>& items) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + std::to_string(items[i]);
@@ -311,6 +318,11 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   if (replacement && a.state != AgentState::kLost) Forget(a.pod_uid);
   if (a.connected) stream_node_.erase(a.stream);  // the same pod on a new stream
 
+  // A new pod starts with the configured timeout; a session resumed keeps what its beats taught.
+  if (a.pod_uid != reg.pod_uid() || a.nproc != reg.nproc()) {
+    a.silence.Reset();
+    a.rank_silence.assign(reg.nproc(), SilenceBound());
+  }
   a.stream = stream;
   a.connected = true;
   a.pod_uid = reg.pod_uid();
@@ -331,11 +343,13 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
     a.ranks[l].set_heard_commit_step(-1);
   }
   a.failed.clear();
+  a.finished.clear();
   for (const auto& r : reg.ranks()) {
     if (r.local_rank() >= a.nproc) continue;
     a.ranks[r.local_rank()] = r;
     // A process that died before this manager heard of it (a manager restart in between).
     if (!r.alive() && r.phase() != v1::PHASE_DONE && r.pid() > 0) a.failed.insert(r.local_rank());
+    if (!r.alive() && r.phase() == v1::PHASE_DONE) a.finished.insert(r.local_rank());
   }
   a.state = resumed                   ? AgentState::kActive
             : state_ == State::kJoining ? AgentState::kRegistered
@@ -383,6 +397,7 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
   if (h.epoch() != options_.epoch)
     return FailedPrecondition("epoch " + std::to_string(h.epoch()) + " is not this manager's " +
                               std::to_string(options_.epoch));
+  agent->silence.Ended(now - agent->last_seen_ms, now);
   agent->last_seen_ms = now;
   switch (message.body_case()) {
     case v1::AgentMessage::kHeartbeat:
@@ -448,6 +463,15 @@ void JobControl::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, in
     if (r.local_rank() >= a.nproc) continue;
     v1::LocalRank& mine = a.ranks[r.local_rank()];
     if (r.step() != mine.step()) a.step_since_ms[r.local_rank()] = now;
+    // A trainer's silence ended when its beat age went down: as long as the age last reported.
+    // Not while it started (importing torch, seconds, is not a late beat).
+    SilenceBound& silence = a.rank_silence[r.local_rank()];
+    const bool started =
+        mine.phase() != v1::PHASE_STARTING && mine.phase() != v1::PHASE_UNSPECIFIED;
+    if (r.pid() != mine.pid())
+      silence.Reset();  // another process
+    else if (started && r.beat_age_ms() < mine.beat_age_ms())
+      silence.Ended(mine.beat_age_ms(), now);
     const bool was_restarting = a.restarting.count(r.local_rank()) > 0;
     mine = r;
     // A process restarted in place is back once it is alive and has said hello (fresh).
@@ -467,24 +491,8 @@ void JobControl::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e,
   if (e.exit_code() == 0 && e.signal() == 0) {
     Event(now, "rank_done",
           "rank " + std::to_string(rank) + " (pod " + std::to_string(node) + ") finished");
-    // Training is over once every rank that holds the trained state finished: a rank that
-    // joined without it (a replica rejoining at the last step's boundary) has nobody left to
-    // send it. Once the generation committed a step, every rank of it holds the state.
-    const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
-    bool all_done = false, holders_done = true;
-    for (const auto& p : places_) {
-      const bool holder = committed_here || !p.needs_state;
-      const bool alive = agents_[static_cast<size_t>(p.node_rank)].ranks[p.local_rank].alive();
-      all_done = all_done || holder;
-      holders_done = holders_done && (!alive || !holder);
-    }
-    all_done = all_done && holders_done;
-    if (all_done) {
-      // Tell every agent, so each exits at once instead of waiting for an acknowledgement.
-      StopAll(v1::StopTraining::MODE_LEAVE,
-              "training finished at step " + std::to_string(committed_step_), now);
-      Event(now, "done", "training finished at step " + std::to_string(committed_step_));
-    }
+    a.finished.insert(e.local_rank());
+    if (EveryHolderFinished()) Finished(now);
     return;
   }
   const std::string why = e.signal() ? "killed by signal " + std::to_string(e.signal())
@@ -681,10 +689,12 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
     return;
   }
   if (state_ == State::kTraining && a.state == AgentState::kActive) {
-    // A broken stream is not a lost pod: it has the liveness timeout to resume its session
+    // A broken stream is not a lost pod: it has its liveness timeout to resume its session
     // (DetectFailures declares it lost after that, as it does a silent one).
-    Event(now, "disconnect", "the stream of pod " + a.pod_uid + " broke: it has " +
-                                 std::to_string(LivenessMs()) + " ms to resume its session");
+    Event(now, "disconnect",
+          "the stream of pod " + a.pod_uid + " broke: it has " +
+              std::to_string(a.silence.TimeoutMs(LivenessMs(), now) - (now - a.last_seen_ms)) +
+              " ms to resume its session");
     return;
   }
   LoseSilentPod(node, "the stream of pod " + a.pod_uid + " broke (node lost or agent gone)", now);
@@ -755,6 +765,7 @@ void JobControl::RestartRanks(int64_t node, const std::vector<uint32_t>& locals,
     m.mutable_restart()->add_local_ranks(l);
     a.restarting.insert(l);
     a.failed.erase(l);
+    a.finished.erase(l);
   }
   m.mutable_restart()->set_reason(reason);
   Send(node, std::move(m));
@@ -1323,6 +1334,29 @@ int64_t JobControl::HangTimeoutMs() const {
   return std::max(config_.hang_timeout_min_s * 1000, config_.hang_step_factor * MedianStepMs());
 }
 
+// Training is over once every rank that holds the trained state finished: a rank that joined
+// without it (a replica rejoining at the last step's boundary) has nobody left to send it. Once
+// the generation committed a step, every rank of it holds the state.
+bool JobControl::EveryHolderFinished(int64_t gone_node) const {
+  const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
+  bool finished = false, holders_done = true;
+  for (const auto& p : places_) {
+    const bool holder = committed_here || !p.needs_state;
+    const v1::LocalRank& r = agents_[static_cast<size_t>(p.node_rank)].ranks[p.local_rank];
+    finished = finished || (holder && !r.alive() &&
+                            agents_[static_cast<size_t>(p.node_rank)].finished.count(p.local_rank));
+    holders_done = holders_done && (!holder || !r.alive() || p.node_rank == gone_node);
+  }
+  return finished && holders_done;
+}
+
+void JobControl::Finished(int64_t now) {
+  // Tell every agent, so each exits at once instead of waiting for an acknowledgement.
+  StopAll(v1::StopTraining::MODE_LEAVE,
+          "training finished at step " + std::to_string(committed_step_), now);
+  Event(now, "done", "training finished at step " + std::to_string(committed_step_));
+}
+
 void JobControl::LoseSilentPod(int64_t node, const std::string& why, int64_t now) {
   const std::string& uid = agents_[static_cast<size_t>(node)].pod_uid;
   if (given_up_.count(uid)) {
@@ -1331,6 +1365,28 @@ void JobControl::LoseSilentPod(int64_t node, const std::string& why, int64_t now
     Event(now, "fence", "pod " + uid + ", given up for the job's restart, is gone: " + why);
     Fence(node, why);
     return;
+  }
+  // Neither a pod whose ranks all finished training nor one lost once every other holder of the
+  // trained state finished (cut off during the last step, say) is a fault to recover from: the
+  // first leaves nothing undone, the second ends the training (simulation seed 283).
+  if (state_ == State::kTraining) {
+    const Agent& a = agents_[static_cast<size_t>(node)];
+    bool ranks_finished = false;
+    for (size_t l = 0; l < rank_of_[static_cast<size_t>(node)].size(); ++l)
+      if (rank_of_[static_cast<size_t>(node)][l] >= 0) {
+        ranks_finished = a.finished.count(static_cast<uint32_t>(l)) > 0;
+        if (!ranks_finished) break;
+      }
+    const bool over = EveryHolderFinished(node);
+    if (ranks_finished || over) {
+      Event(now, "fence",
+            "pod " + uid + (over ? " is gone as training finished: " : ", whose ranks finished "
+                                                                       "training, is gone: ") +
+                why);
+      Fence(node, why);
+      if (over) Finished(now);
+      return;
+    }
   }
   Fault(v1::FAULT_KIND_POD_LOST, {node}, GenerationRanks(node), -1, why, now);
 }
@@ -1345,12 +1401,13 @@ void JobControl::DetectFailures(int64_t now) {
     Agent& a = agents_[n];
     const bool waiting = a.state == AgentState::kStandby || a.state == AgentState::kRegistered;
     if (a.state != AgentState::kActive && !(waiting && a.connected)) continue;
-    if (now - a.last_seen_ms > liveness) {
+    const int64_t bound = a.silence.TimeoutMs(liveness, now);
+    if (now - a.last_seen_ms > bound) {
       LoseSilentPod(static_cast<int64_t>(n),
                     (a.connected ? "no heartbeat from pod " + a.pod_uid + " for "
                                  : "the stream of pod " + a.pod_uid +
                                        " broke and its session was not resumed within ") +
-                        std::to_string(now - a.last_seen_ms) + " ms",
+                        std::to_string(now - a.last_seen_ms) + " ms" + Stretched(bound, liveness),
                     now);
       return;
     }
@@ -1384,10 +1441,12 @@ void JobControl::DetectFailures(int64_t now) {
     // timeout, not the liveness one.
     const bool starting =
         lr.phase() == v1::PHASE_STARTING || lr.phase() == v1::PHASE_UNSPECIFIED;
-    if (lr.beat_age_ms() > (starting ? hang : liveness)) {
+    const int64_t bound = a.rank_silence[p.local_rank].TimeoutMs(liveness, now);
+    if (lr.beat_age_ms() > (starting ? hang : bound)) {
       Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
             "rank " + std::to_string(g) + " sent no heartbeat for " +
-                std::to_string(lr.beat_age_ms()) + " ms (frozen process)",
+                std::to_string(lr.beat_age_ms()) + " ms (frozen process" +
+                (starting ? "" : Stretched(bound, liveness)) + ")",
             now);
       return;
     }
@@ -1572,6 +1631,18 @@ v1::GetStatusResponse JobControl::StatusReport() const {
     ns->set_state(a.pod_uid.empty() ? "missing" : kAgentStates[static_cast<int>(a.state)]);
     for (size_t g = 0; g < places_.size(); ++g)
       if (places_[g].node_rank == static_cast<int64_t>(n)) ns->add_ranks(static_cast<uint32_t>(g));
+    // How long a silence of this pod, and of its trainers, is allowed now (silence_bound.h).
+    const int64_t now = std::max<int64_t>(last_tick_ms_, 0), liveness = LivenessMs();
+    auto ms = [](int64_t v) {
+      return static_cast<uint32_t>(std::clamp<int64_t>(v, 0, UINT32_MAX));
+    };
+    ns->set_liveness_timeout_ms(ms(a.silence.TimeoutMs(liveness, now)));
+    ns->set_silence_peak_ms(ms(a.silence.PeakMs(now)));
+    for (const SilenceBound& r : a.rank_silence) {
+      ns->set_rank_liveness_timeout_ms(
+          std::max(ns->rank_liveness_timeout_ms(), ms(r.TimeoutMs(liveness, now))));
+      ns->set_rank_silence_peak_ms(std::max(ns->rank_silence_peak_ms(), ms(r.PeakMs(now))));
+    }
   }
   for (const auto& e : events_) *s.add_events() = e;
   return s;

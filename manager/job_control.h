@@ -23,6 +23,7 @@
 #include "plugin/sizing.h"
 #include "common/status.h"
 #include "manager/job_record.h"
+#include "manager/silence_bound.h"
 #include "regroup/v1/wire.pb.h"
 
 namespace regroup::manager {
@@ -179,10 +180,13 @@ class JobControl {
     std::vector<uint32_t> free_ports;       // free on `host` as last reported, none given out
     AgentState state = AgentState::kRegistered;
     int64_t last_seen_ms = 0;
+    SilenceBound silence;                   // how long its silence may last (its beats' past)
     std::vector<v1::LocalRank> ranks;       // as last reported, by local rank
+    std::vector<SilenceBound> rank_silence; // each trainer's, from the beat ages reported
     std::vector<int64_t> step_since_ms;     // when each local rank's step last changed
     std::set<uint32_t> restarting;          // local ranks restarted in place, not back yet
     std::set<uint32_t> failed;              // local ranks that exited with an error, not restarted
+    std::set<uint32_t> finished;            // local ranks that finished training (exit 0)
     uint32_t last_generation_agents = 0;
     uint64_t aborted_through = 0;           // the latest generation whose abort it was sent
   };
@@ -267,6 +271,10 @@ class JobControl {
   void DetectFailures(int64_t now);
   // Declares a pod lost that fell silent or whose stream broke (it may come back: readmit).
   void LoseSilentPod(int64_t node, const std::string& why, int64_t now);
+  // Training is over: a rank of the generation holding the trained state finished it, and every
+  // other such rank has finished too, or is on `gone_node` (a pod lost just now; -1: none).
+  bool EveryHolderFinished(int64_t gone_node = -1) const;
+  void Finished(int64_t now);
   void Commit(int64_t step, int64_t now);
   int64_t HangTimeoutMs() const;
   int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }

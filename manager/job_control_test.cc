@@ -1341,6 +1341,148 @@ TEST(JobControl, AManagerThatWasNotScheduledDoesNotBlameThePods) {
   EXPECT_TRUE(sim.rt->IsFenced("pod-1"));
 }
 
+// Issue 11, an overloaded agent: its silence may last 3 times the longest one it ended lately,
+// within 1 to 4 times the liveness timeout, halved every 30 s.
+TEST(SilenceBound, StretchesTheTimeoutForAPeerWhoseBeatsLatelyCameLateWithinABound) {
+  SilenceBound b;
+  EXPECT_EQ(b.TimeoutMs(500, 0), 500) << "a peer never heard late keeps the liveness timeout";
+  b.Ended(120, 1000);
+  EXPECT_EQ(b.TimeoutMs(500, 1000), 500) << "beats on time stretch nothing";
+  b.Ended(300, 2000);
+  EXPECT_EQ(b.TimeoutMs(500, 2000), 900);
+  b.Ended(200, 2100);
+  EXPECT_EQ(b.PeakMs(2100), 300) << "the longest silence lately, not the last one";
+  b.Ended(1300, 3000);
+  EXPECT_EQ(b.TimeoutMs(500, 3000), 2000) << "never more than 4 times the liveness timeout";
+  EXPECT_EQ(b.PeakMs(3000 + SilenceBound::kHalfLifeMs), 650);
+  EXPECT_EQ(b.TimeoutMs(500, 3000 + SilenceBound::kHalfLifeMs), 1950);
+  EXPECT_EQ(b.TimeoutMs(500, 3000 + 3 * SilenceBound::kHalfLifeMs), 500) << "a spike long past";
+  EXPECT_EQ(b.TimeoutMs(500, 3000 + 100 * SilenceBound::kHalfLifeMs), 500);
+  b.Reset();
+  EXPECT_EQ(b.PeakMs(3000), 0);
+}
+
+// Issue 11, finding 7: on an overloaded machine a live agent's beats come late. One whose beats
+// lately came 300 ms apart is not lost for a silence of 800 ms (the liveness timeout is 500 ms),
+// but is for one past 3 times its longest; a pod beating on time is lost after 500 ms as before.
+TEST(JobControl, APodWhoseBeatsLatelyCameLateHasLongerButBoundedBeforeItIsLost) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(100, 0);
+  ASSERT_TRUE(sim.rt->training());
+  auto run = [&sim](int64_t ms, int64_t late_every_ms) {  // pod 0 beats every 20 ms, pod 1 late
+    for (int64_t t = 0; t < ms; t += 20) {
+      sim.now += 20;
+      if (!sim.gone_.count(0)) (void)sim.Beat(0, 0, sim.rt->generation());
+      if (late_every_ms && t % late_every_ms == late_every_ms - 20)
+        (void)sim.Beat(1, 0, sim.rt->generation());
+      sim.rt->Tick(sim.now);
+      sim.Collect();
+    }
+  };
+  run(3000, 300);
+  ASSERT_TRUE(sim.rt->training());
+  auto status = sim.rt->StatusReport();
+  EXPECT_EQ(status.nodes(0).liveness_timeout_ms(), 500u);
+  EXPECT_EQ(status.nodes(1).silence_peak_ms(), 300u);
+  EXPECT_EQ(status.nodes(1).liveness_timeout_ms(), 900u);
+  run(800, 0);  // pod 1 silent for 800 ms
+  EXPECT_FALSE(sim.rt->IsFenced("pod-1")) << "within 3 times its longest silence lately";
+  run(200, 0);
+  ASSERT_TRUE(sim.rt->IsFenced("pod-1"));
+  bool said = false;
+  for (const auto& e : Events(sim))
+    said = said || e.message().find("no heartbeat from pod pod-1 for 920 ms; its timeout was 900 "
+                                    "ms, stretched") != std::string::npos;
+  EXPECT_TRUE(said);
+  // Pod 0, on time all along, is lost 500 ms into its silence.
+  sim.Gone(0);
+  run(480, 0);
+  EXPECT_FALSE(sim.rt->IsFenced("pod-0"));
+  run(60, 0);
+  EXPECT_TRUE(sim.rt->IsFenced("pod-0"));
+}
+
+// The same for a trainer's beats to its agent (the beat ages the agent reports): a rank whose
+// beats lately came 240 ms apart is frozen only past 720 ms; its start stretches nothing.
+TEST(JobControl, ARankWhoseBeatsLatelyCameLateHasLongerButBoundedBeforeItIsFrozen) {
+  Sim sim(2, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"}});
+  sim.RegisterAll();
+  sim.Run(100, 0);
+  ASSERT_TRUE(sim.rt->training());
+  auto beat = [&sim](int64_t node, uint32_t age, v1::Phase phase = v1::PHASE_COMPUTING) {
+    v1::AgentMessage m;
+    auto* r = m.mutable_heartbeat()->add_ranks();
+    r->set_local_rank(0);
+    r->set_pid(1000);
+    r->set_alive(true);
+    r->set_step(0);
+    r->set_phase(phase);
+    r->set_generation(sim.rt->generation());
+    r->set_committed_step(-1);
+    r->set_heard_commit_step(-1);
+    r->set_beat_age_ms(age);
+    return sim.Send(node, m);
+  };
+  auto run = [&](int64_t ms, uint32_t age_from, uint32_t age_period) {
+    for (int64_t t = 0; t < ms; t += 20) {
+      sim.now += 20;
+      (void)beat(0, 10);
+      const uint32_t age = age_from + static_cast<uint32_t>(t);
+      (void)beat(1, age_period ? age % age_period : age);
+      sim.rt->Tick(sim.now);
+      sim.Collect();
+    }
+  };
+  // Its start (seconds importing torch: the age grows from the process's start) stretches nothing.
+  ASSERT_TRUE(beat(1, 9000, v1::PHASE_STARTING).ok());
+  ASSERT_TRUE(beat(1, 0).ok());
+  EXPECT_EQ(sim.rt->StatusReport().nodes(1).rank_liveness_timeout_ms(), 500u);
+  run(3000, 0, 260);  // rank 1's trainer beats every 260 ms: ages 0 to 240 reported
+  ASSERT_TRUE(sim.rt->training());
+  EXPECT_EQ(sim.rt->StatusReport().nodes(1).rank_liveness_timeout_ms(), 720u);
+  run(700, 0, 0);  // then it is silent for 700 ms
+  EXPECT_TRUE(sim.rt->training()) << "within 3 times its longest silence lately";
+  run(200, 700, 0);
+  EXPECT_FALSE(sim.rt->training());
+  bool said = false;
+  for (const auto& e : Events(sim))
+    said = said || e.message().find("rank 1 sent no heartbeat for 740 ms (frozen process; its "
+                                    "timeout was 720 ms, stretched") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
+// Found by the simulation (seed 283, once the liveness timeouts stretched): a pod cut off during
+// the last step, after its peers finished training, was taken for a loss to recover from: the
+// job scaled in, waited for replicas that had finished, and never ended. Training is over.
+TEST(JobControl, APodLostAfterEveryOtherHolderOfTheStateFinishedEndsTheTraining) {
+  Sim sim(3, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training,dump"},
+                         {"regroup.io/prefer-elastic", "true"}});
+  sim.RegisterAll();
+  sim.Run(100, 0);
+  ASSERT_TRUE(sim.rt->training());
+  for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  ASSERT_EQ(sim.rt->committed_step(), 0);
+  ASSERT_TRUE(sim.Exit(0, 0, 0).ok());
+  ASSERT_TRUE(sim.Exit(1, 0, 0).ok());
+  ASSERT_TRUE(sim.rt->training()) << "pod 2 has not finished yet";
+  sim.Gone(0);  // their agents exit once their trainers finished
+  sim.Gone(1);
+  sim.Run(1000, 0);
+  EXPECT_TRUE(sim.rt->IsFenced("pod-0"));
+  EXPECT_TRUE(sim.rt->IsFenced("pod-1"));
+  EXPECT_TRUE(sim.rt->training()) << "a pod whose ranks finished is no fault: pod 2 finishes";
+  sim.Gone(2);  // cut off
+  sim.Run(1000, 0);
+  EXPECT_TRUE(sim.rt->IsFenced("pod-2"));
+  EXPECT_EQ(sim.rt->StatusReport().phase(), "stopped");
+  std::string story;
+  for (const auto& e : Events(sim)) story += e.kind() + ": " + e.message() + "\n";
+  EXPECT_NE(story.find("done: training finished at step 0"), std::string::npos) << story;
+  EXPECT_EQ(story.find("directive"), std::string::npos) << story;
+  EXPECT_EQ(sim.inbox_[2].back().stop().mode(), v1::StopTraining::MODE_LEAVE);
+}
+
 // Found by the simulation (seed 1412, once reconnects were faster): after a manager restart the
 // join window closed without one pod, and while the job waited for it another pod went silent
 // (its link cut, its agent then killed). Registered pods were not watched for silence, so the

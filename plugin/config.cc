@@ -76,7 +76,9 @@ constexpr KeySpec kKeys[] = {
     {"regroup.io/heartbeat-interval-ms", S::kAnnotation, O::kRegroup, T::kInt, 10, 10000, "",
      "100", 100, &JobConfig::heartbeat_interval_ms, "Milliseconds between heartbeats."},
     {"regroup.io/liveness-misses", S::kAnnotation, O::kRegroup, T::kInt, 2, 100, "", "5", 5,
-     &JobConfig::liveness_misses, "Missed heartbeats after which a rank is lost."},
+     &JobConfig::liveness_misses,
+     "Missed heartbeats after which a pod or rank is lost; up to 4 times as many for one whose "
+     "beats lately came late (3 times its longest silence lately)."},
     {"regroup.io/hang-step-factor", S::kAnnotation, O::kRegroup, T::kInt, 2, 1000, "", "10", 10,
      &JobConfig::hang_step_factor,
      "A step is hung after this many median step times (and at least the hang minimum)."},

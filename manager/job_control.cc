@@ -1342,10 +1342,10 @@ bool JobControl::EveryHolderFinished(int64_t gone_node) const {
   bool finished = false, holders_done = true;
   for (const auto& p : places_) {
     const bool holder = committed_here || !p.needs_state;
-    const v1::LocalRank& r = agents_[static_cast<size_t>(p.node_rank)].ranks[p.local_rank];
-    finished = finished || (holder && !r.alive() &&
-                            agents_[static_cast<size_t>(p.node_rank)].finished.count(p.local_rank));
-    holders_done = holders_done && (!holder || !r.alive() || p.node_rank == gone_node);
+    const Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+    const bool alive = a.ranks[p.local_rank].alive();
+    finished = finished || (holder && !alive && a.finished.count(p.local_rank));
+    holders_done = holders_done && (!holder || !alive || p.node_rank == gone_node);
   }
   return finished && holders_done;
 }
@@ -1371,12 +1371,11 @@ void JobControl::LoseSilentPod(int64_t node, const std::string& why, int64_t now
   // first leaves nothing undone, the second ends the training (simulation seed 283).
   if (state_ == State::kTraining) {
     const Agent& a = agents_[static_cast<size_t>(node)];
-    bool ranks_finished = false;
-    for (size_t l = 0; l < rank_of_[static_cast<size_t>(node)].size(); ++l)
-      if (rank_of_[static_cast<size_t>(node)][l] >= 0) {
-        ranks_finished = a.finished.count(static_cast<uint32_t>(l)) > 0;
-        if (!ranks_finished) break;
-      }
+    const std::vector<int32_t>& held = rank_of_[static_cast<size_t>(node)];
+    bool ranks_finished = std::any_of(held.begin(), held.end(), [](int32_t r) { return r >= 0; });
+    for (size_t l = 0; l < held.size(); ++l)
+      ranks_finished =
+          ranks_finished && (held[l] < 0 || a.finished.count(static_cast<uint32_t>(l)) > 0);
     const bool over = EveryHolderFinished(node);
     if (ranks_finished || over) {
       Event(now, "fence",
@@ -1622,6 +1621,11 @@ v1::GetStatusResponse JobControl::StatusReport() const {
   static const char* kStates[] = {"joining", "training", "aborted", "stopped"};
   s.set_phase(kStates[static_cast<int>(state_)]);
   static const char* kAgentStates[] = {"registered", "active", "standby", "lost", "leaving", "done"};
+  // How long a silence of each pod, and of its trainers, is allowed now (silence_bound.h).
+  const int64_t now = std::max<int64_t>(last_tick_ms_, 0), liveness = LivenessMs();
+  auto ms = [](int64_t v) {
+    return static_cast<uint32_t>(std::clamp<int64_t>(v, 0, UINT32_MAX));
+  };
   for (size_t n = 0; n < agents_.size(); ++n) {
     const Agent& a = agents_[n];
     auto* ns = s.add_nodes();
@@ -1631,11 +1635,6 @@ v1::GetStatusResponse JobControl::StatusReport() const {
     ns->set_state(a.pod_uid.empty() ? "missing" : kAgentStates[static_cast<int>(a.state)]);
     for (size_t g = 0; g < places_.size(); ++g)
       if (places_[g].node_rank == static_cast<int64_t>(n)) ns->add_ranks(static_cast<uint32_t>(g));
-    // How long a silence of this pod, and of its trainers, is allowed now (silence_bound.h).
-    const int64_t now = std::max<int64_t>(last_tick_ms_, 0), liveness = LivenessMs();
-    auto ms = [](int64_t v) {
-      return static_cast<uint32_t>(std::clamp<int64_t>(v, 0, UINT32_MAX));
-    };
     ns->set_liveness_timeout_ms(ms(a.silence.TimeoutMs(liveness, now)));
     ns->set_silence_peak_ms(ms(a.silence.PeakMs(now)));
     for (const SilenceBound& r : a.rank_silence) {

@@ -78,20 +78,26 @@ class Sim {
     *m.mutable_header() = Header(node);
     return rt->Handle(streams_[node], m, now);
   }
+  // What an agent reports of its live local rank `l` (pid 1000 + l).
+  static v1::LocalRank Live(uint32_t l, v1::Phase phase, int64_t step, uint64_t generation,
+                            int64_t committed) {
+    v1::LocalRank r;
+    r.set_local_rank(l);
+    r.set_pid(1000 + static_cast<int32_t>(l));
+    r.set_alive(true);
+    r.set_step(step);
+    r.set_phase(phase);
+    r.set_generation(generation);
+    r.set_committed_step(committed);
+    r.set_heard_commit_step(committed);
+    return r;
+  }
   // Every process of `node` heartbeats: alive, at `step`, in generation `generation`.
   Status Beat(int64_t node, int64_t step, uint64_t generation, int64_t committed = -1) {
     v1::AgentMessage m;
-    for (int64_t l = 0; l < spec_.processes_per_pod; ++l) {
-      auto* r = m.mutable_heartbeat()->add_ranks();
-      r->set_local_rank(static_cast<uint32_t>(l));
-      r->set_pid(1000 + static_cast<int32_t>(l));
-      r->set_alive(true);
-      r->set_step(step);
-      r->set_phase(v1::PHASE_COMPUTING);
-      r->set_generation(generation);
-      r->set_committed_step(committed);
-      r->set_heard_commit_step(committed);
-    }
+    for (int64_t l = 0; l < spec_.processes_per_pod; ++l)
+      *m.mutable_heartbeat()->add_ranks() =
+          Live(static_cast<uint32_t>(l), v1::PHASE_COMPUTING, step, generation, committed);
     return Send(node, m);
   }
   void BeatAll(int64_t step) {
@@ -805,15 +811,7 @@ TEST(JobControl, ACommitSentAgainNamesTheGenerationThatMadeIt) {
   sim.rt->Disconnected(sim.streams_[0], sim.now);  // pod 0 heard neither the commit nor that
   sim.Collect();
   sim.Clear();
-  v1::LocalRank missed;
-  missed.set_local_rank(0);
-  missed.set_pid(1000);
-  missed.set_alive(true);
-  missed.set_phase(v1::PHASE_VOTED);
-  missed.set_step(0);
-  missed.set_generation(1);
-  missed.set_committed_step(-1);
-  missed.set_heard_commit_step(-1);
+  const v1::LocalRank missed = Sim::Live(0, v1::PHASE_VOTED, 0, 1, -1);  // voted, heard nothing
   v1::Register reg;
   reg.set_pod_uid("pod-0");
   reg.set_node_rank(0);
@@ -1413,14 +1411,7 @@ TEST(JobControl, ARankWhoseBeatsLatelyCameLateHasLongerButBoundedBeforeItIsFroze
   auto beat = [&sim](int64_t node, uint32_t age, v1::Phase phase = v1::PHASE_COMPUTING) {
     v1::AgentMessage m;
     auto* r = m.mutable_heartbeat()->add_ranks();
-    r->set_local_rank(0);
-    r->set_pid(1000);
-    r->set_alive(true);
-    r->set_step(0);
-    r->set_phase(phase);
-    r->set_generation(sim.rt->generation());
-    r->set_committed_step(-1);
-    r->set_heard_commit_step(-1);
+    *r = Sim::Live(0, phase, 0, sim.rt->generation(), -1);
     r->set_beat_age_ms(age);
     return sim.Send(node, m);
   };

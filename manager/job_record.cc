@@ -156,7 +156,7 @@ StatusOr<bool> UpdateJobRecord(const std::string& path, const JobRecord& mine, s
   return result;
 }
 
-StatusOr<std::optional<JobRecord>> JobRecordWatch::Current() {
+Status JobRecordWatch::Refresh() {
   struct stat st {};
   std::optional<Seen> now;
   if (::stat(path_.c_str(), &st) == 0) {
@@ -167,7 +167,7 @@ StatusOr<std::optional<JobRecord>> JobRecordWatch::Current() {
     return FailedPrecondition("cannot look at the job record " + path_ + ": " +
                               std::strerror(errno));
   }
-  if (read_ && now == seen_) return record_;
+  if (read_ && now == seen_) return Status::Ok();
   auto loaded = LoadJobRecord(path_);
   if (!loaded.ok()) return loaded.status();
   // Cached only under the stat taken before the read: a write between the two is read again
@@ -175,7 +175,7 @@ StatusOr<std::optional<JobRecord>> JobRecordWatch::Current() {
   record_ = std::move(*loaded);
   seen_ = now;
   read_ = true;
-  return record_;
+  return Status::Ok();
 }
 
 }  // namespace regroup::manager

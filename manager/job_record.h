@@ -69,11 +69,15 @@ StatusOr<bool> UpdateJobRecord(const std::string& path, const JobRecord& mine, s
 
 // The record at `path` as it is now, read again only when the file changed (another inode, size
 // or modification time: every write renames a new file into place). The manager looks before
-// every step it commits, so a stat per step is the cost while nobody else writes.
+// every step it commits, so a stat per step is the cost while nobody else writes, and the record
+// (up to 300 KB of lost pods) is neither parsed nor copied again.
 class JobRecordWatch {
  public:
   explicit JobRecordWatch(std::string path) : path_(std::move(path)) {}
-  StatusOr<std::optional<JobRecord>> Current();
+  // Brings record() up to date; an error names the path (record() is then the last good one).
+  Status Refresh();
+  // Nothing when there is no file.
+  const std::optional<JobRecord>& record() const { return record_; }
 
  private:
   struct Seen {

@@ -126,27 +126,29 @@ TEST(JobRecord, TheWatchSeesEveryWriteOfTheRecord) {
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "record.json").string();
   JobRecordWatch watch(path);
-  auto none = watch.Current();
-  ASSERT_TRUE(none.ok());
-  EXPECT_FALSE(*none) << "no record yet";
+  ASSERT_TRUE(watch.Refresh().ok());
+  EXPECT_FALSE(watch.record()) << "no record yet";
   JobRecord r = Sample();
   r.epoch = r.leader_epoch = 40;
   ASSERT_TRUE(SaveJobRecord(path, r).ok());
-  EXPECT_EQ((*watch.Current())->leader_epoch, 40u);
-  EXPECT_EQ((*watch.Current())->leader_epoch, 40u) << "unchanged: the same record";
+  ASSERT_TRUE(watch.Refresh().ok());
+  EXPECT_EQ(watch.record()->leader_epoch, 40u);
+  ASSERT_TRUE(watch.Refresh().ok());
+  EXPECT_EQ(watch.record()->leader_epoch, 40u) << "unchanged: the same record";
   r.epoch = r.leader_epoch = 41;  // the same size, at once
   ASSERT_TRUE(SaveJobRecord(path, r).ok());
-  EXPECT_EQ((*watch.Current())->leader_epoch, 41u);
-  EXPECT_EQ(FencedBy(*watch.Current(), 40),
+  ASSERT_TRUE(watch.Refresh().ok());
+  EXPECT_EQ(watch.record()->leader_epoch, 41u);
+  EXPECT_EQ(FencedBy(watch.record(), 40),
             "manager epoch 41 formed a generation of job ns/job after this one (epoch 40)");
-  EXPECT_EQ(FencedBy(*watch.Current(), 41), std::nullopt);
+  EXPECT_EQ(FencedBy(watch.record(), 41), std::nullopt);
   {
     std::ofstream(path + ".new") << "{not json";
   }
   std::filesystem::rename(path + ".new", path);
-  auto bad = watch.Current();
-  EXPECT_FALSE(bad.ok()) << "a corrupt record is an error, never the last good one";
-  EXPECT_NE(bad.status().message().find(path), std::string::npos) << bad.status().message();
+  const Status bad = watch.Refresh();
+  EXPECT_FALSE(bad.ok()) << "a corrupt record is an error, never taken for the last good one";
+  EXPECT_NE(bad.message().find(path), std::string::npos) << bad.message();
   std::filesystem::remove_all(dir);
 }
 

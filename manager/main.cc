@@ -322,12 +322,12 @@ int main(int argc, char** argv) {
     auto watch = std::make_shared<regroup::manager::JobRecordWatch>(record_file);
     auto log = std::make_shared<regroup::LogLimit>(std::chrono::seconds(10));
     ro.fenced_by = [watch, log, epoch = ro.epoch]() -> std::optional<std::string> {
-      auto stored = watch->Current();
-      if (stored.ok()) return regroup::manager::FencedBy(*stored, epoch);
+      const regroup::Status looked = watch->Refresh();
+      if (looked.ok()) return regroup::manager::FencedBy(watch->record(), epoch);
       if (auto held = log->Allow(regroup::LogLimit::Clock::now()))
         spdlog::error("{}: this step is committed without knowing whether a newer manager "
                       "took over{}",
-                      stored.status().message(),
+                      looked.message(),
                       *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
       return std::nullopt;
     };

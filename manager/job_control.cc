@@ -301,10 +301,23 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   // The same pod on a new stream (a connection reset) before it was declared lost, in the
   // running generation and epoch: it resumes its session, and the generation goes on.
   const bool in_generation = !GenerationRanks(node).empty();
-  const bool resumed = !replacement && a.pod_uid == reg.pod_uid() &&
-                       a.state == AgentState::kActive && state_ != State::kJoining &&
-                       state_ != State::kStopped && header.epoch() == options_.epoch &&
-                       in_generation;
+  const bool resumable = !replacement && a.pod_uid == reg.pod_uid() &&
+                         a.state == AgentState::kActive && state_ != State::kJoining &&
+                         state_ != State::kStopped && header.epoch() == options_.epoch &&
+                         in_generation;
+  // ...unless its agent paused its trainers meanwhile (its stream was down longer for it than
+  // for this manager): they leave the generation at their next step boundary, and would hold it
+  // up for good. The pod is lost to the generation, as if its grace had ended, and comes back as
+  // its own replacement (simulation seeds 872 and 10434).
+  if (resumable && reg.left_generation()) {
+    LoseSilentPod(node,
+                  "pod " + reg.pod_uid() + " paused its trainers before its session resumed",
+                  now);
+    return FailedPrecondition("pod " + reg.pod_uid() +
+                              " was declared lost: its trainers left generation " +
+                              std::to_string(generation_) + " before its session resumed");
+  }
+  const bool resumed = resumable;
   // A replacement for a pod of the running generation that nothing declared lost yet (its broken
   // stream was within its grace to resume): that pod is lost, and the generation is aborted for
   // it before the replacement counts, so that its peers' failed collectives that follow are the
@@ -1244,8 +1257,26 @@ void JobControl::Apply(const Directive& d, int64_t now) {
     }
     case REGROUP_DIRECTIVE_RESTART_IN_PLACE: {
       // Ranks the manager restarted at once (the survivors continued) are not restarted again.
-      const auto restart = RanksToRestart(d, /*skip_restarted_early=*/true);
+      auto restart = RanksToRestart(d, /*skip_restarted_early=*/true);
       restarted_early_.clear();  // this decision was about them
+      // A generation formed since the fault (its abort let a pending scale-out or rejoin form
+      // one) and trains with these ranks: they are not restarted under it (simulation seed 872:
+      // one was, and the generation then waited for its "rejoin" and lost it).
+      if (state_ == State::kTraining) {
+        std::vector<int64_t> kept;
+        for (auto it = restart.begin(); it != restart.end();) {
+          std::erase_if(it->second, [&](uint32_t l) {
+            if (RankOf(it->first, l) < 0) return false;
+            kept.push_back(RankOf(it->first, l));
+            return true;
+          });
+          it = it->second.empty() ? restart.erase(it) : std::next(it);
+        }
+        if (!kept.empty())
+          Event(now, "restart_in_place",
+                "ranks [" + Join(kept) + "] train in generation " + std::to_string(generation_) +
+                    ", formed since the fault: not restarted for it");
+      }
       for (auto& [node, locals] : restart) RestartRanks(node, locals, d.reason);
       // Wait for them (at a step boundary while training), unless they were all restarted at
       // once and have rejoined already.
@@ -1431,7 +1462,9 @@ void JobControl::DetectFailures(int64_t now) {
           now);
     return;
   }
-  for (size_t g = 0; g < places_.size() && state_ == State::kTraining; ++g) {
+  if (state_ != State::kTraining) return;
+  std::optional<size_t> paused, stuck;  // the first rank over the hang timeout of each kind
+  for (size_t g = 0; g < places_.size(); ++g) {
     const RankPlace& p = places_[g];
     Agent& a = agents_[static_cast<size_t>(p.node_rank)];
     const v1::LocalRank& lr = a.ranks[p.local_rank];
@@ -1449,15 +1482,26 @@ void JobControl::DetectFailures(int64_t now) {
             now);
       return;
     }
-    if (now - a.step_since_ms[p.local_rank] > hang && lr.phase() != v1::PHASE_PAUSED) {
-      Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
-            "rank " + std::to_string(g) + " has been at step " + std::to_string(lr.step()) +
-                " for " + std::to_string(now - a.step_since_ms[p.local_rank]) +
-                " ms (hang timeout " + std::to_string(hang) + " ms)",
-            now);
-      return;
+    // A rank of the running generation that waits for a generation (PAUSED: its agent paused
+    // it, or it missed its start) has left this one: past the hang timeout it is the rank that
+    // holds the generation up, before any rank waiting for it (simulation seeds 872, 10434: a
+    // generation whose ranks were all paused waited for good).
+    if (now - a.step_since_ms[p.local_rank] > hang) {
+      std::optional<size_t>& first = lr.phase() == v1::PHASE_PAUSED ? paused : stuck;
+      if (!first) first = g;
     }
   }
+  if (!paused && !stuck) return;
+  const size_t g = paused ? *paused : *stuck;
+  const RankPlace& p = places_[g];
+  const Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+  const v1::LocalRank& lr = a.ranks[p.local_rank];
+  Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
+        "rank " + std::to_string(g) + " has been at step " + std::to_string(lr.step()) +
+            (paused ? ", paused (out of the generation)," : "") + " for " +
+            std::to_string(now - a.step_since_ms[p.local_rank]) + " ms (hang timeout " +
+            std::to_string(hang) + " ms)",
+        now);
 }
 
 // After a manager restart, only a majority of the last generation may form a new one, so two

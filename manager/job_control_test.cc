@@ -2,6 +2,8 @@
 // the step commit, fencing, refusals, recovery through the embedded engine, manager restarts.
 #include "manager/job_control.h"
 
+#include <functional>
+
 #include <gtest/gtest.h>
 
 namespace regroup::manager {
@@ -122,6 +124,16 @@ class Sim {
     m.mutable_process_exit()->set_signal(signal);
     return Send(node, m);
   }
+  // `ticks` ticks of 20 ms, each pod's heartbeat made by `beat` (the first error ends them).
+  Status TickWith(int ticks, const std::function<Status(int64_t node)>& beat) {
+    for (int t = 0; t < ticks; ++t) {
+      now += 20;
+      for (int64_t n = 0; n < spec_.pods; ++n) REGROUP_RETURN_IF_ERROR(beat(n));
+      rt->Tick(now);
+      Collect();
+    }
+    return Status::Ok();
+  }
   // Advances the clock in 20 ms ticks, heartbeating as live agents do.
   void Run(int64_t ms, int64_t step = -2) {
     for (int64_t t = 0; t < ms; t += 20) {
@@ -168,7 +180,18 @@ std::vector<v1::JobEvent> Events(Sim& sim) {
   return {status.events().begin(), status.events().end()};
 }
 
+// The message of the first fault the job logged ("" if none).
+std::string FirstFault(Sim& sim) {
+  for (const auto& e : Events(sim))
+    if (e.kind() == "fault") return e.message();
+  return "";
+}
+
 const Map kForce = {{"fault-scheduling", "force"}};
+// Restarts in place, and a hang found after 2 s.
+const Map kQuickHang = {{"recover-strategy", "recover-in-place"},
+                        {"regroup.io/hang-timeout-min-s", "2"},
+                        {"regroup.io/heartbeat-interval-ms", "100"}};
 const Map kElastic = {{"recover-strategy", "recover-in-place,elastic-training"},
                       {"regroup.io/prefer-elastic", "true"},
                       {"regroup.io/tensor-parallel", "2"}};
@@ -370,6 +393,68 @@ TEST(JobControl, ADecisionArrivingAfterTheRejoinRestartsNothingAndRegroupsNothin
   sim.Collect();
   EXPECT_EQ(sim.rt->committed_step(), 1);
   EXPECT_EQ(sim.rt->generation(), 3u) << "no regroup at the boundary: nothing waits to rejoin";
+  // Nor later: the directive waits for no rejoin (simulation seed 872: past the hang timeout it
+  // reported a loss of no pod, "pods  did not become available", and the job stopped for good).
+  for (int64_t step = 2; step < 400; ++step) {
+    sim.Run(100, step);
+    ASSERT_TRUE(sim.Vote(0, step).ok());
+    ASSERT_TRUE(sim.Vote(1, step).ok());
+    sim.Collect();
+  }
+  for (const auto& e : Events(sim))
+    EXPECT_FALSE(Contains(e.message(), "did not become available")) << e.message();
+  EXPECT_EQ(sim.rt->generation(), 3u);
+  EXPECT_EQ(sim.rt->committed_step(), 399);
+}
+
+// Simulation seed 872: a rank hung while a scale-out waited for the step boundary; the hang's
+// abort let the scale-out form the next generation at once, with the hung rank in it, and it
+// trained. The restart-in-place decided for the hang arrived after: it restarted that rank, a
+// member of the running generation, and waited for its "rejoin"; past the hang timeout it
+// reported a loss of no pod ("pods  did not become available") and the job stopped for good.
+// A rank of a generation formed since the fault is not restarted for it.
+TEST(JobControl, ARestartInPlaceDecidedAfterAGenerationFormedSinceTheFaultRestartsNoneOfItsRanks) {
+  Sim sim(3, 1, kForce,
+          {{"recover-strategy", "recover-in-place,elastic-training"},
+           {"regroup.io/prefer-elastic", "true"},
+           {"regroup.io/hang-timeout-min-s", "2"},
+           {"regroup.io/heartbeat-interval-ms", "100"}});
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  sim.rt->Disconnected(sim.streams_[2], sim.now);
+  sim.Gone(2);
+  int64_t step = 0;
+  for (; step < 10; ++step) {  // pod 2 is lost and the job scales in
+    sim.Run(100, step);
+    for (int64_t n = 0; n < 2; ++n) (void)sim.Vote(n, step);
+    sim.Collect();
+  }
+  ASSERT_EQ(sim.rt->world_size(), 2u);
+  const uint64_t scaled_in = sim.rt->generation();
+  sim.gone_.erase(2);
+  ASSERT_TRUE(sim.Register(2, "pod-2-b").ok());  // the scale-out waits for the step boundary
+  // Rank 0 hangs in the step: no vote, at the same step past the hang timeout.
+  for (int t = 0; t < 150 && sim.rt->generation() == scaled_in; ++t) {
+    sim.Run(20, step);
+    (void)sim.Vote(1, step);
+    sim.Collect();
+  }
+  ASSERT_GT(sim.rt->generation(), scaled_in) << "the abort let the scale-out form at once";
+  ASSERT_TRUE(sim.rt->training());
+  const uint64_t formed = sim.rt->generation();
+  sim.Clear();
+  for (int64_t s = step; s < step + 60; ++s) {  // it trains; the decision arrives meanwhile
+    sim.Run(100, s);
+    for (int64_t n = 0; n < 3; ++n) (void)sim.Vote(n, s);
+    sim.Collect();
+  }
+  std::string story;
+  for (const auto& e : Events(sim)) story += e.kind() + ": " + e.message() + "\n";
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 0) << story;
+  EXPECT_EQ(sim.rt->generation(), formed) << story;
+  EXPECT_TRUE(sim.rt->training()) << story;
+  EXPECT_FALSE(Contains(story, "did not become available")) << story;
 }
 
 TEST(JobControl, FaultsDuringAnInterimGenerationNameTheRanksTheDecisionMakerKnows) {
@@ -1180,6 +1265,47 @@ TEST(JobControl, ARestartedManagersGenerationsAreNumberedPastEveryOneTheAgentsRe
   for (const auto& e : Events(sim)) stale |= e.kind() == "stale_fault";
   EXPECT_TRUE(stale);
 }
+// Found by the simulation once it ran the agent's own code (seeds 872 and 10434): pod 1's
+// stream broke, its agent paused its trainers after its liveness timeout (the manager saw the
+// break later, over a slow link), and its session then resumed within the manager's grace. Its
+// trainers had left the generation at their next step boundary, which then waited for them for
+// good (or, with all its ranks paused, for ever: a paused rank is blamed for no hang). A session
+// whose agent paused its trainers resumes nothing: the pod is lost to the generation, and comes
+// back as its own replacement.
+TEST(JobControl, ASessionWhoseAgentPausedItsTrainersDoesNotResumeTheGeneration) {
+  Sim sim(2, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  sim.rt->Disconnected(sim.streams_[1], sim.now);
+  sim.Run(40, 0);
+  ASSERT_TRUE(sim.rt->training()) << "within its grace to resume";
+  v1::Register reg;
+  reg.set_pod_uid("pod-1");
+  reg.set_node_rank(1);
+  reg.set_nproc(2);
+  for (uint32_t l = 0; l < 2; ++l) *reg.add_ranks() = Sim::Live(l, v1::PHASE_PAUSED, 0, 1, -1);
+  reg.set_left_generation(true);
+  sim.streams_[1] = sim.next_stream_++;
+  const auto registered = sim.rt->Register(sim.streams_[1], sim.Header(1), reg, sim.now);
+  ASSERT_FALSE(registered.ok()) << "resumed a generation its trainers left";
+  EXPECT_NE(registered.status().message().find("left generation 1"), std::string::npos)
+      << registered.status().message();
+  EXPECT_TRUE(sim.rt->IsFenced("pod-1"));
+  EXPECT_TRUE(sim.rt->MayReadmit("pod-1")) << "it comes back as its own replacement";
+  EXPECT_FALSE(sim.rt->training()) << "the generation lost pod 1's ranks";
+  // The same registration without the flag resumes (the rule above is the flag's alone).
+  Sim other(2, 2, kForce, kElastic);
+  other.RegisterAll();
+  other.Run(20, 0);
+  other.rt->Disconnected(other.streams_[1], other.now);
+  other.Run(40, 0);
+  reg.set_left_generation(false);
+  other.streams_[1] = other.next_stream_++;
+  ASSERT_TRUE(other.rt->Register(other.streams_[1], other.Header(1), reg, other.now).ok());
+  EXPECT_TRUE(other.rt->training());
+}
+
 // Found by the integration scenario 2 under load: the node of pod 1 died, and its replacement
 // registered before anything declared pod 1 lost (its broken stream was within its grace to
 // resume). The replacement taking a slot of the running generation is that pod's loss: the
@@ -1211,10 +1337,7 @@ TEST(JobControl, AReplacementTakingASlotOfTheRunningGenerationIsItsPredecessorsL
 // rank that holds a generation up is the one that never entered it (still in an older one);
 // the ranks waiting for it in the rendezvous are its victims.
 TEST(JobControl, AStalledGenerationIsBlamedOnTheRankThatNeverEnteredIt) {
-  Sim sim(2, 2, kForce,
-          {{"recover-strategy", "recover-in-place"},
-           {"regroup.io/hang-timeout-min-s", "2"},
-           {"regroup.io/heartbeat-interval-ms", "100"}});
+  Sim sim(2, 2, kForce, kQuickHang);
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -1234,18 +1357,34 @@ TEST(JobControl, AStalledGenerationIsBlamedOnTheRankThatNeverEnteredIt) {
     }
     return sim.Send(node, m);
   };
-  for (int t = 0; t < 120; ++t) {
-    sim.now += 20;
-    ASSERT_TRUE(beat(0).ok());
-    ASSERT_TRUE(beat(1).ok());
-    sim.rt->Tick(sim.now);
-    sim.Collect();
-  }
-  std::string fault;
-  for (const auto& e : Events(sim))
-    if (e.kind() == "fault" && fault.empty()) fault = e.message();
+  ASSERT_TRUE(sim.TickWith(120, beat).ok());
+  const std::string fault = FirstFault(sim);
   EXPECT_NE(fault.find("rank 2 "), std::string::npos) << fault;
   ASSERT_GE(sim.Count(1, v1::ManagerMessage::kRestart), 1) << "the stuck rank is restarted";
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 0) << "not rank 0, which waited for it";
+}
+
+// Found by the simulation once it ran the agent's own code (seeds 872 and 10434): a rank of
+// the running generation that reports PAUSED has left it (its agent paused it), and was never
+// blamed for a hang: the rank waiting for it was restarted instead, or, with every rank
+// paused, the generation waited for good. Past the hang timeout the paused rank is the one.
+TEST(JobControl, ARankThatLeftTheRunningGenerationIsBlamedForItsHangNotTheOneWaitingForIt) {
+  Sim sim(2, 1, kForce, kQuickHang);
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  // Rank 0 (pod 0) voted for step 5 and waits for its outcome; rank 1 (pod 1) was paused.
+  auto beat = [&](int64_t node) {
+    v1::AgentMessage m;
+    *m.mutable_heartbeat()->add_ranks() =
+        Sim::Live(0, node == 0 ? v1::PHASE_VOTED : v1::PHASE_PAUSED, 5, 1, 4);
+    return sim.Send(node, m);
+  };
+  ASSERT_TRUE(sim.TickWith(120, beat).ok());
+  const std::string fault = FirstFault(sim);
+  EXPECT_NE(fault.find("rank 1 "), std::string::npos) << fault;
+  EXPECT_NE(fault.find("paused"), std::string::npos) << fault;
+  ASSERT_GE(sim.Count(1, v1::ManagerMessage::kRestart), 1) << "the paused rank is restarted";
   EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 0) << "not rank 0, which waited for it";
 }
 

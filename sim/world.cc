@@ -11,7 +11,9 @@
 #include <set>
 #include <sstream>
 
-#include "agent/vote_tally.h"
+#include <spdlog/spdlog.h>
+
+#include "agent/agent_core.h"
 #include "manager/job_control.h"
 
 namespace regroup::sim {
@@ -20,14 +22,13 @@ namespace v1 = ::regroup::v1;
 using manager::EmbeddedDecisions;
 using manager::JobControl;
 using manager::JobControlOptions;
+using agent::Millis;
 
 namespace {
 
 constexpr int64_t kTickMs = 20;               // the manager's ticker (ServerOptions::tick)
 constexpr int64_t kKeepaliveMs = 15000;       // a ping every 10 s, 5 s to answer (grpc_settings)
-constexpr int64_t kReconnectTimeoutMs = 60000;  // the agent's --reconnect-timeout-s default
-constexpr int64_t kMaxBackoffMs = 500;        // the agent's reconnect backoff, 100 ms doubling
-constexpr int64_t kDoneGraceMs = 5000;        // an agent whose trainers finished exits by then
+constexpr int64_t kTrainerBeatMs = 100;       // a trainer's heartbeat to its agent
 constexpr int64_t kFenceBoundMs = 5000;       // a lost, reachable pod is told so by then
 constexpr int64_t kStoppedBoundMs = 10000;    // a pod still running this long after the job stopped
 constexpr size_t kTraceLines = 80;
@@ -47,55 +48,63 @@ const std::vector<std::string>& FaultKinds() {
 
 namespace {
 
-// A simulated trainer process.
+class World;
+
+// A simulated trainer process, speaking the trainer protocol to its agent: a hello once started,
+// a heartbeat every 100 ms, a vote per step; it follows the agent's directives.
 struct Trainer {
-  bool alive = true;
-  bool hello = false;  // said hello to its agent (no longer STARTING)
+  bool alive = false;
+  bool hello = false;  // said hello to its agent: connected
   int32_t pid = 0;
   v1::Phase phase = v1::PHASE_STARTING;
   bool assigned = false;
   uint64_t generation = 0;
   int64_t step = 0;
   int64_t committed = -1;
-  int64_t heard = -1;
-  std::pair<uint64_t, uint64_t> heard_by{0, 0};  // the generation whose commit of `heard` it heard
-  uint64_t token = 0;  // bumped to cancel a scheduled step end or hello
+  int64_t heard = -1;  // the highest step it heard committed
+  // The generation (epoch, generation) it trains in and that no abort ended yet.
+  std::pair<uint64_t, uint64_t> training_in{0, 0};
+  uint64_t token = 0;  // bumped to cancel a scheduled step end
 };
 
-// A pod: one agent and its trainers. A replacement is a new Pod (a new uid) in the same slot.
-struct Pod {
+// A pod: the agent's own code (agent::AgentCore) and its trainers. The pod is the agent's host:
+// its effects go to the simulated network and trainers. A replacement is a new Pod (a new uid)
+// in the same slot.
+struct Pod final : agent::AgentHost {
+  explicit Pod(World* w) : world(w) {}
+  World* world;
   int64_t slot = 0;
-  std::string uid;
-  std::string base_uid;  // the pod's own; uid is base_uid/<n> once it came back n-1 times
-  int readmissions = 0;
+  std::string base_uid;  // the pod's own; the agent's uid is base_uid/<n> once it came back
   bool dead = false;
-  bool stopping = false;        // told to stop by the manager (or done)
   int64_t paused_until = -1;    // SIGSTOP
   int64_t cut_until = -1;       // link cut
   int64_t slow_until = -1;
   int64_t slow_ms = 0;
   int64_t step_ms = 80;
 
-  enum class Link { kDown, kRegistering, kUp } link = Link::kDown;
-  uint64_t stream = 0;
-  uint64_t epoch = 0;
-  uint64_t generation = 0;
-  int64_t outage_since = -1;
-  int64_t backoff_ms = 100;
-  bool reregister_now = false;
-  std::deque<v1::AgentMessage> pending;
-  std::deque<v1::AgentMessage> unconfirmed;  // sent in this session; again if it resumes
-  int64_t heartbeat_ms = 100;
-  uint64_t heartbeat_token = 0;
-  int64_t liveness_ms = 500;  // Welcome.liveness_timeout_ms
-  uint64_t pause_token = 0;   // bumped to cancel a pending pause of the trainers
-  uint32_t last_generation_agents = 0;
-  // The generation (epoch, generation) this pod's ranks train in and that no abort ended yet.
-  std::pair<uint64_t, uint64_t> training_in{0, 0};
+  uint64_t stream = 0;   // the open session's stream (0: none, or still connecting)
+  uint64_t session = 0;  // bumped by every OpenSession: a late event of an older one is dropped
   uint32_t port_cursor = 0;  // the free ports it reports: 4 new ones each time, as bind(0) gives
-  agent::VoteTally tally;
   std::vector<Trainer> ranks;
-  int64_t done_at = -1;  // every trainer exited 0
+  agent::AgentOptions options;
+  std::unique_ptr<agent::AgentCore> agent;
+  int64_t timer_at = INT64_MAX;  // the agent's timers are due then (an event is scheduled)
+  uint64_t timer_token = 0;
+
+  const std::string& uid() const { return agent->uid(); }
+
+  // agent::AgentHost, on the World (below).
+  void OpenSession() override;
+  void SendToManager(const v1::AgentMessage& message) override;
+  void CancelSession() override;
+  bool SendToTrainer(uint32_t r, const v1::AgentReply& reply) override;
+  bool TrainerConnected(uint32_t r) const override {
+    return r < ranks.size() && ranks[r].alive && ranks[r].hello;
+  }
+  StatusOr<int> StartProcess(uint32_t r) override;
+  void Signal(int pid, int signal) override;
+  std::vector<uint32_t> FreePorts() override;
+  void Exit(int code, bool confirm, const std::string& sent_exits) override;
 };
 
 // One Manager.Session stream: two ordered pipes (TCP keeps order within a stream).
@@ -137,6 +146,7 @@ class World {
   Result Run();
 
  private:
+  Result RunSeed();
   using Fn = std::function<void()>;
   struct Event {
     int64_t at;
@@ -180,31 +190,35 @@ class World {
   void Flush();
   void ManagerTick(uint64_t epoch);
 
-  // Agent model (agent/agent.cc's contract).
+  // Agents: agent::AgentCore, the agent's own code, with the pod as its host.
+ public:
   Pod* NewPod(int64_t slot);
-  void StartTrainer(Pod* pod, uint32_t local, int64_t delay);
-  void Connect(Pod* pod);
+  void OpenSession(Pod* pod);
+  void SendToManager(Pod* pod, const v1::AgentMessage& message);
+  void CancelSession(Pod* pod);
+  bool SendToTrainer(Pod* pod, uint32_t local, const v1::AgentReply& reply);
+  StatusOr<int> StartProcess(Pod* pod, uint32_t local);
+  void Signal(Pod* pod, int pid, int signal);
+  void PodExits(Pod* pod, bool replace, const std::string& why);
+
+ private:
+  // Runs one entry point of the pod's agent at the current time, then arms its timers.
+  template <typename Entry>
+  void Agent(Pod* pod, Entry&& entry);
+  void ArmTimers(Pod* pod);
+  void SessionEnded(Pod* pod, const std::string& detail, bool by_manager);
   void AgentReceive(Pod* pod, uint64_t stream, const Packet& packet);
-  void SessionClosed(Pod* pod, const std::string& detail);
-  void OnManagerMessage(Pod* pod, const v1::ManagerMessage& m);
-  void OnStart(Pod* pod, const v1::StartGeneration& start, uint64_t epoch);
-  void OnOutcome(Pod* pod, const v1::StepOutcome& outcome, uint64_t epoch);
-  void OnStop(Pod* pod, const v1::StopTraining& stop);
-  void OnRefusal(Pod* pod, const v1::Refusal& refusal);
-  void RegisterAgain(Pod* pod);
+  void Observe(Pod* pod, const v1::ManagerMessage& m);
+  void CheckPlan(Pod* pod, const v1::GenerationPlan& plan, uint64_t epoch);
+
+  // Trainers.
+  void TrainerBeats(Pod* pod, uint32_t local, int32_t pid);
+  void TrainerReceive(Pod* pod, uint32_t local, const v1::AgentReply& reply);
+  void TrainerStarts(Pod* pod, uint32_t local, const v1::GenerationPlan& plan,
+                     const v1::RankAssignment& assignment);
   void BeginStep(Pod* pod, uint32_t local);
   void StepDone(Pod* pod, uint32_t local, uint64_t token);
-  void CheckVotes(Pod* pod);
-  void CrashTrainer(Pod* pod, uint32_t local, int32_t code);
-  void SendEvent(Pod* pod, v1::AgentMessage m);
-  void SendHeartbeat(Pod* pod);
-  void HeartbeatLoop(Pod* pod, uint64_t token);
-  v1::AgentMessage NewMessage(const Pod* pod) const;
-  v1::LocalRank Report(const Pod* pod, uint32_t local) const;
-  template <typename Message>
-  void FreePorts(Pod* pod, Message* report);
-  void PauseTrainers(Pod* pod);
-  void PodExits(Pod* pod, bool replace, const std::string& why);
+  void ProcessEnds(Pod* pod, uint32_t local, int32_t code, int32_t signal);
 
   // Invariants checked as time passes.
   void Watch();
@@ -344,10 +358,10 @@ void World::Inject(const std::string& kind) {
   }
   std::vector<Pod*> live;
   for (Pod* p : slots_)
-    if (p && !p->dead && !p->stopping) live.push_back(p);
+    if (p && !p->dead && !p->agent->stopping() && !p->agent->leaving()) live.push_back(p);
   if (live.empty()) return;
   Pod* pod = live[static_cast<size_t>(Uniform(0, static_cast<int64_t>(live.size()) - 1))];
-  const std::string who = " " + pod->uid;
+  const std::string who = " " + pod->uid();
   if (kind == "crash_trainer") {
     std::vector<uint32_t> alive;
     for (uint32_t l = 0; l < pod->ranks.size(); ++l)
@@ -355,7 +369,7 @@ void World::Inject(const std::string& kind) {
     if (alive.empty()) return;
     const uint32_t l = alive[static_cast<size_t>(Uniform(0, static_cast<int64_t>(alive.size()) - 1))];
     Trace("FAULT crash_trainer" + who + " local rank " + std::to_string(l));
-    CrashTrainer(pod, l, 1);
+    ProcessEnds(pod, l, 1, 0);
   } else if (kind == "kill_agent") {
     Trace("FAULT kill_agent" + who);
     PodExits(pod, /*replace=*/true, "killed");
@@ -455,11 +469,11 @@ void World::Reset(uint64_t id, const std::string& why) {
   Stream& s = streams_.at(id);
   if (s.broken) return;
   s.broken = true;
-  Trace("stream " + std::to_string(id) + " of " + s.pod->uid + " broke: " + why);
+  Trace("stream " + std::to_string(id) + " of " + s.pod->uid() + " broke: " + why);
   Pod* pod = s.pod;
   if (s.agent_open)
     PodAfter(pod, Latency(pod), [this, pod, id, why] {
-      if (pod->stream == id) SessionClosed(pod, why);
+      if (pod->stream == id) SessionEnded(pod, why, false);
     });
   const uint64_t epoch = s.epoch;
   if (s.manager_open)
@@ -518,7 +532,7 @@ void World::ManagerReceive(Stream& s, const v1::AgentMessage& message) {
     }
     if (!st.ok()) {
       const bool fenced = message.has_register_() && job.IsFenced(message.register_().pod_uid());
-      Trace("manager refuses " + s.pod->uid + ": " + st.message() + (fenced ? " (fenced)" : ""));
+      Trace("manager refuses " + s.pod->uid() + ": " + st.message() + (fenced ? " (fenced)" : ""));
       // A replacement is never refused for a pod that is lost or gone.
       const std::string held = "is held by pod ";
       if (auto at = st.message().find(held); at != std::string::npos) {
@@ -526,9 +540,9 @@ void World::ManagerReceive(Stream& s, const v1::AgentMessage& message) {
                                                        st.message().find(';', at) - at - held.size());
         bool gone = ever_lost_.count(holder) > 0;
         for (const auto& p : pods_)
-          if (p->uid == holder && p->dead) gone = true;
+          if (p->uid() == holder && p->dead) gone = true;
         if (gone)
-          Violate("replacement " + s.pod->uid + " refused for node rank " +
+          Violate("replacement " + s.pod->uid() + " refused for node rank " +
                   std::to_string(s.pod->slot) + ", held by " + holder + ", which is lost or gone");
       }
       Packet p;
@@ -608,266 +622,198 @@ void World::Flush() {
   for (size_t i = job.events().size() - std::min<uint64_t>(fresh, job.events().size());
        i < job.events().size(); ++i) {
     result_.aborts += job.events()[i].kind() == "abort";
+    // A rescheduling goes back to the newest checkpoint by design (MindCluster's job and pod
+    // level restarts): what trainers heard committed before it binds no later plan.
+    if (job.events()[i].kind() == "job_rescheduling" || job.events()[i].kind() == "pod_rescheduling")
+      for (const auto& pod : pods_)
+        for (Trainer& t : pod->ranks) t.heard = -1;
     Trace("manager " + std::to_string(manager_->epoch) + ": " + job.events()[i].kind() + ": " +
           job.events()[i].message());
   }
   manager_->events_traced = job.events_logged();
   // Lost pods, as this incarnation sees them.
   for (Pod* pod : slots_)
-    if (pod && manager_->job->IsFenced(pod->uid)) ever_lost_.insert(pod->uid);
+    if (pod && manager_->job->IsFenced(pod->uid())) ever_lost_.insert(pod->uid());
 }
 
 // ---------------------------------------------------------------------------------------------
-// Agents and trainers
+// Agents (agent::AgentCore, the agent's own code) and trainers
 // ---------------------------------------------------------------------------------------------
 
+void Pod::OpenSession() { world->OpenSession(this); }
+void Pod::SendToManager(const v1::AgentMessage& message) { world->SendToManager(this, message); }
+void Pod::CancelSession() { world->CancelSession(this); }
+bool Pod::SendToTrainer(uint32_t r, const v1::AgentReply& reply) {
+  return world->SendToTrainer(this, r, reply);
+}
+StatusOr<int> Pod::StartProcess(uint32_t r) { return world->StartProcess(this, r); }
+void Pod::Signal(int pid, int signal) { world->Signal(this, pid, signal); }
+std::vector<uint32_t> Pod::FreePorts() {
+  std::vector<uint32_t> ports;
+  for (int i = 0; i < 4; ++i) ports.push_back(32768 + (port_cursor++ % 28000));
+  return ports;
+}
+void Pod::Exit(int code, bool, const std::string&) {
+  world->PodExits(this, /*replace=*/code != 0, "the agent exits with code " + std::to_string(code));
+}
+
 Pod* World::NewPod(int64_t slot) {
-  auto pod = std::make_unique<Pod>();
+  auto pod = std::make_unique<Pod>(this);
   pod->slot = slot;
   int generation = 0;
   for (const auto& p : pods_) generation += p->slot == slot;
-  pod->uid = "pod-" + std::to_string(slot) + (generation ? "-r" + std::to_string(generation) : "");
-  pod->base_uid = pod->uid;
+  pod->base_uid =
+      "pod-" + std::to_string(slot) + (generation ? "-r" + std::to_string(generation) : "");
   pod->step_ms = Uniform(40, 120);
   pod->ranks.resize(static_cast<size_t>(spec_.processes_per_pod));
-  pod->outage_since = now_;
+  agent::AgentOptions& o = pod->options;
+  o.manager_addr = "manager";
+  o.job_id = kJobId;
+  o.pod_uid = o.pod_name = pod->base_uid;
+  o.node_name = "node-" + std::to_string(slot);
+  o.host = "10.0.0." + std::to_string(slot);
+  o.node_rank = static_cast<int>(slot);
+  o.nproc = static_cast<int>(spec_.processes_per_pod);
+  pod->agent = std::make_unique<agent::AgentCore>(pod->options, pod.get());
   Pod* raw = pod.get();
   pods_.push_back(std::move(pod));
   slots_[static_cast<size_t>(slot)] = raw;
-  Trace("pod " + raw->uid + " starts");
-  for (uint32_t l = 0; l < raw->ranks.size(); ++l) StartTrainer(raw, l, Uniform(200, 1500));
-  PodAfter(raw, Uniform(1, 50), [this, raw] { Connect(raw); });
+  Trace("pod " + raw->base_uid + " starts");
+  PodAfter(raw, Uniform(1, 50), [this, raw] { Agent(raw, [](agent::AgentCore& a, Millis now) { a.Start(now); }); });
   return raw;
 }
 
-void World::StartTrainer(Pod* pod, uint32_t local, int64_t delay) {
-  Trainer& t = pod->ranks[local];
-  t = Trainer();
-  t.pid = next_pid_++;
-  const uint64_t token = t.token;
-  PodAfter(pod, delay, [this, pod, local, token] {
-    Trainer& t = pod->ranks[local];
-    if (!t.alive || t.token != token) return;
-    t.hello = true;
-    t.phase = v1::PHASE_PAUSED;
+template <typename Entry>
+void World::Agent(Pod* pod, Entry&& entry) {
+  if (pod->dead) return;
+  entry(*pod->agent, Millis(now_));
+  ArmTimers(pod);
+}
+
+// The agent's timers: one event at its next deadline (its loop's epoll timeout).
+void World::ArmTimers(Pod* pod) {
+  if (pod->dead) return;
+  const int64_t at = pod->agent->NextDeadline(Millis(now_)).count();
+  if (at >= pod->timer_at && pod->timer_at > now_) return;
+  pod->timer_at = at;
+  const uint64_t token = ++pod->timer_token;
+  PodAfter(pod, at - now_, [this, pod, token] {
+    if (pod->timer_token != token) return;
+    pod->timer_at = INT64_MAX;
+    Agent(pod, [](agent::AgentCore& a, Millis now) { a.OnTimers(now); });
   });
 }
 
-v1::AgentMessage World::NewMessage(const Pod* pod) const {
-  v1::AgentMessage m;
-  auto* h = m.mutable_header();
-  h->set_job_id(kJobId);
-  h->set_sender(pod->uid);
-  h->set_epoch(pod->epoch);
-  h->set_generation(pod->generation);
-  return m;
-}
-
-v1::LocalRank World::Report(const Pod* pod, uint32_t local) const {
-  const Trainer& t = pod->ranks[local];
-  v1::LocalRank r;
-  r.set_local_rank(local);
-  r.set_pid(t.pid);
-  r.set_alive(t.alive);
-  r.set_step(t.step);
-  r.set_phase(!t.hello ? v1::PHASE_STARTING : t.phase);
-  r.set_generation(t.generation);
-  r.set_committed_step(t.committed);
-  r.set_heard_commit_step(t.heard);
-  r.set_heard_commit_epoch(t.heard_by.first);
-  r.set_heard_commit_generation(t.heard_by.second);
-  return r;
-}
-
-template <typename Message>
-void World::FreePorts(Pod* pod, Message* report) {
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t port = 32768 + (pod->port_cursor++ % 28000);
-    if (i == 0) report->set_free_port(port);
-    report->add_free_ports(port);
-  }
-}
-
-void World::Connect(Pod* pod) {
-  if (pod->dead || pod->stopping) return;
-  pod->link = Pod::Link::kRegistering;
+// A new session: the channel connects (or is refused, or times out on a cut link), then the
+// stream opens and the agent registers.
+void World::OpenSession(Pod* pod) {
+  const uint64_t session = ++pod->session;
+  pod->stream = 0;
   if (!manager_ || pod->cut_until > now_) {
     // Connection refused (no manager listening) or timed out (the link is cut).
-    pod->stream = 0;
     const int64_t ms = manager_ ? Uniform(1000, 2000) : Uniform(1, 5);
-    PodAfter(pod, ms, [this, pod] {
-      if (pod->link == Pod::Link::kRegistering && pod->stream == 0)
-        SessionClosed(pod, "unavailable");
+    PodAfter(pod, ms, [this, pod, session] {
+      if (pod->session == session) SessionEnded(pod, "unavailable", false);
     });
     return;
   }
   pod->stream = OpenStream(pod);
-  v1::AgentMessage m = NewMessage(pod);
-  auto* reg = m.mutable_register_();
-  reg->set_pod_uid(pod->uid);
-  reg->set_pod_name(pod->uid);
-  reg->set_node_rank(static_cast<int32_t>(pod->slot));
-  reg->set_node_name("node-" + std::to_string(pod->slot));
-  reg->set_host("10.0.0." + std::to_string(pod->slot));
-  reg->set_nproc(static_cast<uint32_t>(pod->ranks.size()));
-  FreePorts(pod, reg);
-  reg->set_last_generation_agents(pod->last_generation_agents);
-  for (uint32_t l = 0; l < pod->ranks.size(); ++l) *reg->add_ranks() = Report(pod, l);
-  Packet p;
-  p.up = std::move(m);
-  SendUp(pod->stream, std::move(p));
-}
-
-void World::SessionClosed(Pod* pod, const std::string& detail) {
-  if (pod->dead) return;
-  if (pod->stream) streams_.at(pod->stream).agent_open = false;
-  const bool was_up = pod->link == Pod::Link::kUp;
-  pod->stream = 0;
-  pod->link = Pod::Link::kDown;
-  pod->heartbeat_token++;
-  if (pod->done_at >= 0 && detail == kEndedByManager) {
-    PodExits(pod, false, "training done; the manager ended the session");
-    return;
-  }
-  if (pod->reregister_now) {
-    pod->reregister_now = false;
-    Connect(pod);
-    return;
-  }
-  if (pod->outage_since < 0) pod->outage_since = now_;
-  if (was_up) {
-    // A broken stream is not a lost manager: the trainers go on for the liveness timeout, in
-    // which a resumed session continues the generation.
-    Trace(pod->uid + " lost its session (" + detail + "): trainers pause in " +
-          std::to_string(pod->liveness_ms) + " ms unless it resumes");
-    const uint64_t token = ++pod->pause_token;
-    PodAfter(pod, pod->liveness_ms, [this, pod, token] {
-      if (pod->pause_token != token || pod->link == Pod::Link::kUp) return;
-      Trace(pod->uid + ": no session for the liveness timeout: trainers paused");
-      PauseTrainers(pod);
-    });
-  }
-  if (now_ - pod->outage_since >= kReconnectTimeoutMs) {
-    PodExits(pod, true, "no manager for the reconnect timeout");
-    return;
-  }
-  const int64_t backoff = pod->backoff_ms;
-  pod->backoff_ms = std::min(pod->backoff_ms * 2, kMaxBackoffMs);
-  PodAfter(pod, backoff, [this, pod] {
-    if (pod->link == Pod::Link::kDown) Connect(pod);
+  PodAfter(pod, Latency(pod), [this, pod, session] {
+    if (pod->session == session && pod->stream)
+      Agent(pod, [](agent::AgentCore& a, Millis now) { a.OnSessionOpened(now); });
   });
 }
 
-void World::PauseTrainers(Pod* pod) {
-  for (Trainer& t : pod->ranks)
-    if (t.alive && t.hello) {
-      t.phase = v1::PHASE_PAUSED;
-      ++t.token;  // the step in flight waits
-    }
+void World::SendToManager(Pod* pod, const v1::AgentMessage& message) {
+  if (!pod->stream) return;
+  if (message.has_process_exit())
+    Trace(pod->uid() + " reports local rank " + std::to_string(message.process_exit().local_rank()) +
+          " exited with code " + std::to_string(message.process_exit().exit_code()));
+  Packet p;
+  p.up = message;
+  SendUp(pod->stream, std::move(p));
+}
+
+// The agent cancels its call (to register again at once): gRPC reports it to the agent at once.
+void World::CancelSession(Pod* pod) {
+  const uint64_t session = pod->session;
+  if (pod->stream) {
+    Packet close;
+    close.close = true;
+    SendUp(pod->stream, close);
+  }
+  PodAfter(pod, 1, [this, pod, session] {
+    if (pod->session == session) SessionEnded(pod, "cancelled", false);
+  });
+}
+
+void World::SessionEnded(Pod* pod, const std::string& detail, bool by_manager) {
+  if (pod->dead) return;
+  if (pod->stream) streams_.at(pod->stream).agent_open = false;
+  pod->stream = 0;
+  ++pod->session;
+  Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnSessionClosed(now, detail, by_manager); });
 }
 
 void World::AgentReceive(Pod* pod, uint64_t stream, const Packet& packet) {
   if (pod->stream != stream) return;  // an old session's leftovers
   if (packet.close) {
-    SessionClosed(pod, packet.detail);
+    SessionEnded(pod, packet.detail, packet.detail == kEndedByManager);
     return;
   }
-  OnManagerMessage(pod, packet.down);
+  Observe(pod, packet.down);
+  Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnManagerMessage(now, packet.down); });
 }
 
-void World::OnManagerMessage(Pod* pod, const v1::ManagerMessage& m) {
-  const v1::Header& h = m.header();
-  if (h.epoch() < pod->epoch) return;  // obeys only the highest epoch seen
-  if (h.epoch() > pod->epoch) {
-    pod->epoch = h.epoch();
-    pod->generation = h.generation();
-  } else {
-    pod->generation = std::max(pod->generation, h.generation());
-  }
+// What the invariants learn from a manager message the agent is about to follow (one of a lower
+// epoch than the agent's it ignores).
+void World::Observe(Pod* pod, const v1::ManagerMessage& m) {
+  const uint64_t epoch = m.header().epoch();
+  if (epoch < pod->agent->epoch()) return;
   switch (m.body_case()) {
-    case v1::ManagerMessage::kWelcome: {
-      pod->link = Pod::Link::kUp;
-      pod->backoff_ms = 100;
-      pod->outage_since = -1;
-      pod->heartbeat_ms = m.welcome().heartbeat_interval_ms() ? m.welcome().heartbeat_interval_ms() : 100;
-      if (m.welcome().liveness_timeout_ms()) pod->liveness_ms = m.welcome().liveness_timeout_ms();
-      if (!m.welcome().resumed()) PauseTrainers(pod);  // the generation it was in is gone
-      ++pod->pause_token;
-      Trace(pod->uid + (m.welcome().resumed() ? " resumed its session" : " welcomed") +
+    case v1::ManagerMessage::kWelcome:
+      Trace(pod->uid() + (m.welcome().resumed() ? " resumed its session" : " welcomed") +
             " as node rank " + std::to_string(m.welcome().node_rank()) + " by epoch " +
-            std::to_string(h.epoch()));
-      {
-        std::deque<v1::AgentMessage> again;
-        again.swap(pod->unconfirmed);
-        if (m.welcome().resumed())
-          for (v1::AgentMessage& e : again) {
-            *e.mutable_header() = NewMessage(pod).header();
-            SendEvent(pod, std::move(e));
-          }
-      }
-      while (!pod->pending.empty()) {
-        v1::AgentMessage e = std::move(pod->pending.front());
-        pod->pending.pop_front();
-        *e.mutable_header() = NewMessage(pod).header();
-        SendEvent(pod, std::move(e));
-      }
-      SendHeartbeat(pod);
-      const uint64_t token = ++pod->heartbeat_token;
-      PodAfter(pod, pod->heartbeat_ms, [this, pod, token] { HeartbeatLoop(pod, token); });
+            std::to_string(epoch));
+      break;
+    case v1::ManagerMessage::kStart: {
+      const v1::GenerationPlan& plan = m.start().plan();
+      if (pod->agent->stopping() || (plan.epoch() != 0 && plan.epoch() < epoch)) break;
+      CheckPlan(pod, plan, epoch);
       break;
     }
-    case v1::ManagerMessage::kStart:
-      OnStart(pod, m.start(), h.epoch());
-      break;
-    case v1::ManagerMessage::kAbort:
-      for (Trainer& t : pod->ranks)
-        if (t.alive && t.hello) {
-          t.phase = v1::PHASE_PAUSED;
-          ++t.token;
-        }
-      if (!pod->tally.active() || m.abort().generation() >= pod->tally.generation())
-        pod->tally.Clear();
-      if (m.abort().generation() >= pod->training_in.second) pod->training_in = {0, 0};
-      pod->unconfirmed.clear();
-      break;
     case v1::ManagerMessage::kOutcome:
-      OnOutcome(pod, m.outcome(), h.epoch());
+      if (!m.outcome().commit()) break;
+      if (epoch < highest_commit_epoch_)
+        Violate(pod->uid() + " heard epoch " + std::to_string(epoch) + " commit step " +
+                std::to_string(m.outcome().step()) + " after epoch " +
+                std::to_string(highest_commit_epoch_) + " committed: a fenced incarnation commits");
+      highest_commit_epoch_ = std::max(highest_commit_epoch_, epoch);
       break;
-    case v1::ManagerMessage::kStop:
-      OnStop(pod, m.stop());
-      break;
-    case v1::ManagerMessage::kRestart:
-      std::erase_if(pod->unconfirmed, [](const v1::AgentMessage& e) { return !e.has_votes(); });
-      for (uint32_t l : m.restart().local_ranks()) {
-        if (l >= pod->ranks.size()) continue;
-        Trace(pod->uid + " restarts local rank " + std::to_string(l));
-        StartTrainer(pod, l, Uniform(200, 1500));
+    case v1::ManagerMessage::kStop: {
+      const v1::StopTraining& stop = m.stop();
+      // A stop for the whole job (not a standby, not this pod's planned departure).
+      if (stop.mode() != v1::StopTraining::MODE_STANDBY && !job_stopped_ &&
+          stop.reason().rfind("planned departure", 0) != 0) {
+        job_stopped_ = true;
+        job_stopped_at_ = now_;
+        stop_reason_ = stop.reason();
+        finished_ = stop.reason().rfind("training finished", 0) == 0;
       }
-      CheckVotes(pod);
       break;
+    }
     case v1::ManagerMessage::kRefusal:
-      OnRefusal(pod, m.refusal());
+      Trace(pod->uid() + " refused" + (m.refusal().fenced() ? " (fenced" : "") +
+            (m.refusal().readmit() ? ", may come back)" : m.refusal().fenced() ? ")" : "") +
+            ": " + m.refusal().reason());
       break;
     default:
       break;
   }
 }
 
-void World::OnStart(Pod* pod, const v1::StartGeneration& start, uint64_t epoch) {
-  const v1::GenerationPlan& plan = start.plan();
-  if (plan.epoch() != 0 && plan.epoch() < pod->epoch) return;
-  pod->generation = std::max(pod->generation, plan.generation());
-  pod->last_generation_agents = plan.agents();
-  if (pod->stopping) return;
-  // Commits never go backwards: no live trainer of this pod heard a commit the plan undoes.
-  for (uint32_t l = 0; l < pod->ranks.size(); ++l) {
-    const Trainer& t = pod->ranks[l];
-    if (t.alive && t.heard > plan.committed_step())
-      Violate("generation (" + std::to_string(epoch) + ", " + std::to_string(plan.generation()) +
-              ") resumes after step " + std::to_string(plan.committed_step()) + ", but " +
-              pod->uid + " local rank " + std::to_string(l) + " heard step " +
-              std::to_string(t.heard) + " committed");
-  }
+// One membership per generation, a store per generation, and the committer a plan names.
+void World::CheckPlan(Pod* pod, const v1::GenerationPlan& plan, uint64_t epoch) {
   // A plan that names the generation that committed its step names the one that did: a rank
   // applies its own vote for the step only when it voted in that generation.
   const std::pair<uint64_t, uint64_t> named{plan.committed_epoch(), plan.committed_generation()};
@@ -878,13 +824,6 @@ void World::OnStart(Pod* pod, const v1::StartGeneration& start, uint64_t epoch) 
             std::to_string(named.first) + ", " + std::to_string(named.second) + "), but (" +
             std::to_string(by->second.first) + ", " + std::to_string(by->second.second) +
             ") committed it");
-  // A generation's ranks leave it on its abort: one not aborted holds them (in its rendezvous,
-  // or its collectives) until the collective timeout, whatever starts after it.
-  if (pod->training_in.first == epoch && pod->training_in.second != 0 &&
-      plan.generation() > pod->training_in.second)
-    Violate(pod->uid + " starts generation (" + std::to_string(epoch) + ", " +
-            std::to_string(plan.generation()) + ") while its ranks train in generation " +
-            std::to_string(pod->training_in.second) + ", which was never aborted");
   // A store per generation: a port a recent generation's store may still hold is never given to
   // the next (its rank 0 could not listen, and its ranks would read the older one's keys).
   const auto store = std::make_pair(plan.store_host(), plan.store_port());
@@ -898,56 +837,151 @@ void World::OnStart(Pod* pod, const v1::StartGeneration& start, uint64_t epoch) 
   }
   // One membership per generation.
   const auto node_key = std::make_tuple(epoch, plan.generation(), pod->slot);
-  if (auto [it, added] = node_holder_.emplace(node_key, pod->uid); !added && it->second != pod->uid)
+  if (auto [it, added] = node_holder_.emplace(node_key, pod->uid());
+      !added && it->second != pod->uid())
     Violate("node rank " + std::to_string(pod->slot) + " of generation (" +
             std::to_string(epoch) + ", " + std::to_string(plan.generation()) + ") is held by " +
-            it->second + " and " + pod->uid);
-  std::vector<uint32_t> assigned;
-  for (uint32_t l = 0; l < pod->ranks.size(); ++l) pod->ranks[l].assigned = false;
+            it->second + " and " + pod->uid());
+  uint32_t assigned = 0;
   for (const auto& a : plan.ranks()) {
     if (a.local_rank() >= pod->ranks.size()) continue;
     const auto key = std::make_tuple(epoch, plan.generation(), a.rank());
-    const std::string me = pod->uid + "/" + std::to_string(a.local_rank());
+    const std::string me = pod->uid() + "/" + std::to_string(a.local_rank());
     if (auto [it, added] = rank_holder_.emplace(key, me); !added && it->second != me)
       Violate("rank " + std::to_string(a.rank()) + " of generation (" + std::to_string(epoch) +
               ", " + std::to_string(plan.generation()) + ") is held by " + it->second + " and " + me);
-    assigned.push_back(a.local_rank());
-    Trainer& t = pod->ranks[a.local_rank()];
-    t.assigned = true;
+    ++assigned;
   }
-  pod->tally.Start(plan.generation(), assigned);
-  if (!assigned.empty()) pod->training_in = {epoch, plan.generation()};
-  else if (plan.generation() > pod->training_in.second) pod->training_in = {0, 0};
-  pod->unconfirmed.clear();
-  Trace(pod->uid + " starts generation (" + std::to_string(epoch) + ", " +
+  Trace(pod->uid() + " starts generation (" + std::to_string(epoch) + ", " +
         std::to_string(plan.generation()) + ") after step " +
-        std::to_string(plan.committed_step()) + " with " + std::to_string(assigned.size()) +
-        " ranks");
-  for (uint32_t l = 0; l < pod->ranks.size(); ++l) {
-    Trainer& t = pod->ranks[l];
-    if (!t.alive || !t.hello) continue;
-    ++t.token;
-    if (!t.assigned) {
-      t.phase = v1::PHASE_PAUSED;  // standby
-      continue;
+        std::to_string(plan.committed_step()) + " with " + std::to_string(assigned) + " ranks");
+}
+
+StatusOr<int> World::StartProcess(Pod* pod, uint32_t local) {
+  Trainer& t = pod->ranks[local];
+  t = Trainer();
+  t.alive = true;
+  t.pid = next_pid_++;
+  const int32_t pid = t.pid;
+  PodAfter(pod, Uniform(200, 1500), [this, pod, local, pid] {
+    Trainer& t = pod->ranks[local];
+    if (!t.alive || t.pid != pid) return;
+    t.hello = true;
+    t.phase = v1::PHASE_PAUSED;
+    v1::TrainerHello hello;
+    hello.set_pid(static_cast<uint32_t>(pid));
+    hello.set_committed_step(-1);
+    hello.set_heard_commit_step(-1);
+    Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnHello(now, local, hello); });
+    TrainerBeats(pod, local, pid);
+  });
+  return pid;
+}
+
+void World::TrainerBeats(Pod* pod, uint32_t local, int32_t pid) {
+  Trainer& t = pod->ranks[local];
+  if (!t.alive || t.pid != pid) return;
+  v1::TrainerMessage beat;
+  beat.mutable_heartbeat()->set_step(t.step);
+  beat.mutable_heartbeat()->set_phase(t.phase);
+  Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnTrainerMessage(now, local, beat); });
+  PodAfter(pod, kTrainerBeatMs, [this, pod, local, pid] { TrainerBeats(pod, local, pid); });
+}
+
+// The trainer reads what its agent sent (the socket hands it over at once; it acts on it as an
+// event of its own, never inside the agent's call).
+bool World::SendToTrainer(Pod* pod, uint32_t local, const v1::AgentReply& reply) {
+  if (!pod->TrainerConnected(local)) return false;
+  const int32_t pid = pod->ranks[local].pid;
+  PodAfter(pod, 0, [this, pod, local, pid, reply] {
+    if (pod->ranks[local].alive && pod->ranks[local].pid == pid) TrainerReceive(pod, local, reply);
+  });
+  return true;
+}
+
+void World::TrainerReceive(Pod* pod, uint32_t local, const v1::AgentReply& reply) {
+  Trainer& t = pod->ranks[local];
+  switch (reply.body_case()) {
+    case v1::AgentReply::kStart:
+      TrainerStarts(pod, local, reply.start().plan(), reply.start().assignment());
+      break;
+    case v1::AgentReply::kOutcome: {
+      const v1::StepOutcome& outcome = reply.outcome();
+      // Heard, standing by too: its agent reports it, and no later plan may undo it.
+      if (outcome.commit()) t.heard = std::max(t.heard, outcome.step());
+      if (!t.assigned || t.generation != outcome.generation() || t.step != outcome.step() ||
+          t.phase != v1::PHASE_VOTED)
+        break;
+      if (outcome.commit()) {
+        t.committed = outcome.step();
+        ++result_.commits;
+        ++t.step;
+      }
+      BeginStep(pod, local);  // the next step, or the same one again after a rollback
+      break;
     }
-    // State sync: every rank of the generation holds the plan's committed step.
-    t.generation = plan.generation();
-    t.committed = plan.committed_step();
-    if (plan.committed_step() > t.heard) {
-      t.heard = plan.committed_step();
-      t.heard_by = named;
-    }
-    t.step = plan.committed_step() + 1;
-    BeginStep(pod, l);
+    case v1::AgentReply::kAbort:
+      if (t.phase != v1::PHASE_DONE) t.phase = v1::PHASE_PAUSED;
+      ++t.token;
+      if (reply.abort().generation() >= t.training_in.second) t.training_in = {0, 0};
+      break;
+    case v1::AgentReply::kPause:
+      if (t.phase != v1::PHASE_DONE) t.phase = v1::PHASE_PAUSED;
+      ++t.token;  // the step in flight waits
+      break;
+    case v1::AgentReply::kStop:
+      ++t.token;
+      t.assigned = false;
+      t.training_in = {0, 0};
+      if (reply.stop().mode() == v1::StopTraining::MODE_STANDBY) {
+        if (t.phase != v1::PHASE_DONE) t.phase = v1::PHASE_PAUSED;
+        break;
+      }
+      // Exit, dump or leave: the trainer ends on its own (a dump writes its checkpoint first).
+      PodAfter(pod, Uniform(5, 200), [this, pod, local, pid = t.pid] {
+        if (pod->ranks[local].alive && pod->ranks[local].pid == pid) ProcessEnds(pod, local, 0, 0);
+      });
+      break;
+    default:
+      break;
   }
+}
+
+void World::TrainerStarts(Pod* pod, uint32_t local, const v1::GenerationPlan& plan,
+                          const v1::RankAssignment&) {
+  Trainer& t = pod->ranks[local];
+  const uint64_t epoch = plan.epoch();
+  // Commits never go backwards: no live trainer heard a commit the plan undoes.
+  if (t.heard > plan.committed_step())
+    Violate("generation (" + std::to_string(epoch) + ", " + std::to_string(plan.generation()) +
+            ") resumes after step " + std::to_string(plan.committed_step()) + ", but " +
+            pod->uid() + " local rank " + std::to_string(local) + " heard step " +
+            std::to_string(t.heard) + " committed");
+  // A generation's ranks leave it on its abort: one not aborted holds them (in its rendezvous,
+  // or its collectives) until the collective timeout, whatever starts after it.
+  if (t.training_in.first == epoch && t.training_in.second != 0 &&
+      plan.generation() > t.training_in.second)
+    Violate(pod->uid() + " local rank " + std::to_string(local) + " starts generation (" +
+            std::to_string(epoch) + ", " + std::to_string(plan.generation()) +
+            ") while it trains in generation " + std::to_string(t.training_in.second) +
+            ", which was never aborted");
+  ++t.token;
+  t.assigned = true;
+  t.training_in = {epoch, plan.generation()};
+  // State sync: every rank of the generation holds the plan's committed step (a step it holds
+  // so is not one it heard committed: the census of the real trainers is not modelled, and a
+  // plan whose step nobody holds would fail it there).
+  t.generation = plan.generation();
+  t.committed = plan.committed_step();
+  t.step = plan.committed_step() + 1;
+  BeginStep(pod, local);
 }
 
 void World::BeginStep(Pod* pod, uint32_t local) {
   Trainer& t = pod->ranks[local];
   if (t.step >= total_steps_) {  // training done: the process exits 0
     t.phase = v1::PHASE_DONE;
-    CrashTrainer(pod, local, 0);
+    ProcessEnds(pod, local, 0, 0);
     return;
   }
   t.phase = v1::PHASE_COMPUTING;
@@ -961,169 +995,37 @@ void World::StepDone(Pod* pod, uint32_t local, uint64_t token) {
   Trainer& t = pod->ranks[local];
   if (!t.alive || t.token != token) return;
   t.phase = v1::PHASE_VOTED;
-  v1::TrainerVote vote;
-  vote.set_generation(t.generation);
-  vote.set_step(t.step);
-  vote.set_ok(true);
-  (void)pod->tally.Add(local, vote);
-  CheckVotes(pod);
+  v1::TrainerMessage vote;
+  vote.mutable_vote()->set_generation(t.generation);
+  vote.mutable_vote()->set_step(t.step);
+  vote.mutable_vote()->set_ok(true);
+  Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnTrainerMessage(now, local, vote); });
 }
 
-void World::CheckVotes(Pod* pod) {
-  auto live = [pod](uint32_t l) { return pod->ranks[l].alive && pod->ranks[l].hello; };
-  for (auto& votes : pod->tally.TakeComplete(live)) {
-    v1::AgentMessage m = NewMessage(pod);
-    *m.mutable_votes() = std::move(votes);
-    SendEvent(pod, std::move(m));
-  }
-}
-
-void World::OnOutcome(Pod* pod, const v1::StepOutcome& outcome, uint64_t epoch) {
-  if (outcome.commit()) {
-    if (epoch < highest_commit_epoch_)
-      Violate(pod->uid + " heard epoch " + std::to_string(epoch) + " commit step " +
-              std::to_string(outcome.step()) + " after epoch " +
-              std::to_string(highest_commit_epoch_) + " committed: a fenced incarnation commits");
-    highest_commit_epoch_ = std::max(highest_commit_epoch_, epoch);
-  }
-  for (uint32_t l = 0; l < pod->ranks.size(); ++l) {
-    Trainer& t = pod->ranks[l];
-    if (!t.alive || !t.hello || !t.assigned || t.generation != outcome.generation() ||
-        t.step != outcome.step() || t.phase != v1::PHASE_VOTED)
-      continue;
-    if (outcome.commit()) {
-      t.committed = t.heard = outcome.step();
-      t.heard_by = {epoch, outcome.generation()};
-      ++result_.commits;
-      ++t.step;
-    }
-    BeginStep(pod, l);  // the next step, or the same one again after a rollback
-  }
-  pod->tally.Settle(outcome.generation(), outcome.step());
-  std::erase_if(pod->unconfirmed, [&](const v1::AgentMessage& m) {
-    return m.has_votes() && (m.votes().generation() < outcome.generation() ||
-                             (m.votes().generation() == outcome.generation() &&
-                              m.votes().step() <= outcome.step()));
-  });
-}
-
-void World::OnStop(Pod* pod, const v1::StopTraining& stop) {
-  if (stop.mode() == v1::StopTraining::MODE_STANDBY) {
-    PauseTrainers(pod);
-    pod->tally.Clear();
-    return;
-  }
-  // A stop for the whole job, or this pod's planned departure.
-  if (!job_stopped_ && stop.reason().rfind("planned departure", 0) != 0) {
-    job_stopped_ = true;
-    job_stopped_at_ = now_;
-    stop_reason_ = stop.reason();
-    finished_ = stop.reason().rfind("training finished", 0) == 0;
-  }
-  PodExits(pod, false, pod->done_at >= 0 ? "training done; the manager acknowledged"
-                                         : "StopTraining: " + stop.reason());
-}
-
-void World::OnRefusal(Pod* pod, const v1::Refusal& refusal) {
-  if (refusal.fenced() && refusal.readmit() && pod->readmissions < 5) {
-    // Back as its own replacement (agent.cc, Readmit): a new incarnation of its uid, its
-    // trainers out of their generation and holding stale state.
-    ++pod->readmissions;
-    const std::string old = pod->uid;
-    pod->uid = pod->base_uid + "/" + std::to_string(pod->readmissions + 1);
-    Trace(old + " was declared lost and comes back as " + pod->uid);
-    for (Trainer& t : pod->ranks)
-      if (t.alive && t.hello) {
-        ++t.token;
-        t.phase = v1::PHASE_PAUSED;
-        t.assigned = false;
-      }
-    pod->tally.Clear();
-    pod->training_in = {0, 0};  // the agent aborts its trainers' generation itself
-    pod->pending.clear();
-    pod->unconfirmed.clear();
-    ++pod->pause_token;
-    pod->last_generation_agents = 0;
-    RegisterAgain(pod);
-    return;
-  }
-  if (refusal.fenced()) {
-    PodExits(pod, true, "declared lost (fenced): " + refusal.reason());
-    return;
-  }
-  if (refusal.epoch() > pod->epoch) {
-    pod->epoch = refusal.epoch();
-    pod->generation = refusal.generation();
-    RegisterAgain(pod);
-  }
-}
-
-// The agent cancels its session to register again at once (gRPC reports the cancelled call to
-// the agent at once).
-void World::RegisterAgain(Pod* pod) {
-  pod->reregister_now = true;
-  if (!pod->stream) return;
-  const uint64_t id = pod->stream;
-  Packet close;
-  close.close = true;
-  SendUp(id, close);
-  PodAfter(pod, 1, [this, pod, id] {
-    if (pod->stream == id) SessionClosed(pod, "cancelled to register again");
-  });
-}
-
-void World::CrashTrainer(Pod* pod, uint32_t local, int32_t code) {
+// A trainer's process ends; its agent sees it at once (SIGCHLD).
+void World::ProcessEnds(Pod* pod, uint32_t local, int32_t code, int32_t signal) {
   Trainer& t = pod->ranks[local];
   if (!t.alive) return;
   t.alive = false;
   ++t.token;
-  v1::AgentMessage m = NewMessage(pod);
-  m.mutable_process_exit()->set_local_rank(local);
-  m.mutable_process_exit()->set_exit_code(code);
-  m.mutable_process_exit()->set_step(t.step);
-  SendEvent(pod, std::move(m));
-  CheckVotes(pod);
-  bool all_done = true;
-  for (const Trainer& r : pod->ranks) all_done = all_done && !r.alive && r.phase == v1::PHASE_DONE;
-  if (all_done && pod->done_at < 0) {
-    pod->done_at = now_;
-    PodAfter(pod, kDoneGraceMs, [this, pod] { PodExits(pod, false, "training done (5 s)"); });
+  Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnProcessExit(now, local, code, signal); });
+}
+
+void World::Signal(Pod* pod, int pid, int signal) {
+  for (uint32_t l = 0; l < pod->ranks.size(); ++l) {
+    Trainer& t = pod->ranks[l];
+    if (!t.alive || t.pid != pid) continue;
+    t.alive = false;  // SIGTERM or SIGKILL: gone; the agent reaps it as an event of its own
+    ++t.token;
+    PodAfter(pod, 1, [this, pod, l, signal] {
+      Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnProcessExit(now, l, -1, signal); });
+    });
   }
-}
-
-void World::SendEvent(Pod* pod, v1::AgentMessage m) {
-  if (pod->link != Pod::Link::kUp || !pod->stream) {
-    pod->pending.push_back(std::move(m));
-    return;
-  }
-  if (m.has_process_exit())
-    Trace(pod->uid + " reports local rank " + std::to_string(m.process_exit().local_rank()) +
-          " exited with code " + std::to_string(m.process_exit().exit_code()));
-  if (m.has_votes() || m.has_process_exit()) pod->unconfirmed.push_back(m);
-  Packet p;
-  p.up = std::move(m);
-  SendUp(pod->stream, std::move(p));
-}
-
-void World::SendHeartbeat(Pod* pod) {
-  v1::AgentMessage m = NewMessage(pod);
-  auto* hb = m.mutable_heartbeat();
-  for (uint32_t l = 0; l < pod->ranks.size(); ++l) *hb->add_ranks() = Report(pod, l);
-  FreePorts(pod, hb);
-  Packet p;
-  p.up = std::move(m);
-  SendUp(pod->stream, std::move(p));
-}
-
-void World::HeartbeatLoop(Pod* pod, uint64_t token) {
-  if (pod->heartbeat_token != token || pod->link != Pod::Link::kUp) return;
-  SendHeartbeat(pod);
-  PodAfter(pod, pod->heartbeat_ms, [this, pod, token] { HeartbeatLoop(pod, token); });
 }
 
 void World::PodExits(Pod* pod, bool replace, const std::string& why) {
   if (pod->dead) return;
-  Trace(pod->uid + " exits: " + why);
+  Trace(pod->uid() + " exits: " + why);
   pod->dead = true;
   if (pod->stream) {
     // The kernel ends the connection of a dead process at once.
@@ -1154,23 +1056,23 @@ void World::Watch() {
     if (!pod || pod->dead) continue;
     // What a pod can be told needs it reachable: not paused, its link not cut.
     if (pod->paused_until > now_ || pod->cut_until > now_) {
-      reachable_since_.erase(pod->uid);
+      reachable_since_.erase(pod->uid());
       continue;
     }
-    const int64_t since = reachable_since_.emplace(pod->uid, now_).first->second;
+    const int64_t since = reachable_since_.emplace(pod->uid(), now_).first->second;
     // A pod declared lost is told so and stops, or is readmitted, within a bound.
-    const bool lost = manager_ && manager_->job->IsFenced(pod->uid);
+    const bool lost = manager_ && manager_->job->IsFenced(pod->uid());
     if (!lost) {
-      limbo_since_.erase(pod->uid);
+      limbo_since_.erase(pod->uid());
     } else {
-      const int64_t from = std::max(since, limbo_since_.emplace(pod->uid, now_).first->second);
+      const int64_t from = std::max(since, limbo_since_.emplace(pod->uid(), now_).first->second);
       if (now_ - from > kFenceBoundMs)
-        Violate(pod->uid + " was declared lost and is still alive and reachable " +
+        Violate(pod->uid() + " was declared lost and is still alive and reachable " +
                 std::to_string(now_ - from) + " ms later, neither stopped nor readmitted");
     }
     // Every pod stops once the job did.
     if (job_stopped_ && now_ - std::max(since, job_stopped_at_) > kStoppedBoundMs)
-      Violate(pod->uid + " still runs " + std::to_string(now_ - job_stopped_at_) +
+      Violate(pod->uid() + " still runs " + std::to_string(now_ - job_stopped_at_) +
               " ms after the job stopped (" + stop_reason_ + ")");
   }
   if (manager_ && manager_->job->events().size() > 256)
@@ -1190,6 +1092,15 @@ bool World::Over() const {
 }
 
 Result World::Run() {
+  // The agents' logs would drown the trace: silent for the run.
+  const spdlog::level::level_enum level = spdlog::get_level();
+  spdlog::set_level(spdlog::level::off);
+  Result result = RunSeed();
+  spdlog::set_level(level);
+  return result;
+}
+
+Result World::RunSeed() {
   if (!DrawJob()) {
     result_.ok = false;
     result_.violation = "the drawn job does not validate: " + result_.setup;

@@ -2,10 +2,11 @@
 // simulator and TigerBeetle's VOPR.
 //
 // One seeded scheduler drives the real manager job control (manager/job_control.h, with the
-// engine embedded as in standalone mode) and a model of every agent that follows the agent's
-// contract (agent/agent.h: registration, heartbeats, epochs, refusals, reconnects, votes through
-// the agent's own VoteTally), with simulated trainers, a simulated network of ordered streams,
-// and a simulated clock. Nothing reads the wall clock or a socket, so a seed replays exactly.
+// engine embedded as in standalone mode) and every agent's own code (agent/agent_core.h: the
+// session with the manager, epochs, resumes, readmission, votes, stopping), each pod its host,
+// with simulated trainers speaking the trainer protocol (a hello, heartbeats, a vote per step,
+// following start, outcome, abort, pause and stop), a simulated network of ordered streams, and
+// a simulated clock. Nothing reads the wall clock or a socket, so a seed replays exactly.
 //
 // Faults drawn from the seed: a trainer crash, an agent killed (its pod replaced), an agent
 // paused (SIGSTOP) or a link cut for a while, one connection reset, a slow link, a manager crash
@@ -16,8 +17,8 @@
 //  - membership: one membership per generation: a global rank of (epoch, generation) is held by
 //    one pod, and a node rank by one pod uid;
 //  - fencing: once an incarnation's commit was heard, no older incarnation's commit is heard;
-//  - commits never go backwards: no pod is told to resume before a step one of its live
-//    trainers heard committed (standbys included, across manager restarts);
+//  - commits never go backwards: no trainer is told to resume before a step it heard committed
+//    (standbys included, across manager restarts);
 //  - a plan that names the generation that committed its step names the one that did (across
 //    manager restarts too: the ranks report it);
 //  - a pod the manager declared lost is told so and stops, or is readmitted, within a bound;

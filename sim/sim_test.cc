@@ -47,6 +47,21 @@ TEST(Sim, AConnectionResetAloneNeverAbortsTheGeneration) {
   }
 }
 
+// A stalled manager (SIGSTOP, an overloaded machine) blames no pod for its own stall: what its
+// pods sent meanwhile waits in their streams, and their silence is its own.
+TEST(Sim, AManagerPauseAloneNeverAbortsTheGeneration) {
+  for (uint64_t s = 1; s <= 200; ++s) {
+    Options o;
+    o.seed = s;
+    o.faults = 3;
+    o.menu = {"pause_manager"};
+    const Result r = sim::Run(o);
+    ASSERT_TRUE(r.ok) << Explain(o, r);
+    EXPECT_EQ(r.aborts, 0u) << "seed " << s << ": " << r.setup;
+    EXPECT_EQ(r.outcome, "finished") << "seed " << s << ": " << r.setup;
+  }
+}
+
 TEST(Sim, ASeedReplaysExactly) {
   Options o;
   o.seed = 42;

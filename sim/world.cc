@@ -1,6 +1,7 @@
 #include "sim/world.h"
 
 #include <algorithm>
+#include <csignal>
 #include <deque>
 #include <functional>
 #include <map>
@@ -30,7 +31,9 @@ constexpr int64_t kTickMs = 20;               // the manager's ticker (ServerOpt
 constexpr int64_t kKeepaliveMs = 15000;       // a ping every 10 s, 5 s to answer (grpc_settings)
 constexpr int64_t kTrainerBeatMs = 100;       // a trainer's heartbeat to its agent
 constexpr int64_t kFenceBoundMs = 5000;       // a lost, reachable pod is told so by then
-constexpr int64_t kStoppedBoundMs = 10000;    // a pod still running this long after the job stopped
+// A pod still running this long after the job stopped: its trainers get the agent's stop grace
+// (--stop-grace-s, 30 s) to end on their own, then SIGTERM, and SIGKILL 5 s later.
+constexpr int64_t kStoppedBoundMs = 45000;
 constexpr size_t kTraceLines = 80;
 constexpr size_t kMaxOutgoingPerFlush = 4096;
 
@@ -42,7 +45,7 @@ const char* kEndedByManager = "the manager ended the session";
 const std::vector<std::string>& FaultKinds() {
   static const std::vector<std::string> kinds = {
       "crash_trainer", "kill_agent", "pause_agent", "cut_link",
-      "reset_connection", "slow_link", "crash_manager"};
+      "reset_connection", "slow_link", "crash_manager", "pause_manager", "pause_trainer"};
   return kinds;
 }
 
@@ -65,6 +68,7 @@ struct Trainer {
   // The generation (epoch, generation) it trains in and that no abort ended yet.
   std::pair<uint64_t, uint64_t> training_in{0, 0};
   uint64_t token = 0;  // bumped to cancel a scheduled step end
+  int64_t paused_until = -1;  // SIGSTOP: its events wait until then
 };
 
 // A pod: the agent's own code (agent::AgentCore) and its trainers. The pod is the agent's host:
@@ -137,6 +141,7 @@ struct Manager {
   std::unique_ptr<JobControl> job;
   std::map<int64_t, uint64_t> by_node;  // node rank -> stream
   uint64_t events_traced = 0;
+  int64_t paused_until = -1;  // SIGSTOP: it reads and ticks again then
 };
 
 class World {
@@ -160,6 +165,10 @@ class World {
   void After(int64_t delay, Fn fn) { At(now_ + delay, std::move(fn)); }
   // An event of a pod's processes: dropped once the pod is dead, held while it is paused.
   void PodAfter(Pod* pod, int64_t delay, Fn fn);
+  // An event of one trainer: as PodAfter, and held while that trainer is paused too.
+  void TrainerAfter(Pod* pod, uint32_t local, int64_t delay, Fn fn);
+  // An event of the manager incarnation `epoch`: dropped once it is gone, held while paused.
+  void ManagerAfter(uint64_t epoch, int64_t delay, Fn fn);
   int64_t Uniform(int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
   }
@@ -280,6 +289,28 @@ void World::PodAfter(Pod* pod, int64_t delay, Fn fn) {
   });
 }
 
+void World::TrainerAfter(Pod* pod, uint32_t local, int64_t delay, Fn fn) {
+  PodAfter(pod, delay, [this, pod, local, fn = std::move(fn)]() mutable {
+    const int64_t until = pod->ranks[local].paused_until;
+    if (until > now_) {
+      TrainerAfter(pod, local, until - now_, std::move(fn));
+      return;
+    }
+    fn();
+  });
+}
+
+void World::ManagerAfter(uint64_t epoch, int64_t delay, Fn fn) {
+  After(delay, [this, epoch, fn = std::move(fn)]() mutable {
+    if (!manager_ || manager_->epoch != epoch) return;
+    if (manager_->paused_until > now_) {
+      ManagerAfter(epoch, manager_->paused_until - now_, std::move(fn));
+      return;
+    }
+    fn();
+  });
+}
+
 void World::Trace(const std::string& line) {
   std::string stamped = std::to_string(now_) + " ms  " + line;
   if (options_.trace) fprintf(stderr, "%s\n", stamped.c_str());
@@ -349,6 +380,16 @@ void World::DrawFaults() {
 
 void World::Inject(const std::string& kind) {
   if (Over()) return;
+  if (kind == "pause_manager") {
+    // SIGSTOP: it neither ticks nor reads; mostly short, sometimes past the liveness timeout
+    // many times over (below the keepalive, which would end its streams).
+    if (!manager_) return;
+    const int64_t ms = Chance(0.2) ? Uniform(3000, 12000) : Uniform(100, 3000);
+    Trace("FAULT pause_manager (epoch " + std::to_string(manager_->epoch) + ") for " +
+          std::to_string(ms) + " ms");
+    manager_->paused_until = std::max(manager_->paused_until, now_ + ms);
+    return;
+  }
   if (kind == "crash_manager") {
     if (!manager_) return;
     Trace("FAULT crash_manager (epoch " + std::to_string(manager_->epoch) + ")");
@@ -370,6 +411,19 @@ void World::Inject(const std::string& kind) {
     const uint32_t l = alive[static_cast<size_t>(Uniform(0, static_cast<int64_t>(alive.size()) - 1))];
     Trace("FAULT crash_trainer" + who + " local rank " + std::to_string(l));
     ProcessEnds(pod, l, 1, 0);
+  } else if (kind == "pause_trainer") {
+    // SIGSTOP of one trainer: it neither beats nor steps nor reads; sometimes past the hang
+    // timeout (its rank is then frozen for the manager).
+    std::vector<uint32_t> alive;
+    for (uint32_t l = 0; l < pod->ranks.size(); ++l)
+      if (pod->ranks[l].alive) alive.push_back(l);
+    if (alive.empty()) return;
+    const uint32_t l = alive[static_cast<size_t>(Uniform(0, static_cast<int64_t>(alive.size()) - 1))];
+    const int64_t ms = Chance(0.2) ? Uniform(5000, 40000) : Uniform(200, 3000);
+    Trace("FAULT pause_trainer" + who + " local rank " + std::to_string(l) + " for " +
+          std::to_string(ms) + " ms");
+    Trainer& t = pod->ranks[l];
+    t.paused_until = std::max(t.paused_until, now_ + ms);
   } else if (kind == "kill_agent") {
     Trace("FAULT kill_agent" + who);
     PodExits(pod, /*replace=*/true, "killed");
@@ -448,6 +502,7 @@ void World::Pump(uint64_t id, bool down) {
   Pod* pod = s.pod;
   int64_t held = pod->cut_until;
   if (down && !pod->dead) held = std::max(held, pod->paused_until);
+  if (!down && manager_ && manager_->epoch == s.epoch) held = std::max(held, manager_->paused_until);
   if (held > now_) {
     At(held, [this, id, down] { Pump(id, down); });
     return;
@@ -477,9 +532,7 @@ void World::Reset(uint64_t id, const std::string& why) {
     });
   const uint64_t epoch = s.epoch;
   if (s.manager_open)
-    After(Latency(pod), [this, id, epoch] {
-      if (manager_ && manager_->epoch == epoch) ManagerStreamDone(streams_.at(id));
-    });
+    ManagerAfter(epoch, Latency(pod), [this, id] { ManagerStreamDone(streams_.at(id)); });
   s.agent_open = s.manager_open = false;
 }
 
@@ -499,7 +552,7 @@ void World::StartManager() {
                                                std::make_unique<EmbeddedDecisions>(spec_));
   Trace("manager epoch " + std::to_string(o.epoch) + " starts");
   const uint64_t epoch = o.epoch;
-  After(kTickMs, [this, epoch] { ManagerTick(epoch); });
+  ManagerAfter(epoch, kTickMs, [this, epoch] { ManagerTick(epoch); });
 }
 
 void World::CrashManager() {
@@ -515,7 +568,7 @@ void World::ManagerTick(uint64_t epoch) {
   if (!manager_ || manager_->epoch != epoch) return;
   manager_->job->Tick(now_);
   Flush();
-  After(kTickMs, [this, epoch] { ManagerTick(epoch); });
+  ManagerAfter(epoch, kTickMs, [this, epoch] { ManagerTick(epoch); });
 }
 
 void World::ManagerReceive(Stream& s, const v1::AgentMessage& message) {
@@ -538,9 +591,18 @@ void World::ManagerReceive(Stream& s, const v1::AgentMessage& message) {
       if (auto at = st.message().find(held); at != std::string::npos) {
         const std::string holder = st.message().substr(at + held.size(),
                                                        st.message().find(';', at) - at - held.size());
+        // Gone as far as this manager can know: declared lost, or dead with its end read (its
+        // stream closed here). Until then the node rank is a live pod's (a stalled manager may
+        // read the replacement's Register before the old stream's end), and the replacement
+        // registers again.
         bool gone = ever_lost_.count(holder) > 0;
-        for (const auto& p : pods_)
-          if (p->uid() == holder && p->dead) gone = true;
+        for (const auto& p : pods_) {
+          if (p->uid() != holder || !p->dead) continue;
+          bool open_here = false;
+          for (const auto& [sid, st] : streams_)
+            open_here |= st.pod == p.get() && st.epoch == manager_->epoch && st.manager_open;
+          gone |= !open_here;
+        }
         if (gone)
           Violate("replacement " + s.pod->uid() + " refused for node rank " +
                   std::to_string(s.pod->slot) + ", held by " + holder + ", which is lost or gone");
@@ -604,7 +666,10 @@ void World::Flush() {
     // Who committed a step is the manager's decision, known when it is made: a pod may hear it
     // after the next generation's plan has named that generation (seeds 7681, 14897: its link
     // was slow).
-    if (o.message.has_outcome() && o.message.outcome().commit())
+    // A commit sent again naming no committer (generation 0: an older incarnation made it,
+    // seed 10069) is no decision.
+    if (o.message.has_outcome() && o.message.outcome().commit() &&
+        o.message.outcome().generation() != 0)
       committed_by_.insert_or_assign(
           o.message.outcome().step(),
           std::make_pair(manager_->epoch, o.message.outcome().generation()));
@@ -863,7 +928,7 @@ StatusOr<int> World::StartProcess(Pod* pod, uint32_t local) {
   t.alive = true;
   t.pid = next_pid_++;
   const int32_t pid = t.pid;
-  PodAfter(pod, Uniform(200, 1500), [this, pod, local, pid] {
+  TrainerAfter(pod, local, Uniform(200, 1500), [this, pod, local, pid] {
     Trainer& t = pod->ranks[local];
     if (!t.alive || t.pid != pid) return;
     t.hello = true;
@@ -885,7 +950,7 @@ void World::TrainerBeats(Pod* pod, uint32_t local, int32_t pid) {
   beat.mutable_heartbeat()->set_step(t.step);
   beat.mutable_heartbeat()->set_phase(t.phase);
   Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnTrainerMessage(now, local, beat); });
-  PodAfter(pod, kTrainerBeatMs, [this, pod, local, pid] { TrainerBeats(pod, local, pid); });
+  TrainerAfter(pod, local, kTrainerBeatMs, [this, pod, local, pid] { TrainerBeats(pod, local, pid); });
 }
 
 // The trainer reads what its agent sent (the socket hands it over at once; it acts on it as an
@@ -893,7 +958,7 @@ void World::TrainerBeats(Pod* pod, uint32_t local, int32_t pid) {
 bool World::SendToTrainer(Pod* pod, uint32_t local, const v1::AgentReply& reply) {
   if (!pod->TrainerConnected(local)) return false;
   const int32_t pid = pod->ranks[local].pid;
-  PodAfter(pod, 0, [this, pod, local, pid, reply] {
+  TrainerAfter(pod, local, 0, [this, pod, local, pid, reply] {
     if (pod->ranks[local].alive && pod->ranks[local].pid == pid) TrainerReceive(pod, local, reply);
   });
   return true;
@@ -938,7 +1003,7 @@ void World::TrainerReceive(Pod* pod, uint32_t local, const v1::AgentReply& reply
         break;
       }
       // Exit, dump or leave: the trainer ends on its own (a dump writes its checkpoint first).
-      PodAfter(pod, Uniform(5, 200), [this, pod, local, pid = t.pid] {
+      TrainerAfter(pod, local, Uniform(5, 200), [this, pod, local, pid = t.pid] {
         if (pod->ranks[local].alive && pod->ranks[local].pid == pid) ProcessEnds(pod, local, 0, 0);
       });
       break;
@@ -986,7 +1051,7 @@ void World::BeginStep(Pod* pod, uint32_t local) {
   }
   t.phase = v1::PHASE_COMPUTING;
   const uint64_t token = ++t.token;
-  PodAfter(pod, pod->step_ms + Uniform(0, 20), [this, pod, local, token] {
+  TrainerAfter(pod, local, pod->step_ms + Uniform(0, 20), [this, pod, local, token] {
     StepDone(pod, local, token);
   });
 }
@@ -1015,9 +1080,13 @@ void World::Signal(Pod* pod, int pid, int signal) {
   for (uint32_t l = 0; l < pod->ranks.size(); ++l) {
     Trainer& t = pod->ranks[l];
     if (!t.alive || t.pid != pid) continue;
-    t.alive = false;  // SIGTERM or SIGKILL: gone; the agent reaps it as an event of its own
-    ++t.token;
-    PodAfter(pod, 1, [this, pod, l, signal] {
+    // A stopped process dies of SIGKILL at once; of SIGTERM once it runs again.
+    const int64_t at = signal == SIGKILL ? now_ : std::max(now_, t.paused_until);
+    PodAfter(pod, at - now_ + 1, [this, pod, l, pid, signal] {
+      Trainer& t = pod->ranks[l];
+      if (!t.alive || t.pid != pid) return;
+      t.alive = false;  // gone; the agent reaps it as an event of its own
+      ++t.token;
       Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnProcessExit(now, l, -1, signal); });
     });
   }
@@ -1054,8 +1123,10 @@ void World::PodExits(Pod* pod, bool replace, const std::string& why) {
 void World::Watch() {
   for (Pod* pod : slots_) {
     if (!pod || pod->dead) continue;
-    // What a pod can be told needs it reachable: not paused, its link not cut.
-    if (pod->paused_until > now_ || pod->cut_until > now_) {
+    // What a pod can be told needs it reachable (not paused, its link not cut) and the manager
+    // running (not paused).
+    if (pod->paused_until > now_ || pod->cut_until > now_ ||
+        (manager_ && manager_->paused_until > now_)) {
       reachable_since_.erase(pod->uid());
       continue;
     }
@@ -1066,7 +1137,10 @@ void World::Watch() {
       limbo_since_.erase(pod->uid());
     } else {
       const int64_t from = std::max(since, limbo_since_.emplace(pod->uid(), now_).first->second);
-      if (now_ - from > kFenceBoundMs)
+      // Told so, its agent stops its trainers: within the stop bound (a stopped trainer gets
+      // the stop grace before SIGKILL).
+      const int64_t bound = pod->agent->stopping() ? kStoppedBoundMs : kFenceBoundMs;
+      if (now_ - from > bound)
         Violate(pod->uid() + " was declared lost and is still alive and reachable " +
                 std::to_string(now_ - from) + " ms later, neither stopped nor readmitted");
     }

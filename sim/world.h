@@ -10,7 +10,8 @@
 //
 // Faults drawn from the seed: a trainer crash, an agent killed (its pod replaced), an agent
 // paused (SIGSTOP) or a link cut for a while, one connection reset, a slow link, a manager crash
-// and restart. After every event the invariants below are checked; the first one broken ends
+// and restart, a manager paused (0.1 to 12 s), a trainer paused (0.2 s to 40 s: past the hang
+// timeout, its rank is frozen). After every event the invariants below are checked; the first one broken ends
 // the run with its seed, its time and the last events of the trace.
 //
 // Invariants (DESIGN.md, "Generations, fencing and the step commit"):
@@ -21,8 +22,11 @@
 //    (standbys included, across manager restarts);
 //  - a plan that names the generation that committed its step names the one that did (across
 //    manager restarts too: the ranks report it);
-//  - a pod the manager declared lost is told so and stops, or is readmitted, within a bound;
-//  - a replacement is never refused for a pod that is lost or gone;
+//  - a pod the manager declared lost is told so and stops, or is readmitted, within a bound
+//    (5 s once it and the manager run and reach each other; its agent's stop grace, 45 s, once
+//    it stops);
+//  - a replacement is never refused for a pod that is lost, or gone with its end read by the
+//    manager;
 //  - liveness: after the last fault, with capacity back, the job finishes, or stops for a reason
 //    its configuration allows, within a bound; it never hangs;
 //  - bounds: what the manager queues, and its event log, stay bounded.

@@ -331,9 +331,20 @@ print(spent)
 
 def _store_client_cpu(quiet: bool) -> float:
     import subprocess
-    done = subprocess.run([PYTHON, "-c", STORE_CLIENT, str(free_port()), "quiet" if quiet else "plain"],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    # On a busy machine torch 1.13's client thread often throws instead of spinning when its
+    # server dies ("Connection reset by peer": the killed server had not read the client's last
+    # request, so the kernel resets the connection; std::terminate, SIGABRT), with or without
+    # quiet_store (3 of 24 runs next to two busy loops, most runs with a test suite beside
+    # them): such a run measures nothing, and the next one may.
+    for _ in range(10):
+        done = subprocess.run([PYTHON, "-c", STORE_CLIENT, str(free_port()), "quiet" if quiet else "plain"],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+        if not (done.returncode == -signal.SIGABRT and "Connection reset by peer" in done.stderr):
+            break
+    else:
+        pytest.skip("torch's store client thread threw on a reset connection in 10 runs out of 10 "
+                    "(a busy machine): nothing was measured")
     assert done.returncode == 0, done.stderr
     return float(done.stdout.strip().splitlines()[-1])
 

@@ -10,7 +10,7 @@
 // agent and to re-form without it, and the time to detect a frozen one (the liveness timeout:
 // --liveness-misses heartbeats, 50 by default, i.e. 5 s).
 //
-// The simulated agents speak today's protocol as agent/agent.cc does: Register carries every
+// The simulated agents speak today's protocol as agent/agent_core.cc does: Register carries every
 // rank's state (alive, said hello: PAUSED), a heartbeat follows the Welcome at once and then one
 // every heartbeat interval, with the manager's epoch in every header; a StartGeneration puts the
 // assigned ranks in the generation, an AbortGeneration pauses them, a commit advances their
@@ -54,7 +54,7 @@ constexpr char kJob[] = "bench/load";
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-// One trainer process as its agent reports it (agent.cc's Agent::Report).
+// One trainer process as its agent reports it (agent_core.cc's AgentCore::Report).
 struct Rank {
   bool alive = true;
   int32_t pid = 0;

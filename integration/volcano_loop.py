@@ -344,6 +344,10 @@ class VolcanoLoop:
         with self._cond:
             old = {e["uid"] for e in self.events
                    if e.get("event") == "bind" and e.get("pod") == key and e.get("node") in self.dead_nodes}
+            # An evicted incarnation is never the replacement. Without it, a replacement already
+            # started when this is called made the fallback below take the replacement for the
+            # old pod, and the old pod's bind for its replacement (scenario 17, once in CI).
+            old |= {e["uid"] for e in self.events if e.get("event") == "evict" and e.get("pod") == key}
         if old_uid:
             old.add(old_uid)
         if not old and key in self.pods:

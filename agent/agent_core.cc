@@ -565,10 +565,7 @@ void AgentCore::OnAbort(const v1::AbortGeneration& abort) {
   *reply.mutable_abort() = abort;
   DeliverAll(reply);
   ForgetConfirmed(/*votes=*/true, /*exits=*/true);
-  if (!tally_.active() || abort.generation() >= tally_.generation()) {
-    tally_.Clear();
-    for (Rank& k : ranks_) k.standing.reset();
-  }
+  if (!tally_.active() || abort.generation() >= tally_.generation()) LeaveGeneration();
 }
 
 void AgentCore::OnOutcome(const v1::StepOutcome& outcome) {
@@ -688,8 +685,7 @@ void AgentCore::Readmit(const std::string& reason) {
                reason, uid_, readmissions_, kMaxReadmissions);
   if (tally_.active())
     AbortTrainers(started_epoch_, tally_.generation(), "this pod was declared lost: " + reason);
-  tally_.Clear();
-  for (Rank& k : ranks_) k.standing.reset();
+  LeaveGeneration();
   pending_.clear();
   unconfirmed_.clear();
   pause_at_.reset();
@@ -903,6 +899,10 @@ void AgentCore::AbortTrainers(uint64_t epoch, uint64_t generation, const std::st
   a->set_reason(reason);
   spdlog::warn("{}", reason);
   DeliverAll(abort);
+  LeaveGeneration();
+}
+
+void AgentCore::LeaveGeneration() {
   tally_.Clear();
   for (Rank& k : ranks_) k.standing.reset();
 }

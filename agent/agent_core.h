@@ -183,6 +183,8 @@ class AgentCore {
   void DeliverAll(const regroup::v1::AgentReply& reply);
   void PauseTrainers(const std::string& reason);
   void AbortTrainers(uint64_t epoch, uint64_t generation, const std::string& reason);
+  // No generation runs here any more: no votes are open, no directive is replayed on hello.
+  void LeaveGeneration();
   void CheckVotes();
 
   const AgentOptions& options_;

@@ -22,6 +22,9 @@ constexpr int64_t kMaxStep = 1'000'000'000'000'000;
 // Store ports: how many of an agent's reported free ports are kept (an agent reports 4), and how
 // many of the latest stores' ports are never given out again.
 constexpr size_t kMaxFreePorts = 16;
+// How often a running incarnation looks at the stored record besides before every commit (a
+// stat of the file; a read only when it changed).
+constexpr int64_t kRecordLookMs = 1000;
 constexpr size_t kRecentStorePorts = 64;
 
 // A rank's state as an agent reports it: steps within [-1, kMaxStep] and a local rank the pod
@@ -149,6 +152,32 @@ void JobControl::Superseded(const std::string& why, int64_t now) {
   if (state_ != State::kStopped)
     StopAll(v1::StopTraining::MODE_EXIT, "fenced: " + why + "; this incarnation stops", now,
             /*job_ends=*/false);
+}
+
+bool JobControl::LookAtRecord(int64_t now) {
+  if (!options_.stored_record || superseded_) return superseded_;
+  record_looked_ms_ = now;
+  const std::optional<JobRecord>& stored = options_.stored_record();
+  if (auto why = FencedBy(stored, options_.epoch)) {
+    Superseded(*why, now);
+    return true;
+  }
+  // The job ended under another incarnation: an older one (a second manager beside this one)
+  // finished or stopped it while this one formed no generation (had it formed one, the older
+  // would be fenced and could not have written the end). Its pods here are told as it told its
+  // own.
+  if (stored && stored->stopped && state_ != State::kStopped) {
+    Event(now, "ended_on_record",
+          "manager epoch " + std::to_string(stored->leader_epoch) + " ended the job: " +
+              stored->stop_reason);
+    record_.stopped = true;
+    record_.stop_mode = stored->stop_mode;
+    record_.stop_reason = stored->stop_reason;
+    StopAll(static_cast<v1::StopTraining::Mode>(stored->stop_mode), stored->stop_reason, now,
+            /*job_ends=*/false);
+    return true;
+  }
+  return false;
 }
 
 void JobControl::Forget(const std::string& uid) {
@@ -590,12 +619,9 @@ Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
   // At most one incarnation commits steps: a newer one that formed a generation since (a second
   // manager of the job, standalone) fences this one before its next commit, not at its next
   // write of the record.
-  if (options_.fenced_by) {
-    if (auto why = options_.fenced_by()) {
-      vote_step_ = -1;
-      Superseded(*why, now);
-      return Status::Ok();
-    }
+  if (LookAtRecord(now)) {
+    vote_step_ = -1;
+    return Status::Ok();
   }
   Commit(votes.step(), now);
   return Status::Ok();
@@ -1593,6 +1619,7 @@ void JobControl::Tick(int64_t now) {
               " ms (an overloaded machine?): that time is not counted against any pod");
   }
   last_tick_ms_ = now;
+  if (record_looked_ms_ < 0 || now - record_looked_ms_ >= kRecordLookMs) LookAtRecord(now);
   if (state_ == State::kJoining) TryFirstGeneration(now);
   if (state_ != State::kStopped) DetectFailures(now);
   decisions_->Tick(now);

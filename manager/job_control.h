@@ -85,10 +85,13 @@ struct JobControlOptions {
   // The durable record the previous incarnation left (job_record.h): lost pods stay fenced, a
   // stopped job stays stopped, and the first generation needs a majority of its members.
   std::optional<JobRecord> record;
-  // Asked before every step this incarnation commits: why it is fenced (the durable record says
-  // a newer incarnation formed a generation since), or nothing. A fenced incarnation commits
-  // nothing more and stops its pods (Superseded). Unset: no record is kept.
-  std::function<std::optional<std::string>()> fenced_by;
+  // The durable record as stored now (other incarnations write it too), looked at before every
+  // step this incarnation commits and once a second while it runs: a newer incarnation that
+  // formed a generation since fences this one (it commits nothing more and stops its pods:
+  // Superseded), and a job another incarnation ended (a second manager beside this one, which
+  // formed none since) ends here too. Nothing: no record yet, or none readable (the caller logs
+  // why; the last one read serves). Unset: no record is kept. The reference is read at once.
+  std::function<const std::optional<JobRecord>&()> stored_record;
 };
 
 // A rank's place: which agent (node rank) and which of its processes.
@@ -265,6 +268,9 @@ class JobControl {
   bool FormGeneration(const std::vector<int64_t>& replicas, const std::vector<int64_t>& micro,
                       const std::string& reason, int64_t now, bool interim = false);
   // `job_ends`: the job is over (kept on record); false when only this incarnation gives up.
+  // Looks at the stored record (JobControlOptions::stored_record): whether this incarnation
+  // must commit nothing more (fenced, or the job ended under another incarnation).
+  bool LookAtRecord(int64_t now);
   void StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now,
                bool job_ends = true);
   void TryFirstGeneration(int64_t now);
@@ -352,6 +358,7 @@ class JobControl {
   std::set<int64_t> leaving_;                  // agents that asked to leave (SIGTERM)
   int64_t abort_ms_ = -1;                      // when the running generation was aborted
   int64_t last_tick_ms_ = -1;                  // the previous Tick (a stall is not the pods')
+  int64_t record_looked_ms_ = -1;              // the last look at the stored record (Tick)
   // (epoch, generation) that committed committed_step_; (0, 0) when it was heard from agents.
   std::pair<uint64_t, uint64_t> committed_mark_{0, 0};
   // The committed step when the survivors last continued past a failed process: the next step

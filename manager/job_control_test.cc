@@ -818,6 +818,63 @@ TEST(JobControl, AMinorityOfTheLastGenerationMustNotFormOne) {
   EXPECT_EQ(sim.rt->generation(), 1u) << "3 of 4 is";
 }
 
+// Issue 11, a second manager beside the first (simulation seed 104 of second_manager): the newer
+// incarnation waited for a majority the older one held, the older one finished the job and
+// recorded its end, and the newer one kept its pods waiting for good. A look at the record once
+// a second ends the job here too.
+TEST(JobControl, AnIncarnationWaitingForAMajorityLearnsFromTheRecordThatTheJobEnded) {
+  std::optional<JobRecord> stored = JobRecord{};
+  stored->job_id = "default/job";
+  stored->epoch = stored->leader_epoch = 5;
+  stored->generation = 3;
+  for (int64_t n = 0; n < 4; ++n) stored->members.push_back({n, "pod-" + std::to_string(n)});
+  JobControlOptions o;
+  o.epoch = 6;
+  o.record = stored;
+  o.stored_record = [&stored]() -> const std::optional<JobRecord>& { return stored; };
+  Sim sim(4, 2, kForce, kElastic, o);
+  ASSERT_TRUE(sim.Register(0, "", {}, 4).ok());
+  sim.Run(2000, -1);
+  ASSERT_EQ(sim.rt->generation(), 0u) << "1 of 4 is no majority";
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kStop), 0);
+  stored->stopped = true;  // epoch 5 finished the job with the other three
+  stored->stop_mode = v1::StopTraining::MODE_EXIT;
+  stored->stop_reason = "training finished at step 370";
+  sim.Run(1100, -1);
+  ASSERT_EQ(sim.Count(0, v1::ManagerMessage::kStop), 1);
+  EXPECT_EQ(sim.inbox_[0].back().stop().reason(), "training finished at step 370");
+  EXPECT_EQ(sim.inbox_[0].back().stop().mode(), v1::StopTraining::MODE_EXIT);
+  EXPECT_EQ(sim.rt->StatusReport().phase(), "stopped");
+  // A pod that registers afterwards is told too.
+  ASSERT_TRUE(sim.Register(1, "", {}, 4).ok());
+  sim.Collect();
+  ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kStop), 1);
+}
+
+// ...and one that waits, or trains, learns within a second that a newer incarnation formed a
+// generation: it stops its pods (they come back to the newer one) without waiting for a commit.
+TEST(JobControl, AnIncarnationLearnsWithinASecondThatANewerOneFormedAGeneration) {
+  std::optional<JobRecord> stored;
+  JobControlOptions o;
+  o.epoch = 5;
+  o.stored_record = [&stored]() -> const std::optional<JobRecord>& { return stored; };
+  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, o);
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  stored = sim.rt->TakeRecord();
+  ASSERT_TRUE(stored);
+  stored->epoch = stored->leader_epoch = 6;
+  sim.Clear();
+  sim.Run(1100, 0);  // no vote: the generation computes a long step
+  for (int64_t n = 0; n < 2; ++n) {
+    ASSERT_EQ(sim.Count(n, v1::ManagerMessage::kStop), 1);
+    EXPECT_EQ(sim.inbox_[n].back().stop().reason(),
+              "fenced: manager epoch 6 formed a generation of job default/job after this one "
+              "(epoch 5); this incarnation stops");
+  }
+}
+
 TEST(JobControl, PlannedDepartureLeavesAtTheStepBoundaryWithNoLostWork) {
   Sim sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
@@ -1047,7 +1104,7 @@ TEST(JobControl, AnIncarnationFencedOnRecordCommitsNoFurtherStep) {
   std::optional<JobRecord> stored;
   JobControlOptions options;
   options.epoch = 5;
-  options.fenced_by = [&stored] { return FencedBy(stored, 5); };
+  options.stored_record = [&stored]() -> const std::optional<JobRecord>& { return stored; };
   Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, options);
   sim.RegisterAll();
   sim.Run(20);

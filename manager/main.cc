@@ -317,19 +317,21 @@ int main(int argc, char** argv) {
                  "and \"annotations\")",
                  spec.id, source);
   if (!record_file.empty()) {
-    // Before every step it commits, the manager looks at the record (a stat; a read only when
-    // it changed): a newer incarnation that formed a generation fences this one at once.
+    // Before every step it commits, and once a second, the manager looks at the record (a stat;
+    // a read only when it changed): a newer incarnation that formed a generation fences this one
+    // at once, and a job an older one ended ends here too.
     auto watch = std::make_shared<regroup::manager::JobRecordWatch>(record_file);
     auto log = std::make_shared<regroup::LogLimit>(std::chrono::seconds(10));
-    ro.fenced_by = [watch, log, epoch = ro.epoch]() -> std::optional<std::string> {
+    ro.stored_record = [watch, log]() -> const std::optional<regroup::manager::JobRecord>& {
       const regroup::Status looked = watch->Refresh();
-      if (looked.ok()) return regroup::manager::FencedBy(watch->record(), epoch);
-      if (auto held = log->Allow(regroup::LogLimit::Clock::now()))
-        spdlog::error("{}: this step is committed without knowing whether a newer manager "
-                      "took over{}",
-                      looked.message(),
-                      *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
-      return std::nullopt;
+      if (!looked.ok()) {
+        if (auto held = log->Allow(regroup::LogLimit::Clock::now()))
+          spdlog::error("{}: steps are committed without knowing whether a newer manager took "
+                        "over (the last record read serves){}",
+                        looked.message(),
+                        *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
+      }
+      return watch->record();
     };
   }
   auto job = std::make_unique<regroup::manager::JobControl>(spec, resolved.config, ro,

@@ -56,6 +56,29 @@ TEST(Sim, AConnectionResetAloneNeverAbortsTheGeneration) {
 // pods sent meanwhile waits in their streams, and their silence is its own.
 TEST(Sim, AManagerPauseAloneNeverAbortsTheGeneration) { ExpectNoAbort("pause_manager", 3); }
 
+// Finding 4 of the membership issue: two managers of one job both trained. Here a second
+// incarnation starts beside the running one (up to three times a run); new sessions reach
+// either, and the older runs on for 1 to 30 s. Every run keeps the invariants (no incarnation
+// commits after a newer one did; one membership per generation) and trains to the end, and in
+// some the newer one formed a generation while the older still ran, which fenced the older.
+TEST(Sim, ASecondManagerBesideTheFirstNeverSplitsTheJob) {
+  uint64_t superseded = 0;
+  for (uint64_t s = 1; s <= 300; ++s) {
+    Options o;
+    o.seed = s;
+    o.faults = 3;
+    o.menu = {"second_manager"};
+    const Result r = sim::Run(o);
+    ASSERT_TRUE(r.ok) << Explain(o, r);
+    // Finished: told so, or (when the incarnation that saw the last trainer exit ended before
+    // it acknowledged) every pod exited 0 on its own. A second manager alone never stops it.
+    EXPECT_TRUE(r.outcome == "finished" || r.outcome == "ended with every pod gone")
+        << "seed " << s << ": " << r.setup << ": " << r.outcome;
+    superseded += r.superseded;
+  }
+  EXPECT_GT(superseded, 0u) << "no run had an older incarnation fenced while it ran";
+}
+
 TEST(Sim, ASeedReplaysExactly) {
   Options o;
   o.seed = 42;

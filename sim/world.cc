@@ -45,7 +45,8 @@ const char* kEndedByManager = "the manager ended the session";
 const std::vector<std::string>& FaultKinds() {
   static const std::vector<std::string> kinds = {
       "crash_trainer", "kill_agent", "pause_agent", "cut_link",
-      "reset_connection", "slow_link", "crash_manager", "pause_manager", "pause_trainer"};
+      "reset_connection", "slow_link", "crash_manager", "pause_manager", "pause_trainer",
+      "second_manager"};
   return kinds;
 }
 
@@ -191,12 +192,14 @@ class World {
   void Reset(uint64_t stream, const std::string& why);
 
   // Manager glue (manager/service.cc, without gRPC).
+  Manager* ManagerOf(uint64_t epoch) const;  // the running incarnation `epoch`, or null
+  Manager* Newest() const;                   // the newest running incarnation, or null
   void StartManager();
-  void CrashManager();
+  void CrashManager(uint64_t epoch);
   void ManagerReceive(Stream& s, const v1::AgentMessage& message);
   void ManagerStreamDone(Stream& s);
   void ManagerClose(uint64_t stream);
-  void Flush();
+  void Flush(Manager& m);
   void ManagerTick(uint64_t epoch);
 
   // Agents: agent::AgentCore, the agent's own code, with the pod as its host.
@@ -247,7 +250,9 @@ class World {
   int64_t last_fault_ms_ = 0;
   std::vector<std::string> faults_;
 
-  std::unique_ptr<Manager> manager_;
+  // The running incarnations by epoch: one, or two while a second manager runs beside the
+  // first (standalone: the durable record and the majority rule fence the older one).
+  std::map<uint64_t, std::unique_ptr<Manager>> managers_;
   std::optional<manager::JobRecord> record_;  // on storage that outlives every incarnation
   uint64_t last_epoch_ = 0;
   std::map<uint64_t, Stream> streams_;
@@ -261,7 +266,7 @@ class World {
   std::map<std::tuple<uint64_t, uint64_t, uint32_t>, std::string> rank_holder_;  // (e, g, rank)
   std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::string> node_holder_;   // (e, g, node)
   std::map<std::pair<std::string, uint32_t>, std::pair<uint64_t, uint64_t>> store_of_;  // -> (e, g)
-  uint64_t highest_commit_epoch_ = 0;
+  uint64_t highest_commit_epoch_ = 0;  // the newest incarnation that decided a commit
   // step -> the (e, g) that last committed it, as the manager decided it
   std::map<int64_t, std::pair<uint64_t, uint64_t>> committed_by_;
   std::set<std::string> ever_lost_;          // uids some incarnation declared lost
@@ -302,9 +307,10 @@ void World::TrainerAfter(Pod* pod, uint32_t local, int64_t delay, Fn fn) {
 
 void World::ManagerAfter(uint64_t epoch, int64_t delay, Fn fn) {
   After(delay, [this, epoch, fn = std::move(fn)]() mutable {
-    if (!manager_ || manager_->epoch != epoch) return;
-    if (manager_->paused_until > now_) {
-      ManagerAfter(epoch, manager_->paused_until - now_, std::move(fn));
+    Manager* m = ManagerOf(epoch);
+    if (!m) return;
+    if (m->paused_until > now_) {
+      ManagerAfter(epoch, m->paused_until - now_, std::move(fn));
       return;
     }
     fn();
@@ -383,18 +389,39 @@ void World::Inject(const std::string& kind) {
   if (kind == "pause_manager") {
     // SIGSTOP: it neither ticks nor reads; mostly short, sometimes past the liveness timeout
     // many times over (below the keepalive, which would end its streams).
-    if (!manager_) return;
+    if (managers_.empty()) return;
+    auto it = std::next(managers_.begin(), Uniform(0, static_cast<int64_t>(managers_.size()) - 1));
+    Manager& m = *it->second;
     const int64_t ms = Chance(0.2) ? Uniform(3000, 12000) : Uniform(100, 3000);
-    Trace("FAULT pause_manager (epoch " + std::to_string(manager_->epoch) + ") for " +
+    Trace("FAULT pause_manager (epoch " + std::to_string(m.epoch) + ") for " +
           std::to_string(ms) + " ms");
-    manager_->paused_until = std::max(manager_->paused_until, now_ + ms);
+    m.paused_until = std::max(m.paused_until, now_ + ms);
     return;
   }
   if (kind == "crash_manager") {
-    if (!manager_) return;
-    Trace("FAULT crash_manager (epoch " + std::to_string(manager_->epoch) + ")");
-    CrashManager();
+    Manager* m = Newest();
+    if (!m) return;
+    Trace("FAULT crash_manager (epoch " + std::to_string(m->epoch) + ")");
+    CrashManager(m->epoch);
     After(Uniform(500, 3000), [this] { StartManager(); });
+    return;
+  }
+  if (kind == "second_manager") {
+    // A second incarnation starts while the first still runs (its node was cut off and it was
+    // rescheduled, or an operator started one): new sessions reach either, and the older runs
+    // until its end, drawn here (its pod deleted at last).
+    Manager* old = Newest();
+    if (!old) return;
+    const uint64_t epoch = old->epoch;
+    const int64_t ms = Uniform(1000, 30000);
+    Trace("FAULT second_manager beside epoch " + std::to_string(epoch) + ", which ends in " +
+          std::to_string(ms) + " ms");
+    StartManager();
+    After(ms, [this, epoch] {
+      if (!ManagerOf(epoch)) return;
+      Trace("manager epoch " + std::to_string(epoch) + " ends (its pod is deleted)");
+      CrashManager(epoch);
+    });
     return;
   }
   std::vector<Pod*> live;
@@ -468,7 +495,12 @@ uint64_t World::OpenStream(Pod* pod) {
   Stream& s = streams_[id];
   s.id = id;
   s.pod = pod;
-  s.epoch = manager_ ? manager_->epoch : 0;
+  // With two incarnations running, a new connection reaches either (a service in front of
+  // both, or an address that moved).
+  s.epoch = 0;
+  if (!managers_.empty())
+    s.epoch = std::next(managers_.begin(), Uniform(0, static_cast<int64_t>(managers_.size()) - 1))
+                  ->first;
   return id;
 }
 
@@ -502,7 +534,8 @@ void World::Pump(uint64_t id, bool down) {
   Pod* pod = s.pod;
   int64_t held = pod->cut_until;
   if (down && !pod->dead) held = std::max(held, pod->paused_until);
-  if (!down && manager_ && manager_->epoch == s.epoch) held = std::max(held, manager_->paused_until);
+  Manager* m = ManagerOf(s.epoch);
+  if (!down && m) held = std::max(held, m->paused_until);
   if (held > now_) {
     At(held, [this, id, down] { Pump(id, down); });
     return;
@@ -513,7 +546,7 @@ void World::Pump(uint64_t id, bool down) {
   else p.pumping = false;
   if (down) {
     if (!pod->dead) AgentReceive(pod, id, packet);
-  } else if (manager_ && manager_->epoch == s.epoch) {
+  } else if (m) {
     if (packet.close) ManagerStreamDone(s);
     else ManagerReceive(s, packet.up);
   }
@@ -545,34 +578,46 @@ void World::StartManager() {
   o.epoch = ++last_epoch_;
   o.join_window_ms = 10000;
   o.record = record_;
-  o.fenced_by = [this, epoch = o.epoch] { return manager::FencedBy(record_, epoch); };
-  manager_ = std::make_unique<Manager>();
-  manager_->epoch = o.epoch;
-  manager_->job = std::make_unique<JobControl>(spec_, config_, o,
-                                               std::make_unique<EmbeddedDecisions>(spec_));
+  o.stored_record = [this]() -> const std::optional<manager::JobRecord>& { return record_; };
+  auto m = std::make_unique<Manager>();
+  m->epoch = o.epoch;
+  m->job = std::make_unique<JobControl>(spec_, config_, o,
+                                        std::make_unique<EmbeddedDecisions>(spec_));
+  managers_[o.epoch] = std::move(m);
   Trace("manager epoch " + std::to_string(o.epoch) + " starts");
   const uint64_t epoch = o.epoch;
   ManagerAfter(epoch, kTickMs, [this, epoch] { ManagerTick(epoch); });
 }
 
-void World::CrashManager() {
+Manager* World::ManagerOf(uint64_t epoch) const {
+  auto it = managers_.find(epoch);
+  return it == managers_.end() ? nullptr : it->second.get();
+}
+
+Manager* World::Newest() const {
+  return managers_.empty() ? nullptr : managers_.rbegin()->second.get();
+}
+
+void World::CrashManager(uint64_t epoch) {
   for (auto& [id, s] : streams_)
-    if (!s.broken && s.epoch == manager_->epoch) {
+    if (!s.broken && s.epoch == epoch) {
       s.manager_open = false;  // nobody left to notice on this side
       Reset(id, "the manager crashed");
     }
-  manager_.reset();
+  managers_.erase(epoch);
 }
 
 void World::ManagerTick(uint64_t epoch) {
-  if (!manager_ || manager_->epoch != epoch) return;
-  manager_->job->Tick(now_);
-  Flush();
+  Manager* m = ManagerOf(epoch);
+  if (!m) return;
+  m->job->Tick(now_);
+  Flush(*m);
   ManagerAfter(epoch, kTickMs, [this, epoch] { ManagerTick(epoch); });
 }
 
 void World::ManagerReceive(Stream& s, const v1::AgentMessage& message) {
-  JobControl& job = *manager_->job;
+  Manager& m = *ManagerOf(s.epoch);
+  JobControl& job = *m.job;
   if (s.node < 0) {
     Status st = message.has_register_()
                     ? Status::Ok()
@@ -600,7 +645,7 @@ void World::ManagerReceive(Stream& s, const v1::AgentMessage& message) {
           if (p->uid() != holder || !p->dead) continue;
           bool open_here = false;
           for (const auto& [sid, st] : streams_)
-            open_here |= st.pod == p.get() && st.epoch == manager_->epoch && st.manager_open;
+            open_here |= st.pod == p.get() && st.epoch == m.epoch && st.manager_open;
           gone |= !open_here;
         }
         if (gone)
@@ -614,11 +659,10 @@ void World::ManagerReceive(Stream& s, const v1::AgentMessage& message) {
       ManagerClose(s.id);
       return;
     }
-    if (auto old = manager_->by_node.find(node);
-        old != manager_->by_node.end() && old->second != s.id)
+    if (auto old = m.by_node.find(node); old != m.by_node.end() && old->second != s.id)
       ManagerClose(old->second);
     s.node = node;
-    manager_->by_node[node] = s.id;
+    m.by_node[node] = s.id;
   } else {
     Status st = job.Handle(s.id, message, now_);
     if (!st.ok()) {
@@ -627,7 +671,7 @@ void World::ManagerReceive(Stream& s, const v1::AgentMessage& message) {
       SendDown(s.id, p);
     }
   }
-  Flush();
+  Flush(m);
 }
 
 // The manager ends a stream (after what it queued on it).
@@ -642,24 +686,24 @@ void World::ManagerClose(uint64_t id) {
 }
 
 void World::ManagerStreamDone(Stream& s) {
-  if (!manager_ || manager_->epoch != s.epoch) return;
+  Manager* m = ManagerOf(s.epoch);
+  if (!m) return;
   s.manager_open = false;
   if (s.node >= 0) {
-    auto it = manager_->by_node.find(s.node);
-    if (it != manager_->by_node.end() && it->second == s.id) manager_->by_node.erase(it);
+    auto it = m->by_node.find(s.node);
+    if (it != m->by_node.end() && it->second == s.id) m->by_node.erase(it);
   }
-  manager_->job->Disconnected(s.id, now_);
-  Flush();
+  m->job->Disconnected(s.id, now_);
+  Flush(*m);
 }
 
-void World::Flush() {
-  if (!manager_) return;
-  if (auto r = manager_->job->TakeRecord()) {
+void World::Flush(Manager& m) {
+  if (auto r = m.job->TakeRecord()) {
     std::string why;
     if (auto merged = manager::MergeJobRecord(record_, *r, &why)) record_ = std::move(*merged);
-    else manager_->job->Superseded(why, now_);
+    else m.job->Superseded(why, now_);
   }
-  auto out = manager_->job->TakeOutgoing();
+  auto out = m.job->TakeOutgoing();
   if (out.size() > kMaxOutgoingPerFlush)
     Violate("the manager queued " + std::to_string(out.size()) + " messages in one turn");
   for (auto& o : out) {
@@ -669,12 +713,20 @@ void World::Flush() {
     // A commit sent again naming no committer (generation 0: an older incarnation made it,
     // seed 10069) is no decision.
     if (o.message.has_outcome() && o.message.outcome().commit() &&
-        o.message.outcome().generation() != 0)
+        o.message.outcome().generation() != 0) {
+      const int64_t step = o.message.outcome().step();
+      // Fencing: at most one incarnation commits steps; once a newer one decided a commit, no
+      // older one decides another (two running side by side included).
+      if (m.epoch < highest_commit_epoch_)
+        Violate("epoch " + std::to_string(m.epoch) + " commits step " + std::to_string(step) +
+                " after epoch " + std::to_string(highest_commit_epoch_) +
+                " committed: a fenced incarnation commits");
+      highest_commit_epoch_ = std::max(highest_commit_epoch_, m.epoch);
       committed_by_.insert_or_assign(
-          o.message.outcome().step(),
-          std::make_pair(manager_->epoch, o.message.outcome().generation()));
-    auto it = manager_->by_node.find(o.node_rank);
-    if (it == manager_->by_node.end()) continue;
+          step, std::make_pair(m.epoch, o.message.outcome().generation()));
+    }
+    auto it = m.by_node.find(o.node_rank);
+    if (it == m.by_node.end()) continue;
     const uint64_t id = it->second;
     Packet p;
     p.down = std::move(o.message);
@@ -682,23 +734,24 @@ void World::Flush() {
     if (o.close) ManagerClose(id);
   }
   // The manager's own events, into the trace.
-  const JobControl& job = *manager_->job;
-  const uint64_t fresh = job.events_logged() - manager_->events_traced;
+  const JobControl& job = *m.job;
+  const uint64_t fresh = job.events_logged() - m.events_traced;
   for (size_t i = job.events().size() - std::min<uint64_t>(fresh, job.events().size());
        i < job.events().size(); ++i) {
     result_.aborts += job.events()[i].kind() == "abort";
+    result_.superseded += job.events()[i].kind() == "superseded";
     // A rescheduling goes back to the newest checkpoint by design (MindCluster's job and pod
     // level restarts): what trainers heard committed before it binds no later plan.
     if (job.events()[i].kind() == "job_rescheduling" || job.events()[i].kind() == "pod_rescheduling")
       for (const auto& pod : pods_)
         for (Trainer& t : pod->ranks) t.heard = -1;
-    Trace("manager " + std::to_string(manager_->epoch) + ": " + job.events()[i].kind() + ": " +
+    Trace("manager " + std::to_string(m.epoch) + ": " + job.events()[i].kind() + ": " +
           job.events()[i].message());
   }
-  manager_->events_traced = job.events_logged();
+  m.events_traced = job.events_logged();
   // Lost pods, as this incarnation sees them.
   for (Pod* pod : slots_)
-    if (pod && manager_->job->IsFenced(pod->uid())) ever_lost_.insert(pod->uid());
+    if (pod && job.IsFenced(pod->uid())) ever_lost_.insert(pod->uid());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -774,9 +827,9 @@ void World::ArmTimers(Pod* pod) {
 void World::OpenSession(Pod* pod) {
   const uint64_t session = ++pod->session;
   pod->stream = 0;
-  if (!manager_ || pod->cut_until > now_) {
+  if (managers_.empty() || pod->cut_until > now_) {
     // Connection refused (no manager listening) or timed out (the link is cut).
-    const int64_t ms = manager_ ? Uniform(1000, 2000) : Uniform(1, 5);
+    const int64_t ms = managers_.empty() ? Uniform(1, 5) : Uniform(1000, 2000);
     PodAfter(pod, ms, [this, pod, session] {
       if (pod->session == session) SessionEnded(pod, "unavailable", false);
     });
@@ -847,19 +900,13 @@ void World::Observe(Pod* pod, const v1::ManagerMessage& m) {
       CheckPlan(pod, plan, epoch);
       break;
     }
-    case v1::ManagerMessage::kOutcome:
-      if (!m.outcome().commit()) break;
-      if (epoch < highest_commit_epoch_)
-        Violate(pod->uid() + " heard epoch " + std::to_string(epoch) + " commit step " +
-                std::to_string(m.outcome().step()) + " after epoch " +
-                std::to_string(highest_commit_epoch_) + " committed: a fenced incarnation commits");
-      highest_commit_epoch_ = std::max(highest_commit_epoch_, epoch);
-      break;
     case v1::ManagerMessage::kStop: {
       const v1::StopTraining& stop = m.stop();
-      // A stop for the whole job (not a standby, not this pod's planned departure).
+      // A stop for the whole job (not a standby, not this pod's planned departure, not a
+      // fenced incarnation stopping its pods: they come back to the newer one).
       if (stop.mode() != v1::StopTraining::MODE_STANDBY && !job_stopped_ &&
-          stop.reason().rfind("planned departure", 0) != 0) {
+          stop.reason().rfind("planned departure", 0) != 0 &&
+          stop.reason().rfind("fenced: ", 0) != 0) {
         job_stopped_ = true;
         job_stopped_at_ = now_;
         stop_reason_ = stop.reason();
@@ -1124,15 +1171,15 @@ void World::Watch() {
   for (Pod* pod : slots_) {
     if (!pod || pod->dead) continue;
     // What a pod can be told needs it reachable (not paused, its link not cut) and the manager
-    // running (not paused).
-    if (pod->paused_until > now_ || pod->cut_until > now_ ||
-        (manager_ && manager_->paused_until > now_)) {
+    // it follows running (not paused).
+    const Manager* m = ManagerOf(pod->agent->epoch());
+    if (pod->paused_until > now_ || pod->cut_until > now_ || (m && m->paused_until > now_)) {
       reachable_since_.erase(pod->uid());
       continue;
     }
     const int64_t since = reachable_since_.emplace(pod->uid(), now_).first->second;
     // A pod declared lost is told so and stops, or is readmitted, within a bound.
-    const bool lost = manager_ && manager_->job->IsFenced(pod->uid());
+    const bool lost = m && m->job->IsFenced(pod->uid());
     if (!lost) {
       limbo_since_.erase(pod->uid());
     } else {
@@ -1149,9 +1196,10 @@ void World::Watch() {
       Violate(pod->uid() + " still runs " + std::to_string(now_ - job_stopped_at_) +
               " ms after the job stopped (" + stop_reason_ + ")");
   }
-  if (manager_ && manager_->job->events().size() > 256)
-    Violate("the manager's event log holds " + std::to_string(manager_->job->events().size()) +
-            " events");
+  for (const auto& [epoch, m] : managers_)
+    if (m->job->events().size() > 256)
+      Violate("manager epoch " + std::to_string(epoch) + "'s event log holds " +
+              std::to_string(m->job->events().size()) + " events");
   for (const auto& [id, s] : streams_)
     if (s.down.queue.size() > 100000 || s.up.queue.size() > 100000)
       Violate("stream " + std::to_string(id) + " queues more than 100,000 messages");
@@ -1199,8 +1247,8 @@ Result World::RunSeed() {
     }
     if (now_ > deadline) {
       std::string phase = "no manager";
-      if (manager_) {
-        const auto s = manager_->job->StatusReport();
+      if (const Manager* m = Newest()) {
+        const auto s = m->job->StatusReport();
         phase = "phase " + s.phase() + " at generation " + std::to_string(s.generation()) +
                 ", committed step " + std::to_string(s.committed_step());
       }

@@ -11,13 +11,16 @@
 // Faults drawn from the seed: a trainer crash, an agent killed (its pod replaced), an agent
 // paused (SIGSTOP) or a link cut for a while, one connection reset, a slow link, a manager crash
 // and restart, a manager paused (0.1 to 12 s), a trainer paused (0.2 s to 40 s: past the hang
-// timeout, its rank is frozen). After every event the invariants below are checked; the first one broken ends
-// the run with its seed, its time and the last events of the trace.
+// timeout, its rank is frozen), a second manager started beside the running one (new sessions
+// reach either; the older runs on for 1 to 30 s; the durable record they share and the majority
+// rule must keep one of them committing). After every event the invariants below are checked;
+// the first one broken ends the run with its seed, its time and the last events of the trace.
 //
 // Invariants (DESIGN.md, "Generations, fencing and the step commit"):
 //  - membership: one membership per generation: a global rank of (epoch, generation) is held by
 //    one pod, and a node rank by one pod uid;
-//  - fencing: once an incarnation's commit was heard, no older incarnation's commit is heard;
+//  - fencing: once an incarnation decided a commit, no older one decides another (two running
+//    side by side included);
 //  - commits never go backwards: no trainer is told to resume before a step it heard committed
 //    (standbys included, across manager restarts);
 //  - a plan that names the generation that committed its step names the one that did (across
@@ -56,6 +59,7 @@ struct Result {
   uint64_t commits = 0;             // commit outcomes delivered, summed over pods
   uint64_t events = 0;              // events the scheduler ran
   uint64_t aborts = 0;              // generations the manager aborted
+  uint64_t superseded = 0;          // incarnations that learned a newer one formed a generation
   std::vector<std::string> trace;   // the last events before a violation
 };
 

@@ -12,24 +12,6 @@
 namespace regroup::manager {
 namespace {
 
-// `kind` is p's kind, already decoded (DirectiveKindFromWire).
-Directive FromProto(const v1::Directive& p, DirectiveKind kind) {
-  Directive d;
-  d.kind = kind;
-  d.id = p.id();
-  d.deadline_ms = p.deadline_ms();
-  d.strategy = p.strategy();
-  d.dp = p.dp();
-  d.keep_replicas.assign(p.keep_replicas().begin(), p.keep_replicas().end());
-  d.remove_replicas.assign(p.remove_replicas().begin(), p.remove_replicas().end());
-  d.standby_pods.assign(p.standby_pods().begin(), p.standby_pods().end());
-  d.restart_ranks.assign(p.restart_ranks().begin(), p.restart_ranks().end());
-  for (uint64_t m : p.microbatches()) d.microbatches.push_back(static_cast<int64_t>(m));
-  d.committed_step = p.committed_step();
-  d.reason = p.reason();
-  return d;
-}
-
 std::string Describe(const grpc::Status& s) {
   static const char* kCodes[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
                                  "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
@@ -44,7 +26,8 @@ std::string Describe(const grpc::Status& s) {
 
 }  // namespace
 
-RemoteDecisions::RemoteDecisions(RemoteDecisionsOptions options) : options_(std::move(options)) {
+RemoteDecisions::RemoteDecisions(RemoteDecisionsOptions options)
+    : options_(std::move(options)), core_(options_.job_id, options_.max_queued) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -58,28 +41,14 @@ RemoteDecisions::~RemoteDecisions() {
   if (thread_.joinable()) thread_.join();
 }
 
-v1::Header RemoteDecisions::MakeHeader() const {
-  return ManagerHeader(options_.job_id, epoch_, generation_);
-}
-
 void RemoteDecisions::Enqueue(v1::ManagerReport report) {
   std::lock_guard lock(mu_);
   if (stopping_) return;
-  *report.mutable_header() = MakeHeader();
-  // Only the latest progress matters: one waiting behind another replaces it (never the one
-  // being written, which is the front).
-  if (report.has_progress() && queue_.size() > (writing_ ? 1u : 0u) &&
-      queue_.back().has_progress()) {
-    queue_.back() = std::move(report);
-    return;
-  }
-  queue_.push_back(std::move(report));
-  if (queue_.size() > std::max<size_t>(options_.max_queued, 2)) {
-    queue_.erase(queue_.begin() + (writing_ ? 1 : 0));
-    ++dropped_;
-    if ((dropped_ & (dropped_ - 1)) == 0)  // at 1, 2, 4, 8, ... drops
+  if (core_.Enqueue(std::move(report))) {
+    const size_t dropped = core_.dropped();
+    if ((dropped & (dropped - 1)) == 0)  // at 1, 2, 4, 8, ... drops
       spdlog::warn("coordinator {} unreachable: {} facts queued, {} of the oldest dropped",
-                   options_.target, queue_.size(), dropped_);
+                   options_.target, core_.queued(), dropped);
   }
   cv_.notify_all();
 }
@@ -103,7 +72,7 @@ void RemoteDecisions::Progress(uint64_t, uint64_t generation, int64_t committed_
                                uint32_t live_ranks, int64_t) {
   {
     std::lock_guard lock(mu_);
-    generation_ = generation;
+    core_.SetGeneration(generation);
   }
   v1::ManagerReport r;
   r.mutable_progress()->set_generation(generation);
@@ -116,19 +85,18 @@ void RemoteDecisions::Tick(int64_t) {}
 
 std::optional<Directive> RemoteDecisions::Poll() {
   std::lock_guard lock(mu_);
-  std::optional<Directive> d = std::move(unseen_);
-  unseen_.reset();
-  return d;
+  return core_.Poll();
 }
 
 bool RemoteDecisions::Available() const {
   std::lock_guard lock(mu_);
-  return attached_;
+  return core_.attached();
 }
 
 bool RemoteDecisions::WaitAvailable(std::chrono::milliseconds timeout) const {
   std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, timeout, [this] { return attached_ || stopping_; }) && attached_;
+  return cv_.wait_for(lock, timeout, [this] { return core_.attached() || stopping_; }) &&
+         core_.attached();
 }
 
 namespace {
@@ -179,62 +147,31 @@ TakenKeys TakeJobKeys(const v1::JobKeys& keys, JobSpec& spec) {
 
 v1::JobKeys RemoteDecisions::job_keys() const {
   std::lock_guard lock(mu_);
-  return job_keys_;
+  return core_.job_keys();
 }
 
 uint64_t RemoteDecisions::epoch() const {
   std::lock_guard lock(mu_);
-  return epoch_;
+  return core_.epoch();
 }
 
 std::string RemoteDecisions::last_error() const {
   std::lock_guard lock(mu_);
-  return last_error_;
+  return core_.last_error();
 }
 
 size_t RemoteDecisions::queued() const {
   std::lock_guard lock(mu_);
-  return queue_.size();
+  return core_.queued();
 }
 
 uint64_t RemoteDecisions::attaches() const {
   std::lock_guard lock(mu_);
-  return attaches_;
-}
-
-void RemoteDecisions::OnDirective(const v1::CoordinatorDirective& m, bool first) {
-  if (m.has_refusal()) {
-    last_error_ = "the coordinator refused: " + m.refusal().reason();
-    spdlog::warn("{}", last_error_);
-    return;
-  }
-  if (!m.has_directive()) return;
-  const v1::Directive& d = m.directive();
-  if (first && (!ever_attached_ || d.id() < newest_id_)) {
-    if (ever_attached_)
-      spdlog::warn("the coordinator's directive ids went back from {} to {} (its engine lost the "
-                   "job's state): taking {} as seen",
-                   newest_id_, d.id(), d.id());
-    newest_id_ = d.id();
-    unseen_.reset();
-    return;
-  }
-  if (d.id() <= newest_id_) return;
-  newest_id_ = d.id();
-  const std::optional<DirectiveKind> kind = DirectiveKindFromWire(d.kind());
-  if (!kind) {
-    spdlog::error("refused directive {} from the coordinator: its kind {} is not one this manager "
-                  "knows (a newer coordinator?); waiting for the next directive",
-                  d.id(), static_cast<int>(d.kind()));
-    return;
-  }
-  unseen_ = FromProto(d, *kind);
+  return core_.attaches();
 }
 
 void RemoteDecisions::Fail(const std::string& what) {
-  if (what != last_error_)
-    spdlog::warn("coordinator {}: {}; retrying", options_.target, what);
-  last_error_ = what;
+  if (core_.Failed(what)) spdlog::warn("coordinator {}: {}; retrying", options_.target, what);
 }
 
 bool RemoteDecisions::Sleep(std::chrono::milliseconds d) {
@@ -254,10 +191,7 @@ void RemoteDecisions::Run() {
       if (stopping_) return;
       context_ = &context;
       broken_ = false;
-      *hello.mutable_header() = MakeHeader();
-      // Epoch 0 asks for one; later, the epoch granted and its ticket.
-      hello.mutable_hello()->set_epoch(epoch_);
-      hello.mutable_hello()->set_ticket(ticket_);
+      hello = core_.Hello();
     }
     auto stream = stub->Attach(&context);
 
@@ -266,26 +200,11 @@ void RemoteDecisions::Run() {
     const bool wrote = stream->Write(hello);
     const bool read = wrote && stream->Read(&first);
     std::string failure;
-    bool granted_other = false;
-    if (read && first.has_directive()) {
+    if (read) {
       std::lock_guard lock(mu_);
-      if (epoch_ == 0) {
-        epoch_ = first.header().epoch();
-        ticket_ = first.epoch_ticket();
-        job_keys_ = first.job();
-      } else {
-        granted_other = first.header().epoch() != epoch_;
-      }
+      failure = core_.OnAnswer(first);
     }
-    if (read && first.has_directive() && !granted_other && epoch_ != 0) {
-      {
-        std::lock_guard lock(mu_);
-        OnDirective(first, true);
-        attached_ = true;
-        ever_attached_ = true;
-        ++attaches_;
-        last_error_.clear();
-      }
+    if (read && failure.empty()) {
       cv_.notify_all();
       spdlog::info("attached to the coordinator {} for job {} (epoch {})", options_.target,
                    options_.job_id, epoch());
@@ -295,12 +214,12 @@ void RemoteDecisions::Run() {
         v1::CoordinatorDirective m;
         while (stream->Read(&m)) {
           std::lock_guard lock(mu_);
-          OnDirective(m, false);
+          core_.OnMessage(m);
         }
         {
           std::lock_guard lock(mu_);
           broken_ = true;
-          attached_ = false;
+          core_.Detached();
         }
         cv_.notify_all();
       });
@@ -308,18 +227,19 @@ void RemoteDecisions::Run() {
       {
         std::unique_lock lock(mu_);
         while (true) {
-          cv_.wait(lock, [this] { return stopping_ || broken_ || !queue_.empty(); });
+          cv_.wait(lock, [this] { return stopping_ || broken_ || core_.HasFactToWrite(); });
           if (stopping_ || broken_) break;
-          v1::ManagerReport next = queue_.front();
-          writing_ = true;
+          const v1::ManagerReport next = *core_.NextToWrite();
           lock.unlock();
           const bool ok = stream->Write(next);
           lock.lock();
-          writing_ = false;
-          if (!ok) break;
-          queue_.pop_front();
+          if (!ok) {
+            core_.WriteFailed();
+            break;
+          }
+          core_.Written();
         }
-        attached_ = false;
+        core_.Detached();
         // Stopping, or a write failed: end the call, and so the reader's Read. When the reader
         // saw the end first, the call is over and Finish gives the coordinator's own status.
         if (!broken_) context.TryCancel();
@@ -329,18 +249,11 @@ void RemoteDecisions::Run() {
       failure = "the stream ended (" + Describe(stream->Finish()) + ")";
     } else {
       if (read && first.has_refusal()) {
-        failure = "refused: " + first.refusal().reason();
         v1::CoordinatorDirective rest;
         while (stream->Read(&rest)) {
         }
-      } else if (read && first.has_directive()) {
-        failure = "the coordinator attached this manager as epoch " +
-                  std::to_string(first.header().epoch()) + ", not the epoch " +
-                  std::to_string(epoch()) + " it was granted";
-        context.TryCancel();
       } else if (read) {
-        failure = "the coordinator answered the hello with neither a directive nor a refusal";
-        context.TryCancel();
+        context.TryCancel();  // attached as another epoch, or an answer that is neither
       }
       const grpc::Status st = stream->Finish();
       if (failure.empty()) failure = "cannot attach (" + Describe(st) + ")";

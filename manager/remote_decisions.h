@@ -16,7 +16,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -24,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "manager/attach_core.h"
 #include "manager/job_control.h"
 
 namespace grpc {
@@ -95,29 +95,15 @@ class RemoteDecisions final : public Decisions {
  private:
   void Run();
   void Enqueue(v1::ManagerReport report);
-  v1::Header MakeHeader() const;
-  void OnDirective(const v1::CoordinatorDirective& message, bool first);
   void Fail(const std::string& what);  // holds mu_
   bool Sleep(std::chrono::milliseconds d);  // false when stopping
 
   const RemoteDecisionsOptions options_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  std::deque<v1::ManagerReport> queue_;
+  AttachCore core_;                // the protocol; under mu_
   bool stopping_ = false;
-  bool attached_ = false;
   bool broken_ = false;            // the attached stream ended: the writer stops
-  bool writing_ = false;           // the queue's front is being written
-  bool ever_attached_ = false;
-  uint64_t attaches_ = 0;
-  uint64_t generation_ = 0;        // the last generation reported, for headers
-  uint64_t epoch_ = 0;             // granted at the first attach
-  v1::JobKeys job_keys_;           // from the answer to the first hello
-  std::string ticket_;             // its ticket, sent with every later hello
-  uint64_t newest_id_ = 0;         // the highest directive id received
-  std::optional<Directive> unseen_;  // received, not yet returned by Poll
-  std::string last_error_;
-  size_t dropped_ = 0;
   grpc::ClientContext* context_ = nullptr;  // the live call, cancelled on stop
   std::thread thread_;
 };

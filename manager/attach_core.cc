@@ -1,0 +1,138 @@
+#include "manager/attach_core.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "common/wire.h"
+
+namespace regroup::manager {
+namespace {
+
+// `kind` is p's kind, already decoded (DirectiveKindFromWire).
+Directive FromProto(const v1::Directive& p, DirectiveKind kind) {
+  Directive d;
+  d.kind = kind;
+  d.id = p.id();
+  d.deadline_ms = p.deadline_ms();
+  d.strategy = p.strategy();
+  d.dp = p.dp();
+  d.keep_replicas.assign(p.keep_replicas().begin(), p.keep_replicas().end());
+  d.remove_replicas.assign(p.remove_replicas().begin(), p.remove_replicas().end());
+  d.standby_pods.assign(p.standby_pods().begin(), p.standby_pods().end());
+  d.restart_ranks.assign(p.restart_ranks().begin(), p.restart_ranks().end());
+  for (uint64_t m : p.microbatches()) d.microbatches.push_back(static_cast<int64_t>(m));
+  d.committed_step = p.committed_step();
+  d.reason = p.reason();
+  return d;
+}
+
+}  // namespace
+
+v1::Header AttachCore::MakeHeader() const { return ManagerHeader(job_id_, epoch_, generation_); }
+
+bool AttachCore::Enqueue(v1::ManagerReport report) {
+  *report.mutable_header() = MakeHeader();
+  // Only the latest progress matters: one waiting behind another replaces it (never the one
+  // being written, which is the front).
+  if (report.has_progress() && queue_.size() > (writing_ ? 1u : 0u) &&
+      queue_.back().has_progress()) {
+    queue_.back() = std::move(report);
+    return false;
+  }
+  queue_.push_back(std::move(report));
+  if (queue_.size() <= max_queued_) return false;
+  queue_.erase(queue_.begin() + (writing_ ? 1 : 0));
+  ++dropped_;
+  return true;
+}
+
+v1::ManagerReport AttachCore::Hello() const {
+  v1::ManagerReport hello;
+  *hello.mutable_header() = MakeHeader();
+  hello.mutable_hello()->set_epoch(epoch_);
+  hello.mutable_hello()->set_ticket(ticket_);
+  return hello;
+}
+
+std::string AttachCore::OnAnswer(const v1::CoordinatorDirective& first) {
+  if (first.has_refusal()) return "refused: " + first.refusal().reason();
+  if (!first.has_directive())
+    return "the coordinator answered the hello with neither a directive nor a refusal";
+  if (epoch_ == 0) {
+    epoch_ = first.header().epoch();
+    ticket_ = first.epoch_ticket();
+    job_keys_ = first.job();
+  }
+  if (epoch_ == 0 || first.header().epoch() != epoch_)
+    return "the coordinator attached this manager as epoch " +
+           std::to_string(first.header().epoch()) + ", not the epoch " + std::to_string(epoch_) +
+           " it was granted";
+  OnDirective(first, /*first=*/true);
+  attached_ = true;
+  ever_attached_ = true;
+  ++attaches_;
+  last_error_.clear();
+  return "";
+}
+
+void AttachCore::OnMessage(const v1::CoordinatorDirective& message) {
+  OnDirective(message, /*first=*/false);
+}
+
+void AttachCore::OnDirective(const v1::CoordinatorDirective& m, bool first) {
+  if (m.has_refusal()) {
+    last_error_ = "the coordinator refused: " + m.refusal().reason();
+    spdlog::warn("{}", last_error_);
+    return;
+  }
+  if (!m.has_directive()) return;
+  const v1::Directive& d = m.directive();
+  if (first && (!ever_attached_ || d.id() < newest_id_)) {
+    if (ever_attached_)
+      spdlog::warn("the coordinator's directive ids went back from {} to {} (its engine lost the "
+                   "job's state): taking {} as seen",
+                   newest_id_, d.id(), d.id());
+    newest_id_ = d.id();
+    unseen_.reset();
+    return;
+  }
+  if (d.id() <= newest_id_) return;
+  newest_id_ = d.id();
+  const std::optional<DirectiveKind> kind = DirectiveKindFromWire(d.kind());
+  if (!kind) {
+    spdlog::error("refused directive {} from the coordinator: its kind {} is not one this manager "
+                  "knows (a newer coordinator?); waiting for the next directive",
+                  d.id(), static_cast<int>(d.kind()));
+    return;
+  }
+  unseen_ = FromProto(d, *kind);
+}
+
+void AttachCore::Detached() { attached_ = false; }
+
+bool AttachCore::Failed(const std::string& why) {
+  const bool news = why != last_error_;
+  last_error_ = why;
+  return news;
+}
+
+const v1::ManagerReport* AttachCore::NextToWrite() {
+  if (!HasFactToWrite()) return nullptr;
+  writing_ = true;
+  return &queue_.front();
+}
+
+void AttachCore::Written() {
+  if (!writing_) return;
+  writing_ = false;
+  queue_.pop_front();
+}
+
+std::optional<Directive> AttachCore::Poll() {
+  std::optional<Directive> d = std::move(unseen_);
+  unseen_.reset();
+  return d;
+}
+
+}  // namespace regroup::manager

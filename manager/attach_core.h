@@ -1,0 +1,89 @@
+// The manager's side of Coordinator.Attach without threads, locks or gRPC, as AgentCore is the
+// agent's: what a hello says, what the coordinator's answer to it means, the facts kept in order
+// while detached, and the directives received. RemoteDecisions (remote_decisions.h) runs it on
+// its threads over a gRPC stream, under its lock; tests drive it directly.
+//
+// Epochs are granted by the coordinator: the first hello asks for one (epoch 0), and every later
+// hello reattaches as the epoch granted, with its ticket. An answer that attaches as another
+// epoch is no attach. The directive the coordinator holds at the first attach was issued to an
+// earlier incarnation: it is taken as seen, as is the one after a reattach whose ids went back
+// (the coordinator's engine lost the job's state).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+
+#include "manager/job_control.h"
+
+namespace regroup::manager {
+
+class AttachCore {
+ public:
+  AttachCore(std::string job_id, size_t max_queued)
+      : job_id_(std::move(job_id)), max_queued_(std::max<size_t>(max_queued, 2)) {}
+
+  // A fact, after those reported before it. The latest progress replaces one waiting behind
+  // another (never the one being written); beyond the bound the oldest not being written is
+  // dropped. Returns true when this fact dropped one.
+  bool Enqueue(v1::ManagerReport report);
+  // The generation the next facts' headers name.
+  void SetGeneration(uint64_t generation) { generation_ = generation; }
+
+  // The hello that opens a stream: epoch 0 asks for an epoch; later, the one granted and its
+  // ticket.
+  v1::ManagerReport Hello() const;
+  // The coordinator's answer to the hello: "" when this manager is attached now, else why not
+  // (a refusal, an epoch other than the one granted, an answer that is neither).
+  std::string OnAnswer(const v1::CoordinatorDirective& first);
+  // A later message of the attached stream: a directive, or a refusal of a fact.
+  void OnMessage(const v1::CoordinatorDirective& message);
+  // The stream ended (or is being ended): not attached until the next answer attaches.
+  void Detached();
+  // Why the last attempt failed; true when that is news (worth a line in the log).
+  bool Failed(const std::string& why);
+
+  // The writer's side: the next fact to write, marked as being written (nothing when none is
+  // queued, or one is being written); then Written (it leaves the queue) or WriteFailed (it
+  // stays first: a fact is never sent twice, but the one being written when a stream breaks
+  // may be lost with it).
+  const v1::ManagerReport* NextToWrite();
+  void Written();
+  void WriteFailed() { writing_ = false; }
+  bool HasFactToWrite() const { return !writing_ && !queue_.empty(); }
+
+  // The newest directive received and not yet returned.
+  std::optional<Directive> Poll();
+
+  bool attached() const { return attached_; }
+  uint64_t epoch() const { return epoch_; }
+  const v1::JobKeys& job_keys() const { return job_keys_; }
+  const std::string& last_error() const { return last_error_; }
+  size_t queued() const { return queue_.size(); }
+  size_t dropped() const { return dropped_; }
+  uint64_t attaches() const { return attaches_; }
+
+ private:
+  v1::Header MakeHeader() const;
+  void OnDirective(const v1::CoordinatorDirective& message, bool first);
+
+  const std::string job_id_;
+  const size_t max_queued_;
+  std::deque<v1::ManagerReport> queue_;
+  bool writing_ = false;           // the queue's front is being written
+  bool attached_ = false;
+  bool ever_attached_ = false;
+  uint64_t attaches_ = 0;
+  uint64_t generation_ = 0;        // the last generation reported, for headers
+  uint64_t epoch_ = 0;             // granted at the first attach
+  std::string ticket_;             // its ticket, sent with every later hello
+  v1::JobKeys job_keys_;           // from the answer to the first hello
+  uint64_t newest_id_ = 0;         // the highest directive id received
+  std::optional<Directive> unseen_;  // received, not yet returned by Poll
+  std::string last_error_;
+  size_t dropped_ = 0;
+};
+
+}  // namespace regroup::manager

@@ -1,0 +1,170 @@
+// The manager's side of Coordinator.Attach, driven directly (no threads, no gRPC): the epoch
+// granted and kept, the directives taken as seen, and the facts kept in order while detached.
+// tests/coordinator_test.cc runs the same logic through RemoteDecisions against the real
+// coordinator service.
+#include "manager/attach_core.h"
+
+#include <gtest/gtest.h>
+
+namespace regroup::manager {
+namespace {
+
+v1::CoordinatorDirective Answer(uint64_t epoch, uint64_t id,
+                                v1::Directive::Kind kind = v1::Directive::KIND_CONTINUE,
+                                const std::string& ticket = "ticket") {
+  v1::CoordinatorDirective m;
+  m.mutable_header()->set_epoch(epoch);
+  m.mutable_directive()->set_id(id);
+  m.mutable_directive()->set_kind(kind);
+  m.set_epoch_ticket(ticket);
+  m.mutable_job()->set_pods(4);
+  return m;
+}
+
+v1::ManagerReport Progress(int64_t step) {
+  v1::ManagerReport r;
+  r.mutable_progress()->set_committed_step(step);
+  return r;
+}
+
+v1::ManagerReport FaultReport(uint32_t rank) {
+  v1::ManagerReport r;
+  r.mutable_fault()->add_ranks(rank);
+  return r;
+}
+
+TEST(AttachCore, TheFirstHelloAsksForAnEpochAndEveryLaterOneReattachesAsTheOneGranted) {
+  AttachCore core("default/job", 16);
+  EXPECT_EQ(core.Hello().hello().epoch(), 0u);
+  EXPECT_EQ(core.Hello().header().job_id(), "default/job");
+  EXPECT_EQ(core.OnAnswer(Answer(41, 7, v1::Directive::KIND_CONTINUE, "t41")), "");
+  EXPECT_TRUE(core.attached());
+  EXPECT_EQ(core.epoch(), 41u);
+  EXPECT_EQ(core.job_keys().pods(), 4u);
+  core.Detached();
+  EXPECT_FALSE(core.attached());
+  const v1::ManagerReport hello = core.Hello();
+  EXPECT_EQ(hello.hello().epoch(), 41u);
+  EXPECT_EQ(hello.hello().ticket(), "t41");
+  EXPECT_EQ(hello.header().epoch(), 41u);
+  // Attached as another epoch (a coordinator that granted a newer one meanwhile): no attach.
+  EXPECT_EQ(core.OnAnswer(Answer(42, 9)),
+            "the coordinator attached this manager as epoch 42, not the epoch 41 it was granted");
+  EXPECT_FALSE(core.attached());
+  EXPECT_EQ(core.epoch(), 41u) << "the epoch granted is kept";
+  EXPECT_EQ(core.OnAnswer(Answer(41, 9)), "");
+  EXPECT_EQ(core.attaches(), 2u);
+}
+
+TEST(AttachCore, ARefusalOrAnEmptyAnswerIsNoAttach) {
+  AttachCore core("default/job", 16);
+  v1::CoordinatorDirective refusal;
+  refusal.mutable_refusal()->set_reason("manager epoch 5 is fenced: epoch 6 is attached");
+  EXPECT_EQ(core.OnAnswer(refusal), "refused: manager epoch 5 is fenced: epoch 6 is attached");
+  EXPECT_EQ(core.OnAnswer(v1::CoordinatorDirective()),
+            "the coordinator answered the hello with neither a directive nor a refusal");
+  EXPECT_EQ(core.OnAnswer(Answer(0, 1)),
+            "the coordinator attached this manager as epoch 0, not the epoch 0 it was granted");
+  EXPECT_FALSE(core.attached());
+  EXPECT_EQ(core.attaches(), 0u);
+}
+
+TEST(AttachCore, TheDirectiveHeldAtTheFirstAttachWasAnEarlierIncarnationsAndIsTakenAsSeen) {
+  AttachCore core("default/job", 16);
+  ASSERT_EQ(core.OnAnswer(Answer(3, 12, v1::Directive::KIND_SCALE_IN)), "");
+  EXPECT_FALSE(core.Poll().has_value());
+  core.OnMessage(Answer(3, 12, v1::Directive::KIND_SCALE_IN));
+  EXPECT_FALSE(core.Poll().has_value()) << "the same id again is nothing new";
+  core.OnMessage(Answer(3, 13, v1::Directive::KIND_RETRY));
+  const auto d = core.Poll();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->id, 13u);
+  EXPECT_EQ(d->kind, REGROUP_DIRECTIVE_RETRY);
+  EXPECT_FALSE(core.Poll().has_value()) << "returned once";
+  // Two directives before a poll: only the newest is run.
+  core.OnMessage(Answer(3, 14, v1::Directive::KIND_WAIT));
+  core.OnMessage(Answer(3, 15, v1::Directive::KIND_RESUME));
+  ASSERT_EQ(core.Poll()->id, 15u);
+}
+
+TEST(AttachCore, AfterAReattachANewerDirectiveIsRunAndIdsThatWentBackAreTakenAsSeen) {
+  AttachCore core("default/job", 16);
+  ASSERT_EQ(core.OnAnswer(Answer(3, 12)), "");
+  core.Detached();
+  // Issued while detached: the answer to the reattach carries it, and it is run.
+  ASSERT_EQ(core.OnAnswer(Answer(3, 14, v1::Directive::KIND_SCALE_OUT)), "");
+  ASSERT_EQ(core.Poll()->kind, REGROUP_DIRECTIVE_SCALE_OUT);
+  core.Detached();
+  // The coordinator's engine lost the job's state (its ids start again): not run, and the ids
+  // that follow count from there.
+  ASSERT_EQ(core.OnAnswer(Answer(3, 2, v1::Directive::KIND_EXIT)), "");
+  EXPECT_FALSE(core.Poll().has_value());
+  core.OnMessage(Answer(3, 3, v1::Directive::KIND_RETRY));
+  EXPECT_EQ(core.Poll()->id, 3u);
+}
+
+TEST(AttachCore, ADirectiveOfAKindThisBuildDoesNotKnowIsRefusedNotRunAsAnother) {
+  AttachCore core("default/job", 16);
+  ASSERT_EQ(core.OnAnswer(Answer(3, 1)), "");
+  core.OnMessage(Answer(3, 2, static_cast<v1::Directive::Kind>(42)));
+  EXPECT_FALSE(core.Poll().has_value());
+  core.OnMessage(Answer(3, 3, v1::Directive::KIND_DUMP));
+  EXPECT_EQ(core.Poll()->kind, REGROUP_DIRECTIVE_DUMP);
+}
+
+TEST(AttachCore, ARefusalOfAFactIsTheLastErrorAndChangesNothingElse) {
+  AttachCore core("default/job", 16);
+  ASSERT_EQ(core.OnAnswer(Answer(3, 1)), "");
+  v1::CoordinatorDirective refusal;
+  refusal.mutable_refusal()->set_reason("rank 9 is not in job default/job");
+  core.OnMessage(refusal);
+  EXPECT_EQ(core.last_error(), "the coordinator refused: rank 9 is not in job default/job");
+  EXPECT_TRUE(core.attached());
+  EXPECT_TRUE(core.Failed("the stream ended (UNAVAILABLE)"));
+  EXPECT_FALSE(core.Failed("the stream ended (UNAVAILABLE)")) << "the same failure is no news";
+}
+
+TEST(AttachCore, FactsAreWrittenInOrderEachOnceAndTheLatestProgressReplacesAWaitingOne) {
+  AttachCore core("default/job", 16);
+  core.SetGeneration(4);
+  core.Enqueue(FaultReport(1));
+  core.Enqueue(Progress(10));
+  core.Enqueue(Progress(11));  // replaces step 10, waiting behind the fault
+  ASSERT_EQ(core.queued(), 2u);
+  const v1::ManagerReport* next = core.NextToWrite();
+  ASSERT_NE(next, nullptr);
+  EXPECT_TRUE(next->has_fault());
+  EXPECT_EQ(next->header().generation(), 4u);
+  EXPECT_EQ(core.NextToWrite(), nullptr) << "one is being written";
+  core.WriteFailed();  // the stream broke: it stays first, to be written after the reattach
+  next = core.NextToWrite();
+  ASSERT_TRUE(next && next->has_fault());
+  core.Written();
+  next = core.NextToWrite();
+  ASSERT_TRUE(next && next->has_progress());
+  EXPECT_EQ(next->progress().committed_step(), 11);
+  // A progress reported while one is being written never replaces that one.
+  core.Enqueue(Progress(12));
+  EXPECT_EQ(core.queued(), 2u);
+  core.Written();
+  EXPECT_EQ(core.NextToWrite()->progress().committed_step(), 12);
+  core.Written();
+  EXPECT_EQ(core.queued(), 0u);
+  EXPECT_EQ(core.NextToWrite(), nullptr);
+}
+
+TEST(AttachCore, BeyondTheBoundTheOldestFactNotBeingWrittenIsDropped) {
+  AttachCore core("default/job", 3);
+  core.Enqueue(FaultReport(0));
+  ASSERT_NE(core.NextToWrite(), nullptr);  // fault 0 is being written
+  EXPECT_FALSE(core.Enqueue(FaultReport(1)));
+  EXPECT_FALSE(core.Enqueue(FaultReport(2)));
+  EXPECT_TRUE(core.Enqueue(FaultReport(3)));  // drops fault 1, not fault 0
+  EXPECT_EQ(core.dropped(), 1u);
+  EXPECT_EQ(core.queued(), 3u);
+  core.Written();
+  EXPECT_EQ(core.NextToWrite()->fault().ranks(0), 2u);
+}
+
+}  // namespace
+}  // namespace regroup::manager

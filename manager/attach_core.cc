@@ -56,7 +56,10 @@ v1::ManagerReport AttachCore::Hello() const {
 }
 
 std::string AttachCore::OnAnswer(const v1::CoordinatorDirective& first) {
-  if (first.has_refusal()) return "refused: " + first.refusal().reason();
+  if (first.has_refusal()) {
+    NoteRefusal(first.refusal());
+    return "refused: " + first.refusal().reason();
+  }
   if (!first.has_directive())
     return "the coordinator answered the hello with neither a directive nor a refusal";
   if (epoch_ == 0) {
@@ -84,6 +87,7 @@ void AttachCore::OnDirective(const v1::CoordinatorDirective& m, bool first) {
   if (m.has_refusal()) {
     last_error_ = "the coordinator refused: " + m.refusal().reason();
     spdlog::warn("{}", last_error_);
+    NoteRefusal(m.refusal());
     return;
   }
   if (!m.has_directive()) return;
@@ -107,6 +111,14 @@ void AttachCore::OnDirective(const v1::CoordinatorDirective& m, bool first) {
     return;
   }
   unseen_ = FromProto(d, *kind);
+}
+
+void AttachCore::NoteRefusal(const v1::Refusal& refusal) {
+  if (epoch_ == 0 || refusal.epoch() <= epoch_ || fenced_by_) return;
+  fenced_by_ = "the coordinator serves manager epoch " + std::to_string(refusal.epoch()) +
+               " of job " + job_id_ + ", newer than this one's (epoch " + std::to_string(epoch_) +
+               "): " + refusal.reason();
+  spdlog::error("{}: this manager commits nothing more and stops its pods", *fenced_by_);
 }
 
 void AttachCore::Detached() { attached_ = false; }

@@ -8,6 +8,10 @@
 // epoch is no attach. The directive the coordinator holds at the first attach was issued to an
 // earlier incarnation: it is taken as seen, as is the one after a reattach whose ids went back
 // (the coordinator's engine lost the job's state).
+//
+// A refusal naming an epoch above the one granted (the stream replaced by a newer manager's
+// attach, or a reattach refused as older) fences this manager for good: it attaches no more,
+// and its job control commits nothing more and stops its pods (Decisions::FencedBy).
 #pragma once
 
 #include <cstddef>
@@ -58,6 +62,8 @@ class AttachCore {
   std::optional<Directive> Poll();
 
   bool attached() const { return attached_; }
+  // Why the coordinator fenced this manager, or nothing.
+  const std::optional<std::string>& fenced_by() const { return fenced_by_; }
   uint64_t epoch() const { return epoch_; }
   const v1::JobKeys& job_keys() const { return job_keys_; }
   const std::string& last_error() const { return last_error_; }
@@ -68,6 +74,8 @@ class AttachCore {
  private:
   v1::Header MakeHeader() const;
   void OnDirective(const v1::CoordinatorDirective& message, bool first);
+  // A refusal naming a newer epoch than the one granted fences this manager.
+  void NoteRefusal(const v1::Refusal& refusal);
 
   const std::string job_id_;
   const size_t max_queued_;
@@ -84,6 +92,7 @@ class AttachCore {
   std::optional<Directive> unseen_;  // received, not yet returned by Poll
   std::string last_error_;
   size_t dropped_ = 0;
+  std::optional<std::string> fenced_by_;
 };
 
 }  // namespace regroup::manager

@@ -124,6 +124,40 @@ TEST(AttachCore, ARefusalOfAFactIsTheLastErrorAndChangesNothingElse) {
   EXPECT_FALSE(core.Failed("the stream ended (UNAVAILABLE)")) << "the same failure is no news";
 }
 
+v1::CoordinatorDirective Refusal(uint64_t epoch, const std::string& reason) {
+  v1::CoordinatorDirective m;
+  m.mutable_header()->set_epoch(epoch);
+  m.mutable_refusal()->set_epoch(epoch);
+  m.mutable_refusal()->set_reason(reason);
+  return m;
+}
+
+// A refusal naming a newer epoch than the one granted: a newer manager attached (this stream
+// was replaced), or the coordinator serves one (a reattach refused as older). Fenced for good.
+TEST(AttachCore, ARefusalNamingANewerEpochFencesThisManagerForGood) {
+  AttachCore core("default/job", 16);
+  EXPECT_EQ(core.OnAnswer(Refusal(9, "no job default/job in the engine")),
+            "refused: no job default/job in the engine");
+  EXPECT_FALSE(core.fenced_by()) << "a manager granted no epoch yet is fenced by nobody";
+  ASSERT_EQ(core.OnAnswer(Answer(41, 1)), "");
+  core.OnMessage(Refusal(41, "rank 9 is not in job default/job"));
+  EXPECT_FALSE(core.fenced_by()) << "a refused fact fences nothing";
+  core.OnMessage(Refusal(42, "fenced: manager epoch 42 of job default/job attached on a new "
+                             "stream and replaces this one (epoch 41)"));
+  ASSERT_TRUE(core.fenced_by());
+  EXPECT_EQ(*core.fenced_by(),
+            "the coordinator serves manager epoch 42 of job default/job, newer than this one's "
+            "(epoch 41): fenced: manager epoch 42 of job default/job attached on a new stream "
+            "and replaces this one (epoch 41)");
+  AttachCore reattached("default/job", 16);
+  ASSERT_EQ(reattached.OnAnswer(Answer(41, 1)), "");
+  reattached.Detached();
+  EXPECT_NE(reattached.OnAnswer(Refusal(43, "fenced: manager epoch 41 of job default/job is older "
+                                            "than epoch 43")),
+            "");
+  EXPECT_TRUE(reattached.fenced_by());
+}
+
 TEST(AttachCore, FactsAreWrittenInOrderEachOnceAndTheLatestProgressReplacesAWaitingOne) {
   AttachCore core("default/job", 16);
   core.SetGeneration(4);

@@ -25,6 +25,16 @@ constexpr size_t kMaxFreePorts = 16;
 // How often a running incarnation looks at the stored record besides before every commit (a
 // stat of the file; a read only when it changed).
 constexpr int64_t kRecordLookMs = 1000;
+
+// The pod a uid names: a pod readmitted as its own replacement registers as `<pod uid>/<n>`
+// (AgentCore::Readmit), and is that pod come back. Kubernetes pod uids hold no '/'.
+std::string_view PodOfUid(std::string_view uid) {
+  const size_t slash = uid.rfind('/');
+  if (slash == std::string_view::npos || slash + 1 == uid.size()) return uid;
+  for (size_t i = slash + 1; i < uid.size(); ++i)
+    if (uid[i] < '0' || uid[i] > '9') return uid;
+  return PodOfUid(uid.substr(0, slash));
+}
 constexpr size_t kRecentStorePorts = 64;
 
 // A rank's state as an agent reports it: steps within [-1, kMaxStep] and a local rank the pod
@@ -154,6 +164,15 @@ void JobControl::Superseded(const std::string& why, int64_t now) {
             /*job_ends=*/false);
 }
 
+bool JobControl::StopsCommitting(int64_t now, bool record) {
+  if (superseded_) return true;
+  if (auto why = decisions_->FencedBy()) {
+    Superseded(*why, now);
+    return true;
+  }
+  return record && LookAtRecord(now);
+}
+
 bool JobControl::LookAtRecord(int64_t now) {
   if (!options_.stored_record || superseded_) return superseded_;
   record_looked_ms_ = now;
@@ -176,6 +195,20 @@ bool JobControl::LookAtRecord(int64_t now) {
     StopAll(static_cast<v1::StopTraining::Mode>(stored->stop_mode), stored->stop_reason, now,
             /*job_ends=*/false);
     return true;
+  }
+  // Before this incarnation forms a generation, the majority it needs is of the last generation
+  // on record as it is now: an older incarnation still running beside it may have formed
+  // another since this one started (with fewer pods, or others).
+  if (stored && record_.leader_epoch != options_.epoch && !stored->members.empty() &&
+      stored->members != previous_members_) {
+    Event(now, "record",
+          "manager epoch " + std::to_string(stored->leader_epoch) + " formed generation " +
+              std::to_string(stored->generation) + " of " +
+              std::to_string(stored->members.size()) +
+              " pods since: the majority is of those now");
+    previous_members_ = stored->members;
+    record_.members = stored->members;
+    majority_reported_ = false;
   }
   return false;
 }
@@ -619,7 +652,7 @@ Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
   // At most one incarnation commits steps: a newer one that formed a generation since (a second
   // manager of the job, standalone) fences this one before its next commit, not at its next
   // write of the record.
-  if (LookAtRecord(now)) {
+  if (StopsCommitting(now, /*record=*/true)) {
     vote_step_ = -1;
     return Status::Ok();
   }
@@ -1531,8 +1564,8 @@ void JobControl::DetectFailures(int64_t now) {
 }
 
 // After a manager restart, only a majority of the last generation may form a new one, so two
-// managers can never both train. The durable record names the members, and fresh pods never
-// count; without a record, the agents' own word (the size of the last generation they followed)
+// managers can never both train. The durable record names the members (a member readmitted as
+// its own replacement since counts: it is the same pod), and fresh pods never count; without a record, the agents' own word (the size of the last generation they followed)
 // is all there is. A majority that does not come back within the join window and the decision
 // wait ends the job the way an unreachable decision maker does (dump if allowed, else exit).
 bool JobControl::MajorityBack(int64_t now) {
@@ -1542,7 +1575,9 @@ bool JobControl::MajorityBack(int64_t now) {
     for (const auto& m : previous_members_) {
       if (m.node_rank < 0 || m.node_rank >= spec_.pods) continue;
       const Agent& a = agents_[static_cast<size_t>(m.node_rank)];
-      back += a.connected && a.state != AgentState::kLost && a.pod_uid == m.uid;
+      // The member, or the member's pod readmitted under a new incarnation of its uid.
+      back += a.connected && a.state != AgentState::kLost &&
+              PodOfUid(a.pod_uid) == PodOfUid(m.uid);
     }
   } else {
     for (const Agent& a : agents_) {
@@ -1619,7 +1654,7 @@ void JobControl::Tick(int64_t now) {
               " ms (an overloaded machine?): that time is not counted against any pod");
   }
   last_tick_ms_ = now;
-  if (record_looked_ms_ < 0 || now - record_looked_ms_ >= kRecordLookMs) LookAtRecord(now);
+  StopsCommitting(now, record_looked_ms_ < 0 || now - record_looked_ms_ >= kRecordLookMs);
   if (state_ == State::kJoining) TryFirstGeneration(now);
   if (state_ != State::kStopped) DetectFailures(now);
   decisions_->Tick(now);

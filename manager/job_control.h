@@ -49,6 +49,9 @@ class Decisions {
   virtual std::optional<Directive> Poll() = 0;
   // False while the decision maker cannot be reached (survivors then stay paused).
   virtual bool Available() const { return true; }
+  // Why the decision maker fenced this incarnation (the coordinator serves a newer manager of
+  // the job), or nothing. A fenced incarnation commits nothing more and stops its pods.
+  virtual std::optional<std::string> FencedBy() const { return std::nullopt; }
   // Whether a scheduler replaces the pods a decision gives up (Volcano). Standalone nobody does:
   // a job restart then restarts a healthy pod's processes, and the pod counts as its own
   // replacement.
@@ -268,8 +271,10 @@ class JobControl {
   bool FormGeneration(const std::vector<int64_t>& replicas, const std::vector<int64_t>& micro,
                       const std::string& reason, int64_t now, bool interim = false);
   // `job_ends`: the job is over (kept on record); false when only this incarnation gives up.
-  // Looks at the stored record (JobControlOptions::stored_record): whether this incarnation
-  // must commit nothing more (fenced, or the job ended under another incarnation).
+  // Whether this incarnation must commit nothing more: fenced by the decision maker (at once)
+  // or by the stored record (looked at when `record`: JobControlOptions::stored_record), or the
+  // job ended on record under another incarnation.
+  bool StopsCommitting(int64_t now, bool record);
   bool LookAtRecord(int64_t now);
   void StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now,
                bool job_ends = true);

@@ -818,21 +818,33 @@ TEST(JobControl, AMinorityOfTheLastGenerationMustNotFormOne) {
   EXPECT_EQ(sim.rt->generation(), 1u) << "3 of 4 is";
 }
 
+// The record of manager epoch 5, whose generation 3 had `pods` pods (pod-0, pod-1, ...).
+std::optional<JobRecord> LedByEpoch5(int64_t pods) {
+  JobRecord r;
+  r.job_id = "default/job";
+  r.epoch = r.leader_epoch = 5;
+  r.generation = 3;
+  for (int64_t n = 0; n < pods; ++n) r.members.push_back({n, "pod-" + std::to_string(n)});
+  return r;
+}
+
+// A newer incarnation, epoch 6, beside epoch 5: it read `stored` at its start and looks at it as
+// it is now.
+JobControlOptions Epoch6Beside(std::optional<JobRecord>& stored) {
+  JobControlOptions o;
+  o.epoch = 6;
+  o.record = stored;
+  o.stored_record = [&stored]() -> const std::optional<JobRecord>& { return stored; };
+  return o;
+}
+
 // Issue 11, a second manager beside the first (simulation seed 104 of second_manager): the newer
 // incarnation waited for a majority the older one held, the older one finished the job and
 // recorded its end, and the newer one kept its pods waiting for good. A look at the record once
 // a second ends the job here too.
 TEST(JobControl, AnIncarnationWaitingForAMajorityLearnsFromTheRecordThatTheJobEnded) {
-  std::optional<JobRecord> stored = JobRecord{};
-  stored->job_id = "default/job";
-  stored->epoch = stored->leader_epoch = 5;
-  stored->generation = 3;
-  for (int64_t n = 0; n < 4; ++n) stored->members.push_back({n, "pod-" + std::to_string(n)});
-  JobControlOptions o;
-  o.epoch = 6;
-  o.record = stored;
-  o.stored_record = [&stored]() -> const std::optional<JobRecord>& { return stored; };
-  Sim sim(4, 2, kForce, kElastic, o);
+  std::optional<JobRecord> stored = LedByEpoch5(4);
+  Sim sim(4, 2, kForce, kElastic, Epoch6Beside(stored));
   ASSERT_TRUE(sim.Register(0, "", {}, 4).ok());
   sim.Run(2000, -1);
   ASSERT_EQ(sim.rt->generation(), 0u) << "1 of 4 is no majority";
@@ -1062,6 +1074,49 @@ TEST(JobControl, AMajorityOfTheMembersOnRecordFormsTheNextGeneration) {
   after.Run(100);
   EXPECT_EQ(after.rt->generation(), 1u) << "3 of 4 members came back";
   EXPECT_EQ(after.rt->epoch(), before.rt->epoch() + 1);
+}
+
+// Found by the simulation (seed 9, a second manager and a restart after pods were readmitted):
+// every node rank came back, two of them as readmitted incarnations of members on record
+// (pod-1/2 of pod-1, pod-2/3 of pod-2/2), which the majority did not count; the job waited and
+// stopped for good. A readmitted incarnation is its pod come back, not a fresh one.
+TEST(JobControl, AReadmittedIncarnationOfAMemberOnRecordCountsForTheMajority) {
+  Sim before(4, 2, kForce, kElastic);
+  for (int64_t n : {0, 1, 3}) ASSERT_TRUE(before.Register(n).ok());
+  ASSERT_TRUE(before.Register(2, "pod-2/2").ok());  // a readmitted incarnation, a member
+  before.Run(20, 0);
+  ASSERT_EQ(before.rt->generation(), 1u);
+  const JobRecord record = RecordOf(before);
+  // A restarted manager to which pods 0 to 3 come back as `uids`; the generation it forms.
+  auto formed = [&record](const std::vector<std::string>& uids) {
+    Sim after(4, 2, kForce, kElastic, Restarted(record));
+    for (int64_t n = 0; n < 4; ++n)
+      EXPECT_TRUE(after.Register(n, uids[static_cast<size_t>(n)]).ok());
+    after.Run(100);
+    return after.rt->generation();
+  };
+  EXPECT_EQ(formed({"pod-0", "pod-1/2", "pod-2/3", "fresh-3"}), 1u)
+      << "3 of 4 members came back, two readmitted";
+  EXPECT_EQ(formed({"pod-0", "pod-1x/2", "pod-2/2/x", "fresh-3"}), 0u)
+      << "1 of 4 members: a uid that merely starts like a member's is no member";
+}
+
+// Found by the simulation (seed 334: a second manager beside the first): the newer incarnation
+// took the members on record when it started (pods 0 and 1); the older one then lost pod 1 and
+// formed a generation of pod 0 alone. Pod 0 and pod 1's replacement came to the newer one, which
+// counted 1 of the 2 members it had read, waited, and stopped the job for good. The majority is
+// of the last generation on record, as it is now.
+TEST(JobControl, TheMajorityIsOfTheLastGenerationOnRecordNowNotWhenThisIncarnationStarted) {
+  std::optional<JobRecord> stored = LedByEpoch5(2);
+  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Epoch6Beside(stored));
+  ASSERT_TRUE(sim.Register(0).ok());
+  ASSERT_TRUE(sim.Register(1, "pod-1-r1").ok());  // a fresh pod: no member
+  sim.Run(2000, -1);
+  ASSERT_EQ(sim.rt->generation(), 0u) << "1 of 2 is no majority";
+  stored->generation = 4;  // epoch 5 formed a generation of pod 0 alone, and lost it since
+  stored->members = {{0, "pod-0"}};
+  sim.Run(1100, -1);
+  EXPECT_EQ(sim.rt->generation(), 1u) << "1 of 1 is";
 }
 
 // Found by the simulation (seeds 541 and 857): the job stopped, then its manager restarted and

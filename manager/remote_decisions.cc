@@ -93,6 +93,11 @@ bool RemoteDecisions::Available() const {
   return core_.attached();
 }
 
+std::optional<std::string> RemoteDecisions::FencedBy() const {
+  std::lock_guard lock(mu_);
+  return core_.fenced_by();
+}
+
 bool RemoteDecisions::WaitAvailable(std::chrono::milliseconds timeout) const {
   std::unique_lock lock(mu_);
   return cv_.wait_for(lock, timeout, [this] { return core_.attached() || stopping_; }) &&
@@ -263,6 +268,7 @@ void RemoteDecisions::Run() {
       context_ = nullptr;
       if (stopping_) return;
       Fail(failure);
+      if (core_.fenced_by()) return;  // for good: a newer manager leads the job
     }
     if (!Sleep(backoff)) return;
     backoff = std::min(backoff * 2, options_.max_backoff);

@@ -76,6 +76,8 @@ class RemoteDecisions final : public Decisions {
   std::optional<Directive> Poll() override;
   // True while attached.
   bool Available() const override;
+  // Once the coordinator fenced this manager (it serves a newer one): it attaches no more.
+  std::optional<std::string> FencedBy() const override;
   bool ReplacesPods() const override { return true; }  // the scheduler recreates them
 
   // Waits until attached (true) or until `timeout` passes (false).

@@ -160,11 +160,16 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
       return deny("epoch " + std::to_string(asked) + " of job " + job +
                   " was not granted by the coordinator: a manager asks for its epoch with "
                   "hello.epoch 0 and reattaches with the epoch and ticket it was granted");
+    // The refusal names the newest epoch (after a scheduler restart it may be known only from
+    // the engine's saved state): the manager learns from it that it is fenced.
     if (asked < highest)
-      return refuse(FailedPrecondition(
-          "fenced: manager epoch " + std::to_string(asked) + " of job " + job +
-          " is older than epoch " + std::to_string(highest) +
-          ", which this coordinator serves; a newer manager has replaced this one"));
+      return std::vector<Outgoing>{Refusal(
+          stream, job, highest,
+          FailedPrecondition("fenced: manager epoch " + std::to_string(asked) + " of job " + job +
+                             " is older than epoch " + std::to_string(highest) +
+                             ", which this coordinator serves; a newer manager has replaced "
+                             "this one"),
+          true)};
   }
 
   std::vector<Outgoing> out;

@@ -915,6 +915,31 @@ TEST_F(CoordinatorTest, AnEpochTheCoordinatorDidNotGrantNeverFencesTheRealManage
 
 // A restarted scheduler's coordinator never grants an epoch below the one its engine's saved state
 // holds, and fences a manager older than it.
+// Issue 11, split brain with a coordinator: the older manager learned that it was fenced (its
+// stream closed with a refusal naming the newer epoch), kept reattaching in vain, and its job
+// control trained on: it committed steps beside the newer one. Now it commits nothing more and
+// stops its pods, as an incarnation fenced by the durable record does.
+TEST_F(CoordinatorTest, AManagerTheCoordinatorFencedCommitsNothingAndStopsItsPods) {
+  Manager five(JobJson("recover-in-place,dump"), port_);
+  ASSERT_TRUE(five.remote().WaitAvailable(kWait)) << five.remote().last_error();
+  five.StartTraining();
+  Manager seven(JobJson("recover-in-place,dump"), port_);
+  ASSERT_TRUE(seven.remote().WaitAvailable(kWait)) << seven.remote().last_error();
+  const std::string newer = std::to_string(seven.remote().epoch());
+  EXPECT_TRUE(five.TickUntilSent([](const auto& o) { return o.message.has_stop(); }))
+      << "the fenced manager's pods were never stopped";
+  for (const auto& o : five.sent())
+    if (o.message.has_stop())
+      EXPECT_NE(o.message.stop().reason().find("fenced: the coordinator serves manager epoch " +
+                                               newer),
+                std::string::npos)
+          << o.message.stop().reason();
+  EXPECT_TRUE(five.HasEvent("superseded"));
+  EXPECT_EQ(five.job().StatusReport().phase(), "stopped");
+  EXPECT_TRUE(five.remote().FencedBy().has_value());
+  EXPECT_FALSE(seven.remote().FencedBy().has_value());
+}
+
 TEST_F(CoordinatorTest, ARestartedCoordinatorGrantsAboveTheSavedEpochAndFencesOlderManagers) {
   Manager m(JobJson("recover-in-place,dump"), port_);
   ASSERT_TRUE(m.remote().WaitAvailable(kWait)) << m.remote().last_error();
@@ -941,6 +966,8 @@ TEST_F(CoordinatorTest, ARestartedCoordinatorGrantsAboveTheSavedEpochAndFencesOl
     return m.remote().last_error().find("fenced") != std::string::npos;
   })) << m.remote().last_error();
   EXPECT_FALSE(m.remote().Available());
+  EXPECT_TRUE(m.remote().FencedBy().has_value())
+      << "the refusal names the epoch the saved state holds";
 
   RawStream s(port_, kCredential);
   ASSERT_TRUE(s.Hello(kJob, 0));

@@ -22,6 +22,7 @@ constexpr int64_t kMaxStep = 1'000'000'000'000'000;
 // Store ports: how many of an agent's reported free ports are kept (an agent reports 4), and how
 // many of the latest stores' ports are never given out again.
 constexpr size_t kMaxFreePorts = 16;
+constexpr size_t kRecentStorePorts = 64;
 // How often a running incarnation looks at the stored record besides before every commit (a
 // stat of the file; a read only when it changed).
 constexpr int64_t kRecordLookMs = 1000;
@@ -35,7 +36,6 @@ std::string_view PodOfUid(std::string_view uid) {
     if (uid[i] < '0' || uid[i] > '9') return uid;
   return PodOfUid(uid.substr(0, slash));
 }
-constexpr size_t kRecentStorePorts = 64;
 
 // A rank's state as an agent reports it: steps within [-1, kMaxStep] and a local rank the pod
 // has. The error names what is wrong.
@@ -1565,8 +1565,8 @@ void JobControl::DetectFailures(int64_t now) {
 
 // After a manager restart, only a majority of the last generation may form a new one, so two
 // managers can never both train. The durable record names the members (a member readmitted as
-// its own replacement since counts: it is the same pod), and fresh pods never count; without a record, the agents' own word (the size of the last generation they followed)
-// is all there is. A majority that does not come back within the join window and the decision
+// its own replacement since counts: it is the same pod), and fresh pods never count; without a
+// record, the agents' own word (the size of the last generation they followed) is all there is. A majority that does not come back within the join window and the decision
 // wait ends the job the way an unreachable decision maker does (dump if allowed, else exit).
 bool JobControl::MajorityBack(int64_t now) {
   uint32_t back = 0, needed_of = 0;

@@ -270,12 +270,12 @@ class JobControl {
   // keeps the generation before it as its frame of ranks).
   bool FormGeneration(const std::vector<int64_t>& replicas, const std::vector<int64_t>& micro,
                       const std::string& reason, int64_t now, bool interim = false);
-  // `job_ends`: the job is over (kept on record); false when only this incarnation gives up.
   // Whether this incarnation must commit nothing more: fenced by the decision maker (at once)
   // or by the stored record (looked at when `record`: JobControlOptions::stored_record), or the
   // job ended on record under another incarnation.
   bool StopsCommitting(int64_t now, bool record);
   bool LookAtRecord(int64_t now);
+  // `job_ends`: the job is over (kept on record); false when only this incarnation gives up.
   void StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now,
                bool job_ends = true);
   void TryFirstGeneration(int64_t now);

@@ -194,6 +194,7 @@ class World {
   // Manager glue (manager/service.cc, without gRPC).
   Manager* ManagerOf(uint64_t epoch) const;  // the running incarnation `epoch`, or null
   Manager* Newest() const;                   // the newest running incarnation, or null
+  Manager* AnyManager();                     // a running incarnation drawn at random, or null
   void StartManager();
   void CrashManager(uint64_t epoch);
   void ManagerReceive(Stream& s, const v1::AgentMessage& message);
@@ -389,9 +390,9 @@ void World::Inject(const std::string& kind) {
   if (kind == "pause_manager") {
     // SIGSTOP: it neither ticks nor reads; mostly short, sometimes past the liveness timeout
     // many times over (below the keepalive, which would end its streams).
-    if (managers_.empty()) return;
-    auto it = std::next(managers_.begin(), Uniform(0, static_cast<int64_t>(managers_.size()) - 1));
-    Manager& m = *it->second;
+    Manager* any = AnyManager();
+    if (!any) return;
+    Manager& m = *any;
     const int64_t ms = Chance(0.2) ? Uniform(3000, 12000) : Uniform(100, 3000);
     Trace("FAULT pause_manager (epoch " + std::to_string(m.epoch) + ") for " +
           std::to_string(ms) + " ms");
@@ -497,10 +498,8 @@ uint64_t World::OpenStream(Pod* pod) {
   s.pod = pod;
   // With two incarnations running, a new connection reaches either (a service in front of
   // both, or an address that moved).
-  s.epoch = 0;
-  if (!managers_.empty())
-    s.epoch = std::next(managers_.begin(), Uniform(0, static_cast<int64_t>(managers_.size()) - 1))
-                  ->first;
+  const Manager* m = AnyManager();
+  s.epoch = m ? m->epoch : 0;
   return id;
 }
 
@@ -596,6 +595,12 @@ Manager* World::ManagerOf(uint64_t epoch) const {
 
 Manager* World::Newest() const {
   return managers_.empty() ? nullptr : managers_.rbegin()->second.get();
+}
+
+Manager* World::AnyManager() {
+  if (managers_.empty()) return nullptr;
+  const int64_t i = Uniform(0, static_cast<int64_t>(managers_.size()) - 1);
+  return std::next(managers_.begin(), i)->second.get();
 }
 
 void World::CrashManager(uint64_t epoch) {

@@ -928,12 +928,13 @@ TEST_F(CoordinatorTest, AManagerTheCoordinatorFencedCommitsNothingAndStopsItsPod
   const std::string newer = std::to_string(seven.remote().epoch());
   EXPECT_TRUE(five.TickUntilSent([](const auto& o) { return o.message.has_stop(); }))
       << "the fenced manager's pods were never stopped";
-  for (const auto& o : five.sent())
-    if (o.message.has_stop())
-      EXPECT_NE(o.message.stop().reason().find("fenced: the coordinator serves manager epoch " +
-                                               newer),
-                std::string::npos)
-          << o.message.stop().reason();
+  for (const auto& o : five.sent()) {
+    if (!o.message.has_stop()) continue;
+    EXPECT_NE(o.message.stop().reason().find("fenced: the coordinator serves manager epoch " +
+                                             newer),
+              std::string::npos)
+        << o.message.stop().reason();
+  }
   EXPECT_TRUE(five.HasEvent("superseded"));
   EXPECT_EQ(five.job().StatusReport().phase(), "stopped");
   EXPECT_TRUE(five.remote().FencedBy().has_value());

@@ -454,6 +454,16 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   w->set_resumed(resumed);
   Send(node, std::move(m));
   if (resumed) CatchUp(node);
+  // A pod that was away when the job restart under way was decided (lost, or its stream broken)
+  // comes back with processes that predate it: they restart too, so that the job resumes from
+  // the checkpoint the restart goes back to, not from the newer state they hold.
+  if (job_restarting_ && predate_restart_.erase(std::string(PodOfUid(a.pod_uid)))) {
+    std::vector<uint32_t> locals(a.nproc);
+    std::iota(locals.begin(), locals.end(), 0u);
+    RestartRanks(node, locals,
+                 "the job restarts from the newest checkpoint, and this pod's processes predate "
+                 "the restart (it was away when it was decided)");
+  }
   // A pod that comes after the job stopped (a replacement started late) stops too.
   if (stop_) Send(node, *stop_);
   return node;
@@ -1140,6 +1150,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   ++generation_;
   ++counters_.generations;
   job_restarting_ = false;
+  predate_restart_.clear();
   given_up_.clear();
   replicas_ = replicas;
   const int64_t per_replica = layout_.replica_ranks();
@@ -1380,6 +1391,7 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
   committed_step_ = -1;
   committed_mark_ = {0, 0};
   std::vector<std::string> restarted;
+  std::set<std::string> restarted_pods;
   for (size_t n = 0; n < agents_.size(); ++n) {
     Agent& a = agents_[n];
     const bool usable = a.connected && a.state != AgentState::kLost &&
@@ -1389,12 +1401,18 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
     std::iota(locals.begin(), locals.end(), 0u);
     RestartRanks(static_cast<int64_t>(n), locals, d.reason);
     restarted.push_back(a.pod_uid);
+    restarted_pods.insert(std::string(PodOfUid(a.pod_uid)));
     // Job level, every pod is given up. Standalone nobody recreates them: each comes back as
     // its own replacement, a new incarnation, as a pod readmitted after its loss does. (Pod
     // level, a healthy pod stays itself.)
     if (every_pod && !decisions_->ReplacesPods())
       Fence(static_cast<int64_t>(n), "the job restarts: " + d.reason, /*readmit=*/true);
   }
+  // The pods away now keep processes that predate the restart until they come back (Register).
+  predate_restart_.clear();
+  for (const Agent& a : agents_)
+    if (!a.pod_uid.empty() && !restarted_pods.count(std::string(PodOfUid(a.pod_uid))))
+      predate_restart_.insert(std::string(PodOfUid(a.pod_uid)));
   // Job level with a scheduler, every pod is given up and recreated: the old incarnations'
   // ends (evicted, or replaced before their broken streams resumed) are this restart, no fault.
   given_up_.clear();

@@ -1854,6 +1854,40 @@ TEST(JobControl, AJobRestartRestartsEveryProcessAndResumesFromTheirCheckpoint) {
   ExpectEveryStartAfterTheAbortOfTheGenerationBefore(sim);
 }
 
+// Found by the simulation's census measure (seed 375): a pod lost before a job restart (its link
+// cut) came back as its own replacement afterwards with the processes it had, holding step 5;
+// the restart had restarted only the pods connected when it was decided. The next generation
+// resumed after step 5, which no restarted process held: the real trainers' census fails there
+// (no rank at that position holds the state). Its processes predate the restart: they restart
+// too, and the job resumes from the checkpoint, as the restart says.
+TEST(JobControl, APodLostBeforeAJobRestartRestartsItsProcessesWhenItComesBack) {
+  Sim sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
+  sim.RegisterAll();
+  sim.Run(20);
+  for (int64_t step = 0; step <= 5; ++step)
+    for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Vote(n, step).ok());
+  sim.Clear();
+  sim.rt->Disconnected(sim.streams_[1], sim.now);  // pod 1's link is cut
+  sim.Gone(1);
+  sim.Run(800, 5);
+  for (int64_t n : {0, 2}) ExpectRestartedAndReadmitted(sim, n);
+  EXPECT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 0) << "pod 1 was away";
+  for (int64_t n : {0, 2})
+    ASSERT_TRUE(sim.Register(n, "pod-" + std::to_string(n) + "/2", FreshRanks(2, 3)).ok());
+  sim.gone_.clear();
+  ASSERT_TRUE(sim.Register(1, "pod-1/2", Survivor(2, 5)).ok());  // its link is back
+  sim.Collect();
+  ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1)
+      << "its processes predate the restart";
+  EXPECT_EQ(sim.inbox_[1].back().restart().local_ranks_size(), 2);
+  for (int t = 0; t < 5; ++t) {
+    for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Send(n, FreshBeat(2, 3)).ok());
+    sim.Run(100);
+  }
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 3) << "from the checkpoint, as restarted";
+}
+
 // A fault of the training's own reschedules with fault-retry-times: every process restarts;
 // without a checkpoint, the job starts over.
 TEST(JobControl, AJobRestartAfterAFaultOfTheTrainingsOwnRestartsEveryProcess) {

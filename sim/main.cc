@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
 
   const auto start = std::chrono::steady_clock::now();
   const auto until = start + std::chrono::duration<double, std::ratio<3600>>(hours);
-  uint64_t ran = 0, failed = 0, events = 0;
+  uint64_t ran = 0, failed = 0, events = 0, census_gaps = 0, gapped_seeds = 0;
   std::map<std::string, uint64_t> outcomes;
   auto run_one = [&](uint64_t s) {
     regroup::sim::Options o = base;
@@ -62,10 +62,13 @@ int main(int argc, char** argv) {
     const auto r = regroup::sim::Run(o);
     ++ran;
     events += r.events;
+    census_gaps += r.census_gaps;
+    gapped_seeds += r.census_gaps > 0;
     if (r.ok) {
       ++outcomes[r.outcome.substr(0, r.outcome.find(':'))];
-      if (seed) std::printf("seed %llu: ok at %lld ms: %s; %s\n", (unsigned long long)s,
-                            (long long)r.at_ms, r.setup.c_str(), r.outcome.c_str());
+      if (seed) std::printf("seed %llu: ok at %lld ms: %s; %s; census gaps %llu\n",
+                            (unsigned long long)s, (long long)r.at_ms, r.setup.c_str(),
+                            r.outcome.c_str(), (unsigned long long)r.census_gaps);
       return;
     }
     ++failed;
@@ -90,6 +93,7 @@ int main(int argc, char** argv) {
               (unsigned long long)ran, (unsigned long long)failed, (unsigned long long)events,
               secs);
   for (const auto& [kind, n] : outcomes) std::printf(" %s %llu", kind.c_str(), (unsigned long long)n);
-  std::printf("\n");
+  std::printf("; census gaps %llu in %llu seeds\n", (unsigned long long)census_gaps,
+              (unsigned long long)gapped_seeds);
   return failed ? 1 : 0;
 }

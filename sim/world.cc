@@ -66,6 +66,8 @@ struct Trainer {
   int64_t step = 0;
   int64_t committed = -1;
   int64_t heard = -1;  // the highest step it heard committed
+  int64_t voted = -1;  // the step it voted for and has not heard the outcome of
+  uint64_t epoch = 0;  // the epoch of the generation it last started
   // The generation (epoch, generation) it trains in and that no abort ended yet.
   std::pair<uint64_t, uint64_t> training_in{0, 0};
   uint64_t token = 0;  // bumped to cancel a scheduled step end
@@ -270,6 +272,14 @@ class World {
   uint64_t highest_commit_epoch_ = 0;  // the newest incarnation that decided a commit
   // step -> the (e, g) that last committed it, as the manager decided it
   std::map<int64_t, std::pair<uint64_t, uint64_t>> committed_by_;
+  // What the real trainers' census would see of a generation: the step it resumes after, the
+  // positions its ranks hold, and those where one of them holds that step's state.
+  struct Census {
+    int64_t step = -1;
+    std::set<uint32_t> positions, held;
+    bool committed = false;
+  };
+  std::map<std::pair<uint64_t, uint64_t>, Census> census_;
   std::set<std::string> ever_lost_;          // uids some incarnation declared lost
   std::map<std::string, int64_t> limbo_since_;      // lost uid, alive, since
   std::map<std::string, int64_t> reachable_since_;  // not paused, link not cut, since
@@ -729,6 +739,16 @@ void World::Flush(Manager& m) {
       highest_commit_epoch_ = std::max(highest_commit_epoch_, m.epoch);
       committed_by_.insert_or_assign(
           step, std::make_pair(m.epoch, o.message.outcome().generation()));
+      if (auto c = census_.find({m.epoch, o.message.outcome().generation()});
+          c != census_.end() && !c->second.committed) {
+        c->second.committed = true;
+        if (c->second.step >= 0 && c->second.held != c->second.positions) {
+          ++result_.census_gaps;
+          Trace("census gap: generation (" + std::to_string(m.epoch) + ", " +
+                std::to_string(o.message.outcome().generation()) + ") resumed after step " +
+                std::to_string(c->second.step) + ", which none of its ranks held at some position");
+        }
+      }
     }
     auto it = m.by_node.find(o.node_rank);
     if (it == m.by_node.end()) continue;
@@ -1026,6 +1046,7 @@ void World::TrainerReceive(Pod* pod, uint32_t local, const v1::AgentReply& reply
       const v1::StepOutcome& outcome = reply.outcome();
       // Heard, standing by too: its agent reports it, and no later plan may undo it.
       if (outcome.commit()) t.heard = std::max(t.heard, outcome.step());
+      if (outcome.step() >= t.voted) t.voted = -1;
       if (!t.assigned || t.generation != outcome.generation() || t.step != outcome.step() ||
           t.phase != v1::PHASE_VOTED)
         break;
@@ -1082,12 +1103,29 @@ void World::TrainerStarts(Pod* pod, uint32_t local, const v1::GenerationPlan& pl
             std::to_string(epoch) + ", " + std::to_string(plan.generation()) +
             ") while it trains in generation " + std::to_string(t.training_in.second) +
             ", which was never aborted");
+  // The census: does this rank hold the state at the plan's step (its own, or the step it voted
+  // for, committed by the generation it voted in)?
+  const int64_t c = plan.committed_step();
+  const std::pair<uint64_t, uint64_t> by{plan.committed_epoch(), plan.committed_generation()};
+  const bool own_vote = by == std::pair<uint64_t, uint64_t>{0, 0} ||
+                        by == std::make_pair(t.epoch, t.generation);
+  const bool holds = t.committed == c || (t.voted == c && t.committed + 1 == c && own_vote);
+  const uint32_t replica_size = std::max(1u, plan.tensor_parallel() * plan.pipeline_parallel());
+  for (const auto& a : plan.ranks())
+    if (a.local_rank() == local) {
+      Census& census = census_[{epoch, plan.generation()}];
+      census.step = c;
+      census.positions.insert(a.rank() % replica_size);
+      if (holds) census.held.insert(a.rank() % replica_size);
+    }
   ++t.token;
   t.assigned = true;
+  t.epoch = epoch;
+  t.voted = -1;
   t.training_in = {epoch, plan.generation()};
   // State sync: every rank of the generation holds the plan's committed step (a step it holds
-  // so is not one it heard committed: the census of the real trainers is not modelled, and a
-  // plan whose step nobody holds would fail it there).
+  // so is not one it heard committed). The census of the real trainers is measured above, not
+  // modelled: a plan whose step nobody at some position holds would fail it there.
   t.generation = plan.generation();
   t.committed = plan.committed_step();
   t.step = plan.committed_step() + 1;
@@ -1112,6 +1150,7 @@ void World::StepDone(Pod* pod, uint32_t local, uint64_t token) {
   Trainer& t = pod->ranks[local];
   if (!t.alive || t.token != token) return;
   t.phase = v1::PHASE_VOTED;
+  t.voted = t.step;
   v1::TrainerMessage vote;
   vote.mutable_vote()->set_generation(t.generation);
   vote.mutable_vote()->set_step(t.step);

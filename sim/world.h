@@ -60,6 +60,11 @@ struct Result {
   uint64_t events = 0;              // events the scheduler ran
   uint64_t aborts = 0;              // generations the manager aborted
   uint64_t superseded = 0;          // incarnations that learned a newer one formed a generation
+  // Generations that committed a step although, at some position of a replica, none of their
+  // ranks held the state they resumed from: the real trainers' census (python/regroup/sync.py)
+  // would have failed them (a StateSyncError, then the ladder). A measure of what the simulated
+  // trainers do not model (a commit only a standby heard), not an invariant.
+  uint64_t census_gaps = 0;
   std::vector<std::string> trace;   // the last events before a violation
 };
 

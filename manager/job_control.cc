@@ -435,8 +435,10 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   decisions_->PodRunning(node, a.pod_uid, a.node_name, now);
   // Once the decision maker knows pods lost (a generation ran, or the join window closed with
   // pods missing), a pod that registers anew is the replacement it waits for.
-  if (!resumed &&
-      (replacement || (state_ != State::kJoining && (generation_ > 0 || missing_reported_))))
+  // During a job restart too: the decision maker resumes once every pod came back (a restarted
+  // manager's first pods included, before any generation or join window of its own).
+  if (!resumed && (replacement || job_restarting_ ||
+                   (state_ != State::kJoining && (generation_ > 0 || missing_reported_))))
     decisions_->ReplacementRegistered(node, a.pod_uid, now);
   Event(now, resumed ? "resume" : "register",
         "pod " + a.pod_uid + (resumed ? " resumed its session" : " registered") +
@@ -454,10 +456,15 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   w->set_resumed(resumed);
   Send(node, std::move(m));
   if (resumed) CatchUp(node);
-  // A pod that was away when the job restart under way was decided (lost, or its stream broken)
-  // comes back with processes that predate it: they restart too, so that the job resumes from
-  // the checkpoint the restart goes back to, not from the newer state they hold.
-  if (job_restarting_ && predate_restart_.erase(std::string(PodOfUid(a.pod_uid)))) {
+  // A pod that was away when the job restart under way was decided (lost, its stream broken,
+  // or never seen by this incarnation) comes back with processes that predate it: they were in
+  // a generation, and none formed since. They restart too, so that the job resumes from the
+  // checkpoint the restart goes back to, not from the newer state they hold.
+  const bool in_a_generation = std::any_of(a.ranks.begin(), a.ranks.end(), [](const auto& r) {
+    return r.alive() && r.generation() > 0;
+  });
+  if (job_restarting_ && in_a_generation &&
+      restarted_for_job_.insert(std::string(PodOfUid(a.pod_uid))).second) {
     std::vector<uint32_t> locals(a.nproc);
     std::iota(locals.begin(), locals.end(), 0u);
     RestartRanks(node, locals,
@@ -1150,7 +1157,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   ++generation_;
   ++counters_.generations;
   job_restarting_ = false;
-  predate_restart_.clear();
+  restarted_for_job_.clear();
   given_up_.clear();
   replicas_ = replicas;
   const int64_t per_replica = layout_.replica_ranks();
@@ -1391,7 +1398,7 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
   committed_step_ = -1;
   committed_mark_ = {0, 0};
   std::vector<std::string> restarted;
-  std::set<std::string> restarted_pods;
+  restarted_for_job_.clear();
   for (size_t n = 0; n < agents_.size(); ++n) {
     Agent& a = agents_[n];
     const bool usable = a.connected && a.state != AgentState::kLost &&
@@ -1401,18 +1408,13 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
     std::iota(locals.begin(), locals.end(), 0u);
     RestartRanks(static_cast<int64_t>(n), locals, d.reason);
     restarted.push_back(a.pod_uid);
-    restarted_pods.insert(std::string(PodOfUid(a.pod_uid)));
+    restarted_for_job_.insert(std::string(PodOfUid(a.pod_uid)));
     // Job level, every pod is given up. Standalone nobody recreates them: each comes back as
     // its own replacement, a new incarnation, as a pod readmitted after its loss does. (Pod
     // level, a healthy pod stays itself.)
     if (every_pod && !decisions_->ReplacesPods())
       Fence(static_cast<int64_t>(n), "the job restarts: " + d.reason, /*readmit=*/true);
   }
-  // The pods away now keep processes that predate the restart until they come back (Register).
-  predate_restart_.clear();
-  for (const Agent& a : agents_)
-    if (!a.pod_uid.empty() && !restarted_pods.count(std::string(PodOfUid(a.pod_uid))))
-      predate_restart_.insert(std::string(PodOfUid(a.pod_uid)));
   // Job level with a scheduler, every pod is given up and recreated: the old incarnations'
   // ends (evicted, or replaced before their broken streams resumed) are this restart, no fault.
   given_up_.clear();

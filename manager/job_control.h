@@ -339,9 +339,9 @@ class JobControl {
   std::vector<std::vector<int32_t>> engine_rank_of_;
   bool interim_ = false;  // the running generation is interim (survivors continued)
   bool job_restarting_ = false;  // RESTART_JOB applied, no generation formed since
-  // While it restarts: the pods (PodOfUid) away when it was decided, whose processes predate it
-  // and restart when they come back.
-  std::set<std::string> predate_restart_;
+  // While it restarts: the pods (PodOfUid) whose processes restarted for it; any other that
+  // registers with processes that were in a generation restarts them then.
+  std::set<std::string> restarted_for_job_;
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
   std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (node, local) restarted at once
   std::vector<int64_t> microbatches_;

@@ -1888,6 +1888,40 @@ TEST(JobControl, APodLostBeforeAJobRestartRestartsItsProcessesWhenItComesBack) {
   EXPECT_EQ(sim.starts_[0].plan().committed_step(), 3) << "from the checkpoint, as restarted";
 }
 
+// The same after a manager restart (sim seed 51007): the restarted manager decided a job restart
+// before it had seen pod 0, whose processes (in a generation of the old epoch) then came back; it
+// restarts them too, and tells the decision maker, which resumes the job once every pod is back
+// (it waited for pod 0's return for good: a restarted manager's first pod was never reported).
+TEST(JobControl, ARestartedManagersJobRestartRestartsThePodsItHadNotSeenAndResumes) {
+  const Map config = {{"recover-strategy", "elastic-training"},
+                      {"regroup.io/prefer-elastic", "true"},
+                      {"regroup.io/tensor-parallel", "2"}};
+  Sim before(2, 1, kForce, config);
+  before.RegisterAll();
+  before.Run(20);
+  ASSERT_EQ(before.rt->generation(), 1u);
+  Sim sim(2, 1, kForce, config, Restarted(RecordOf(before)));
+  ASSERT_TRUE(sim.Register(1, "pod-1/2", Survivor(1, 5)).ok());
+  sim.Gone(1);  // silent at once: lost, and the job restarts (no complete replica is left)
+  sim.Run(1500, 5);
+  bool restart = false;
+  for (const auto& e : Events(sim)) restart |= e.kind() == "job_rescheduling";
+  ASSERT_TRUE(restart);
+  sim.gone_.clear();
+  ASSERT_TRUE(sim.Register(0, "pod-0/2", Survivor(1, 5)).ok());
+  ASSERT_TRUE(sim.Register(1, "pod-1/3", Survivor(1, 5)).ok());
+  sim.Collect();
+  for (int64_t n = 0; n < 2; ++n)
+    EXPECT_EQ(sim.Count(n, v1::ManagerMessage::kRestart), 1)
+        << "pod " << n << "'s processes predate the restart";
+  for (int t = 0; t < 10 && sim.rt->generation() == 0; ++t) {
+    for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Send(n, FreshBeat(1, 3)).ok());
+    sim.Run(100);
+  }
+  ASSERT_GT(sim.rt->generation(), 0u) << "the job resumed";
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 3) << "from the checkpoint";
+}
+
 // A fault of the training's own reschedules with fault-retry-times: every process restarts;
 // without a checkpoint, the job starts over.
 TEST(JobControl, AJobRestartAfterAFaultOfTheTrainingsOwnRestartsEveryProcess) {

@@ -63,7 +63,7 @@ struct Result {
   // Generations that committed a step although, at some position of a replica, none of their
   // ranks held the state they resumed from: the real trainers' census (python/regroup/sync.py)
   // would have failed them (a StateSyncError, then the ladder). A measure of what the simulated
-  // trainers do not model (a commit only a standby heard), not an invariant.
+  // trainers do not model (docs/membership.md, "Not yet true"), not an invariant.
   uint64_t census_gaps = 0;
   std::vector<std::string> trace;   // the last events before a violation
 };

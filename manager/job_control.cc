@@ -460,17 +460,11 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   // or never seen by this incarnation) comes back with processes that predate it: they were in
   // a generation, and none formed since. They restart too, so that the job resumes from the
   // checkpoint the restart goes back to, not from the newer state they hold.
-  const bool in_a_generation = std::any_of(a.ranks.begin(), a.ranks.end(), [](const auto& r) {
-    return r.alive() && r.generation() > 0;
-  });
-  if (job_restarting_ && in_a_generation &&
-      restarted_for_job_.insert(std::string(PodOfUid(a.pod_uid))).second) {
-    std::vector<uint32_t> locals(a.nproc);
-    std::iota(locals.begin(), locals.end(), 0u);
-    RestartRanks(node, locals,
-                 "the job restarts from the newest checkpoint, and this pod's processes predate "
-                 "the restart (it was away when it was decided)");
-  }
+  if (job_restarting_ && !restarted_for_job_.count(std::string(PodOfUid(a.pod_uid))) &&
+      std::any_of(a.ranks.begin(), a.ranks.end(),
+                  [](const auto& r) { return r.alive() && r.generation() > 0; }))
+    RestartForJob(node, "the job restarts from the newest checkpoint, and this pod's processes "
+                        "predate the restart (it was away when it was decided)");
   // A pod that comes after the job stopped (a replacement started late) stops too.
   if (stop_) Send(node, *stop_);
   return node;
@@ -858,6 +852,14 @@ void JobControl::RestartRanks(int64_t node, const std::vector<uint32_t>& locals,
   }
   m.mutable_restart()->set_reason(reason);
   Send(node, std::move(m));
+}
+
+void JobControl::RestartForJob(int64_t node, const std::string& reason) {
+  const Agent& a = agents_[static_cast<size_t>(node)];
+  restarted_for_job_.insert(std::string(PodOfUid(a.pod_uid)));
+  std::vector<uint32_t> locals(a.nproc);
+  std::iota(locals.begin(), locals.end(), 0u);
+  RestartRanks(node, locals, reason);
 }
 
 void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
@@ -1404,11 +1406,8 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
     const bool usable = a.connected && a.state != AgentState::kLost &&
                         a.state != AgentState::kLeaving && a.state != AgentState::kDone;
     if (!usable) continue;
-    std::vector<uint32_t> locals(static_cast<size_t>(spec_.processes_per_pod));
-    std::iota(locals.begin(), locals.end(), 0u);
-    RestartRanks(static_cast<int64_t>(n), locals, d.reason);
+    RestartForJob(static_cast<int64_t>(n), d.reason);
     restarted.push_back(a.pod_uid);
-    restarted_for_job_.insert(std::string(PodOfUid(a.pod_uid)));
     // Job level, every pod is given up. Standalone nobody recreates them: each comes back as
     // its own replacement, a new incarnation, as a pod readmitted after its loss does. (Pod
     // level, a healthy pod stays itself.)
@@ -1586,8 +1585,9 @@ void JobControl::DetectFailures(int64_t now) {
 // After a manager restart, only a majority of the last generation may form a new one, so two
 // managers can never both train. The durable record names the members (a member readmitted as
 // its own replacement since counts: it is the same pod), and fresh pods never count; without a
-// record, the agents' own word (the size of the last generation they followed) is all there is. A majority that does not come back within the join window and the decision
-// wait ends the job the way an unreachable decision maker does (dump if allowed, else exit).
+// record, the agents' own word (the size of the last generation they followed) is all there is.
+// A majority that does not come back within the join window and the decision wait ends the job
+// the way an unreachable decision maker does (dump if allowed, else exit).
 bool JobControl::MajorityBack(int64_t now) {
   uint32_t back = 0, needed_of = 0;
   if (!previous_members_.empty()) {

@@ -252,6 +252,8 @@ class JobControl {
   void Fence(int64_t node, const std::string& reason, bool readmit = true);
   // Asks an agent to restart these local ranks in place.
   void RestartRanks(int64_t node, const std::vector<uint32_t>& locals, const std::string& reason);
+  // Every process of `node`, for the job restart under way (restarted_for_job_).
+  void RestartForJob(int64_t node, const std::string& reason);
   // Pods whose processes failed and that no directive restarts: restarted in place when the job
   // allows it, else fenced, so that no generation waits for them and their slots can be refilled.
   void SettleFailedPods(const Directive& d, int64_t now);

@@ -828,11 +828,10 @@ std::optional<JobRecord> LedByEpoch5(int64_t pods) {
   return r;
 }
 
-// A newer incarnation, epoch 6, beside epoch 5: it read `stored` at its start and looks at it as
-// it is now.
-JobControlOptions Epoch6Beside(std::optional<JobRecord>& stored) {
+// Incarnation `epoch`: it read `stored` at its start and looks at it as it is now.
+JobControlOptions Watching(std::optional<JobRecord>& stored, uint64_t epoch) {
   JobControlOptions o;
-  o.epoch = 6;
+  o.epoch = epoch;
   o.record = stored;
   o.stored_record = [&stored]() -> const std::optional<JobRecord>& { return stored; };
   return o;
@@ -844,7 +843,7 @@ JobControlOptions Epoch6Beside(std::optional<JobRecord>& stored) {
 // a second ends the job here too.
 TEST(JobControl, AnIncarnationWaitingForAMajorityLearnsFromTheRecordThatTheJobEnded) {
   std::optional<JobRecord> stored = LedByEpoch5(4);
-  Sim sim(4, 2, kForce, kElastic, Epoch6Beside(stored));
+  Sim sim(4, 2, kForce, kElastic, Watching(stored, 6));
   ASSERT_TRUE(sim.Register(0, "", {}, 4).ok());
   sim.Run(2000, -1);
   ASSERT_EQ(sim.rt->generation(), 0u) << "1 of 4 is no majority";
@@ -867,10 +866,7 @@ TEST(JobControl, AnIncarnationWaitingForAMajorityLearnsFromTheRecordThatTheJobEn
 // generation: it stops its pods (they come back to the newer one) without waiting for a commit.
 TEST(JobControl, AnIncarnationLearnsWithinASecondThatANewerOneFormedAGeneration) {
   std::optional<JobRecord> stored;
-  JobControlOptions o;
-  o.epoch = 5;
-  o.stored_record = [&stored]() -> const std::optional<JobRecord>& { return stored; };
-  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, o);
+  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 5));
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -1108,7 +1104,7 @@ TEST(JobControl, AReadmittedIncarnationOfAMemberOnRecordCountsForTheMajority) {
 // of the last generation on record, as it is now.
 TEST(JobControl, TheMajorityIsOfTheLastGenerationOnRecordNowNotWhenThisIncarnationStarted) {
   std::optional<JobRecord> stored = LedByEpoch5(2);
-  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Epoch6Beside(stored));
+  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 6));
   ASSERT_TRUE(sim.Register(0).ok());
   ASSERT_TRUE(sim.Register(1, "pod-1-r1").ok());  // a fresh pod: no member
   sim.Run(2000, -1);
@@ -1157,10 +1153,7 @@ TEST(JobControl, ASupersededIncarnationStopsItsPodsAndKeepsOffTheRecord) {
 // record, which a job training steadily may not make for hours.
 TEST(JobControl, AnIncarnationFencedOnRecordCommitsNoFurtherStep) {
   std::optional<JobRecord> stored;
-  JobControlOptions options;
-  options.epoch = 5;
-  options.stored_record = [&stored]() -> const std::optional<JobRecord>& { return stored; };
-  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, options);
+  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 5));
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->generation(), 1u);

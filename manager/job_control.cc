@@ -144,6 +144,12 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
       record_.stop_reason = before.stop_reason;
     }
     record_.members = before.members;
+    // A job restart was under way: the pods that come back with processes from before it
+    // restart them (Register), whichever incarnation decided it.
+    if (before.restarting && !before.stopped) {
+      job_restarting_ = restart_on_record_ = true;
+      record_.restarting = true;
+    }
   }
   record_.job_id = spec_.id;
   record_.epoch = options_.epoch;
@@ -209,6 +215,21 @@ bool JobControl::LookAtRecord(int64_t now) {
     previous_members_ = stored->members;
     record_.members = stored->members;
     majority_reported_ = false;
+    if (restart_on_record_ && !stored->restarting) {  // that generation ended the restart
+      job_restarting_ = restart_on_record_ = false;
+      record_.restarting = false;
+    }
+  }
+  // Another incarnation decided a job restart while this one has formed nothing: the pods here
+  // whose processes predate it restart them now, the others when they register.
+  if (stored && stored->restarting && !job_restarting_ && record_.leader_epoch != options_.epoch &&
+      state_ != State::kStopped) {
+    Event(now, "restart_on_record",
+          "a job restart is on record: pods whose processes predate it restart them");
+    job_restarting_ = restart_on_record_ = true;
+    record_.restarting = true;
+    for (size_t n = 0; n < agents_.size(); ++n)
+      RestartIfItPredatesTheJobRestart(static_cast<int64_t>(n));
   }
   return false;
 }
@@ -460,11 +481,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   // or never seen by this incarnation) comes back with processes that predate it: they were in
   // a generation, and none formed since. They restart too, so that the job resumes from the
   // checkpoint the restart goes back to, not from the newer state they hold.
-  if (job_restarting_ && !restarted_for_job_.count(std::string(PodOfUid(a.pod_uid))) &&
-      std::any_of(a.ranks.begin(), a.ranks.end(),
-                  [](const auto& r) { return r.alive() && r.generation() > 0; }))
-    RestartForJob(node, "the job restarts from the newest checkpoint, and this pod's processes "
-                        "predate the restart (it was away when it was decided)");
+  RestartIfItPredatesTheJobRestart(node);
   // A pod that comes after the job stopped (a replacement started late) stops too.
   if (stop_) Send(node, *stop_);
   return node;
@@ -800,6 +817,14 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   if (kind == v1::FAULT_KIND_POD_LOST) {
     for (int64_t p : pods) Fence(p, detail);
   }
+  // A holder of the trained state finished training: the last step is committed and nothing is
+  // left to recover. A fault after it (a rank hung in its last step, a pod that finished and is
+  // gone while a recovery waits) ends the training (simulation seed 14929: a job restart
+  // waited for a pod that had finished).
+  if (HolderFinished() && state_ != State::kStopped) {
+    Finished(now);
+    return;
+  }
   // Only a fault that touches the running generation aborts it: a lost standby or spare, or a
   // replacement that fails before it joins, leaves the generation training.
   bool touches_generation = !ranks.empty() || (pods.empty() && known_ranks.empty());
@@ -852,6 +877,16 @@ void JobControl::RestartRanks(int64_t node, const std::vector<uint32_t>& locals,
   }
   m.mutable_restart()->set_reason(reason);
   Send(node, std::move(m));
+}
+
+void JobControl::RestartIfItPredatesTheJobRestart(int64_t node) {
+  const Agent& a = agents_[static_cast<size_t>(node)];
+  if (job_restarting_ && !a.pod_uid.empty() && a.connected && a.state != AgentState::kLost &&
+      !restarted_for_job_.count(std::string(PodOfUid(a.pod_uid))) &&
+      std::any_of(a.ranks.begin(), a.ranks.end(),
+                  [](const auto& r) { return r.alive() && r.generation() > 0; }))
+    RestartForJob(node, "the job restarts from the newest checkpoint, and this pod's processes "
+                        "predate the restart (it was away when it was decided)");
 }
 
 void JobControl::RestartForJob(int64_t node, const std::string& reason) {
@@ -1158,7 +1193,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
       if (lr.generation() <= kMaxGeneration) generation_ = std::max(generation_, lr.generation());
   ++generation_;
   ++counters_.generations;
-  job_restarting_ = false;
+  job_restarting_ = restart_on_record_ = false;
   restarted_for_job_.clear();
   given_up_.clear();
   replicas_ = replicas;
@@ -1200,6 +1235,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   generation_agents_ = static_cast<uint32_t>(training_nodes.size());
   record_.leader_epoch = options_.epoch;
   record_.generation = generation_;
+  record_.restarting = false;
   record_.members.clear();
   for (int64_t n : training_nodes)
     record_.members.push_back({n, agents_[static_cast<size_t>(n)].pod_uid});
@@ -1396,6 +1432,9 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
   pending_.reset();  // the decision maker resumes the job once every pod is back
   interim_ = false;
   job_restarting_ = true;
+  restart_on_record_ = false;
+  record_.restarting = true;
+  record_changed_ = true;
   const bool every_pod = d.strategy != "pod-rescheduling";
   committed_step_ = -1;
   committed_mark_ = {0, 0};
@@ -1446,17 +1485,22 @@ int64_t JobControl::HangTimeoutMs() const {
 // Training is over once every rank that holds the trained state finished: a rank that joined
 // without it (a replica rejoining at the last step's boundary) has nobody left to send it. Once
 // the generation committed a step, every rank of it holds the state.
+bool JobControl::HolderFinished() const {
+  const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
+  return std::any_of(places_.begin(), places_.end(), [&](const RankPlace& p) {
+    const Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+    return (committed_here || !p.needs_state) && !a.ranks[p.local_rank].alive() &&
+           a.finished.count(p.local_rank);
+  });
+}
+
 bool JobControl::EveryHolderFinished(int64_t gone_node) const {
   const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
-  bool finished = false, holders_done = true;
-  for (const auto& p : places_) {
-    const bool holder = committed_here || !p.needs_state;
-    const Agent& a = agents_[static_cast<size_t>(p.node_rank)];
-    const bool alive = a.ranks[p.local_rank].alive();
-    finished = finished || (holder && !alive && a.finished.count(p.local_rank));
-    holders_done = holders_done && (!holder || !alive || p.node_rank == gone_node);
-  }
-  return finished && holders_done;
+  return HolderFinished() && std::none_of(places_.begin(), places_.end(), [&](const RankPlace& p) {
+           const Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+           return (committed_here || !p.needs_state) && a.ranks[p.local_rank].alive() &&
+                  p.node_rank != gone_node;
+         });
 }
 
 void JobControl::Finished(int64_t now) {

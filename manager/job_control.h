@@ -254,6 +254,10 @@ class JobControl {
   void RestartRanks(int64_t node, const std::vector<uint32_t>& locals, const std::string& reason);
   // Every process of `node`, for the job restart under way (restarted_for_job_).
   void RestartForJob(int64_t node, const std::string& reason);
+  // During a job restart, a pod whose processes were in a generation (none formed since the
+  // restart) restarts them: it was away when the restart was decided, or reached another
+  // incarnation.
+  void RestartIfItPredatesTheJobRestart(int64_t node);
   // Pods whose processes failed and that no directive restarts: restarted in place when the job
   // allows it, else fenced, so that no generation waits for them and their slots can be refilled.
   void SettleFailedPods(const Directive& d, int64_t now);
@@ -284,6 +288,9 @@ class JobControl {
   void DetectFailures(int64_t now);
   // Declares a pod lost that fell silent or whose stream broke (it may come back: readmit).
   void LoseSilentPod(int64_t node, const std::string& why, int64_t now);
+  // A rank of the generation holding the trained state finished training (exited 0): its last
+  // step is committed.
+  bool HolderFinished() const;
   // Training is over: a rank of the generation holding the trained state finished it, and every
   // other such rank has finished too, or is on `gone_node` (a pod lost just now; -1: none).
   bool EveryHolderFinished(int64_t gone_node = -1) const;
@@ -341,6 +348,7 @@ class JobControl {
   std::vector<std::vector<int32_t>> engine_rank_of_;
   bool interim_ = false;  // the running generation is interim (survivors continued)
   bool job_restarting_ = false;  // RESTART_JOB applied, no generation formed since
+  bool restart_on_record_ = false;  // ... by another incarnation: it is on the durable record
   // While it restarts: the pods (PodOfUid) whose processes restarted for it; any other that
   // registers with processes that were in a generation restarts them then.
   std::set<std::string> restarted_for_job_;

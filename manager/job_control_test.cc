@@ -913,6 +913,27 @@ TEST(JobControl, TrainingFinishesWhenEveryRankExitsCleanly) {
   EXPECT_EQ(sim.rt->StatusReport().phase(), "stopped");
 }
 
+// Found by the simulation (seed 14929): the ranks of one pod finished training, a rank of the
+// other hung in its last step; the recovery that followed lost the finished pod too and restarted
+// the job from its checkpoint, waiting for good for a pod that had finished. Once a holder of
+// the trained state finished, the last step is committed: a later fault ends the training.
+TEST(JobControl, AFaultAfterARankFinishedTrainingEndsTheJob) {
+  Sim sim(2, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"}});
+  sim.RegisterAll();
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
+  ASSERT_TRUE(sim.Exit(1, 0, 0).ok());  // rank 1 trained its last step
+  EXPECT_EQ(sim.rt->StatusReport().phase(), "training") << "rank 0 still runs";
+  sim.Clear();
+  ASSERT_TRUE(sim.Exit(0, 0, 1).ok());  // rank 0 fails after it
+  sim.Collect();
+  EXPECT_EQ(sim.rt->StatusReport().phase(), "stopped");
+  ASSERT_EQ(sim.Count(0, v1::ManagerMessage::kStop), 1);
+  EXPECT_EQ(sim.inbox_[0].back().stop().mode(), v1::StopTraining::MODE_LEAVE);
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 0) << "nothing is left to recover";
+}
+
 // Found by the simulation (sim/, seed 4 of its first sweep): a replacement that registered after
 // the job had stopped was welcomed and then never told anything, so its pod ran for good.
 TEST(JobControl, APodRegisteringAfterTheJobStoppedIsToldToStop) {
@@ -1913,6 +1934,54 @@ TEST(JobControl, ARestartedManagersJobRestartRestartsThePodsItHadNotSeenAndResum
   }
   ASSERT_GT(sim.rt->generation(), 0u) << "the job resumed";
   EXPECT_EQ(sim.starts_[0].plan().committed_step(), 3) << "from the checkpoint";
+}
+
+// ...and across a manager restart (simulation seeds 227, 1272: the job restart lived only in the
+// memory of the incarnation that decided it). The next incarnation reads it from the record and
+// restarts the processes of the pod that was away, so the job resumes from the checkpoint.
+TEST(JobControl, AJobRestartOnRecordRestartsThePodThatWasAwayUnderTheNextIncarnation) {
+  Sim before(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
+  before.RegisterAll();
+  before.Run(20);
+  for (int64_t step = 0; step <= 5; ++step)
+    for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(before.Vote(n, step).ok());
+  before.rt->Disconnected(before.streams_[1], before.now);  // pod 1's link is cut
+  before.Gone(1);
+  before.Run(800, 5);
+  const JobRecord record = RecordOf(before);
+  ASSERT_TRUE(record.restarting) << "the job restart is on record";
+  // The manager crashes before anything comes back; pods 0 and 2 restarted their processes.
+  Sim sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}}, Restarted(record));
+  for (int64_t n : {0, 2})
+    ASSERT_TRUE(sim.Register(n, "pod-" + std::to_string(n) + "/2", FreshRanks(2, 3)).ok());
+  ASSERT_TRUE(sim.Register(1, "pod-1/2", Survivor(2, 5)).ok());  // its link is back
+  sim.Collect();
+  ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1) << "its processes predate the restart";
+  for (int64_t n : {0, 2}) EXPECT_EQ(sim.Count(n, v1::ManagerMessage::kRestart), 0) << "pod " << n;
+  for (int t = 0; t < 10 && sim.rt->generation() == 0; ++t) {
+    for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Send(n, FreshBeat(2, 3)).ok());
+    sim.Run(100);
+  }
+  ASSERT_GT(sim.rt->generation(), 0u);
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 3) << "from the checkpoint, as restarted";
+  EXPECT_FALSE(RecordOf(sim).restarting) << "a generation formed: the restart is over";
+}
+
+// A second incarnation waiting for its majority learns of a job restart that the running one
+// decided (simulation seeds 857, 2839): the processes of its pods that predate it restart.
+TEST(JobControl, AnIncarnationWaitingForAMajorityFollowsAJobRestartOnRecord) {
+  std::optional<JobRecord> stored = LedByEpoch5(2);
+  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 6));
+  ASSERT_TRUE(sim.Register(0, "", Survivor(1, 7)).ok());
+  sim.Run(1100, -1);
+  ASSERT_EQ(sim.rt->generation(), 0u) << "1 of 2 is no majority";
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 0);
+  stored->restarting = true;  // epoch 5 restarts the job from its checkpoint
+  sim.Run(1100, -1);
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 1);
+  bool noted = false;
+  for (const auto& e : Events(sim)) noted |= e.kind() == "restart_on_record";
+  EXPECT_TRUE(noted);
 }
 
 // A fault of the training's own reschedules with fault-retry-times: every process restarts;

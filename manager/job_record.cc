@@ -26,6 +26,7 @@ std::string JobRecordJson(const JobRecord& r) {
   json j = {{"version", 1},           {"job_id", r.job_id},         {"epoch", r.epoch},
             {"leader_epoch", r.leader_epoch}, {"generation", r.generation}, {"members", members},
             {"lost", r.lost}};
+  if (r.restarting) j["restarting"] = true;
   if (r.stopped) j["stop"] = {{"mode", r.stop_mode}, {"reason", r.stop_reason}};
   return j.dump();
 }
@@ -77,6 +78,7 @@ StatusOr<JobRecord> ParseJobRecord(const std::string& text) {
     REGROUP_RETURN_IF_ERROR(Read(m, "uid", member.uid));
     r.members.push_back(std::move(member));
   }
+  REGROUP_RETURN_IF_ERROR(Read(j, "restarting", r.restarting, /*required=*/false));
   if (j.contains("stop")) {
     r.stopped = true;
     REGROUP_RETURN_IF_ERROR(Read(j["stop"], "mode", r.stop_mode));
@@ -100,9 +102,16 @@ std::optional<JobRecord> MergeJobRecord(const std::optional<JobRecord>& stored,
   }
   JobRecord out = mine.leader_epoch == mine.epoch ? mine : *stored;
   out.epoch = std::max(stored->epoch, mine.epoch);
-  if (mine.leader_epoch != mine.epoch)
+  if (mine.leader_epoch != mine.epoch) {
     for (const auto& uid : mine.lost)
       if (std::find(out.lost.begin(), out.lost.end(), uid) == out.lost.end()) out.lost.push_back(uid);
+    out.restarting = out.restarting || mine.restarting;
+    if (mine.stopped && !out.stopped) {
+      out.stopped = true;
+      out.stop_mode = mine.stop_mode;
+      out.stop_reason = mine.stop_reason;
+    }
+  }
   while (out.lost.size() > JobRecord::kMaxLost) out.lost.erase(out.lost.begin());
   return out;
 }

@@ -34,6 +34,10 @@ struct JobRecord {
   uint64_t generation = 0;            // that generation
   std::vector<Member> members;        // its pods
   std::vector<std::string> lost;      // pod uids declared lost, oldest first
+  // A job restart (from the newest checkpoint) was decided and no generation formed since: a
+  // pod whose processes were in a generation restarts them when it comes back, under whichever
+  // incarnation it reaches.
+  bool restarting = false;
   bool stopped = false;               // the job ended: a StopTraining went to every pod
   int32_t stop_mode = 0;              // v1::StopTraining::Mode
   std::string stop_reason;
@@ -52,8 +56,9 @@ std::optional<std::string> FencedBy(const std::optional<JobRecord>& stored, uint
 
 // What an incarnation writes over the record stored now, or nothing when a newer incarnation has
 // formed a generation since (this one is fenced; `why` says so). The granted epoch never goes
-// back. An incarnation that has not formed a generation yet adds only its epoch and the pods it
-// declared lost: the generation on record stays its leader's.
+// back. An incarnation that has not formed a generation yet adds only its epoch, the pods it
+// declared lost, a job restart it decided and the job's end: the generation on record stays its
+// leader's.
 std::optional<JobRecord> MergeJobRecord(const std::optional<JobRecord>& stored,
                                         const JobRecord& mine, std::string* why);
 

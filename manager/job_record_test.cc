@@ -18,6 +18,7 @@ JobRecord Sample() {
   r.generation = 7;
   r.members = {{0, "uid-a"}, {1, "uid-b"}};
   r.lost = {"uid-old"};
+  r.restarting = true;
   r.stopped = true;
   r.stop_mode = 3;
   r.stop_reason = "training finished at step 99";
@@ -86,6 +87,45 @@ TEST(JobRecord, TheGrantedEpochNeverGoesBack) {
   ASSERT_TRUE(again);
   EXPECT_EQ(again->epoch, leader.epoch + 1);
   EXPECT_EQ(again->lost.back(), "uid-c");
+}
+
+TEST(JobRecord, ARecordWrittenBeforeJobRestartsWereRecordedReadsAsNoRestart) {
+  JobRecord before = Sample();
+  before.restarting = false;
+  auto back = ParseJobRecord(JobRecordJson(before));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_FALSE(back->restarting);
+  EXPECT_EQ(JobRecordJson(before).find("restarting"), std::string::npos);
+}
+
+// Found by the simulation (seeds 227, 857, 1272, 2839 of regroup-sim): a job restart decided by
+// one incarnation lived only in its memory; the next one readmitted a pod that was away with
+// the processes it had, and resumed from their state, which no restarted process held.
+TEST(JobRecord, AJobRestartOrAnEndDecidedBeforeAnyGenerationIsKeptForTheNextIncarnation) {
+  JobRecord leader = Sample();
+  leader.restarting = false;
+  leader.stopped = false;
+  leader.leader_epoch = leader.epoch;
+  JobRecord newcomer;  // restarted, formed nothing yet, decides a job restart
+  newcomer.job_id = leader.job_id;
+  newcomer.epoch = leader.epoch + 1;
+  newcomer.restarting = true;
+  auto stored = MergeJobRecord(leader, newcomer, nullptr);
+  ASSERT_TRUE(stored);
+  EXPECT_TRUE(stored->restarting);
+  EXPECT_EQ(stored->members, leader.members);
+  newcomer.stopped = true;
+  newcomer.stop_mode = 2;
+  newcomer.stop_reason = "only 1 of the last generation's 2 pods on record came back";
+  stored = MergeJobRecord(stored, newcomer, nullptr);
+  ASSERT_TRUE(stored);
+  EXPECT_TRUE(stored->stopped);
+  EXPECT_EQ(stored->stop_reason, newcomer.stop_reason);
+  // The leader forms a generation: the restart it stood for is over.
+  leader.generation += 1;
+  stored = MergeJobRecord(stored, leader, nullptr);
+  ASSERT_TRUE(stored);
+  EXPECT_FALSE(stored->restarting);
 }
 
 TEST(JobRecord, AnIncarnationOlderThanTheLeaderOnRecordIsFenced) {

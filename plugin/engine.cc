@@ -311,6 +311,24 @@ bool Job::HasCompleteReplica() const {
   return false;
 }
 
+std::vector<int64_t> Job::PositionsLost(const std::set<int64_t>& lost,
+                                        const std::vector<int64_t>& dead_ranks) const {
+  std::vector<int64_t> out;
+  if (manager_.committed_step < 0) return out;
+  const int64_t size = layout_.replica_ranks();
+  for (int64_t position = 0; position < size; ++position) {
+    bool held = false;
+    for (size_t k = 0; k < generation_replicas_.size() && !held; ++k) {
+      const int64_t pod = layout_.PodOfRank(generation_replicas_[k], position);
+      held = slots_[static_cast<size_t>(pod)].status != PodSlot::Status::kLost && !lost.count(pod) &&
+             !std::binary_search(dead_ranks.begin(), dead_ranks.end(),
+                                 static_cast<int64_t>(k) * size + position);
+    }
+    if (!held) out.push_back(position);
+  }
+  return out;
+}
+
 int64_t Job::RecoveriesInWindow(int64_t now) const {
   const int64_t since = now - config_.recovery_window_s * 1000;
   return std::count_if(recoveries_ms_.begin(), recoveries_ms_.end(),
@@ -563,6 +581,13 @@ void Job::Decide(int64_t now) {
                       "or MINDIO_WAIT_MINDX_TIME (" + std::to_string(config_.mindio_wait_s) +
                " s) runs out";
     Issue(now, REGROUP_PHASE_PAUSED, std::move(d));
+    return;
+  }
+  // A shard whose every copy is gone cannot be recovered from the survivors, whatever the
+  // strategy: their census would find no rank to send it (python/regroup/sync.py).
+  if (const auto gone = PositionsLost(lost_in_batch, dead_ranks); !gone.empty()) {
+    JobLevel(now, what + "; no surviving rank holds the state of replica position" +
+                      (gone.size() > 1 ? "s " : " ") + List(gone) + ": a checkpoint is needed");
     return;
   }
   // Counted only once a fault is decided on, so a fault held while paused counts once.

@@ -227,6 +227,12 @@ class Job {
   void Issue(int64_t now, Phase phase, Directive d);
   std::vector<bool> Available() const;
   bool HasCompleteReplica() const;
+  // The positions of a replica (its tensor x pipeline shards) that no rank of the running
+  // generation holds any more: each of its holders is on a pod in `lost` or among `dead_ranks`.
+  // Such a shard comes back only from a checkpoint; none before the first commit (a fresh
+  // position starts from its replica's own initialisation).
+  std::vector<int64_t> PositionsLost(const std::set<int64_t>& lost,
+                                     const std::vector<int64_t>& dead_ranks) const;
   int64_t RecoveriesInWindow(int64_t now) const;
   int64_t PodOfRank(int64_t rank) const;
   void SettleProgress();

@@ -3,6 +3,7 @@
 //   regroup-sim --seeds 2000            seeds 1 to 2000; prints each failure and a replay line
 //   regroup-sim --seed 1234 --trace     replays one seed, printing every event
 //   regroup-sim --hours 2               the long mode: fresh seeds until the time is up
+//   regroup-sim --seeds 2000 --gaps     also names each seed with a census gap, and its replay
 //
 // Exits 1 when any seed breaks an invariant.
 #include <chrono>
@@ -46,6 +47,8 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember(regroup::sim::FaultKinds()));
   app.add_flag("--trace", base.trace, "print every event");
+  bool gaps = false;
+  app.add_flag("--gaps", gaps, "name each seed whose run had a census gap, with its replay line");
   CLI11_PARSE(app, argc, argv);
   if ((seed != 0) + (seeds != 0) + (hours != 0) != 1) {
     std::fprintf(stderr, "regroup-sim: give exactly one of --seed N, --seeds N or --hours H\n");
@@ -69,6 +72,9 @@ int main(int argc, char** argv) {
       if (seed) std::printf("seed %llu: ok at %lld ms: %s; %s; census gaps %llu\n",
                             (unsigned long long)s, (long long)r.at_ms, r.setup.c_str(),
                             r.outcome.c_str(), (unsigned long long)r.census_gaps);
+      else if (gaps && r.census_gaps)
+        std::printf("seed %llu: census gaps %llu: %s\n  replay: %s\n", (unsigned long long)s,
+                    (unsigned long long)r.census_gaps, r.setup.c_str(), ReplayLine(o).c_str());
       return;
     }
     ++failed;

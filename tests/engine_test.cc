@@ -504,6 +504,52 @@ TEST_F(EngineTest, InPlaceRestartWithoutAPeerReplicaNeedsACheckpoint) {
   EXPECT_NE(d.reason.find("a checkpoint is needed"), std::string::npos);
 }
 
+TEST_F(EngineTest, AShardWhoseEveryCopyIsLostNeedsACheckpoint) {
+  // Two replicas of tp=4, each over two pods: replica 0 = pods 0, 1 (positions 0-1, 2-3),
+  // replica 1 = pods 2, 3. Losing pod 1 and pod 3 loses positions 2 and 3 of both replicas:
+  // their replacements would have nobody to receive those shards from.
+  Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/tensor-parallel", "4"}});
+  Progress(1, 10, 0);
+  NodeFails(1, 100);
+  NodeFails(3, 100);
+  const Directive& d = Tick(400);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_JOB);
+  EXPECT_NE(d.reason.find("no surviving rank holds the state of replica positions [2,3]: a "
+                          "checkpoint is needed"),
+            std::string::npos)
+      << d.reason;
+}
+
+TEST_F(EngineTest, ShardsHeldInDifferentReplicasAreRecoveredFromTheSurvivors) {
+  // Pods 1 and 2 lost: replica 0 keeps positions 0-1, replica 1 positions 2-3; every shard has
+  // a survivor, so the job waits for replacements as `recover` says.
+  Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/tensor-parallel", "4"}});
+  Progress(1, 10, 0);
+  NodeFails(1, 100);
+  NodeFails(2, 100);
+  EXPECT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_WAIT);
+}
+
+TEST_F(EngineTest, ARestartedRankWithoutAnotherCopyOfItsShardNeedsACheckpoint) {
+  // One replica (tp=8 over 4 pods x 2) after a commit: a process that dies loses the only copy
+  // of its shard, whether its pod is replaced or restarted in place.
+  Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/tensor-parallel", "8"}});
+  Progress(1, 10, 0);
+  Fault("process_exit", {3}, 11, 100);
+  const Directive& d = Tick(400);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);  // a fault of the training's own: no reschedule
+  EXPECT_NE(d.reason.find("no surviving rank holds the state of replica position [3]"),
+            std::string::npos)
+      << d.reason;
+}
+
+TEST_F(EngineTest, BeforeTheFirstCommitALostShardStartsFromItsInitialisation) {
+  Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/tensor-parallel", "4"}});
+  NodeFails(1, 100);
+  NodeFails(3, 100);
+  EXPECT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_WAIT);
+}
+
 TEST_F(EngineTest, ScaleInBelowTheMinimumEscalates) {
   Submit(kForce, {{"recover-strategy", "elastic-training,dump"},
                   {"regroup.io/prefer-elastic", "true"},

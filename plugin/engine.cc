@@ -115,6 +115,8 @@ void Job::MarkLost(int64_t pod, LostCause cause, int64_t now, bool avoid_node) {
   PodSlot& slot = slots_[static_cast<size_t>(pod)];
   if (slot.status == PodSlot::Status::kLost) return;
   slot.status = PodSlot::Status::kLost;
+  stateless_pods_.insert(pod);
+  stateless_after_step_ = manager_.committed_step;
   slot.lost_uid = slot.uid;
   slot.lost_cause = cause;
   slot.replacement_seen = false;
@@ -264,6 +266,15 @@ void Job::OnManagerStatus(const ManagerStatus& status) {
   if (status.epoch < manager_.epoch) return;  // a fenced manager's report
   if (status.epoch == manager_.epoch && status.generation < manager_.generation) return;
   manager_ = status;
+  // A generation of every rank committed: its census gave each of them the state.
+  if (status.committed_step > stateless_after_step_ &&
+      status.live_ranks >= dp_ * layout_.replica_ranks())
+    for (int64_t r : generation_replicas_) {
+      for (int64_t p : layout_.PodsOfReplica(r))
+        if (slots_[static_cast<size_t>(p)].status != PodSlot::Status::kLost) stateless_pods_.erase(p);
+      for (int64_t position = 0; position < layout_.replica_ranks(); ++position)
+        stateless_.erase({r, position});
+    }
   for (auto it = step_failures_.begin(); it != step_failures_.end();) {
     it = it->first <= status.committed_step ? step_failures_.erase(it) : std::next(it);
   }
@@ -311,6 +322,20 @@ bool Job::HasCompleteReplica() const {
   return false;
 }
 
+void Job::NoteStateless(int64_t replica, int64_t position) {
+  stateless_.insert({replica, position});
+  stateless_after_step_ = manager_.committed_step;
+}
+
+bool Job::ShardLost(int64_t now, const std::string& what, const std::set<int64_t>& lost,
+                    const std::vector<int64_t>& dead_ranks) {
+  const auto gone = PositionsLost(lost, dead_ranks);
+  if (gone.empty()) return false;
+  JobLevel(now, what + "; no surviving rank holds the state of replica position" +
+                    (gone.size() > 1 ? "s " : " ") + List(gone) + ": a checkpoint is needed");
+  return true;
+}
+
 std::vector<int64_t> Job::PositionsLost(const std::set<int64_t>& lost,
                                         const std::vector<int64_t>& dead_ranks) const {
   std::vector<int64_t> out;
@@ -322,7 +347,8 @@ std::vector<int64_t> Job::PositionsLost(const std::set<int64_t>& lost,
       const int64_t pod = layout_.PodOfRank(generation_replicas_[k], position);
       held = slots_[static_cast<size_t>(pod)].status != PodSlot::Status::kLost && !lost.count(pod) &&
              !std::binary_search(dead_ranks.begin(), dead_ranks.end(),
-                                 static_cast<int64_t>(k) * size + position);
+                                 static_cast<int64_t>(k) * size + position) &&
+             !stateless_pods_.count(pod) && !stateless_.count({generation_replicas_[k], position});
     }
     if (!held) out.push_back(position);
   }
@@ -344,6 +370,11 @@ void Job::Issue(int64_t now, Phase phase, Directive d) {
   phase_ = phase;
   directive_ = std::move(d);
   manager_at_directive_ = manager_;
+  // Ranks it restarts hold nothing until the census of a generation of every rank gives it them.
+  const int64_t size = layout_.replica_ranks();
+  for (int64_t rank : directive_.restart_ranks)
+    if (rank >= 0 && static_cast<size_t>(rank / size) < generation_replicas_.size())
+      NoteStateless(generation_replicas_[static_cast<size_t>(rank / size)], rank % size);
   history_.push_back({now, phase_, directive_});
   while (history_.size() > history_limit_) history_.pop_front();
 }
@@ -390,6 +421,8 @@ void Job::JobLevel(int64_t now, const std::string& why) {
   if (!pod_level)
     for (size_t p = 0; p < slots_.size(); ++p)
       MarkLost(static_cast<int64_t>(p), LostCause::kJobRestart, now, false);
+  stateless_.clear();  // every process restarts from the checkpoint
+  stateless_pods_.clear();
   d.kind = REGROUP_DIRECTIVE_RESTART_JOB;
   d.strategy = pod_level ? "pod-rescheduling" : "job-rescheduling";
   d.reason = why + (pod_level ? "; replacing the faulty pods (pod-level rescheduling)"
@@ -585,11 +618,7 @@ void Job::Decide(int64_t now) {
   }
   // A shard whose every copy is gone cannot be recovered from the survivors, whatever the
   // strategy: their census would find no rank to send it (python/regroup/sync.py).
-  if (const auto gone = PositionsLost(lost_in_batch, dead_ranks); !gone.empty()) {
-    JobLevel(now, what + "; no surviving rank holds the state of replica position" +
-                      (gone.size() > 1 ? "s " : " ") + List(gone) + ": a checkpoint is needed");
-    return;
-  }
+  if (ShardLost(now, what, lost_in_batch, dead_ranks)) return;
   // Counted only once a fault is decided on, so a fault held while paused counts once.
   for (const auto& f : batch)
     if (f.step >= 0) ++step_failures_[f.step][std::string(FaultKindName(f.kind))];
@@ -642,6 +671,11 @@ void Job::Decide(int64_t now) {
       for (int64_t rank : dead_ranks)
         if (int64_t p = PodOfRank(rank); p >= 0)
           MarkLost(p, LostCause::kProcessDied, now, false);
+      // Replacing a pod gives up its healthy ranks too (simulation seed 144: the only holder of
+      // a shard shared its pod with a hung rank).
+      if (ShardLost(now, what + "; recover-in-place is not allowed: replacing the pods",
+                    lost_in_batch, dead_ranks))
+        return;
       RecoverPods(now, what + "; recover-in-place is not allowed: replacing the pods", {});
       return;
     }
@@ -726,8 +760,11 @@ bool Job::TryGrow(int64_t now) {
       auto& slot = slots_[static_cast<size_t>(p)];
       slot.status = PodSlot::Status::kActive;
     }
-    if (!std::count(generation_replicas_.begin(), generation_replicas_.end(), r))
+    if (!std::count(generation_replicas_.begin(), generation_replicas_.end(), r)) {
       joined.push_back(r);
+      for (int64_t position = 0; position < layout_.replica_ranks(); ++position)
+        NoteStateless(r, position);
+    }
   }
   const int64_t old_dp = dp_;
   generation_replicas_ = plan->keep_replicas;

@@ -228,11 +228,15 @@ class Job {
   std::vector<bool> Available() const;
   bool HasCompleteReplica() const;
   // The positions of a replica (its tensor x pipeline shards) that no rank of the running
-  // generation holds any more: each of its holders is on a pod in `lost` or among `dead_ranks`.
+  // generation holds any more: each of its holders is on a pod in `lost`, among `dead_ranks`, or
+  // restarted earlier and not yet given the state.
   // Such a shard comes back only from a checkpoint; none before the first commit (a fresh
   // position starts from its replica's own initialisation).
   std::vector<int64_t> PositionsLost(const std::set<int64_t>& lost,
                                      const std::vector<int64_t>& dead_ranks) const;
+  // When a position is lost, decides the job level (the newest checkpoint) and returns true.
+  bool ShardLost(int64_t now, const std::string& what, const std::set<int64_t>& lost,
+                 const std::vector<int64_t>& dead_ranks);
   int64_t RecoveriesInWindow(int64_t now) const;
   int64_t PodOfRank(int64_t rank) const;
   void SettleProgress();
@@ -247,6 +251,14 @@ class Job {
   uint64_t next_directive_id_ = 1;
   int64_t dp_ = 0;                              // degree of the current generation
   std::vector<int64_t> generation_replicas_;    // kept replicas, in order
+  // Ranks that hold no state until a generation of every rank commits a step after
+  // stateless_after_step_ (its census gave them the state): restarted in place, or joining at a
+  // scale-out, as (replica, position); and every rank on a pod lost since (its replacement, or
+  // the pod readmitted, holds nothing it can be trusted with).
+  std::set<std::pair<int64_t, int64_t>> stateless_;
+  std::set<int64_t> stateless_pods_;
+  int64_t stateless_after_step_ = -1;
+  void NoteStateless(int64_t replica, int64_t position);
   std::vector<PodSlot> slots_;
   std::vector<PendingFault> pending_;           // inside the report window
   int64_t window_start_ms_ = -1;

@@ -582,6 +582,10 @@ json Job::StateJson() const {
   json held = FaultGroupsJson(held_, detail_budget);
   json failures = json::object();
   for (const auto& [step, kinds] : step_failures_) failures[std::to_string(step)] = kinds;
+  // Ranks without state as ranks of the full layout (replica x replica size + position).
+  std::vector<int64_t> stateless;
+  for (const auto& [replica, position] : stateless_)
+    stateless.push_back(replica * layout_.replica_ranks() + position);
   return {{"version", kStateVersion},
           {"job", spec_.id},
           {"uid", spec_.uid},
@@ -602,6 +606,9 @@ json Job::StateJson() const {
           {"job_restarts", job_restarts_},
           {"business_restarts", business_restarts_},
           {"hardware_fault", hardware_fault_},
+          {"stateless_ranks", RangesText(stateless)},
+          {"stateless_pods", RangesText({stateless_pods_.begin(), stateless_pods_.end()})},
+          {"stateless_after_step", stateless_after_step_},
           {"manager", ManagerJson(manager_)},
           {"manager_at_directive", ManagerJson(manager_at_directive_)}};
 }
@@ -693,6 +700,19 @@ Status Job::LoadState(const json& j) {
            s.lost_cause != LostCause::kProcessDied;
   });
   REGROUP_RETURN_IF_ERROR(ju::GetBool(j, "hardware_fault", where, next.hardware_fault_, false));
+  std::vector<int64_t> stateless, stateless_pods;
+  const int64_t size = layout_.replica_ranks();
+  REGROUP_RETURN_IF_ERROR(ReadRanges(j, "stateless_ranks", where, 0,
+                                     layout_.replicas() * size - 1, stateless));
+  for (int64_t rank : stateless) next.stateless_.insert({rank / size, rank % size});
+  REGROUP_RETURN_IF_ERROR(ReadRanges(j, "stateless_pods", where, 0, spec_.pods - 1, stateless_pods));
+  next.stateless_pods_.insert(stateless_pods.begin(), stateless_pods.end());
+  if (!j.contains("stateless_pods"))  // a state saved before the field: every lost pod
+    for (size_t p = 0; p < next.slots_.size(); ++p)
+      if (next.slots_[p].status == PodSlot::Status::kLost)
+        next.stateless_pods_.insert(static_cast<int64_t>(p));
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "stateless_after_step", where, -1, kMaxTime,
+                                     next.stateless_after_step_, false));
   if (auto it = j.find("manager"); it != j.end())
     REGROUP_RETURN_IF_ERROR(ReadManager(*it, "job state manager", next.manager_));
   if (auto it = j.find("manager_at_directive"); it != j.end())

@@ -70,9 +70,9 @@ class EngineTest : public ::testing::Test {
   void NodeNamedFails(const std::string& node, int64_t t) {
     ASSERT_TRUE(engine_.SetNodeHealth(node, REGROUP_NODE_FAULTY, "gone", t).ok());
   }
-  void Progress(int64_t generation, int64_t step, int64_t t) {
+  void Progress(int64_t generation, int64_t step, int64_t t, int64_t live_ranks = 8) {
     json e = {{"type", "manager_status"}, {"job", kJob}, {"epoch", 1},
-              {"generation", generation}, {"committed_step", step}, {"live_ranks", 8}};
+              {"generation", generation}, {"committed_step", step}, {"live_ranks", live_ranks}};
     ASSERT_TRUE(engine_.ApplyEvents(e, t).ok());
   }
   const Directive& Tick(int64_t t) {
@@ -543,6 +543,61 @@ TEST_F(EngineTest, ARestartedRankWithoutAnotherCopyOfItsShardNeedsACheckpoint) {
       << d.reason;
 }
 
+// Found by the simulation (seed 2461): a rank restarted in place holds nothing until the census
+// of a generation of every rank gives it the state; while its survivors train on without it, a
+// fault of its only peer at that position left no copy, and the engine restarted that peer in
+// place "with state from a peer replica" too.
+TEST_F(EngineTest, ARankRestartedInPlaceHoldsNoStateUntilAGenerationOfEveryRankCommits) {
+  // Two replicas of tp=2, one a pod: ranks 0, 1 on pod 0; ranks 2, 3 on pod 1.
+  const Map strategies = {{"recover-strategy", "recover-in-place"}};
+  Submit(kForce, strategies, {}, 2, 2);
+  Progress(1, 10, 0, 4);
+  Fault("process_exit", {0}, 11, 100);
+  ASSERT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE);
+  Progress(2, 12, 500, 2);  // the survivors train on without rank 0's replica
+  Fault("process_exit", {2}, 13, 600);
+  const Directive& d = Tick(900);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);  // a fault of the training's own: no reschedule
+  EXPECT_NE(d.reason.find("no surviving rank holds the state of replica position [0]"),
+            std::string::npos)
+      << d.reason;
+}
+
+TEST_F(EngineTest, ARankRestartedInPlaceHoldsTheStateOnceAGenerationOfEveryRankCommitted) {
+  const Map strategies = {{"recover-strategy", "recover-in-place"}};
+  Submit(kForce, strategies, {}, 2, 2);
+  Progress(1, 10, 0, 4);
+  Fault("process_exit", {0}, 11, 100);
+  ASSERT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE);
+  Progress(2, 12, 500, 2);
+  Progress(3, 13, 700, 4);  // rank 0 rejoined, received the state, and the step committed
+  Fault("process_exit", {2}, 14, 800);
+  EXPECT_EQ(Tick(1100).kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE);
+}
+
+// Found by the simulation (seed 144): a replica joining at a scale-out holds nothing until a
+// generation of every rank commits, and a pod replaced for one hung rank gives up its healthy
+// rank too; here that rank was the last holder of the state, and the job scaled in to the
+// replicas that had just joined.
+TEST_F(EngineTest, ReplacingAPodForAHungRankGivesUpItsHealthyRankToo) {
+  // tp=1, 2 pods x 2: replicas 0, 1 on pod 0; replicas 2, 3 on pod 1.
+  Submit(kForce, {{"recover-strategy", "elastic-training"}, {"regroup.io/prefer-elastic", "true"},
+                  {"regroup.io/tensor-parallel", "1"}},
+         {}, 2, 2);
+  Progress(1, 10, 0, 4);
+  NodeFails(1, 100);
+  ASSERT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_SCALE_IN);
+  Progress(2, 12, 500, 2);
+  Replace(1, 600);
+  ASSERT_EQ(Tick(700).kind, REGROUP_DIRECTIVE_SCALE_OUT);
+  Fault("hang", {0}, 13, 800);  // before the scaled-out generation committed anything
+  const Directive& d = Tick(1100);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);
+  EXPECT_NE(d.reason.find("no surviving rank holds the state of replica position [0]"),
+            std::string::npos)
+      << d.reason;
+}
+
 TEST_F(EngineTest, BeforeTheFirstCommitALostShardStartsFromItsInitialisation) {
   Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/tensor-parallel", "4"}});
   NodeFails(1, 100);
@@ -697,6 +752,27 @@ TEST_F(EngineTest, JobStateRoundTripKeepsTheDeadline) {
   restarted.Tick(30200);
   EXPECT_EQ(again.directive().kind, REGROUP_DIRECTIVE_SCALE_IN);
   EXPECT_EQ(again.StateJson()["phase"], "scaled_in");
+}
+
+// What holds no state survives a scheduler restart: a coordinator restored from its snapshot
+// does not take a rank restarted in place for a holder.
+TEST_F(EngineTest, JobStateRoundTripKeepsTheRanksWithoutState) {
+  Submit(kForce, {{"recover-strategy", "recover-in-place"}}, {}, 2, 2);
+  Progress(1, 10, 0, 4);
+  Fault("process_exit", {0}, 11, 100);
+  ASSERT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE);
+  const json state = job().StateJson();
+  EXPECT_EQ(state["stateless_ranks"], "0");
+  EXPECT_EQ(state["stateless_after_step"], 10);
+  Engine restarted;
+  ASSERT_TRUE(restarted.UpsertJob(job().spec(), nullptr, 0).ok());
+  Job& again = *restarted.FindJob(kJob);
+  ASSERT_TRUE(again.LoadState(state).ok());
+  EXPECT_EQ(again.StateJson(), state);
+  json bad = state;
+  bad["stateless_ranks"] = "0-9";
+  EXPECT_EQ(again.LoadState(bad).message(),
+            "job state field \"stateless_ranks\" holds 9; items must be from 0 to 3");
 }
 
 TEST_F(EngineTest, StateOfAnotherJobIsRefused) {

@@ -126,6 +126,7 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
                                  : static_cast<uint32_t>(config_.heartbeat_interval_ms)),
       agents_(static_cast<size_t>(spec_.pods)),
       rank_of_(static_cast<size_t>(spec_.pods)),
+      generation_uids_(static_cast<size_t>(spec_.pods)),
       starts_(static_cast<size_t>(spec_.pods)) {
   if (options_.record) {
     const JobRecord& before = *options_.record;
@@ -691,6 +692,7 @@ Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
 void JobControl::Commit(int64_t step, int64_t now) {
   committed_step_ = step;
   committed_mark_ = {options_.epoch, generation_};
+  for (const auto& p : places_) restarted_since_commit_.erase({p.node_rank, p.local_rank});
   vote_step_ = -1;
   ++counters_.commits;
   v1::ManagerMessage m;
@@ -871,6 +873,7 @@ void JobControl::RestartRanks(int64_t node, const std::vector<uint32_t>& locals,
   m.mutable_restart()->set_directive_id(++directive_id_);
   for (uint32_t l : locals) {
     m.mutable_restart()->add_local_ranks(l);
+    restarted_since_commit_.insert({node, l});
     a.restarting.insert(l);
     a.failed.erase(l);
     a.finished.erase(l);
@@ -881,8 +884,10 @@ void JobControl::RestartRanks(int64_t node, const std::vector<uint32_t>& locals,
 
 void JobControl::RestartIfItPredatesTheJobRestart(int64_t node) {
   const Agent& a = agents_[static_cast<size_t>(node)];
+  // A process restarted for the job reports no generation (or is not alive yet) until the next
+  // one forms; one that reports a generation never got the restart (sim seed 26796: the restart
+  // went out on a stream that its cut link had already broken).
   if (job_restarting_ && !a.pod_uid.empty() && a.connected && a.state != AgentState::kLost &&
-      !restarted_for_job_.count(std::string(PodOfUid(a.pod_uid))) &&
       std::any_of(a.ranks.begin(), a.ranks.end(),
                   [](const auto& r) { return r.alive() && r.generation() > 0; }))
     RestartForJob(node, "the job restarts from the newest checkpoint, and this pod's processes "
@@ -891,7 +896,6 @@ void JobControl::RestartIfItPredatesTheJobRestart(int64_t node) {
 
 void JobControl::RestartForJob(int64_t node, const std::string& reason) {
   const Agent& a = agents_[static_cast<size_t>(node)];
-  restarted_for_job_.insert(std::string(PodOfUid(a.pod_uid)));
   std::vector<uint32_t> locals(a.nproc);
   std::iota(locals.begin(), locals.end(), 0u);
   RestartRanks(node, locals, reason);
@@ -970,6 +974,14 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
   if (keep.empty() || keep.size() == replicas_.size() || dp < config_.min_data_parallel ||
       (config_.even_split && micro_total > 0 && micro_total % dp != 0))
     return false;
+  // The survivors must hold every shard of the state between them (a rank restarted in place
+  // earlier, not yet given the state, holds none): else the decision maker decides.
+  if (!PositionsHeld(keep)) {
+    Event(now, "wait",
+          "the survivors of " + reason + " do not hold every shard of the state between them: "
+          "they wait for the decision maker");
+    return false;
+  }
   // Every dead process must be restartable here: its agent connected and in the job.
   std::vector<int64_t> restart_nodes;
   for (size_t n = 0; n < agents_.size(); ++n) {
@@ -1150,6 +1162,48 @@ std::pair<uint64_t, uint64_t> JobControl::HeardCommitMark(int64_t step) const {
   return mark;
 }
 
+bool JobControl::HoldsCommittedState(int64_t node, uint32_t local) const {
+  const Agent& a = agents_[static_cast<size_t>(node)];
+  if (local >= a.ranks.size() || a.restarting.count(local)) return false;
+  const v1::LocalRank& r = a.ranks[local];
+  if (std::max(r.committed_step(), r.heard_commit_step()) >= committed_step_) return true;
+  // Its reports may be a heartbeat late. A rank of the running generation holds it if that
+  // generation committed the step (it voted for it) or resumed after it with this rank holding
+  // it, unless its pod was replaced or its process restarted since (sim seed 3120: a rank
+  // restarted in place was kept as a holder of its replica's shard).
+  const auto& ranks_here = rank_of_[static_cast<size_t>(node)];  // empty before a generation
+  const int32_t g = local < ranks_here.size() ? ranks_here[local] : -1;
+  if (g < 0 || static_cast<size_t>(g) >= places_.size() || generation_uids_[static_cast<size_t>(node)] != a.pod_uid ||
+      restarted_since_commit_.count({node, local}))
+    return false;
+  return committed_mark_ == std::make_pair(options_.epoch, generation_) ||
+         !places_[static_cast<size_t>(g)].needs_state;
+}
+
+bool JobControl::PositionsHeld(const std::vector<int64_t>& replicas) const {
+  if (committed_step_ < 0) return true;  // before the first commit there is no state to hold
+  const int64_t size = layout_.replica_ranks();
+  const int64_t ppp = spec_.processes_per_pod;
+  for (int64_t position = 0; position < size; ++position) {
+    bool held = false;
+    for (int64_t r : replicas) {
+      const int64_t global = r * size + position;
+      held = held || HoldsCommittedState(global / ppp, static_cast<uint32_t>(global % ppp));
+    }
+    if (!held) return false;
+  }
+  return true;
+}
+
+int64_t JobControl::HighestCommitHeard() const {
+  int64_t heard = committed_step_;
+  for (const Agent& a : agents_)
+    if (a.state != AgentState::kLost && !a.pod_uid.empty())
+      for (const auto& lr : a.ranks)
+        heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
+  return heard;
+}
+
 bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
                                 const std::vector<int64_t>& micro, const std::string& reason,
                                 int64_t now, bool interim) {
@@ -1157,6 +1211,10 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     Event(now, "wait", "generation not formed: no replica to form it from");
     return false;
   }
+  // What the record says now decides too (sim seed 21634: a second incarnation formed its first
+  // generation from a pod whose processes predated a job restart that the first had just put on
+  // record): fenced, it forms nothing; a job restart on record restarts such pods first.
+  if (StopsCommitting(now, /*record=*/true)) return false;
   for (int64_t r : replicas)
     if (!ReplicaReady(r)) {
       std::vector<int64_t> pods = layout_.PodsOfReplica(r);
@@ -1171,20 +1229,16 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   // The step to resume from: the highest any survivor committed, or heard commit for, kept or
   // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
   // it in the generation that committed it, and apply it from their vote).
-  int64_t heard = committed_step_;
-  for (const Agent& a : agents_)
-    if (a.state != AgentState::kLost && !a.pod_uid.empty())
-      for (const auto& lr : a.ranks)
-        heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
+  const int64_t heard = HighestCommitHeard();
   if (heard > committed_step_) {  // committed by a generation this incarnation did not run
     committed_step_ = heard;
     committed_mark_ = HeardCommitMark(heard);
   }
-  // Who holds the committed state: the ranks of the generation that committed it (their reports
-  // may not say so yet), and every rank whose report says it committed or heard it.
-  std::set<std::pair<int64_t, uint32_t>> voted;
-  if (committed_mark_ == std::make_pair(options_.epoch, generation_))
-    for (const auto& p : places_) voted.insert({p.node_rank, p.local_rank});
+  // Who holds the committed state (HoldsCommittedState), as of the generation that committed it.
+  std::set<std::pair<int64_t, uint32_t>> holders;
+  for (size_t n = 0; n < agents_.size(); ++n)
+    for (uint32_t l = 0; l < agents_[n].ranks.size(); ++l)
+      if (HoldsCommittedState(static_cast<int64_t>(n), l)) holders.insert({n, l});
 
   // Numbered past every generation an agent reports (a restarted manager's agents come from
   // another epoch's generations): a late report of an old one is then always older than this.
@@ -1194,9 +1248,9 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   ++generation_;
   ++counters_.generations;
   job_restarting_ = restart_on_record_ = false;
-  restarted_for_job_.clear();
   given_up_.clear();
   replicas_ = replicas;
+  for (size_t n = 0; n < agents_.size(); ++n) generation_uids_[n] = agents_[n].pod_uid;
   const int64_t per_replica = layout_.replica_ranks();
   const int64_t ppp = spec_.processes_per_pod;
   places_.clear();
@@ -1206,14 +1260,9 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
       const int64_t global = replicas[k] * per_replica + local;
       rank_of_[static_cast<size_t>(global / ppp)][static_cast<size_t>(global % ppp)] =
           static_cast<int32_t>(places_.size());
-      const auto& reported = agents_[static_cast<size_t>(global / ppp)].ranks;
-      const size_t at = static_cast<size_t>(global % ppp);
-      const bool holds = voted.count({global / ppp, static_cast<uint32_t>(at)}) ||
-                         (at < reported.size() &&
-                          std::max(reported[at].committed_step(),
-                                   reported[at].heard_commit_step()) >= committed_step_);
-      places_.push_back({global / ppp, static_cast<uint32_t>(at), static_cast<uint32_t>(k),
-                         !holds});
+      const auto at = static_cast<uint32_t>(global % ppp);
+      places_.push_back({global / ppp, at, static_cast<uint32_t>(k),
+                         !holders.count({global / ppp, at})});
     }
   const int64_t micro_total =
       config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size : 0;
@@ -1439,7 +1488,6 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
   committed_step_ = -1;
   committed_mark_ = {0, 0};
   std::vector<std::string> restarted;
-  restarted_for_job_.clear();
   for (size_t n = 0; n < agents_.size(); ++n) {
     Agent& a = agents_[n];
     const bool usable = a.connected && a.state != AgentState::kLost &&
@@ -1692,7 +1740,10 @@ void JobControl::TryFirstGeneration(int64_t now) {
     Event(now, "error", "the join window closed with node ranks " + Join(missing) +
                             " missing: " + why + "; waiting for them");
   // The missing pods are faults like any other: the decision maker says whether to wait for
-  // them or start smaller.
+  // them or start smaller. It hears first what the pods back have committed (a restarted
+  // manager's decision maker knows nothing yet: sim seed 16473 resumed "with the survivors'
+  // state" a shard only the missing pod held, as if the job had not started).
+  decisions_->Progress(options_.epoch, generation_, HighestCommitHeard(), 0, now);
   state_ = State::kAborted;
   v1::FaultFacts f;
   f.set_kind(v1::FAULT_KIND_POD_LOST);

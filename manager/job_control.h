@@ -252,7 +252,7 @@ class JobControl {
   void Fence(int64_t node, const std::string& reason, bool readmit = true);
   // Asks an agent to restart these local ranks in place.
   void RestartRanks(int64_t node, const std::vector<uint32_t>& locals, const std::string& reason);
-  // Every process of `node`, for the job restart under way (restarted_for_job_).
+  // Every process of `node`, for the job restart under way.
   void RestartForJob(int64_t node, const std::string& reason);
   // During a job restart, a pod whose processes were in a generation (none formed since the
   // restart) restarts them: it was away when the restart was decided, or reached another
@@ -294,6 +294,14 @@ class JobControl {
   // Training is over: a rank of the generation holding the trained state finished it, and every
   // other such rank has finished too, or is on `gone_node` (a pod lost just now; -1: none).
   bool EveryHolderFinished(int64_t gone_node = -1) const;
+  // The highest step committed here or heard committed by a pod not lost.
+  int64_t HighestCommitHeard() const;
+  // Whether a rank holds the state at committed_step_, as far as this manager knows: its
+  // reports say it applied or heard that commit, or it voted for it in the generation that
+  // committed it and its process was not restarted since.
+  bool HoldsCommittedState(int64_t node, uint32_t local) const;
+  // Whether, at every position of a replica, a rank of `replicas` holds that state.
+  bool PositionsHeld(const std::vector<int64_t>& replicas) const;
   void Finished(int64_t now);
   void Commit(int64_t step, int64_t now);
   int64_t HangTimeoutMs() const;
@@ -349,11 +357,11 @@ class JobControl {
   bool interim_ = false;  // the running generation is interim (survivors continued)
   bool job_restarting_ = false;  // RESTART_JOB applied, no generation formed since
   bool restart_on_record_ = false;  // ... by another incarnation: it is on the durable record
-  // While it restarts: the pods (PodOfUid) whose processes restarted for it; any other that
-  // registers with processes that were in a generation restarts them then.
-  std::set<std::string> restarted_for_job_;
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
   std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (node, local) restarted at once
+  // (node, local) whose process restarted since the last commit: it holds no vote of its own.
+  std::set<std::pair<int64_t, uint32_t>> restarted_since_commit_;
+  std::vector<std::string> generation_uids_;  // by node: the pod in the running generation
   std::vector<int64_t> microbatches_;
   int64_t committed_step_ = -1;
   uint32_t generation_agents_ = 0;

@@ -1868,14 +1868,9 @@ TEST(JobControl, AJobRestartRestartsEveryProcessAndResumesFromTheirCheckpoint) {
   ExpectEveryStartAfterTheAbortOfTheGenerationBefore(sim);
 }
 
-// Found by the simulation's census measure (seed 375): a pod lost before a job restart (its link
-// cut) came back as its own replacement afterwards with the processes it had, holding step 5;
-// the restart had restarted only the pods connected when it was decided. The next generation
-// resumed after step 5, which no restarted process held: the real trainers' census fails there
-// (no rank at that position holds the state). Its processes predate the restart: they restart
-// too, and the job resumes from the checkpoint, as the restart says.
-TEST(JobControl, APodLostBeforeAJobRestartRestartsItsProcessesWhenItComesBack) {
-  Sim sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
+// Three pods of one tp-2 replica each commit steps 0 to 5; pod 1's link is cut, and the job
+// restarts from its checkpoint while it is away (pods 0 and 2 are told to restart theirs).
+void RestartTheJobWhilePod1IsAway(Sim& sim) {
   sim.RegisterAll();
   sim.Run(20);
   for (int64_t step = 0; step <= 5; ++step)
@@ -1884,6 +1879,17 @@ TEST(JobControl, APodLostBeforeAJobRestartRestartsItsProcessesWhenItComesBack) {
   sim.rt->Disconnected(sim.streams_[1], sim.now);  // pod 1's link is cut
   sim.Gone(1);
   sim.Run(800, 5);
+}
+
+// Found by the simulation's census measure (seed 375): a pod lost before a job restart (its link
+// cut) came back as its own replacement afterwards with the processes it had, holding step 5;
+// the restart had restarted only the pods connected when it was decided. The next generation
+// resumed after step 5, which no restarted process held: the real trainers' census fails there
+// (no rank at that position holds the state). Its processes predate the restart: they restart
+// too, and the job resumes from the checkpoint, as the restart says.
+TEST(JobControl, APodLostBeforeAJobRestartRestartsItsProcessesWhenItComesBack) {
+  Sim sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
+  RestartTheJobWhilePod1IsAway(sim);
   for (int64_t n : {0, 2}) ExpectRestartedAndReadmitted(sim, n);
   EXPECT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 0) << "pod 1 was away";
   for (int64_t n : {0, 2})
@@ -1900,6 +1906,21 @@ TEST(JobControl, APodLostBeforeAJobRestartRestartsItsProcessesWhenItComesBack) {
   }
   ASSERT_EQ(sim.rt->generation(), 2u);
   EXPECT_EQ(sim.starts_[0].plan().committed_step(), 3) << "from the checkpoint, as restarted";
+}
+
+// ...and a pod the restart was sent to that never got it (simulation seed 26796: its link was
+// cut, and the manager wrote the restart on a stream that was already dead) comes back with its
+// old processes: they restart too. A process restarted for the job reports no generation.
+TEST(JobControl, APodThatNeverGotTheJobRestartRestartsItsProcessesWhenItComesBack) {
+  Sim sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
+  RestartTheJobWhilePod1IsAway(sim);
+  ASSERT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 1) << "sent, and lost on the cut link";
+  sim.Clear();
+  ASSERT_TRUE(sim.Register(0, "pod-0/2", Survivor(2, 5)).ok());
+  ASSERT_TRUE(sim.Register(2, "pod-2/2", FreshRanks(2, 3)).ok());  // pod 2 restarted them
+  sim.Collect();
+  EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 1) << "its processes predate the restart";
+  EXPECT_EQ(sim.Count(2, v1::ManagerMessage::kRestart), 0) << "its processes are the restarted ones";
 }
 
 // The same after a manager restart (sim seed 51007): the restarted manager decided a job restart
@@ -1941,13 +1962,7 @@ TEST(JobControl, ARestartedManagersJobRestartRestartsThePodsItHadNotSeenAndResum
 // restarts the processes of the pod that was away, so the job resumes from the checkpoint.
 TEST(JobControl, AJobRestartOnRecordRestartsThePodThatWasAwayUnderTheNextIncarnation) {
   Sim before(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
-  before.RegisterAll();
-  before.Run(20);
-  for (int64_t step = 0; step <= 5; ++step)
-    for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(before.Vote(n, step).ok());
-  before.rt->Disconnected(before.streams_[1], before.now);  // pod 1's link is cut
-  before.Gone(1);
-  before.Run(800, 5);
+  RestartTheJobWhilePod1IsAway(before);
   const JobRecord record = RecordOf(before);
   ASSERT_TRUE(record.restarting) << "the job restart is on record";
   // The manager crashes before anything comes back; pods 0 and 2 restarted their processes.

@@ -328,8 +328,8 @@ void Job::NoteStateless(int64_t replica, int64_t position) {
 }
 
 bool Job::ShardLost(int64_t now, const std::string& what, const std::set<int64_t>& lost,
-                    const std::vector<int64_t>& dead_ranks) {
-  const auto gone = PositionsLost(lost, dead_ranks);
+                    const std::vector<int64_t>& dead_ranks, const std::vector<int64_t>* keep) {
+  const auto gone = PositionsLost(lost, dead_ranks, keep);
   if (gone.empty()) return false;
   JobLevel(now, what + "; no surviving rank holds the state of replica position" +
                     (gone.size() > 1 ? "s " : " ") + List(gone) + ": a checkpoint is needed");
@@ -337,13 +337,16 @@ bool Job::ShardLost(int64_t now, const std::string& what, const std::set<int64_t
 }
 
 std::vector<int64_t> Job::PositionsLost(const std::set<int64_t>& lost,
-                                        const std::vector<int64_t>& dead_ranks) const {
+                                        const std::vector<int64_t>& dead_ranks,
+                                        const std::vector<int64_t>* keep) const {
   std::vector<int64_t> out;
   if (manager_.committed_step < 0) return out;
   const int64_t size = layout_.replica_ranks();
   for (int64_t position = 0; position < size; ++position) {
     bool held = false;
     for (size_t k = 0; k < generation_replicas_.size() && !held; ++k) {
+      if (keep && std::find(keep->begin(), keep->end(), generation_replicas_[k]) == keep->end())
+        continue;
       const int64_t pod = layout_.PodOfRank(generation_replicas_[k], position);
       held = slots_[static_cast<size_t>(pod)].status != PodSlot::Status::kLost && !lost.count(pod) &&
              !std::binary_search(dead_ranks.begin(), dead_ranks.end(),
@@ -455,6 +458,9 @@ void Job::ScaleIn(int64_t now, const std::string& what, bool waited) {
     Escalate(now, what + "; cannot scale in: " + why);
     return;
   }
+  // The replicas it keeps must hold the state between them: a holder on a replica left
+  // incomplete does not train, and nobody outside the generation sends (sim seed 29096).
+  if (ShardLost(now, what + "; scaling in would keep no holder", {}, {}, &plan->keep_replicas)) return;
   Directive d;
   d.kind = REGROUP_DIRECTIVE_SCALE_IN;
   d.strategy = "elastic-training";
@@ -731,6 +737,10 @@ bool Job::TryGrow(int64_t now) {
   if (!plan) return false;
   const int64_t needed = phase_ == REGROUP_PHASE_RESTARTING ? original_dp() : dp_;
   if (waiting && plan->dp < needed) return false;
+  // A resume with the survivors' state waits until the replicas it keeps hold every shard (a
+  // holder's replica may still lack a pod); its deadline's scale-in decides otherwise.
+  if (phase_ == REGROUP_PHASE_WAITING && !PositionsLost({}, {}, &plan->keep_replicas).empty())
+    return false;
   if (!waiting && plan->dp <= dp_) return false;
 
   const int64_t since = now - config_.recovery_window_s * 1000;

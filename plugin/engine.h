@@ -232,11 +232,14 @@ class Job {
   // restarted earlier and not yet given the state.
   // Such a shard comes back only from a checkpoint; none before the first commit (a fresh
   // position starts from its replica's own initialisation).
+  // With `keep`, only ranks of those replicas count as holders (the replicas a plan keeps).
   std::vector<int64_t> PositionsLost(const std::set<int64_t>& lost,
-                                     const std::vector<int64_t>& dead_ranks) const;
+                                     const std::vector<int64_t>& dead_ranks,
+                                     const std::vector<int64_t>* keep = nullptr) const;
   // When a position is lost, decides the job level (the newest checkpoint) and returns true.
   bool ShardLost(int64_t now, const std::string& what, const std::set<int64_t>& lost,
-                 const std::vector<int64_t>& dead_ranks);
+                 const std::vector<int64_t>& dead_ranks,
+                 const std::vector<int64_t>* keep = nullptr);
   int64_t RecoveriesInWindow(int64_t now) const;
   int64_t PodOfRank(int64_t rank) const;
   void SettleProgress();

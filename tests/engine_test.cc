@@ -598,6 +598,28 @@ TEST_F(EngineTest, ReplacingAPodForAHungRankGivesUpItsHealthyRankToo) {
       << d.reason;
 }
 
+// Found by the simulation (seed 29096): the replicas a scale-in keeps must hold every shard
+// between them. Replica 1 kept the only copy of position 0 (pod 2) but lost pod 3; replica 0
+// lost pod 0 and got a replacement with nothing; the deadline's scale-in kept replica 0 alone.
+TEST_F(EngineTest, AScaleInThatWouldKeepNoHolderOfAShardNeedsACheckpoint) {
+  Submit(kForce, {{"recover-strategy", "recover,elastic-training"},
+                  {"wait-reschedule-timeout", "30"}},
+         {}, 4, 1);  // tp=2 over 1-process pods: replica 0 = pods 0, 1; replica 1 = pods 2, 3
+  Progress(1, 10, 0, 4);
+  NodeFails(3, 100);
+  ASSERT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_WAIT);
+  NodeFails(0, 500);
+  ASSERT_EQ(Tick(800).kind, REGROUP_DIRECTIVE_WAIT);
+  Replace(0, 900);
+  EXPECT_EQ(Tick(1000).kind, REGROUP_DIRECTIVE_WAIT) << "replica 0 alone holds no position 0";
+  const Directive& d = Tick(40000);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_JOB);
+  EXPECT_NE(d.reason.find("scaling in would keep no holder; no surviving rank holds the state of "
+                          "replica position [0]"),
+            std::string::npos)
+      << d.reason;
+}
+
 TEST_F(EngineTest, BeforeTheFirstCommitALostShardStartsFromItsInitialisation) {
   Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/tensor-parallel", "4"}});
   NodeFails(1, 100);

@@ -115,8 +115,12 @@ void Job::MarkLost(int64_t pod, LostCause cause, int64_t now, bool avoid_node) {
   PodSlot& slot = slots_[static_cast<size_t>(pod)];
   if (slot.status == PodSlot::Status::kLost) return;
   slot.status = PodSlot::Status::kLost;
-  stateless_pods_.insert(pod);
-  stateless_after_step_ = manager_.committed_step;
+  // Its replacement, or the pod readmitted, holds nothing it can be trusted with; during a job
+  // restart every process takes the checkpoint anyway.
+  if (cause != LostCause::kJobRestart && phase_ != REGROUP_PHASE_RESTARTING) {
+    stateless_pods_.insert(pod);
+    stateless_after_step_ = manager_.committed_step;
+  }
   slot.lost_uid = slot.uid;
   slot.lost_cause = cause;
   slot.replacement_seen = false;
@@ -426,6 +430,7 @@ void Job::JobLevel(int64_t now, const std::string& why) {
       MarkLost(static_cast<int64_t>(p), LostCause::kJobRestart, now, false);
   stateless_.clear();  // every process restarts from the checkpoint
   stateless_pods_.clear();
+  stateless_after_step_ = -1;
   d.kind = REGROUP_DIRECTIVE_RESTART_JOB;
   d.strategy = pod_level ? "pod-rescheduling" : "job-rescheduling";
   d.reason = why + (pod_level ? "; replacing the faulty pods (pod-level rescheduling)"

@@ -620,6 +620,25 @@ TEST_F(EngineTest, AScaleInThatWouldKeepNoHolderOfAShardNeedsACheckpoint) {
       << d.reason;
 }
 
+// Every process of a job restart takes the checkpoint: a pod lost while the job restarts holds
+// the state once the job resumed, though the steps after the checkpoint are below the step at
+// which it was lost.
+TEST_F(EngineTest, APodLostDuringAJobRestartHoldsTheCheckpointOnceTheJobResumed) {
+  Submit(kForce, {{"recover-strategy", "recover"}}, {}, 2, 2);  // a tp-2 replica per pod
+  Progress(1, 100, 0, 4);
+  NodeFails(0, 100);
+  NodeFails(1, 100);
+  ASSERT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_RESTART_JOB) << "both copies of every shard lost";
+  Replace(0, 500);
+  NodeNamedFails("spare-0", 600);  // pod 0's replacement is lost too, while the job restarts
+  Replace(0, 700, "spare-x");
+  Replace(1, 700);
+  ASSERT_EQ(Tick(800).kind, REGROUP_DIRECTIVE_RESUME);
+  Progress(2, 41, 900, 4);  // resumed from the checkpoint of step 40, every rank training
+  NodeNamedFails("spare-1", 1000);
+  EXPECT_EQ(Tick(1300).kind, REGROUP_DIRECTIVE_WAIT) << "pod 0 holds every shard";
+}
+
 TEST_F(EngineTest, BeforeTheFirstCommitALostShardStartsFromItsInitialisation) {
   Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/tensor-parallel", "4"}});
   NodeFails(1, 100);

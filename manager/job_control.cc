@@ -761,7 +761,7 @@ void JobControl::Depart(int64_t node, int64_t now) {
   f.add_pods(static_cast<uint32_t>(node));
   f.set_step(-1);
   f.set_detail("pod " + a.pod_uid + " left (planned departure)");
-  decisions_->Fault(f, now);
+  ReportFault(f, now);
 }
 
 void JobControl::OnLeave(int64_t node, Agent& a, const v1::Leave& leave, int64_t now) {
@@ -850,7 +850,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   for (uint32_t r : known_ranks) f.add_ranks(r);
   f.set_step(step);
   f.set_detail(detail);
-  decisions_->Fault(f, now);
+  ReportFault(f, now);
 }
 
 void JobControl::Fence(int64_t node, const std::string& reason, bool readmit) {
@@ -1193,6 +1193,16 @@ bool JobControl::PositionsHeld(const std::vector<int64_t>& replicas) const {
     if (!held) return false;
   }
   return true;
+}
+
+void JobControl::ReportFault(const v1::FaultFacts& fault, int64_t now) {
+  // Before this incarnation formed a generation, its decision maker (a restarted manager's is
+  // new) hears first what the pods back have committed: it takes a job that has not committed
+  // anything for one that need not keep any state (sim seeds 16473, 17333 resumed "with the
+  // survivors' state" a shard only a lost pod held).
+  if (record_.leader_epoch != options_.epoch)
+    decisions_->Progress(options_.epoch, generation_, HighestCommitHeard(), 0, now);
+  decisions_->Fault(fault, now);
 }
 
 int64_t JobControl::HighestCommitHeard() const {
@@ -1719,16 +1729,28 @@ bool JobControl::MajorityBack(int64_t now) {
 
 void JobControl::TryFirstGeneration(int64_t now) {
   if (join_started_ms_ < 0) return;
+  // A pod here whose processes restart on this manager's order (a job restart) is not missing:
+  // reported so, the decision maker would take it for lost and wait for its replacement for good
+  // (sim seed 17333). The generation waits for its processes.
   std::vector<int64_t> missing;
-  for (size_t n = 0; n < agents_.size(); ++n)
-    if (!Available(static_cast<int64_t>(n))) missing.push_back(static_cast<int64_t>(n));
+  bool restarting = false;
+  for (size_t n = 0; n < agents_.size(); ++n) {
+    const Agent& a = agents_[n];
+    if (Available(static_cast<int64_t>(n))) continue;
+    if (a.connected && a.state != AgentState::kLost && a.state != AgentState::kLeaving &&
+        a.state != AgentState::kDone && !a.restarting.empty())
+      restarting = true;
+    else
+      missing.push_back(static_cast<int64_t>(n));
+  }
   const bool window_over = now >= join_started_ms_ + options_.join_window_ms;
   if (!missing.empty() && !window_over) return;
   if (!MajorityBack(now)) return;
   std::vector<int64_t> all;
   for (int64_t r = 0; r < layout_.replicas(); ++r) all.push_back(r);
   if (missing.empty()) {
-    FormGeneration(all, {}, "all " + std::to_string(agents_.size()) + " pods registered", now);
+    if (!restarting)
+      FormGeneration(all, {}, "all " + std::to_string(agents_.size()) + " pods registered", now);
     return;
   }
   if (missing_reported_) return;
@@ -1740,17 +1762,14 @@ void JobControl::TryFirstGeneration(int64_t now) {
     Event(now, "error", "the join window closed with node ranks " + Join(missing) +
                             " missing: " + why + "; waiting for them");
   // The missing pods are faults like any other: the decision maker says whether to wait for
-  // them or start smaller. It hears first what the pods back have committed (a restarted
-  // manager's decision maker knows nothing yet: sim seed 16473 resumed "with the survivors'
-  // state" a shard only the missing pod held, as if the job had not started).
-  decisions_->Progress(options_.epoch, generation_, HighestCommitHeard(), 0, now);
+  // them or start smaller.
   state_ = State::kAborted;
   v1::FaultFacts f;
   f.set_kind(v1::FAULT_KIND_POD_LOST);
   for (int64_t p : missing) f.add_pods(static_cast<uint32_t>(p));
   f.set_step(-1);
   f.set_detail("node ranks " + Join(missing) + " did not register within the join window");
-  decisions_->Fault(f, now);
+  ReportFault(f, now);
 }
 
 void JobControl::Tick(int64_t now) {

@@ -296,6 +296,8 @@ class JobControl {
   bool EveryHolderFinished(int64_t gone_node = -1) const;
   // The highest step committed here or heard committed by a pod not lost.
   int64_t HighestCommitHeard() const;
+  // Tells the decision maker of a fault.
+  void ReportFault(const v1::FaultFacts& fault, int64_t now);
   // Whether a rank holds the state at committed_step_, as far as this manager knows: its
   // reports say it applied or heard that commit, or it voted for it in the generation that
   // committed it and its process was not restarted since.

@@ -1729,16 +1729,20 @@ bool JobControl::MajorityBack(int64_t now) {
 
 void JobControl::TryFirstGeneration(int64_t now) {
   if (join_started_ms_ < 0) return;
-  // A pod here whose processes restart on this manager's order (a job restart) is not missing:
-  // reported so, the decision maker would take it for lost and wait for its replacement for good
-  // (sim seed 17333). The generation waits for its processes.
+  // A pod here whose processes restart on this manager's order (a job restart) is not missing
+  // while they have the hang timeout to come back: reported so, the decision maker would take it
+  // for lost and wait for its replacement for good (sim seed 17333). Past it (a process that
+  // dies as it restarts: seed 21279), it is missing like any other.
   std::vector<int64_t> missing;
   bool restarting = false;
   for (size_t n = 0; n < agents_.size(); ++n) {
-    const Agent& a = agents_[n];
+    Agent& a = agents_[n];
+    if (a.restarting.empty()) a.restart_ms = -1;
+    else if (a.restart_ms < 0) a.restart_ms = now;
     if (Available(static_cast<int64_t>(n))) continue;
     if (a.connected && a.state != AgentState::kLost && a.state != AgentState::kLeaving &&
-        a.state != AgentState::kDone && !a.restarting.empty())
+        a.state != AgentState::kDone && !a.restarting.empty() &&
+        now - a.restart_ms < HangTimeoutMs())
       restarting = true;
     else
       missing.push_back(static_cast<int64_t>(n));

@@ -191,6 +191,7 @@ class JobControl {
     std::vector<SilenceBound> rank_silence; // each trainer's, from the beat ages reported
     std::vector<int64_t> step_since_ms;     // when each local rank's step last changed
     std::set<uint32_t> restarting;          // local ranks restarted in place, not back yet
+    int64_t restart_ms = -1;                // since when `restarting` is seen before a generation
     std::set<uint32_t> failed;              // local ranks that exited with an error, not restarted
     std::set<uint32_t> finished;            // local ranks that finished training (exit 0)
     uint32_t last_generation_agents = 0;

@@ -87,12 +87,13 @@ TEST(Sim, ASecondManagerBesideTheFirstNeverSplitsTheJob) {
 // for holders by the engine (2461, 1574, 144) or by the survivors' continuation (3120), and a
 // restarted manager's decision maker that had not heard any commit (16473, 17333; with it, 17333
 // found that a pod restarting its processes for a job restart was reported missing at the join
-// window, taken for lost, and waited for good), and a scale-in that kept no holder of a shard
+// window, taken for lost, and waited for good; 21279, that a pod whose process died as it
+// restarted was then never reported at all), and a scale-in that kept no holder of a shard
 // (29096). Each now runs
 // without a census gap, and keeps every invariant.
 TEST(Sim, SeedsThatResumedFromStateNoRankHeldNoLongerDo) {
   for (uint64_t s : {144, 227, 737, 857, 913, 1075, 1272, 1574, 2461, 2839, 3120, 16473, 21634,
-                     26796, 29096, 17333}) {
+                     26796, 29096, 17333, 21279}) {
     Options o;
     o.seed = s;
     const Result r = sim::Run(o);

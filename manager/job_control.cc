@@ -1173,7 +1173,8 @@ bool JobControl::HoldsCommittedState(int64_t node, uint32_t local) const {
   // restarted in place was kept as a holder of its replica's shard).
   const auto& ranks_here = rank_of_[static_cast<size_t>(node)];  // empty before a generation
   const int32_t g = local < ranks_here.size() ? ranks_here[local] : -1;
-  if (g < 0 || static_cast<size_t>(g) >= places_.size() || generation_uids_[static_cast<size_t>(node)] != a.pod_uid ||
+  if (g < 0 || static_cast<size_t>(g) >= places_.size() ||
+      generation_uids_[static_cast<size_t>(node)] != a.pod_uid ||
       restarted_since_commit_.count({node, local}))
     return false;
   return committed_mark_ == std::make_pair(options_.epoch, generation_) ||
@@ -1540,9 +1541,9 @@ int64_t JobControl::HangTimeoutMs() const {
   return std::max(config_.hang_timeout_min_s * 1000, config_.hang_step_factor * MedianStepMs());
 }
 
-// Training is over once every rank that holds the trained state finished: a rank that joined
-// without it (a replica rejoining at the last step's boundary) has nobody left to send it. Once
-// the generation committed a step, every rank of it holds the state.
+// A rank holds the trained state once the generation committed a step, or if it joined holding
+// it; one that joined without it (a replica rejoining at the last step's boundary) has nobody
+// left to send it, so training is over once every holder finished.
 bool JobControl::HolderFinished() const {
   const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
   return std::any_of(places_.begin(), places_.end(), [&](const RankPlace& p) {

@@ -79,6 +79,25 @@ class EngineTest : public ::testing::Test {
     engine_.Tick(t);
     return job().directive();
   }
+  // The decision went to the checkpoint (`kind`: a job restart, or an exit where rescheduling is
+  // not allowed) because the shards at `positions` ("[0]", "s [2,3]") have no holder left.
+  static void ExpectShardLost(const Directive& d, DirectiveKind kind,
+                              const std::string& positions) {
+    EXPECT_EQ(d.kind, kind);
+    EXPECT_NE(d.reason.find("no surviving rank holds the state of replica position" + positions +
+                            ": a checkpoint is needed"),
+              std::string::npos)
+        << d.reason;
+  }
+  // Two tp-2 replicas, one a pod (ranks 0, 1 on pod 0; 2, 3 on pod 1), after step 10: rank 0
+  // dies and is restarted in place; the survivors commit step 12 without it.
+  void RestartRank0InPlaceWhileTheSurvivorsTrainOn() {
+    Submit({{"fault-scheduling", "force"}}, {{"recover-strategy", "recover-in-place"}}, {}, 2, 2);
+    Progress(1, 10, 0, 4);
+    Fault("process_exit", {0}, 11, 100);
+    ASSERT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE);
+    Progress(2, 12, 500, 2);
+  }
 
   Engine engine_;
 };
@@ -512,12 +531,7 @@ TEST_F(EngineTest, AShardWhoseEveryCopyIsLostNeedsACheckpoint) {
   Progress(1, 10, 0);
   NodeFails(1, 100);
   NodeFails(3, 100);
-  const Directive& d = Tick(400);
-  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_JOB);
-  EXPECT_NE(d.reason.find("no surviving rank holds the state of replica positions [2,3]: a "
-                          "checkpoint is needed"),
-            std::string::npos)
-      << d.reason;
+  ExpectShardLost(Tick(400), REGROUP_DIRECTIVE_RESTART_JOB, "s [2,3]");
 }
 
 TEST_F(EngineTest, ShardsHeldInDifferentReplicasAreRecoveredFromTheSurvivors) {
@@ -536,11 +550,8 @@ TEST_F(EngineTest, ARestartedRankWithoutAnotherCopyOfItsShardNeedsACheckpoint) {
   Submit(kForce, {{"recover-strategy", "recover"}, {"regroup.io/tensor-parallel", "8"}});
   Progress(1, 10, 0);
   Fault("process_exit", {3}, 11, 100);
-  const Directive& d = Tick(400);
-  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);  // a fault of the training's own: no reschedule
-  EXPECT_NE(d.reason.find("no surviving rank holds the state of replica position [3]"),
-            std::string::npos)
-      << d.reason;
+  // A fault of the training's own: no reschedule without fault-retry-times.
+  ExpectShardLost(Tick(400), REGROUP_DIRECTIVE_EXIT, " [3]");
 }
 
 // Found by the simulation (seed 2461): a rank restarted in place holds nothing until the census
@@ -548,28 +559,13 @@ TEST_F(EngineTest, ARestartedRankWithoutAnotherCopyOfItsShardNeedsACheckpoint) {
 // fault of its only peer at that position left no copy, and the engine restarted that peer in
 // place "with state from a peer replica" too.
 TEST_F(EngineTest, ARankRestartedInPlaceHoldsNoStateUntilAGenerationOfEveryRankCommits) {
-  // Two replicas of tp=2, one a pod: ranks 0, 1 on pod 0; ranks 2, 3 on pod 1.
-  const Map strategies = {{"recover-strategy", "recover-in-place"}};
-  Submit(kForce, strategies, {}, 2, 2);
-  Progress(1, 10, 0, 4);
-  Fault("process_exit", {0}, 11, 100);
-  ASSERT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE);
-  Progress(2, 12, 500, 2);  // the survivors train on without rank 0's replica
+  RestartRank0InPlaceWhileTheSurvivorsTrainOn();
   Fault("process_exit", {2}, 13, 600);
-  const Directive& d = Tick(900);
-  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);  // a fault of the training's own: no reschedule
-  EXPECT_NE(d.reason.find("no surviving rank holds the state of replica position [0]"),
-            std::string::npos)
-      << d.reason;
+  ExpectShardLost(Tick(900), REGROUP_DIRECTIVE_EXIT, " [0]");
 }
 
 TEST_F(EngineTest, ARankRestartedInPlaceHoldsTheStateOnceAGenerationOfEveryRankCommitted) {
-  const Map strategies = {{"recover-strategy", "recover-in-place"}};
-  Submit(kForce, strategies, {}, 2, 2);
-  Progress(1, 10, 0, 4);
-  Fault("process_exit", {0}, 11, 100);
-  ASSERT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE);
-  Progress(2, 12, 500, 2);
+  RestartRank0InPlaceWhileTheSurvivorsTrainOn();
   Progress(3, 13, 700, 4);  // rank 0 rejoined, received the state, and the step committed
   Fault("process_exit", {2}, 14, 800);
   EXPECT_EQ(Tick(1100).kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE);
@@ -591,11 +587,7 @@ TEST_F(EngineTest, ReplacingAPodForAHungRankGivesUpItsHealthyRankToo) {
   Replace(1, 600);
   ASSERT_EQ(Tick(700).kind, REGROUP_DIRECTIVE_SCALE_OUT);
   Fault("hang", {0}, 13, 800);  // before the scaled-out generation committed anything
-  const Directive& d = Tick(1100);
-  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT);
-  EXPECT_NE(d.reason.find("no surviving rank holds the state of replica position [0]"),
-            std::string::npos)
-      << d.reason;
+  ExpectShardLost(Tick(1100), REGROUP_DIRECTIVE_EXIT, " [0]");
 }
 
 // Found by the simulation (seed 29096): the replicas a scale-in keeps must hold every shard
@@ -613,11 +605,8 @@ TEST_F(EngineTest, AScaleInThatWouldKeepNoHolderOfAShardNeedsACheckpoint) {
   Replace(0, 900);
   EXPECT_EQ(Tick(1000).kind, REGROUP_DIRECTIVE_WAIT) << "replica 0 alone holds no position 0";
   const Directive& d = Tick(40000);
-  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_JOB);
-  EXPECT_NE(d.reason.find("scaling in would keep no holder; no surviving rank holds the state of "
-                          "replica position [0]"),
-            std::string::npos)
-      << d.reason;
+  ExpectShardLost(d, REGROUP_DIRECTIVE_RESTART_JOB, " [0]");
+  EXPECT_NE(d.reason.find("scaling in would keep no holder"), std::string::npos) << d.reason;
 }
 
 // Every process of a job restart takes the checkpoint: a pod lost while the job restarts holds

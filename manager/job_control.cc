@@ -478,6 +478,8 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   w->set_resumed(resumed);
   Send(node, std::move(m));
   if (resumed) CatchUp(node);
+  for (uint32_t l : std::vector<uint32_t>(a.failed.begin(), a.failed.end()))
+    EarlierProcessDied(node, a.ranks[l], "died before this manager heard of it", now);
   // A pod that was away when the job restart under way was decided (lost, its stream broken,
   // or never seen by this incarnation) comes back with processes that predate it: they were in
   // a generation, and none formed since. They restart too, so that the job resumes from the
@@ -614,6 +616,7 @@ void JobControl::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e,
             now, {static_cast<uint32_t>(known)});
       return;
     }
+    if (EarlierProcessDied(node, r, why, now)) return;
     Event(now, "standby_exit", "a standby process of pod " + std::to_string(node) + " exited (" +
                                    why + ")");
     return;
@@ -808,7 +811,8 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
 
 void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
                        int64_t step, const std::string& detail, int64_t now,
-                       const std::vector<uint32_t>& known_ranks) {
+                       const std::vector<uint32_t>& known_ranks,
+                       const std::vector<uint32_t>& local_ranks) {
   if (pods.empty())
     for (uint32_t r : ranks)
       if (r < places_.size()) pods.push_back(places_[r].node_rank);
@@ -829,7 +833,8 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   }
   // Only a fault that touches the running generation aborts it: a lost standby or spare, or a
   // replacement that fails before it joins, leaves the generation training.
-  bool touches_generation = !ranks.empty() || (pods.empty() && known_ranks.empty());
+  bool touches_generation =
+      !ranks.empty() || (pods.empty() && known_ranks.empty() && local_ranks.empty());
   if (known_ranks.empty())
     for (int64_t p : pods) touches_generation |= !GenerationRanks(p).empty();
   if (state_ == State::kTraining && touches_generation) {
@@ -848,9 +853,29 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
     if (known >= 0) f.add_ranks(static_cast<uint32_t>(known));
   }
   for (uint32_t r : known_ranks) f.add_ranks(r);
+  for (uint32_t l : local_ranks) f.add_local_ranks(l);
   f.set_step(step);
   f.set_detail(detail);
   ReportFault(f, now);
+}
+
+bool JobControl::EarlierProcessDied(int64_t node, const v1::LocalRank& rank,
+                                    const std::string& why, int64_t now) {
+  // Only before this incarnation's first generation, and only for a process that was in one (it
+  // may hold the trained state): the decision maker would otherwise count its rank as a holder
+  // of its shard (simulation seed 5951: a second loss then left a shard with no holder, and the
+  // survivors were resumed "with their state"). A job restart under way restarts every process
+  // from the checkpoint anyway.
+  if (record_.leader_epoch == options_.epoch || rank.generation() == 0 ||
+      state_ == State::kStopped || job_restarting_ || restart_on_record_)
+    return false;
+  if (!earlier_deaths_.insert({node, rank.pid()}).second) return true;
+  Fault(v1::FAULT_KIND_PROCESS_EXIT, {node}, {}, rank.step(),
+        "local rank " + std::to_string(rank.local_rank()) + " of pod " + std::to_string(node) +
+            " (in generation " + std::to_string(rank.generation()) + " of an earlier manager) " +
+            why,
+        now, {}, {rank.local_rank()});
+  return true;
 }
 
 void JobControl::Fence(int64_t node, const std::string& reason, bool readmit) {
@@ -1260,6 +1285,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   ++counters_.generations;
   job_restarting_ = restart_on_record_ = false;
   given_up_.clear();
+  earlier_deaths_.clear();
   replicas_ = replicas;
   for (size_t n = 0; n < agents_.size(); ++n) generation_uids_[n] = agents_[n].pod_uid;
   const int64_t per_replica = layout_.replica_ranks();

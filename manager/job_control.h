@@ -211,10 +211,17 @@ class JobControl {
 
   // A fault: abort the generation at once and tell the decision maker. `ranks` are of the
   // running generation; the decision maker hears them as ranks of the generation it knows (see
-  // engine_rank_of_), plus `known_ranks` already in that frame (ranks outside the running one).
+  // engine_rank_of_), plus `known_ranks` already in that frame (ranks outside the running one),
+  // plus the ranks it numbers `local_ranks` of the one pod in `pods` (FaultFacts.local_ranks).
   void Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
              int64_t step, const std::string& detail, int64_t now,
-             const std::vector<uint32_t>& known_ranks = {});
+             const std::vector<uint32_t>& known_ranks = {},
+             const std::vector<uint32_t>& local_ranks = {});
+  // A process of an earlier incarnation's generation died, and this incarnation has formed no
+  // generation yet (a manager restart in between): a fault the decision maker hears by local
+  // rank, once per process. False when it is not such a process (nothing is reported).
+  bool EarlierProcessDied(int64_t node, const v1::LocalRank& rank, const std::string& why,
+                          int64_t now);
   // The survivors continue (regroup.io/survivors-continue): a process of the generation just
   // aborted died; its replicas leave, its processes restart in place at once, and the other
   // replicas form the next generation now. The restarted ranks rejoin at a step boundary
@@ -362,6 +369,7 @@ class JobControl {
   bool restart_on_record_ = false;  // ... by another incarnation: it is on the durable record
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
   std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (node, local) restarted at once
+  std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (node, pid) EarlierProcessDied told
   // (node, local) whose process restarted since the last commit: it holds no vote of its own.
   std::set<std::pair<int64_t, uint32_t>> restarted_since_commit_;
   std::vector<std::string> generation_uids_;  // by node: the pod in the running generation

@@ -1957,6 +1957,47 @@ TEST(JobControl, ARestartedManagersJobRestartRestartsThePodsItHadNotSeenAndResum
   EXPECT_EQ(sim.starts_[0].plan().committed_step(), 3) << "from the checkpoint";
 }
 
+// A process of the last generation that died while no manager heard of it (simulation seed
+// 5951: it died while the manager restarted) is a fault to the restarted manager's decision
+// maker, named by its local rank, though it holds no rank of a generation of this manager's:
+// the decision maker then knows its shard has a copy less, and the loss of the other copy goes
+// to the checkpoint instead of resuming with the survivors' state.
+TEST(JobControl, AProcessThatDiedBeforeARestartedManagerFormedAGenerationIsAFault) {
+  const Map config = {{"recover-strategy", "recover-in-place,elastic-training"},
+                      {"regroup.io/prefer-elastic", "true"},
+                      {"regroup.io/tensor-parallel", "2"}};
+  Sim before(4, 1, kForce, config);  // replica 0 on pods 0 and 1, replica 1 on pods 2 and 3
+  before.RegisterAll();
+  before.Run(20);
+  ASSERT_EQ(before.rt->generation(), 1u);
+  Sim sim(4, 1, kForce, config, Restarted(RecordOf(before)));
+  for (int64_t n : {0, 1, 3}) ASSERT_TRUE(sim.Register(n, "", Survivor(1, 5)).ok());
+  std::vector<v1::LocalRank> dead = Survivor(1, 5);
+  dead[0].set_alive(false);
+  ASSERT_TRUE(sim.Register(2, "", dead).ok());
+  ASSERT_TRUE(sim.Register(2, "", dead).ok()) << "a new stream: the same death, told once";
+  auto told = [&] {
+    int faults = 0;
+    for (const auto& e : Events(sim))
+      faults += e.kind() == "fault" &&
+                e.message().find("process_exit: local rank 0 of pod 2 (in generation 9 of an "
+                                 "earlier manager) died before this manager heard of it") !=
+                    std::string::npos;
+    return faults;
+  };
+  EXPECT_EQ(told(), 1);
+  sim.Run(400, 5);
+  sim.Gone(0);  // pod 0 is lost: position 0 of replica 0; pod 2 held it in replica 1
+  sim.Run(1500, 5);
+  bool checkpoint = false;
+  for (const auto& e : Events(sim))
+    checkpoint |= e.kind() == "directive" &&
+                  e.message().find("no surviving rank holds the state of replica position [0]: "
+                                   "a checkpoint is needed") != std::string::npos;
+  EXPECT_TRUE(checkpoint) << "the shard of position 0 is lost";
+  EXPECT_EQ(told(), 1);
+}
+
 // ...and across a manager restart (simulation seeds 227, 1272: the job restart lived only in the
 // memory of the incarnation that decided it). The next incarnation reads it from the record and
 // restarts the processes of the pod that was away, so the job resumes from the checkpoint.

@@ -198,6 +198,23 @@ Status Job::OnFault(PendingFault fault) {
   for (int64_t p : fault.pods)
     if (p < 0 || p >= spec_.pods)
       return InvalidArgument("job " + spec_.id + " has no pod " + std::to_string(p));
+  if (!fault.local_ranks.empty()) {
+    if (fault.pods.size() != 1)
+      return InvalidArgument("a fault for job " + spec_.id + " names local ranks of " +
+                             std::to_string(fault.pods.size()) + " pods; they must be of one");
+    const int64_t ppp = spec_.processes_per_pod, size = layout_.replica_ranks();
+    for (int64_t local : fault.local_ranks) {
+      if (local < 0 || local >= ppp)
+        return InvalidArgument("job " + spec_.id + " has " + std::to_string(ppp) +
+                               " processes per pod, so no local rank " + std::to_string(local));
+      const int64_t global = fault.pods[0] * ppp + local;
+      const auto k = std::find(generation_replicas_.begin(), generation_replicas_.end(),
+                               global / size);
+      if (k != generation_replicas_.end())
+        fault.ranks.push_back((k - generation_replicas_.begin()) * size + global % size);
+    }
+    fault.local_ranks.clear();
+  }
   if (fault.pods.empty()) {
     for (int64_t rank : fault.ranks) {
       const int64_t pod = PodOfRank(rank);

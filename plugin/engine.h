@@ -120,6 +120,9 @@ struct PendingFault {
   int64_t at_ms = 0;
   std::string detail;
   int64_t merged = 0;  // faults of its kind joined into it past a report window's bound
+  // Processes of the one pod in `pods` by local rank: OnFault adds the ranks they hold in the
+  // job's generation to `ranks` (FaultFacts.local_ranks).
+  std::vector<int64_t> local_ranks{};
 };
 
 // A report window holds at most this many faults; more join the first of their kind.

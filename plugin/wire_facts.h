@@ -22,6 +22,7 @@ std::optional<PendingFault> FaultFromWire(const FaultFacts& facts, int64_t now) 
   fault.kind = *kind;
   fault.pods.assign(facts.pods().begin(), facts.pods().end());
   fault.ranks.assign(facts.ranks().begin(), facts.ranks().end());
+  fault.local_ranks.assign(facts.local_ranks().begin(), facts.local_ranks().end());
   fault.step = std::max<int64_t>(-1, facts.step());  // any negative step: not known
   fault.at_ms = now;
   fault.detail = facts.detail();

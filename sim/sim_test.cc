@@ -88,12 +88,12 @@ TEST(Sim, ASecondManagerBesideTheFirstNeverSplitsTheJob) {
 // restarted manager's decision maker that had not heard any commit (16473, 17333; with it, 17333
 // found that a pod restarting its processes for a job restart was reported missing at the join
 // window, taken for lost, and waited for good; 21279, that a pod whose process died as it
-// restarted was then never reported at all), and a scale-in that kept no holder of a shard
-// (29096). Each now runs
-// without a census gap, and keeps every invariant.
+// restarted was then never reported at all), a scale-in that kept no holder of a shard
+// (29096), and a process that died while the manager restarted, which the new decision maker
+// took for a holder (5951). Each now runs without a census gap, and keeps every invariant.
 TEST(Sim, SeedsThatResumedFromStateNoRankHeldNoLongerDo) {
   for (uint64_t s : {144, 227, 737, 857, 913, 1075, 1272, 1574, 2461, 2839, 3120, 16473, 21634,
-                     26796, 29096, 17333, 21279}) {
+                     26796, 29096, 17333, 21279, 5951}) {
     Options o;
     o.seed = s;
     const Result r = sim::Run(o);

@@ -635,6 +635,42 @@ TEST_F(EngineTest, BeforeTheFirstCommitALostShardStartsFromItsInitialisation) {
   EXPECT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_WAIT);
 }
 
+// A restarted manager names a process that died before it formed a generation by its pod's local
+// rank (it knows none of the engine's generations): the engine names it by the rank it holds in
+// its own generation, and holds nothing against a process that holds no rank in it.
+TEST_F(EngineTest, AFaultByLocalRankIsNamedByTheRankItHoldsInTheGeneration) {
+  Submit(kForce, {{"recover-strategy", "recover-in-place,elastic-training"},
+                  {"regroup.io/prefer-elastic", "true"}},
+         {}, 3, 2);  // replica r on pod r
+  Progress(1, 10, 0, 6);
+  NodeFails(0, 100);
+  ASSERT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_SCALE_IN);
+  Progress(2, 12, 500, 4);  // replicas 1 and 2: ranks 0, 1 on pod 1; 2, 3 on pod 2
+  PendingFault f{FaultKind::kProcessExit, {2}, {}, 13, 600, "exit code 1"};
+  f.local_ranks = {1};
+  ASSERT_TRUE(engine_.ReportFault(kJob, f).ok());
+  const Directive& d = Tick(900);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE) << d.reason;
+  EXPECT_EQ(d.restart_ranks, (std::vector<int64_t>{3})) << "pod 2's local rank 1";
+}
+
+TEST_F(EngineTest, AFaultByLocalRankNamesOnePodAndALocalRankItHas) {
+  Submit(kForce, {{"recover-strategy", "recover-in-place"}}, {}, 2, 2);
+  PendingFault f{FaultKind::kProcessExit, {0, 1}, {}, -1, 100, ""};
+  f.local_ranks = {0};
+  Status st = engine_.ReportFault(kJob, f);
+  EXPECT_EQ(st.code(), REGROUP_INVALID_ARGUMENT);
+  EXPECT_EQ(st.message(),
+            "a fault for job default/train names local ranks of 2 pods; they must be of one");
+  f.pods = {1};
+  f.local_ranks = {2};
+  st = engine_.ReportFault(kJob, f);
+  EXPECT_EQ(st.code(), REGROUP_INVALID_ARGUMENT);
+  EXPECT_EQ(st.message(),
+            "job default/train has 2 processes per pod, so no local rank 2");
+  EXPECT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_CONTINUE) << "nothing was taken";
+}
+
 TEST_F(EngineTest, ScaleInBelowTheMinimumEscalates) {
   Submit(kForce, {{"recover-strategy", "elastic-training,dump"},
                   {"regroup.io/prefer-elastic", "true"},

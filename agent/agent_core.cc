@@ -184,6 +184,8 @@ void AgentCore::StartChild(uint32_t r) {
   k.committed_step = -1;
   k.heard_commit_step = -1;
   k.heard_commit_epoch = k.heard_commit_generation = 0;
+  k.voted_step = -1;
+  k.voted_epoch = k.voted_generation = 0;
   k.restart_pending = false;
   if (!pid.ok()) {
     spdlog::error("local rank {}: {}", r, pid.status().message());
@@ -586,6 +588,12 @@ void AgentCore::OnOutcome(const v1::StepOutcome& outcome) {
       }
       k.committed_step = std::max(k.committed_step, outcome.step());
     }
+    // The outcome of its vote: it applies the step or drops it.
+    Rank& k = ranks_[r];
+    if (k.voted_generation == outcome.generation() && k.voted_step <= outcome.step()) {
+      k.voted_step = -1;
+      k.voted_epoch = k.voted_generation = 0;
+    }
   }
   tally_.Settle(outcome.generation(), outcome.step());
   std::erase_if(unconfirmed_, [&](const v1::AgentMessage& m) {
@@ -725,6 +733,9 @@ v1::LocalRank AgentCore::Report(uint32_t r) const {
   out.set_heard_commit_step(k.heard_commit_step);
   out.set_heard_commit_epoch(k.heard_commit_epoch);
   out.set_heard_commit_generation(k.heard_commit_generation);
+  out.set_voted_step(k.voted_step);
+  out.set_voted_epoch(k.voted_epoch);
+  out.set_voted_generation(k.voted_generation);
   return out;
 }
 
@@ -823,6 +834,18 @@ void AgentCore::OnHello(Millis now, uint32_t r, const v1::TrainerHello& hello) {
   }
 }
 
+// A trainer computes, reduces, votes for or applies step s only holding the state of step s - 1:
+// its own commit, or what its generation's census gave it, which no commit outcome tells this
+// agent (a rank given the state at a generation's start would report none until the next commit,
+// and a manager would take it for a rank without state: sim seed 20285). Only in a generation:
+// a trainer outside one computes nothing.
+void AgentCore::NoteHeldState(Rank& k) {
+  const bool in_step = k.phase == v1::PHASE_COMPUTING || k.phase == v1::PHASE_REDUCING ||
+                       k.phase == v1::PHASE_VOTED || k.phase == v1::PHASE_APPLYING;
+  if (in_step && k.generation > 0 && k.step > 0)
+    k.committed_step = std::max(k.committed_step, k.step - 1);
+}
+
 void AgentCore::OnTrainerMessage(Millis now, uint32_t r, const v1::TrainerMessage& message) {
   now_ = now;
   if (exit_code_ || r >= ranks_.size()) return;
@@ -833,11 +856,16 @@ void AgentCore::OnTrainerMessage(Millis now, uint32_t r, const v1::TrainerMessag
     case v1::TrainerMessage::kHeartbeat:
       k.step = message.heartbeat().step();
       k.phase = message.heartbeat().phase();
+      NoteHeldState(k);
       break;
     case v1::TrainerMessage::kVote: {
       const v1::TrainerVote& vote = message.vote();
       k.step = vote.step();
       k.phase = v1::PHASE_VOTED;
+      k.voted_step = vote.step();
+      k.voted_epoch = started_epoch_;
+      k.voted_generation = vote.generation();
+      NoteHeldState(k);
       k.generation = std::max(k.generation, vote.generation());
       if (auto why = tally_.Add(r, vote)) {
         spdlog::warn("ignoring the vote of local rank {} for step {}: {}", r, vote.step(), *why);
@@ -874,7 +902,22 @@ void AgentCore::OnTrainerMessage(Millis now, uint32_t r, const v1::TrainerMessag
 
 void AgentCore::Deliver(uint32_t r, const v1::AgentReply& reply) {
   if (!host_->SendToTrainer(r, reply)) return;  // not connected: `standing` replays it on hello
-  if (reply.has_start()) ranks_[r].generation = reply.start().plan().generation();
+  if (!reply.has_start()) return;
+  Rank& k = ranks_[r];
+  const v1::GenerationPlan& plan = reply.start().plan();
+  k.generation = plan.generation();
+  // A plan that resumes at or after its vote settles it: the trainer applies the step it voted
+  // for if the plan resumes after it, committed by the generation it voted in (or nobody knows
+  // which), and drops it otherwise (python/regroup/forming.py).
+  if (k.voted_generation != 0 && plan.committed_step() >= k.voted_step) {
+    const std::pair<uint64_t, uint64_t> by{plan.committed_epoch(), plan.committed_generation()};
+    const bool own = by == std::pair<uint64_t, uint64_t>{0, 0} ||
+                     by == std::make_pair(k.voted_epoch, k.voted_generation);
+    if (own && plan.committed_step() == k.voted_step && k.committed_step + 1 == k.voted_step)
+      k.committed_step = k.voted_step;
+    k.voted_step = -1;
+    k.voted_epoch = k.voted_generation = 0;
+  }
 }
 
 void AgentCore::DeliverAll(const v1::AgentReply& reply) {

@@ -120,6 +120,8 @@ class AgentCore {
     int64_t heard_commit_step = -1;
     uint64_t heard_commit_epoch = 0;       // the generation whose outcome committed it
     uint64_t heard_commit_generation = 0;  // (0, 0: not known)
+    int64_t voted_step = -1;               // a vote whose outcome it has not heard
+    uint64_t voted_epoch = 0, voted_generation = 0;  // (0, 0: none)
     bool exited = false;
     int exit_code = 0;
     int exit_signal = 0;
@@ -127,6 +129,7 @@ class AgentCore {
     // that says hello after it was sent.
     std::optional<regroup::v1::AgentReply> standing;
   };
+  static void NoteHeldState(Rank& k);
 
   enum class Link {
     kDown,         // no session: the next one starts at reconnect_at_

@@ -24,6 +24,7 @@ inline std::string_view EngineFaultKind(int kind) {
     // Replicas disagree on their parameters: the step is done again, as after a failed
     // collective.
     case v1::FAULT_KIND_CHECKSUM_MISMATCH: return "collective_error";
+    case v1::FAULT_KIND_STATE_LOST: return "state_lost";
     default: return "";
   }
 }

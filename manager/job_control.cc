@@ -1001,7 +1001,7 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
     return false;
   // The survivors must hold every shard of the state between them (a rank restarted in place
   // earlier, not yet given the state, holds none): else the decision maker decides.
-  if (!PositionsHeld(keep)) {
+  if (!PositionsUnheld(keep).empty()) {
     Event(now, "wait",
           "the survivors of " + reason + " do not hold every shard of the state between them: "
           "they wait for the decision maker");
@@ -1192,6 +1192,14 @@ bool JobControl::HoldsCommittedState(int64_t node, uint32_t local) const {
   if (local >= a.ranks.size() || a.restarting.count(local)) return false;
   const v1::LocalRank& r = a.ranks[local];
   if (std::max(r.committed_step(), r.heard_commit_step()) >= committed_step_) return true;
+  // It voted for the step, and has not heard the outcome: it applies the step from its vote if
+  // the generation it voted in committed it (or nobody knows which did), as the trainer does
+  // (python/regroup/forming.py). What a restarted manager knows of the votes before it.
+  const std::pair<uint64_t, uint64_t> voted_in{r.voted_epoch(), r.voted_generation()};
+  if (voted_in.second != 0 && r.voted_step() == committed_step_ &&
+      r.committed_step() + 1 == committed_step_ &&
+      (committed_mark_ == std::pair<uint64_t, uint64_t>{0, 0} || committed_mark_ == voted_in))
+    return true;
   // Its reports may be a heartbeat late. A rank of the running generation holds it if that
   // generation committed the step (it voted for it) or resumed after it with this rank holding
   // it, unless its pod was replaced or its process restarted since (sim seed 3120: a rank
@@ -1206,8 +1214,9 @@ bool JobControl::HoldsCommittedState(int64_t node, uint32_t local) const {
          !places_[static_cast<size_t>(g)].needs_state;
 }
 
-bool JobControl::PositionsHeld(const std::vector<int64_t>& replicas) const {
-  if (committed_step_ < 0) return true;  // before the first commit there is no state to hold
+std::vector<int64_t> JobControl::PositionsUnheld(const std::vector<int64_t>& replicas) const {
+  std::vector<int64_t> out;
+  if (committed_step_ < 0) return out;  // before the first commit there is no state to hold
   const int64_t size = layout_.replica_ranks();
   const int64_t ppp = spec_.processes_per_pod;
   for (int64_t position = 0; position < size; ++position) {
@@ -1216,9 +1225,9 @@ bool JobControl::PositionsHeld(const std::vector<int64_t>& replicas) const {
       const int64_t global = r * size + position;
       held = held || HoldsCommittedState(global / ppp, static_cast<uint32_t>(global % ppp));
     }
-    if (!held) return false;
+    if (!held) out.push_back(position);
   }
-  return true;
+  return out;
 }
 
 void JobControl::ReportFault(const v1::FaultFacts& fault, int64_t now) {
@@ -1270,6 +1279,23 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     committed_step_ = heard;
     committed_mark_ = HeardCommitMark(heard);
   }
+  // At some position of a replica no rank of it would hold the state it resumes from (the
+  // trainers' census would fail: python/regroup/sync.py). Only a checkpoint has it: the decision
+  // maker hears so, once a step, and nothing is formed (sim seeds 5519, 8780, 29712: its own
+  // knowledge was older, after a manager restart or survivors that trained on alone). A job
+  // restart resumes from the checkpoint anyway.
+  if (!job_restarting_ && !restart_on_record_)
+    if (const auto unheld = PositionsUnheld(replicas); !unheld.empty()) {
+      if (state_lost_step_ != committed_step_) {
+        state_lost_step_ = committed_step_;
+        const std::string why = "no rank of the next generation holds the state of step " +
+                                std::to_string(committed_step_) + " at replica position" +
+                                (unheld.size() > 1 ? "s " : " ") + Join(unheld);
+        Event(now, "wait", "generation not formed: " + why);
+        Fault(v1::FAULT_KIND_STATE_LOST, {}, {}, -1, why, now);
+      }
+      return false;
+    }
   // Who holds the committed state (HoldsCommittedState), as of the generation that committed it.
   std::set<std::pair<int64_t, uint32_t>> holders;
   for (size_t n = 0; n < agents_.size(); ++n)
@@ -1286,6 +1312,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   job_restarting_ = restart_on_record_ = false;
   given_up_.clear();
   earlier_deaths_.clear();
+  state_lost_step_ = -2;
   replicas_ = replicas;
   for (size_t n = 0; n < agents_.size(); ++n) generation_uids_[n] = agents_[n].pod_uid;
   const int64_t per_replica = layout_.replica_ranks();

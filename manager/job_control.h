@@ -307,11 +307,14 @@ class JobControl {
   // Tells the decision maker of a fault.
   void ReportFault(const v1::FaultFacts& fault, int64_t now);
   // Whether a rank holds the state at committed_step_, as far as this manager knows: its
-  // reports say it applied or heard that commit, or it voted for it in the generation that
-  // committed it and its process was not restarted since.
+  // reports say it applied or heard that commit (its agent counts a trainer computing a step as
+  // holding the one before), or voted for the step in the generation that committed it; or it is
+  // a rank of this incarnation's running generation that committed the step or resumed after it
+  // holding it, its process not restarted since.
   bool HoldsCommittedState(int64_t node, uint32_t local) const;
-  // Whether, at every position of a replica, a rank of `replicas` holds that state.
-  bool PositionsHeld(const std::vector<int64_t>& replicas) const;
+  // The positions of a replica at which no rank of `replicas` holds that state (none before the
+  // first commit).
+  std::vector<int64_t> PositionsUnheld(const std::vector<int64_t>& replicas) const;
   void Finished(int64_t now);
   void Commit(int64_t step, int64_t now);
   int64_t HangTimeoutMs() const;
@@ -370,6 +373,7 @@ class JobControl {
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
   std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (node, local) restarted at once
   std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (node, pid) EarlierProcessDied told
+  int64_t state_lost_step_ = -2;  // the committed step whose state_lost the decision maker heard
   // (node, local) whose process restarted since the last commit: it holds no vote of its own.
   std::set<std::pair<int64_t, uint32_t>> restarted_since_commit_;
   std::vector<std::string> generation_uids_;  // by node: the pod in the running generation

@@ -784,6 +784,17 @@ std::vector<v1::LocalRank> Survivor(int64_t ppp, int64_t committed) {
   return ranks;
 }
 
+// ...each of whose ranks voted for step `step` in generation 9 of epoch 1, and has not heard the
+// outcome.
+std::vector<v1::LocalRank> Voted(std::vector<v1::LocalRank> ranks, int64_t step) {
+  for (auto& r : ranks) {
+    r.set_voted_step(step);
+    r.set_voted_epoch(1);
+    r.set_voted_generation(9);
+  }
+  return ranks;
+}
+
 TEST(JobControl, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
   // A new manager incarnation (epoch 2): agents report what their trainers hold. Rank 3 heard
   // commit for step 41 before the old manager died; the others only voted.
@@ -791,7 +802,7 @@ TEST(JobControl, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
   o.epoch = 2;
   Sim sim(2, 2, kForce, kElastic, o);
   for (int64_t n = 0; n < 2; ++n) {
-    std::vector<v1::LocalRank> ranks = Survivor(2, 40);
+    std::vector<v1::LocalRank> ranks = Voted(Survivor(2, 40), 41);
     if (n == 1) ranks[1].set_heard_commit_step(41);
     ASSERT_TRUE(sim.Register(n, "", ranks, 2).ok());
   }
@@ -1510,8 +1521,9 @@ TEST(JobControl, ARestartedManagerResumesAtACommitOnlyAStandbyHeard) {
   o.epoch = 2;
   Sim sim(4, 2, kForce, kElastic, o);
   for (int64_t n = 0; n < 4; ++n) {
-    std::vector<v1::LocalRank> ranks = Survivor(2, 40);
+    std::vector<v1::LocalRank> ranks = Voted(Survivor(2, 40), 41);  // the kept ranks voted
     if (n == 3) {
+      ranks = Survivor(2, 40);  // a standby
       for (auto& r : ranks) r.set_heard_commit_step(41);
       ranks[1].set_phase(v1::PHASE_STARTING);  // not back yet: not kept
     }
@@ -1547,6 +1559,37 @@ TEST(JobControl, ARestartedManagersFirstPlanNamesTheGenerationThatCommittedTheSt
   EXPECT_EQ(plan.committed_step(), 41);
   EXPECT_EQ(plan.committed_epoch(), 7u);
   EXPECT_EQ(plan.committed_generation(), 5u);
+}
+
+// At some position of a replica no rank of the generation to form holds the state it would
+// resume from (sim seeds 5519, 8780, 29712: the decision maker took a standby, or a replica that
+// had stopped while the survivors trained on, for a holder): nothing is formed, the decision
+// maker hears a state_lost fault once, and the job goes to the checkpoint.
+TEST(JobControl, AGenerationNoRankOfWhichHoldsAShardIsNotFormedAndTheJobGoesToTheCheckpoint) {
+  JobControlOptions o;
+  o.epoch = 2;
+  Sim sim(2, 2, {{"fault-scheduling", "force"}, {"fault-retry-times", "1"}}, kElastic, o);
+  for (int64_t n = 0; n < 2; ++n) {
+    std::vector<v1::LocalRank> ranks = Survivor(2, 40);  // a tp-2 replica a pod
+    if (n == 0) ranks[0].set_committed_step(41);  // only position 0 of replica 0 holds step 41
+    ranks[0].set_heard_commit_step(41);
+    ASSERT_TRUE(sim.Register(n, "", ranks, 2).ok());
+  }
+  sim.Run(1000, -1);
+  std::vector<std::string> lost;
+  bool checkpoint = false;
+  for (const auto& e : Events(sim)) {
+    if (e.kind() == "fault" && e.message().rfind("state_lost:", 0) == 0) lost.push_back(e.message());
+    checkpoint |= e.kind() == "directive" &&
+                  e.message().find("restart_job") != std::string::npos &&
+                  e.message().find("a checkpoint is needed") != std::string::npos;
+  }
+  ASSERT_EQ(lost.size(), 1u) << "told once";
+  EXPECT_EQ(lost[0], "state_lost: no rank of the next generation holds the state of step 41 at "
+                     "replica position 1");
+  EXPECT_TRUE(checkpoint);
+  for (const auto& [node, start] : sim.starts_)
+    EXPECT_NE(start.plan().committed_step(), 41) << "pod " << node << " resumes from state nobody holds";
 }
 
 // Ranks that disagree about which generation committed the step they heard (one of them is

@@ -225,7 +225,8 @@ Status Job::OnFault(PendingFault fault) {
       fault.pods.push_back(pod);
     }
   }
-  if (fault.pods.empty() && fault.kind != FaultKind::kCollectiveError)
+  if (fault.pods.empty() && fault.kind != FaultKind::kCollectiveError &&
+      fault.kind != FaultKind::kStateLost)
     return InvalidArgument("a " + std::string(FaultKindName(fault.kind)) + " fault for job " +
                            spec_.id + " names no pod and no rank");
   if (fault.kind == FaultKind::kDeviceError || fault.kind == FaultKind::kPodLost) {
@@ -560,7 +561,7 @@ void Job::Decide(int64_t now) {
   std::string what;
   std::vector<int64_t> dead_ranks;
   std::vector<int64_t> collective_ranks;
-  bool collective = false;
+  bool collective = false, state_lost = false;
   std::optional<std::string> poison;
   size_t described = 0;
   std::map<std::string, int64_t> not_described;
@@ -582,6 +583,7 @@ void Job::Decide(int64_t now) {
         if (slots_[static_cast<size_t>(p)].status != PodSlot::Status::kLost)
           dead_ranks.insert(dead_ranks.end(), f.ranks.begin(), f.ranks.end());
     }
+    state_lost = state_lost || f.kind == FaultKind::kStateLost;
     if (f.kind == FaultKind::kCollectiveError) {
       collective = true;
       collective_ranks.insert(collective_ranks.end(), f.ranks.begin(), f.ranks.end());
@@ -609,6 +611,13 @@ void Job::Decide(int64_t now) {
   for (const auto& f : batch)
     if (f.kind == FaultKind::kPodLost || f.kind == FaultKind::kDeviceError)
       lost_in_batch.insert(f.pods.begin(), f.pods.end());
+  // The manager found a shard no rank of the next generation holds: what this engine knows may be
+  // older (a restarted manager's embedded engine is new; survivors that trained on without the
+  // other replicas left those behind), the manager's knowledge is the ranks' own reports.
+  if (state_lost) {
+    JobLevel(now, what + "; a checkpoint is needed");
+    return;
+  }
   bool broken = false;
   for (int64_t r : generation_replicas_)
     for (int64_t p : layout_.PodsOfReplica(r))

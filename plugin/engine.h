@@ -43,6 +43,7 @@ enum class FaultKind : uint8_t {
   kCollectiveError,  // a collective failed; no process known dead
   kDeviceError,      // the pod's device failed: the pod must be replaced
   kPodLost,          // the pod is gone: failed, deleted, its node faulty, or its agent lost
+  kStateLost,        // no rank of the next generation holds the committed state of a shard
 };
 std::string_view FaultKindName(FaultKind kind);
 std::optional<FaultKind> ParseFaultKind(std::string_view name);

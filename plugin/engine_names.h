@@ -22,8 +22,8 @@ constexpr std::array<std::string_view, 10> kDirectiveNames = {
 constexpr std::array<std::string_view, 3> kHealthNames = {"healthy", "faulty", "unknown"};
 constexpr std::array<std::string_view, 5> kPodPhaseNames = {"pending", "bound", "running",
                                                             "failed", "deleted"};
-constexpr std::array<std::string_view, 5> kFaultKindNames = {
-    "process_exit", "hang", "collective_error", "device_error", "pod_lost"};
+constexpr std::array<std::string_view, 6> kFaultKindNames = {
+    "process_exit", "hang", "collective_error", "device_error", "pod_lost", "state_lost"};
 constexpr std::array<std::string_view, 3> kSlotStatusNames = {"active", "standby", "lost"};
 constexpr std::array<std::string_view, 10> kLostCauseNames = {
     "none",         "node_faulty", "node_unknown", "pod_failed",  "pod_deleted",

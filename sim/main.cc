@@ -3,7 +3,7 @@
 //   regroup-sim --seeds 2000            seeds 1 to 2000; prints each failure and a replay line
 //   regroup-sim --seed 1234 --trace     replays one seed, printing every event
 //   regroup-sim --hours 2               the long mode: fresh seeds until the time is up
-//   regroup-sim --seeds 2000 --gaps     also names each seed with a census gap, and its replay
+//   regroup-sim --seeds 2000 --gaps     also names each seed with a census gap or a state lost, and its replay
 //
 // Exits 1 when any seed breaks an invariant.
 #include <chrono>
@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(regroup::sim::FaultKinds()));
   app.add_flag("--trace", base.trace, "print every event");
   bool gaps = false;
-  app.add_flag("--gaps", gaps, "name each seed whose run had a census gap, with its replay line");
+  app.add_flag("--gaps", gaps, "name each seed whose run had a census gap or a state_lost fault, with its replay line");
   CLI11_PARSE(app, argc, argv);
   if ((seed != 0) + (seeds != 0) + (hours != 0) != 1) {
     std::fprintf(stderr, "regroup-sim: give exactly one of --seed N, --seeds N or --hours H\n");
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
 
   const auto start = std::chrono::steady_clock::now();
   const auto until = start + std::chrono::duration<double, std::ratio<3600>>(hours);
-  uint64_t ran = 0, failed = 0, events = 0, census_gaps = 0, gapped_seeds = 0;
+  uint64_t ran = 0, failed = 0, events = 0, census_gaps = 0, gapped_seeds = 0, lost_seeds = 0;
   std::map<std::string, uint64_t> outcomes;
   auto run_one = [&](uint64_t s) {
     regroup::sim::Options o = base;
@@ -67,14 +67,18 @@ int main(int argc, char** argv) {
     events += r.events;
     census_gaps += r.census_gaps;
     gapped_seeds += r.census_gaps > 0;
+    lost_seeds += r.state_lost > 0;
     if (r.ok) {
       ++outcomes[r.outcome.substr(0, r.outcome.find(':'))];
-      if (seed) std::printf("seed %llu: ok at %lld ms: %s; %s; census gaps %llu\n",
-                            (unsigned long long)s, (long long)r.at_ms, r.setup.c_str(),
-                            r.outcome.c_str(), (unsigned long long)r.census_gaps);
-      else if (gaps && r.census_gaps)
-        std::printf("seed %llu: census gaps %llu: %s\n  replay: %s\n", (unsigned long long)s,
-                    (unsigned long long)r.census_gaps, r.setup.c_str(), ReplayLine(o).c_str());
+      if (seed)
+        std::printf("seed %llu: ok at %lld ms: %s; %s; census gaps %llu; state lost %llu\n",
+                    (unsigned long long)s, (long long)r.at_ms, r.setup.c_str(),
+                    r.outcome.c_str(), (unsigned long long)r.census_gaps,
+                    (unsigned long long)r.state_lost);
+      else if (gaps && (r.census_gaps || r.state_lost))
+        std::printf("seed %llu: census gaps %llu, state lost %llu: %s\n  replay: %s\n",
+                    (unsigned long long)s, (unsigned long long)r.census_gaps,
+                    (unsigned long long)r.state_lost, r.setup.c_str(), ReplayLine(o).c_str());
       return;
     }
     ++failed;
@@ -99,7 +103,8 @@ int main(int argc, char** argv) {
               (unsigned long long)ran, (unsigned long long)failed, (unsigned long long)events,
               secs);
   for (const auto& [kind, n] : outcomes) std::printf(" %s %llu", kind.c_str(), (unsigned long long)n);
-  std::printf("; census gaps %llu in %llu seeds\n", (unsigned long long)census_gaps,
-              (unsigned long long)gapped_seeds);
+  std::printf("; census gaps %llu in %llu seeds; state lost in %llu seeds\n",
+              (unsigned long long)census_gaps, (unsigned long long)gapped_seeds,
+              (unsigned long long)lost_seeds);
   return failed ? 1 : 0;
 }

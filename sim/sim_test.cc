@@ -102,6 +102,21 @@ TEST(Sim, SeedsThatResumedFromStateNoRankHeldNoLongerDo) {
   }
 }
 
+// The last three seeds with a census gap: a restarted manager's new decision maker took a standby
+// for a holder (5519), the decision maker took replicas that had stopped while the survivors
+// trained on for holders (8780), and 29712. The manager's net catches each: it forms no such
+// generation, tells the decision maker (state_lost), and the job goes to the checkpoint.
+TEST(Sim, AGenerationNoRankOfWhichHoldsAShardIsCaughtByTheManager) {
+  for (uint64_t s : {5519, 8780, 29712}) {
+    Options o;
+    o.seed = s;
+    const Result r = sim::Run(o);
+    ASSERT_TRUE(r.ok) << Explain(o, r);
+    EXPECT_EQ(r.census_gaps, 0u) << "seed " << s << ": " << r.setup << ": " << r.outcome;
+    EXPECT_GT(r.state_lost, 0u) << "seed " << s << ": " << r.setup << ": " << r.outcome;
+  }
+}
+
 TEST(Sim, ASeedReplaysExactly) {
   Options o;
   o.seed = 42;

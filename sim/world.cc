@@ -228,6 +228,7 @@ class World {
 
   // Trainers.
   void TrainerBeats(Pod* pod, uint32_t local, int32_t pid);
+  void TrainerTells(Pod* pod, uint32_t local);
   void TrainerReceive(Pod* pod, uint32_t local, const v1::AgentReply& reply);
   void TrainerStarts(Pod* pod, uint32_t local, const v1::GenerationPlan& plan,
                      const v1::RankAssignment& assignment);
@@ -765,6 +766,8 @@ void World::Flush(Manager& m) {
        i < job.events().size(); ++i) {
     result_.aborts += job.events()[i].kind() == "abort";
     result_.superseded += job.events()[i].kind() == "superseded";
+    result_.state_lost += job.events()[i].kind() == "fault" &&
+                          job.events()[i].message().rfind("state_lost:", 0) == 0;
     // A rescheduling goes back to the newest checkpoint by design (MindCluster's job and pod
     // level restarts): what trainers heard committed before it binds no later plan.
     if (job.events()[i].kind() == "job_rescheduling" || job.events()[i].kind() == "pod_rescheduling")
@@ -1018,11 +1021,20 @@ StatusOr<int> World::StartProcess(Pod* pod, uint32_t local) {
 void World::TrainerBeats(Pod* pod, uint32_t local, int32_t pid) {
   Trainer& t = pod->ranks[local];
   if (!t.alive || t.pid != pid) return;
+  TrainerTells(pod, local);
+  TrainerAfter(pod, local, kTrainerBeatMs, [this, pod, local, pid] { TrainerBeats(pod, local, pid); });
+}
+
+// A trainer's status as python/regroup/trainer.py reports it: outside a step (paused, or
+// receiving the state) no step (-1), so that a rank that dies while the job waits is not blamed
+// on the step the job resumes at (the engine's poison-step guard).
+void World::TrainerTells(Pod* pod, uint32_t local) {
+  const Trainer& t = pod->ranks[local];
+  const bool outside = t.phase == v1::PHASE_PAUSED || t.phase == v1::PHASE_SYNCING;
   v1::TrainerMessage beat;
-  beat.mutable_heartbeat()->set_step(t.step);
+  beat.mutable_heartbeat()->set_step(outside ? -1 : t.step);
   beat.mutable_heartbeat()->set_phase(t.phase);
   Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnTrainerMessage(now, local, beat); });
-  TrainerAfter(pod, local, kTrainerBeatMs, [this, pod, local, pid] { TrainerBeats(pod, local, pid); });
 }
 
 // The trainer reads what its agent sent (the socket hands it over at once; it acts on it as an
@@ -1062,10 +1074,12 @@ void World::TrainerReceive(Pod* pod, uint32_t local, const v1::AgentReply& reply
       if (t.phase != v1::PHASE_DONE) t.phase = v1::PHASE_PAUSED;
       ++t.token;
       if (reply.abort().generation() >= t.training_in.second) t.training_in = {0, 0};
+      TrainerTells(pod, local);  // leaving a step is told at once
       break;
     case v1::AgentReply::kPause:
       if (t.phase != v1::PHASE_DONE) t.phase = v1::PHASE_PAUSED;
       ++t.token;  // the step in flight waits
+      TrainerTells(pod, local);
       break;
     case v1::AgentReply::kStop:
       ++t.token;
@@ -1140,6 +1154,9 @@ void World::BeginStep(Pod* pod, uint32_t local) {
     return;
   }
   t.phase = v1::PHASE_COMPUTING;
+  // The first moment of a step is told at once, as python/regroup/trainer.py does: the agent
+  // then knows the trainer holds the step before it.
+  TrainerTells(pod, local);
   const uint64_t token = ++t.token;
   TrainerAfter(pod, local, pod->step_ms + Uniform(0, 20), [this, pod, local, token] {
     StepDone(pod, local, token);

@@ -65,6 +65,10 @@ struct Result {
   // would have failed them (a StateSyncError, then the ladder). A measure of what the simulated
   // trainers do not model (docs/membership.md, "Not yet true"), not an invariant.
   uint64_t census_gaps = 0;
+  // Generations the manager did not form because, by the ranks' reports, none of their ranks
+  // would hold the state at some position (a state_lost fault: the job goes to the checkpoint).
+  // Each is a checkpoint the job pays for; where the simulated ranks did hold it, a needless one.
+  uint64_t state_lost = 0;
   std::vector<std::string> trace;   // the last events before a violation
 };
 

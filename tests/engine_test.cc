@@ -671,6 +671,19 @@ TEST_F(EngineTest, AFaultByLocalRankNamesOnePodAndALocalRankItHas) {
   EXPECT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_CONTINUE) << "nothing was taken";
 }
 
+// The manager found no rank of the next generation holding a shard (what this engine knows may be
+// older): the job goes to the checkpoint, and the fault needs no pod.
+TEST_F(EngineTest, AStateLostFaultGoesToTheCheckpoint) {
+  Submit({{"fault-scheduling", "force"}, {"fault-retry-times", "1"}},
+         {{"recover-strategy", "recover-in-place,elastic-training"}});
+  Progress(1, 10, 0);
+  Fault("state_lost", {}, -1, 100);
+  const Directive& d = Tick(400);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_JOB) << d.reason;
+  EXPECT_NE(d.reason.find("state_lost"), std::string::npos) << d.reason;
+  EXPECT_NE(d.reason.find("a checkpoint is needed"), std::string::npos) << d.reason;
+}
+
 TEST_F(EngineTest, ScaleInBelowTheMinimumEscalates) {
   Submit(kForce, {{"recover-strategy", "elastic-training,dump"},
                   {"regroup.io/prefer-elastic", "true"},

@@ -338,7 +338,10 @@ bool Job::HasCompleteReplica() const {
   const auto available = Available();
   for (int64_t r : generation_replicas_) {
     bool ok = true;
-    for (int64_t p : layout_.PodsOfReplica(r)) ok = ok && available[static_cast<size_t>(p)];
+    for (int64_t p : layout_.PodsOfReplica(r))
+      ok = ok && available[static_cast<size_t>(p)] && !stateless_pods_.count(p);
+    for (int64_t position = 0; ok && position < layout_.replica_ranks(); ++position)
+      ok = !stateless_.count({r, position});
     if (ok) return true;
   }
   return false;

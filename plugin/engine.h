@@ -230,6 +230,9 @@ class Job {
   }
   void Issue(int64_t now, Phase phase, Directive d);
   std::vector<bool> Available() const;
+  // A replica of the generation whose every pod is available and whose every rank holds the
+  // state (none restarted, joined or replaced since the last commit of every rank): one that can
+  // write the checkpoint a dump asks for.
   bool HasCompleteReplica() const;
   // The positions of a replica (its tensor x pipeline shards) that no rank of the running
   // generation holds any more: each of its holders is on a pod in `lost`, among `dead_ranks`, or

@@ -407,6 +407,22 @@ TEST_F(EngineTest, PoisonStepEscalatesToDumpNamingTheStep) {
       << d.reason;
 }
 
+// A dump has a complete replica write the checkpoint: one whose ranks were restarted in place
+// since the last commit of every rank holds nothing to write (each replica here lost a rank), so
+// the job goes to the checkpoint it has instead.
+TEST_F(EngineTest, AReplicaWhoseRanksHoldNoStateDumpsNothing) {
+  Submit(kForce, {{"recover-strategy", "recover-in-place,dump"}}, {}, 2, 2);  // a replica a pod
+  Progress(1, 10, 0, 4);
+  Fault("process_exit", {0}, 11, 100);
+  ASSERT_EQ(Tick(400).kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE);
+  Fault("process_exit", {3}, 12, 600);
+  ASSERT_EQ(Tick(900).kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE) << "position 1 is on pod 0";
+  Fault("process_exit", {3}, 12, 1200);  // the same step fails twice: escalated
+  const Directive& d = Tick(1500);
+  EXPECT_NE(d.reason.find("poison step 12"), std::string::npos) << d.reason;
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_EXIT) << "no replica holds the whole state: no dump";
+}
+
 TEST_F(EngineTest, APassedStepIsNoLongerPoison) {
   Submit(kForce, {{"recover-strategy", "retry,dump"}});
   Fault("collective_error", {1}, 42, 0);

@@ -1579,7 +1579,8 @@ TEST(JobControl, AGenerationNoRankOfWhichHoldsAShardIsNotFormedAndTheJobGoesToTh
   std::vector<std::string> lost;
   bool checkpoint = false;
   for (const auto& e : Events(sim)) {
-    if (e.kind() == "fault" && e.message().rfind("state_lost:", 0) == 0) lost.push_back(e.message());
+    if (e.kind() == "fault" && e.message().rfind("state_lost:", 0) == 0)
+      lost.push_back(e.message());
     checkpoint |= e.kind() == "directive" &&
                   e.message().find("restart_job") != std::string::npos &&
                   e.message().find("a checkpoint is needed") != std::string::npos;
@@ -1589,7 +1590,8 @@ TEST(JobControl, AGenerationNoRankOfWhichHoldsAShardIsNotFormedAndTheJobGoesToTh
                      "replica position 1");
   EXPECT_TRUE(checkpoint);
   for (const auto& [node, start] : sim.starts_)
-    EXPECT_NE(start.plan().committed_step(), 41) << "pod " << node << " resumes from state nobody holds";
+    EXPECT_NE(start.plan().committed_step(), 41)
+        << "pod " << node << " resumes from state nobody holds";
 }
 
 // Ranks that disagree about which generation committed the step they heard (one of them is

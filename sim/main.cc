@@ -3,7 +3,8 @@
 //   regroup-sim --seeds 2000            seeds 1 to 2000; prints each failure and a replay line
 //   regroup-sim --seed 1234 --trace     replays one seed, printing every event
 //   regroup-sim --hours 2               the long mode: fresh seeds until the time is up
-//   regroup-sim --seeds 2000 --gaps     also names each seed with a census gap or a state lost, and its replay
+//   regroup-sim --seeds 2000 --gaps     also names each seed with a census gap or a state lost,
+//                                       and its replay line
 //
 // Exits 1 when any seed breaks an invariant.
 #include <chrono>
@@ -48,7 +49,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(regroup::sim::FaultKinds()));
   app.add_flag("--trace", base.trace, "print every event");
   bool gaps = false;
-  app.add_flag("--gaps", gaps, "name each seed whose run had a census gap or a state_lost fault, with its replay line");
+  app.add_flag("--gaps", gaps,
+               "name each seed whose run had a census gap or a state_lost fault, with its replay "
+               "line");
   CLI11_PARSE(app, argc, argv);
   if ((seed != 0) + (seeds != 0) + (hours != 0) != 1) {
     std::fprintf(stderr, "regroup-sim: give exactly one of --seed N, --seeds N or --hours H\n");

@@ -184,8 +184,7 @@ void AgentCore::StartChild(uint32_t r) {
   k.committed_step = -1;
   k.heard_commit_step = -1;
   k.heard_commit_epoch = k.heard_commit_generation = 0;
-  k.voted_step = -1;
-  k.voted_epoch = k.voted_generation = 0;
+  k.ForgetVote();
   k.restart_pending = false;
   if (!pid.ok()) {
     spdlog::error("local rank {}: {}", r, pid.status().message());
@@ -590,10 +589,8 @@ void AgentCore::OnOutcome(const v1::StepOutcome& outcome) {
     }
     // The outcome of its vote: it applies the step or drops it.
     Rank& k = ranks_[r];
-    if (k.voted_generation == outcome.generation() && k.voted_step <= outcome.step()) {
-      k.voted_step = -1;
-      k.voted_epoch = k.voted_generation = 0;
-    }
+    if (k.voted_generation == outcome.generation() && k.voted_step <= outcome.step())
+      k.ForgetVote();
   }
   tally_.Settle(outcome.generation(), outcome.step());
   std::erase_if(unconfirmed_, [&](const v1::AgentMessage& m) {
@@ -915,8 +912,7 @@ void AgentCore::Deliver(uint32_t r, const v1::AgentReply& reply) {
                      by == std::make_pair(k.voted_epoch, k.voted_generation);
     if (own && plan.committed_step() == k.voted_step && k.committed_step + 1 == k.voted_step)
       k.committed_step = k.voted_step;
-    k.voted_step = -1;
-    k.voted_epoch = k.voted_generation = 0;
+    k.ForgetVote();
   }
 }
 

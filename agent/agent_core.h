@@ -122,6 +122,10 @@ class AgentCore {
     uint64_t heard_commit_generation = 0;  // (0, 0: not known)
     int64_t voted_step = -1;               // a vote whose outcome it has not heard
     uint64_t voted_epoch = 0, voted_generation = 0;  // (0, 0: none)
+    void ForgetVote() {
+      voted_step = -1;
+      voted_epoch = voted_generation = 0;
+    }
     bool exited = false;
     int exit_code = 0;
     int exit_signal = 0;

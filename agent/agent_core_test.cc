@@ -71,6 +71,24 @@ class AgentCoreTest : public ::testing::Test {
     core_.OnSessionOpened(now_);
   }
 
+  // A session up and welcomed, and local rank 0's trainer said `hello` (pid 100).
+  void ConnectTrainer(v1::TrainerHello hello) {
+    core_.Start(now_);
+    core_.OnSessionOpened(now_);
+    Welcome(false);
+    hello.set_pid(100);
+    core_.OnHello(now_, 0, hello);
+  }
+  // What the next heartbeat reports of local rank 0 (the clock moves past its interval).
+  v1::LocalRank Reported() {
+    now_ += Millis(200);
+    core_.OnTimers(now_);
+    for (auto it = host_.to_manager.rbegin(); it != host_.to_manager.rend(); ++it)
+      if (it->has_heartbeat()) return it->heartbeat().ranks(0);
+    ADD_FAILURE() << "no heartbeat was sent";
+    return v1::LocalRank();
+  }
+
   AgentOptions options_;
   RecordingHost host_;
   AgentCore core_{options_, &host_};
@@ -124,25 +142,17 @@ TEST_F(AgentCoreTest, ARegisterAfterTheTrainersWerePausedSaysTheyLeftTheirGenera
 // state at its generation's start for one without it, and sent a job with every shard held to
 // the checkpoint).
 TEST_F(AgentCoreTest, ATrainerInAStepHoldsTheStepBeforeIt) {
-  core_.Start(now_);
-  core_.OnSessionOpened(now_);
-  Welcome(false);
   v1::TrainerHello hello;
-  hello.set_pid(100);
   hello.set_generation(3);  // a trainer of generation 3 when its agent restarted
   hello.set_committed_step(-1);
   hello.set_heard_commit_step(-1);
-  core_.OnHello(now_, 0, hello);
+  ConnectTrainer(hello);
   auto beat = [&](int64_t step, v1::Phase phase) {
     v1::TrainerMessage m;
     m.mutable_heartbeat()->set_step(step);
     m.mutable_heartbeat()->set_phase(phase);
     core_.OnTrainerMessage(now_, 0, m);
-    now_ += Millis(200);
-    core_.OnTimers(now_);
-    for (auto it = host_.to_manager.rbegin(); it != host_.to_manager.rend(); ++it)
-      if (it->has_heartbeat()) return it->heartbeat().ranks(0).committed_step();
-    return int64_t{-2};
+    return Reported().committed_step();
   };
   EXPECT_EQ(beat(-1, v1::PHASE_SYNCING), -1) << "receiving the state: not held yet";
   EXPECT_EQ(beat(42, v1::PHASE_COMPUTING), 41);
@@ -150,52 +160,64 @@ TEST_F(AgentCoreTest, ATrainerInAStepHoldsTheStepBeforeIt) {
 }
 
 // A vote whose outcome the trainer has not heard is reported (a restarted manager knows from it
-// that the rank applies the step if the generation it voted in committed it), and a plan that
-// resumes after it settles it as the trainer does: applied when committed by that generation.
+// that the rank applies the step if the generation it voted in committed it) until an outcome
+// or a plan settles it, as the trainer does (python/regroup/forming.py): applied when the plan
+// says the generation it voted in committed the step, dropped when another one did.
 TEST_F(AgentCoreTest, AVoteIsReportedUntilAnOutcomeOrAPlanSettlesIt) {
-  core_.Start(now_);
-  core_.OnSessionOpened(now_);
-  Welcome(false);
   v1::TrainerHello hello;
-  hello.set_pid(100);
   hello.set_committed_step(40);
-  core_.OnHello(now_, 0, hello);
-  auto start = [&](uint64_t generation, int64_t committed, uint64_t by_generation) {
+  ConnectTrainer(hello);
+  auto manager = [&](auto fill) {
     v1::ManagerMessage m;
     m.mutable_header()->set_job_id("job");
     m.mutable_header()->set_epoch(1);
-    auto* plan = m.mutable_start()->mutable_plan();
-    plan->set_epoch(1);
-    plan->set_generation(generation);
-    plan->set_world_size(1);
-    plan->set_committed_step(committed);
-    plan->set_committed_epoch(by_generation ? 1 : 0);
-    plan->set_committed_generation(by_generation);
-    plan->add_ranks()->set_local_rank(0);
+    fill(m);
     core_.OnManagerMessage(now_, m);
   };
-  auto report = [&] {
-    now_ += Millis(200);
-    core_.OnTimers(now_);
-    for (auto it = host_.to_manager.rbegin(); it != host_.to_manager.rend(); ++it)
-      if (it->has_heartbeat()) return it->heartbeat().ranks(0);
-    return v1::LocalRank();
+  auto start = [&](uint64_t generation, int64_t committed, uint64_t by_generation) {
+    manager([&](v1::ManagerMessage& m) {
+      auto* plan = m.mutable_start()->mutable_plan();
+      plan->set_epoch(1);
+      plan->set_generation(generation);
+      plan->set_world_size(1);
+      plan->set_committed_step(committed);
+      plan->set_committed_epoch(by_generation ? 1 : 0);
+      plan->set_committed_generation(by_generation);
+      plan->add_ranks()->set_local_rank(0);
+    });
+  };
+  auto vote = [&](uint64_t generation, int64_t step) {
+    v1::TrainerMessage m;
+    m.mutable_vote()->set_generation(generation);
+    m.mutable_vote()->set_step(step);
+    m.mutable_vote()->set_ok(true);
+    core_.OnTrainerMessage(now_, 0, m);
   };
   start(3, 40, 0);
-  v1::TrainerMessage vote;
-  vote.mutable_vote()->set_generation(3);
-  vote.mutable_vote()->set_step(41);
-  vote.mutable_vote()->set_ok(true);
-  core_.OnTrainerMessage(now_, 0, vote);
-  v1::LocalRank r = report();
+  vote(3, 41);
+  v1::LocalRank r = Reported();
   EXPECT_EQ(r.voted_step(), 41);
   EXPECT_EQ(r.voted_epoch(), 1u);
   EXPECT_EQ(r.voted_generation(), 3u);
   EXPECT_EQ(r.committed_step(), 40);
   start(4, 41, 3);  // resumes after step 41, committed by generation 3: it applies its vote
-  r = report();
-  EXPECT_EQ(r.voted_generation(), 0u) << "settled";
+  r = Reported();
+  EXPECT_EQ(r.voted_generation(), 0u) << "settled by the plan";
   EXPECT_EQ(r.committed_step(), 41);
+  vote(4, 42);
+  manager([](v1::ManagerMessage& m) {
+    m.mutable_outcome()->set_generation(4);
+    m.mutable_outcome()->set_step(42);
+    m.mutable_outcome()->set_commit(true);
+  });
+  r = Reported();
+  EXPECT_EQ(r.voted_generation(), 0u) << "settled by the outcome";
+  EXPECT_EQ(r.committed_step(), 42);
+  vote(4, 43);
+  start(6, 43, 5);  // step 43 was committed by generation 5, which it was not in: dropped
+  r = Reported();
+  EXPECT_EQ(r.voted_generation(), 0u) << "settled by the plan";
+  EXPECT_EQ(r.committed_step(), 42) << "its vote is dropped; the state comes from a peer";
 }
 
 }  // namespace

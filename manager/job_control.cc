@@ -206,7 +206,7 @@ bool JobControl::LookAtRecord(int64_t now) {
   // Before this incarnation forms a generation, the majority it needs is of the last generation
   // on record as it is now: an older incarnation still running beside it may have formed
   // another since this one started (with fewer pods, or others).
-  if (stored && record_.leader_epoch != options_.epoch && !stored->members.empty() &&
+  if (stored && !FormedAGeneration() && !stored->members.empty() &&
       stored->members != previous_members_) {
     Event(now, "record",
           "manager epoch " + std::to_string(stored->leader_epoch) + " formed generation " +
@@ -223,7 +223,7 @@ bool JobControl::LookAtRecord(int64_t now) {
   }
   // Another incarnation decided a job restart while this one has formed nothing: the pods here
   // whose processes predate it restart them now, the others when they register.
-  if (stored && stored->restarting && !job_restarting_ && record_.leader_epoch != options_.epoch &&
+  if (stored && stored->restarting && !job_restarting_ && !FormedAGeneration() &&
       state_ != State::kStopped) {
     Event(now, "restart_on_record",
           "a job restart is on record: pods whose processes predate it restart them");
@@ -866,7 +866,7 @@ bool JobControl::EarlierProcessDied(int64_t node, const v1::LocalRank& rank,
   // of its shard (simulation seed 5951: a second loss then left a shard with no holder, and the
   // survivors were resumed "with their state"). A job restart under way restarts every process
   // from the checkpoint anyway.
-  if (record_.leader_epoch == options_.epoch || rank.generation() == 0 ||
+  if (FormedAGeneration() || rank.generation() == 0 ||
       state_ == State::kStopped || job_restarting_ || restart_on_record_)
     return false;
   if (!earlier_deaths_.insert({node, rank.pid()}).second) return true;
@@ -1235,7 +1235,7 @@ void JobControl::ReportFault(const v1::FaultFacts& fault, int64_t now) {
   // new) hears first what the pods back have committed: it takes a job that has not committed
   // anything for one that need not keep any state (sim seeds 16473, 17333 resumed "with the
   // survivors' state" a shard only a lost pod held).
-  if (record_.leader_epoch != options_.epoch)
+  if (!FormedAGeneration())
     decisions_->Progress(options_.epoch, generation_, HighestCommitHeard(), 0, now);
   decisions_->Fault(fault, now);
 }

@@ -304,6 +304,9 @@ class JobControl {
   bool EveryHolderFinished(int64_t gone_node = -1) const;
   // The highest step committed here or heard committed by a pod not lost.
   int64_t HighestCommitHeard() const;
+  // This incarnation formed a generation (its generation is the one on record). Until it does,
+  // its decision maker (a restarted manager's is new) knows nothing it was not told.
+  bool FormedAGeneration() const { return record_.leader_epoch == options_.epoch; }
   // Tells the decision maker of a fault.
   void ReportFault(const v1::FaultFacts& fault, int64_t now);
   // Whether a rank holds the state at committed_step_, as far as this manager knows: its

@@ -180,6 +180,14 @@ std::vector<v1::JobEvent> Events(Sim& sim) {
   return {status.events().begin(), status.events().end()};
 }
 
+// How many events of `kind` the job logged whose message holds `text`.
+int Logged(Sim& sim, const std::string& kind, const std::string& text) {
+  int n = 0;
+  for (const auto& e : Events(sim))
+    n += e.kind() == kind && e.message().find(text) != std::string::npos;
+  return n;
+}
+
 // The message of the first fault the job logged ("" if none).
 std::string FirstFault(Sim& sim) {
   for (const auto& e : Events(sim))
@@ -1576,19 +1584,12 @@ TEST(JobControl, AGenerationNoRankOfWhichHoldsAShardIsNotFormedAndTheJobGoesToTh
     ASSERT_TRUE(sim.Register(n, "", ranks, 2).ok());
   }
   sim.Run(1000, -1);
-  std::vector<std::string> lost;
-  bool checkpoint = false;
-  for (const auto& e : Events(sim)) {
-    if (e.kind() == "fault" && e.message().rfind("state_lost:", 0) == 0)
-      lost.push_back(e.message());
-    checkpoint |= e.kind() == "directive" &&
-                  e.message().find("restart_job") != std::string::npos &&
-                  e.message().find("a checkpoint is needed") != std::string::npos;
-  }
-  ASSERT_EQ(lost.size(), 1u) << "told once";
-  EXPECT_EQ(lost[0], "state_lost: no rank of the next generation holds the state of step 41 at "
-                     "replica position 1");
-  EXPECT_TRUE(checkpoint);
+  EXPECT_EQ(Logged(sim, "fault", "state_lost"), 1) << "told once";
+  EXPECT_EQ(Logged(sim, "fault",
+                   "state_lost: no rank of the next generation holds the state of step 41 at "
+                   "replica position 1"),
+            1);
+  EXPECT_EQ(Logged(sim, "directive", "restart_job [job-rescheduling]: state_lost"), 1);
   for (const auto& [node, start] : sim.starts_)
     EXPECT_NE(start.plan().committed_step(), 41)
         << "pod " << node << " resumes from state nobody holds";
@@ -2021,26 +2022,18 @@ TEST(JobControl, AProcessThatDiedBeforeARestartedManagerFormedAGenerationIsAFaul
   dead[0].set_alive(false);
   ASSERT_TRUE(sim.Register(2, "", dead).ok());
   ASSERT_TRUE(sim.Register(2, "", dead).ok()) << "a new stream: the same death, told once";
-  auto told = [&] {
-    int faults = 0;
-    for (const auto& e : Events(sim))
-      faults += e.kind() == "fault" &&
-                e.message().find("process_exit: local rank 0 of pod 2 (in generation 9 of an "
-                                 "earlier manager) died before this manager heard of it") !=
-                    std::string::npos;
-    return faults;
-  };
-  EXPECT_EQ(told(), 1);
+  const std::string death = "process_exit: local rank 0 of pod 2 (in generation 9 of an earlier "
+                            "manager) died before this manager heard of it";
+  EXPECT_EQ(Logged(sim, "fault", death), 1);
   sim.Run(400, 5);
   sim.Gone(0);  // pod 0 is lost: position 0 of replica 0; pod 2 held it in replica 1
   sim.Run(1500, 5);
-  bool checkpoint = false;
-  for (const auto& e : Events(sim))
-    checkpoint |= e.kind() == "directive" &&
-                  e.message().find("no surviving rank holds the state of replica position [0]: "
-                                   "a checkpoint is needed") != std::string::npos;
-  EXPECT_TRUE(checkpoint) << "the shard of position 0 is lost";
-  EXPECT_EQ(told(), 1);
+  EXPECT_EQ(Logged(sim, "directive",
+                   "no surviving rank holds the state of replica position [0]: a checkpoint is "
+                   "needed"),
+            1)
+      << "the shard of position 0 is lost";
+  EXPECT_EQ(Logged(sim, "fault", death), 1);
 }
 
 // ...and across a manager restart (simulation seeds 227, 1272: the job restart lived only in the

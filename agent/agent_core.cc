@@ -601,7 +601,11 @@ void AgentCore::OnOutcome(const v1::StepOutcome& outcome) {
 }
 
 void AgentCore::OnStop(const v1::StopTraining& stop) {
-  spdlog::info("StopTraining ({}): {}", ModeName(stop.mode()), stop.reason());
+  spdlog::info("StopTraining ({}{}): {}", ModeName(stop.mode()),
+               stop.incarnation_only()
+                   ? ", this manager incarnation only: the job may go on under a newer one"
+                   : "",
+               stop.reason());
   v1::AgentReply reply;
   *reply.mutable_stop() = stop;
   for (uint32_t r = 0; r < ranks_.size(); ++r) {

@@ -168,7 +168,7 @@ void JobControl::Superseded(const std::string& why, int64_t now) {
   Event(now, "superseded", why);
   if (state_ != State::kStopped)
     StopAll(v1::StopTraining::MODE_EXIT, "fenced: " + why + "; this incarnation stops", now,
-            /*job_ends=*/false);
+            StopScope::kIncarnation);
 }
 
 bool JobControl::StopsCommitting(int64_t now, bool record) {
@@ -200,7 +200,7 @@ bool JobControl::LookAtRecord(int64_t now) {
     record_.stop_mode = stored->stop_mode;
     record_.stop_reason = stored->stop_reason;
     StopAll(static_cast<v1::StopTraining::Mode>(stored->stop_mode), stored->stop_reason, now,
-            /*job_ends=*/false);
+            StopScope::kJobOnRecord);
     return true;
   }
   // Before this incarnation forms a generation, the majority it needs is of the last generation
@@ -414,6 +414,10 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
                   now);
   if (replacement && a.state != AgentState::kLost) Forget(a.pod_uid);
   if (a.connected) stream_node_.erase(a.stream);  // the same pod on a new stream
+  // A pod readmitted (a new incarnation of its uid) keeps the processes it had: one declared
+  // hung is still that process (simulation seed 325: readmitted frozen, it hung the same step
+  // again until the job stopped on a poison step).
+  if (PodOfUid(a.pod_uid) != PodOfUid(reg.pod_uid())) a.hung.clear();
 
   // A new pod starts with the configured timeout; a session resumed keeps what its beats taught.
   if (a.pod_uid != reg.pod_uid() || a.nproc != reg.nproc()) {
@@ -447,6 +451,10 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
     // A process that died before this manager heard of it (a manager restart in between).
     if (!r.alive() && r.phase() != v1::PHASE_DONE && r.pid() > 0) a.failed.insert(r.local_rank());
     if (!r.alive() && r.phase() == v1::PHASE_DONE) a.finished.insert(r.local_rank());
+  }
+  for (auto it = a.hung.begin(); it != a.hung.end();) {
+    const v1::LocalRank& r = a.ranks[it->first];
+    it = r.alive() && r.pid() == it->second ? std::next(it) : a.hung.erase(it);
   }
   a.state = resumed                   ? AgentState::kActive
             : state_ == State::kJoining ? AgentState::kRegistered
@@ -823,6 +831,12 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   if (kind == v1::FAULT_KIND_POD_LOST) {
     for (int64_t p : pods) Fence(p, detail);
   }
+  if (kind == v1::FAULT_KIND_HANG)
+    for (uint32_t r : ranks)
+      if (r < places_.size()) {
+        Agent& a = agents_[static_cast<size_t>(places_[r].node_rank)];
+        a.hung[places_[r].local_rank] = a.ranks[places_[r].local_rank].pid();
+      }
   // A holder of the trained state finished training: the last step is committed and nothing is
   // left to recover. A fault after it (a rank hung in its last step, a pod that finished and is
   // gone while a recovery waits) ends the training (simulation seed 14929: a job restart
@@ -901,6 +915,7 @@ void JobControl::RestartRanks(int64_t node, const std::vector<uint32_t>& locals,
     restarted_since_commit_.insert({node, l});
     a.restarting.insert(l);
     a.failed.erase(l);
+    a.hung.erase(l);
     a.finished.erase(l);
   }
   m.mutable_restart()->set_reason(reason);
@@ -935,16 +950,18 @@ void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
   const bool in_place = config_.allows(Strategy::kRecoverInPlace) || job_restarting_;
   for (size_t n = 0; n < agents_.size(); ++n) {
     Agent& a = agents_[n];
-    if (a.failed.empty() || !a.connected || a.state == AgentState::kLost) continue;
-    const std::string ranks = Join(std::vector<int64_t>(a.failed.begin(), a.failed.end()));
+    std::set<uint32_t> failed = a.failed;
+    for (const auto& [local, pid] : a.hung) failed.insert(local);
+    if (failed.empty() || !a.connected || a.state == AgentState::kLost) continue;
+    const std::string ranks = Join(std::vector<int64_t>(failed.begin(), failed.end()));
     if (in_place) {
-      RestartRanks(static_cast<int64_t>(n), {a.failed.begin(), a.failed.end()},
-                   "local ranks " + ranks + " failed and no directive restarted them");
+      RestartRanks(static_cast<int64_t>(n), {failed.begin(), failed.end()},
+                   "local ranks " + ranks + " failed or hung and no directive restarted them");
     } else {
-      Event(now, "fence", "pod " + a.pod_uid + " is replaced: its local ranks " + ranks +
-                              " failed and recover-in-place is not allowed");
-      Fence(static_cast<int64_t>(n),
-            "its local ranks " + ranks + " failed and recover-in-place is not allowed",
+      const std::string why =
+          "its local ranks " + ranks + " failed or hung and recover-in-place is not allowed";
+      Event(now, "fence", "pod " + a.pod_uid + " is replaced: " + why);
+      Fence(static_cast<int64_t>(n), why,
             /*readmit=*/false);
     }
   }
@@ -1428,16 +1445,17 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
 }
 
 void JobControl::StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now,
-                         bool job_ends) {
+                         StopScope scope) {
   v1::ManagerMessage m;
   m.mutable_stop()->set_directive_id(++directive_id_);
   m.mutable_stop()->set_mode(mode);
   m.mutable_stop()->set_reason(reason);
+  m.mutable_stop()->set_incarnation_only(scope == StopScope::kIncarnation);
   for (size_t n = 0; n < agents_.size(); ++n)
     if (agents_[n].connected) Send(static_cast<int64_t>(n), m);
   stop_ = m;
   state_ = State::kStopped;
-  if (job_ends) {
+  if (scope == StopScope::kJob) {
     record_.stopped = true;
     record_.stop_mode = mode;
     record_.stop_reason = reason;
@@ -1771,12 +1789,14 @@ bool JobControl::MajorityBack(int64_t now) {
     Event(now, "error", what + ": waiting for a majority before forming a generation");
   }
   const int64_t give_up = join_started_ms_ + options_.join_window_ms + config_.mindio_wait_s * 1000;
-  if (now >= give_up) {
+  // A newer incarnation may have formed a generation meanwhile (these pods reached this one as
+  // others reached it): this one is fenced, which its pods are told instead.
+  if (now >= give_up && !LookAtRecord(now)) {
     const bool dump = config_.allows(Strategy::kDump);
     StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT,
             what + " within the join window and the decision wait (MINDIO_WAIT_MINDX_TIME); " +
                 (dump ? "survivors dump a checkpoint and stop" : "the job stops"),
-            now, /*job_ends=*/false);
+            now, StopScope::kIncarnation);
   }
   return false;
 }

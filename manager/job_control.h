@@ -152,6 +152,8 @@ class JobControl {
   uint64_t generation() const { return generation_; }
   int64_t committed_step() const { return committed_step_; }
   bool training() const { return state_ == State::kTraining; }
+  // The stop this incarnation sent (the job's end, or only its own), if it stopped.
+  const v1::StopTraining* stopped() const { return stop_ ? &stop_->stop() : nullptr; }
   uint32_t world_size() const { return static_cast<uint32_t>(places_.size()); }
   const JobSpec& spec() const { return spec_; }
   uint32_t heartbeat_interval_ms() const { return heartbeat_interval_ms_; }
@@ -193,6 +195,9 @@ class JobControl {
     std::set<uint32_t> restarting;          // local ranks restarted in place, not back yet
     int64_t restart_ms = -1;                // since when `restarting` is seen before a generation
     std::set<uint32_t> failed;              // local ranks that exited with an error, not restarted
+    // Local ranks declared hung (a HANG fault), by the pid of the process that hung, until it is
+    // restarted: a frozen process is a failed one that has not exited (it may never).
+    std::map<uint32_t, uint32_t> hung;
     std::set<uint32_t> finished;            // local ranks that finished training (exit 0)
     uint32_t last_generation_agents = 0;
     uint64_t aborted_through = 0;           // the latest generation whose abort it was sent
@@ -266,8 +271,9 @@ class JobControl {
   // restart) restarts them: it was away when the restart was decided, or reached another
   // incarnation.
   void RestartIfItPredatesTheJobRestart(int64_t node);
-  // Pods whose processes failed and that no directive restarts: restarted in place when the job
-  // allows it, else fenced, so that no generation waits for them and their slots can be refilled.
+  // Pods whose processes failed (exited, or hung) and that no directive restarts: restarted in
+  // place when the job allows it, else fenced, so that no generation waits for them and their
+  // slots can be refilled.
   void SettleFailedPods(const Directive& d, int64_t now);
   // A directive waiting for its pods longer than the hang timeout: the pods it waits for are
   // declared lost, and the decision maker decides again.
@@ -289,9 +295,12 @@ class JobControl {
   // job ended on record under another incarnation.
   bool StopsCommitting(int64_t now, bool record);
   bool LookAtRecord(int64_t now);
-  // `job_ends`: the job is over (kept on record); false when only this incarnation gives up.
+  // Whom a stop ends: the job (this incarnation keeps it on record), the job that another
+  // incarnation already ended on record, or only this incarnation (fenced, or it gave up before
+  // forming a generation): its pods are told so (StopTraining.incarnation_only).
+  enum class StopScope { kJob, kJobOnRecord, kIncarnation };
   void StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now,
-               bool job_ends = true);
+               StopScope scope = StopScope::kJob);
   void TryFirstGeneration(int64_t now);
   void DetectFailures(int64_t now);
   // Declares a pod lost that fell silent or whose stream broke (it may come back: readmit).
@@ -393,7 +402,8 @@ class JobControl {
   // Pending work.
   std::optional<Directive> pending_;           // waits for restarted ranks or a step boundary
   int64_t pending_since_ms_ = -1;
-  std::optional<v1::ManagerMessage> stop_;     // the StopTraining that ended the job
+  std::optional<v1::ManagerMessage> stop_;     // the StopTraining that ended the job or this
+                                               // incarnation
   // (host, port) of the latest generations' stores: never given again while one may be up (its
   // ranks hold it until they leave), nor taken from a report that predates its bind.
   std::deque<std::pair<std::string, uint32_t>> store_ports_;

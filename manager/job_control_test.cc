@@ -874,6 +874,7 @@ TEST(JobControl, AnIncarnationWaitingForAMajorityLearnsFromTheRecordThatTheJobEn
   ASSERT_EQ(sim.Count(0, v1::ManagerMessage::kStop), 1);
   EXPECT_EQ(sim.inbox_[0].back().stop().reason(), "training finished at step 370");
   EXPECT_EQ(sim.inbox_[0].back().stop().mode(), v1::StopTraining::MODE_EXIT);
+  EXPECT_FALSE(sim.inbox_[0].back().stop().incarnation_only()) << "the job is over";
   EXPECT_EQ(sim.rt->StatusReport().phase(), "stopped");
   // A pod that registers afterwards is told too.
   ASSERT_TRUE(sim.Register(1, "", {}, 4).ok());
@@ -899,6 +900,7 @@ TEST(JobControl, AnIncarnationLearnsWithinASecondThatANewerOneFormedAGeneration)
     EXPECT_EQ(sim.inbox_[n].back().stop().reason(),
               "fenced: manager epoch 6 formed a generation of job default/job after this one "
               "(epoch 5); this incarnation stops");
+    EXPECT_TRUE(sim.inbox_[n].back().stop().incarnation_only());
   }
 }
 
@@ -1095,9 +1097,14 @@ TEST(JobControl, FreshPodsAloneNeverMakeAMajorityAfterARestart) {
                "only 0 of the last generation's 4 pods on record came back: waiting for a "
                "majority before forming a generation";
   EXPECT_TRUE(waiting);
-  // Past the join window and the decision wait, the job stops rather than train without it.
+  // Past the join window and the decision wait, this incarnation stops rather than train
+  // without it; only itself: the job is not over on record, as a newer one may run it.
   after.Run(31000);
   EXPECT_EQ(after.rt->StatusReport().phase(), "stopped");
+  ASSERT_TRUE(after.inbox_[0].back().has_stop());
+  EXPECT_TRUE(after.inbox_[0].back().stop().incarnation_only());
+  const auto record = after.rt->TakeRecord();
+  EXPECT_FALSE(record && record->stopped);
 }
 
 TEST(JobControl, AMajorityOfTheMembersOnRecordFormsTheNextGeneration) {
@@ -1269,6 +1276,41 @@ TEST(JobControl, APodWhoseProcessesFailedMustBeReplacedNotReadmitted) {
   ASSERT_TRUE(sim.rt->IsFenced("pod-3"));
   EXPECT_FALSE(sim.inbox_[3].back().refusal().readmit());
   EXPECT_FALSE(sim.rt->MayReadmit("pod-3"));
+}
+
+// Issue 11, simulation seed 325: a pod whose rank was declared hung blipped, was declared lost,
+// and came back as its own replacement with the process still frozen; it hung the same step
+// again until the job stopped on a "poison step". A hung process is a failed one that has not
+// exited: where recover-in-place is not allowed its pod is replaced, readmitted or not.
+TEST(JobControl, APodWhoseProcessHungIsReplacedEvenAfterItWasReadmitted) {
+  Sim sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
+                         {"regroup.io/prefer-elastic", "true"}});
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  ASSERT_TRUE(sim.rt->training());
+  // Pod 3's trainer froze: its agent reports its beat growing old.
+  v1::AgentMessage frozen;
+  *frozen.mutable_heartbeat()->add_ranks() =
+      Sim::Live(0, v1::PHASE_COMPUTING, 0, sim.rt->generation(), -1);
+  frozen.mutable_heartbeat()->mutable_ranks(0)->set_beat_age_ms(5000);
+  ASSERT_TRUE(sim.Send(3, frozen).ok());
+  ASSERT_TRUE(sim.TickWith(1, [&](int64_t n) { return n == 3 ? Status::Ok() : sim.Beat(n, 0, 1); })
+                  .ok());
+  ASSERT_FALSE(sim.rt->training());
+  ASSERT_EQ(Logged(sim, "fault", "frozen process"), 1);
+  // Its stream breaks before any directive: lost for its silence, it may come back...
+  sim.rt->Disconnected(sim.streams_[3], sim.now);
+  sim.Gone(3);
+  sim.Run(600, 0);
+  ASSERT_TRUE(sim.rt->MayReadmit("pod-3"));
+  // ...and does, as pod-3/2, with the process that hung (the same pid, alive).
+  sim.gone_.erase(3);
+  ASSERT_TRUE(sim.Register(3, "pod-3/2", {Sim::Live(0, v1::PHASE_PAUSED, 0, 1, -1)}).ok());
+  sim.Run(2000, 0);
+  ASSERT_TRUE(sim.rt->IsFenced("pod-3/2")) << "the pod with the frozen process is replaced";
+  EXPECT_FALSE(sim.rt->MayReadmit("pod-3/2"));
+  EXPECT_EQ(Logged(sim, "fence", "pod pod-3/2 is replaced: its local ranks 0 failed or hung"), 1);
+  EXPECT_TRUE(sim.rt->training()) << "the others go on without it";
 }
 
 // A trainer's report of a failed collective on local rank 0 at step 0, in `generation` (0:

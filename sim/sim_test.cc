@@ -117,6 +117,27 @@ TEST(Sim, AGenerationNoRankOfWhichHoldsAShardIsCaughtByTheManager) {
   }
 }
 
+// A pod whose rank was declared hung blipped, was declared lost and came back as its own
+// replacement with the process still frozen: it hung the same step again, and the job stopped on
+// a "poison step" (seed 325). Its pod is replaced now, and the job trains to the end.
+TEST(Sim, APodWhoseProcessHungIsNotReadmittedWithTheProcessStillFrozen) {
+  Options o;
+  o.seed = 325;
+  const Result r = sim::Run(o);
+  ASSERT_TRUE(r.ok) << Explain(o, r);
+  EXPECT_EQ(r.outcome, "finished") << r.setup;
+}
+
+// A second manager that never found its majority gave up, and its stop was taken for the job's
+// end while a restarted manager trained on with the other pods (seed 18721, once hung ranks were
+// treated as failed). Such a stop ends only that incarnation; its pods come back to the newer.
+TEST(Sim, AnIncarnationThatGivesUpStopsOnlyItself) {
+  Options o;
+  o.seed = 18721;
+  const Result r = sim::Run(o);
+  ASSERT_TRUE(r.ok) << Explain(o, r);
+}
+
 TEST(Sim, ASeedReplaysExactly) {
   Options o;
   o.seed = 42;

@@ -285,6 +285,7 @@ class World {
   std::map<std::string, int64_t> limbo_since_;      // lost uid, alive, since
   std::map<std::string, int64_t> reachable_since_;  // not paused, link not cut, since
   bool job_stopped_ = false;
+  int manager_starts_due_ = 0;  // restarts of a crashed manager scheduled, not yet started
   int64_t job_stopped_at_ = -1;
   std::string stop_reason_;
   bool finished_ = false;
@@ -415,7 +416,11 @@ void World::Inject(const std::string& kind) {
     if (!m) return;
     Trace("FAULT crash_manager (epoch " + std::to_string(m->epoch) + ")");
     CrashManager(m->epoch);
-    After(Uniform(500, 3000), [this] { StartManager(); });
+    ++manager_starts_due_;
+    After(Uniform(500, 3000), [this] {
+      --manager_starts_due_;
+      StartManager();
+    });
     return;
   }
   if (kind == "second_manager") {
@@ -930,11 +935,10 @@ void World::Observe(Pod* pod, const v1::ManagerMessage& m) {
     }
     case v1::ManagerMessage::kStop: {
       const v1::StopTraining& stop = m.stop();
-      // A stop for the whole job (not a standby, not this pod's planned departure, not a
-      // fenced incarnation stopping its pods: they come back to the newer one).
+      // A stop for the whole job (not a standby, not this pod's planned departure, not an
+      // incarnation stopping only itself: fenced, or giving up; its pods come back to another).
       if (stop.mode() != v1::StopTraining::MODE_STANDBY && !job_stopped_ &&
-          stop.reason().rfind("planned departure", 0) != 0 &&
-          stop.reason().rfind("fenced: ", 0) != 0) {
+          stop.reason().rfind("planned departure", 0) != 0 && !stop.incarnation_only()) {
         job_stopped_ = true;
         job_stopped_at_ = now_;
         stop_reason_ = stop.reason();
@@ -1229,6 +1233,20 @@ void World::PodExits(Pod* pod, bool replace, const std::string& why) {
 // ---------------------------------------------------------------------------------------------
 
 void World::Watch() {
+  // The job ends without a stop of its own when no incarnation is left to run it: every manager
+  // running stopped only itself (the newest gave up for want of a majority; one fenced is
+  // older), and none is on its way. (A stop of the job is seen as its pods get it: Observe.)
+  if (!job_stopped_ && !managers_.empty() && manager_starts_due_ == 0 &&
+      std::all_of(managers_.begin(), managers_.end(),
+                  [](const auto& m) {
+                    const v1::StopTraining* stop = m.second->job->stopped();
+                    return stop && stop->incarnation_only();
+                  })) {
+    job_stopped_ = true;
+    job_stopped_at_ = now_;
+    stop_reason_ = Newest()->job->stopped()->reason();
+    Trace("the job is over: no manager incarnation is left to run it (" + stop_reason_ + ")");
+  }
   for (Pod* pod : slots_) {
     if (!pod || pod->dead) continue;
     // What a pod can be told needs it reachable (not paused, its link not cut) and the manager

@@ -46,9 +46,10 @@ extern "C" {
 
 /* ABI version. Since 1.0; minor 1 (the coordinator) since 1.1; minor 2 (reading a job's keys
  * and a Volcano Job) since 1.2; minor 3 (the coordinator's explicit insecure mode) since 1.3;
- * minor 4 (a Volcano Job's elastic_min_available) since 1.4. */
+ * minor 4 (a Volcano Job's elastic_min_available) since 1.4; minor 5 (the managers' lease) since
+ * 1.5. */
 #define REGROUP_ABI_VERSION_MAJOR 1
-#define REGROUP_ABI_VERSION_MINOR 4
+#define REGROUP_ABI_VERSION_MINOR 5
 /* (major << 16) | minor of this header; compare with regroup_abi_version(). */
 #define REGROUP_ABI_VERSION ((REGROUP_ABI_VERSION_MAJOR << 16) | REGROUP_ABI_VERSION_MINOR)
 
@@ -369,10 +370,10 @@ REGROUP_EXTERN regroup_status regroup_engine_restore(regroup_engine *engine,
  * All functions of one coordinator are thread-safe, except regroup_coordinator_free. Since 1.1. */
 typedef struct regroup_coordinator regroup_coordinator;
 
-#define REGROUP_COORDINATOR_OPTIONS_VERSION 2
+#define REGROUP_COORDINATOR_OPTIONS_VERSION 3
 /* Coordinator options. NULL or "" means "the default" for every string. The strings are copied:
  * they need to live only during regroup_coordinator_start. Since 1.1; version 2 (`insecure`)
- * since 1.3. */
+ * since 1.3; version 3 (`lease_ms`) since 1.5. */
 typedef struct regroup_coordinator_options {
   uint32_t version;          /* REGROUP_COORDINATOR_OPTIONS_VERSION */
   const char *listen;        /* "HOST:PORT" to listen on; default "0.0.0.0:8899"; port 0: any free
@@ -387,9 +388,14 @@ typedef struct regroup_coordinator_options {
   uint32_t insecure;         /* non-zero: serve without a credential, accepting only managers
                                 that send none (tests on a trusted network); the caller says so
                                 in its log at every start. Version 2. */
+  int64_t lease_ms;          /* the managers' lease: a manager commits a step only within this
+                                long of asking the coordinator (a cut-off manager stops
+                                committing), and a newer manager of a job gets no lease before
+                                the older one's ran out, nor before this long after a start;
+                                0: 10000; at most 600000. Version 3. */
 } regroup_coordinator_options;
 #define REGROUP_COORDINATOR_OPTIONS_INIT \
-  {REGROUP_COORDINATOR_OPTIONS_VERSION, NULL, NULL, NULL, NULL, 0}
+  {REGROUP_COORDINATOR_OPTIONS_VERSION, NULL, NULL, NULL, NULL, 0, 0}
 
 /* Starts a coordinator serving `engine`, which must outlive it (free the coordinator first).
  * `options` may be NULL for the defaults. On success *out receives the handle, freed with

@@ -47,12 +47,54 @@ bool AttachCore::Enqueue(v1::ManagerReport report) {
   return true;
 }
 
-v1::ManagerReport AttachCore::Hello() const {
+v1::ManagerReport AttachCore::Hello(int64_t now_ms) {
   v1::ManagerReport hello;
   *hello.mutable_header() = MakeHeader();
   hello.mutable_hello()->set_epoch(epoch_);
   hello.mutable_hello()->set_ticket(ticket_);
+  hello.mutable_lease()->set_sent_ms(now_ms);
+  lease_asked_ms_ = now_ms;
   return hello;
+}
+
+int64_t AttachCore::RenewalPeriodMs() const {
+  return lease_ms_ > 0 ? std::max<int64_t>(lease_ms_ / 4, 1) : 1000;
+}
+
+bool AttachCore::RenewLease(int64_t now_ms) {
+  if (LeaseRenewalIn(now_ms) > 0 || !attached_ || fenced_by_) return false;
+  v1::ManagerReport r;
+  r.mutable_lease()->set_sent_ms(now_ms);
+  lease_asked_ms_ = now_ms;
+  // Behind a fact that is not being written yet, the newer request replaces an older one: it is
+  // worth as much, from later.
+  if (queue_.size() > (writing_ ? 1u : 0u) && queue_.back().has_lease() &&
+      queue_.back().body_case() == v1::ManagerReport::BODY_NOT_SET) {
+    *r.mutable_header() = MakeHeader();
+    queue_.back() = std::move(r);
+    return true;
+  }
+  Enqueue(std::move(r));
+  return true;
+}
+
+int64_t AttachCore::LeaseRenewalIn(int64_t now_ms) const {
+  if (!attached_ || fenced_by_) return RenewalPeriodMs();  // nothing to ask for now
+  if (lease_asked_ms_ < 0) return 0;
+  return std::max<int64_t>(0, lease_asked_ms_ + RenewalPeriodMs() - now_ms);
+}
+
+void AttachCore::NoteLease(const v1::LeaseGrant& grant) {
+  if (grant.lease_ms() <= 0) {
+    if (grant.wait_ms() > 0)
+      spdlog::info("no lease yet: an older manager's may run for {} ms more; commits wait",
+                   grant.wait_ms());
+    return;
+  }
+  // A grant answers a request this manager sent, at the time it names (never in the future).
+  if (grant.sent_ms() > lease_asked_ms_) return;
+  lease_ms_ = grant.lease_ms();
+  lease_until_ms_ = std::max(lease_until_ms_, grant.sent_ms() + grant.lease_ms());
 }
 
 std::string AttachCore::OnAnswer(const v1::CoordinatorDirective& first) {
@@ -72,6 +114,7 @@ std::string AttachCore::OnAnswer(const v1::CoordinatorDirective& first) {
            std::to_string(first.header().epoch()) + ", not the epoch " + std::to_string(epoch_) +
            " it was granted";
   OnDirective(first, /*first=*/true);
+  if (first.has_lease()) NoteLease(first.lease());
   attached_ = true;
   ever_attached_ = true;
   ++attaches_;
@@ -80,6 +123,7 @@ std::string AttachCore::OnAnswer(const v1::CoordinatorDirective& first) {
 }
 
 void AttachCore::OnMessage(const v1::CoordinatorDirective& message) {
+  if (message.has_lease()) NoteLease(message.lease());
   OnDirective(message, /*first=*/false);
 }
 

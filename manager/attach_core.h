@@ -12,6 +12,11 @@
 // A refusal naming an epoch above the one granted (the stream replaced by a newer manager's
 // attach, or a reattach refused as older) fences this manager for good: it attaches no more,
 // and its job control commits nothing more and stops its pods (Decisions::FencedBy).
+//
+// A fenced manager that is cut off from the coordinator does not hear that it is fenced: it
+// commits only while it holds a lease (LeaseHeld), asked for on the hello and every quarter of
+// a lease after it, and counted from when it asked, by its own clock. The coordinator grants a
+// newer epoch no lease before the older one's has run out.
 #pragma once
 
 #include <cstddef>
@@ -36,9 +41,9 @@ class AttachCore {
   // The generation the next facts' headers name.
   void SetGeneration(uint64_t generation) { generation_ = generation; }
 
-  // The hello that opens a stream: epoch 0 asks for an epoch; later, the one granted and its
-  // ticket.
-  v1::ManagerReport Hello() const;
+  // The hello that opens a stream, sent at `now_ms`: epoch 0 asks for an epoch; later, the one
+  // granted and its ticket. It asks for a lease too.
+  v1::ManagerReport Hello(int64_t now_ms);
   // The coordinator's answer to the hello: "" when this manager is attached now, else why not
   // (a refusal, an epoch other than the one granted, an answer that is neither).
   std::string OnAnswer(const v1::CoordinatorDirective& first);
@@ -61,6 +66,16 @@ class AttachCore {
   // The newest directive received and not yet returned.
   std::optional<Directive> Poll();
 
+  // Queues a request for the lease when attached and a quarter of a lease has passed since the
+  // last one (a second before the first grant); true when it queued one.
+  bool RenewLease(int64_t now_ms);
+  // How long until the next request is due (the writer wakes for it).
+  int64_t LeaseRenewalIn(int64_t now_ms) const;
+  // Whether this manager may commit a step at `now_ms`: a lease granted runs until then, and it
+  // is not fenced.
+  bool LeaseHeld(int64_t now_ms) const { return !fenced_by_ && now_ms < lease_until_ms_; }
+  int64_t lease_until_ms() const { return lease_until_ms_; }
+
   bool attached() const { return attached_; }
   // Why the coordinator fenced this manager, or nothing.
   const std::optional<std::string>& fenced_by() const { return fenced_by_; }
@@ -76,6 +91,8 @@ class AttachCore {
   void OnDirective(const v1::CoordinatorDirective& message, bool first);
   // A refusal naming a newer epoch than the one granted fences this manager.
   void NoteRefusal(const v1::Refusal& refusal);
+  void NoteLease(const v1::LeaseGrant& grant);
+  int64_t RenewalPeriodMs() const;
 
   const std::string job_id_;
   const size_t max_queued_;
@@ -93,6 +110,9 @@ class AttachCore {
   std::string last_error_;
   size_t dropped_ = 0;
   std::optional<std::string> fenced_by_;
+  int64_t lease_ms_ = 0;                 // the length of the last lease granted (0: none yet)
+  int64_t lease_until_ms_ = 0;           // this manager's clock
+  int64_t lease_asked_ms_ = -1;          // when the last request was queued (-1: never)
 };
 
 }  // namespace regroup::manager

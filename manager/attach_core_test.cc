@@ -35,15 +35,15 @@ v1::ManagerReport FaultReport(uint32_t rank) {
 
 TEST(AttachCore, TheFirstHelloAsksForAnEpochAndEveryLaterOneReattachesAsTheOneGranted) {
   AttachCore core("default/job", 16);
-  EXPECT_EQ(core.Hello().hello().epoch(), 0u);
-  EXPECT_EQ(core.Hello().header().job_id(), "default/job");
+  EXPECT_EQ(core.Hello(0).hello().epoch(), 0u);
+  EXPECT_EQ(core.Hello(0).header().job_id(), "default/job");
   EXPECT_EQ(core.OnAnswer(Answer(41, 7, v1::Directive::KIND_CONTINUE, "t41")), "");
   EXPECT_TRUE(core.attached());
   EXPECT_EQ(core.epoch(), 41u);
   EXPECT_EQ(core.job_keys().pods(), 4u);
   core.Detached();
   EXPECT_FALSE(core.attached());
-  const v1::ManagerReport hello = core.Hello();
+  const v1::ManagerReport hello = core.Hello(0);
   EXPECT_EQ(hello.hello().epoch(), 41u);
   EXPECT_EQ(hello.hello().ticket(), "t41");
   EXPECT_EQ(hello.header().epoch(), 41u);
@@ -198,6 +198,60 @@ TEST(AttachCore, BeyondTheBoundTheOldestFactNotBeingWrittenIsDropped) {
   EXPECT_EQ(core.queued(), 3u);
   core.Written();
   EXPECT_EQ(core.NextToWrite()->fault().ranks(0), 2u);
+}
+
+v1::CoordinatorDirective Lease(int64_t sent_ms, int64_t lease_ms, int64_t wait_ms = 0) {
+  v1::CoordinatorDirective m;
+  m.mutable_header()->set_epoch(41);
+  m.mutable_lease()->set_sent_ms(sent_ms);
+  m.mutable_lease()->set_lease_ms(lease_ms);
+  m.mutable_lease()->set_wait_ms(wait_ms);
+  return m;
+}
+
+// A manager cut off from the coordinator never hears that it was replaced: it commits only
+// within its lease, counted from when it asked, by its own clock.
+TEST(AttachCore, ThisManagerCommitsOnlyWithinALeaseCountedFromWhenItAsked) {
+  AttachCore core("default/job", 16);
+  EXPECT_FALSE(core.LeaseHeld(0)) << "no lease before the first grant";
+  EXPECT_FALSE(core.RenewLease(0)) << "nothing is asked while detached";
+  const v1::ManagerReport hello = core.Hello(1000);
+  EXPECT_EQ(hello.lease().sent_ms(), 1000);
+  v1::CoordinatorDirective answer = Answer(41, 7);
+  *answer.mutable_lease() = Lease(1000, 10000).lease();
+  ASSERT_EQ(core.OnAnswer(answer), "");
+  EXPECT_TRUE(core.LeaseHeld(10999));
+  EXPECT_FALSE(core.LeaseHeld(11000)) << "counted from the hello, not from the answer";
+  // Asked again every quarter of a lease while attached.
+  EXPECT_EQ(core.LeaseRenewalIn(1500), 2000);
+  EXPECT_FALSE(core.RenewLease(3499));
+  ASSERT_TRUE(core.RenewLease(3500));
+  ASSERT_EQ(core.queued(), 1u);
+  EXPECT_EQ(core.NextToWrite()->lease().sent_ms(), 3500);
+  EXPECT_EQ(core.NextToWrite(), nullptr) << "one is being written";
+  core.Written();
+  core.OnMessage(Lease(3500, 10000));
+  EXPECT_TRUE(core.LeaseHeld(13499));
+  EXPECT_FALSE(core.LeaseHeld(13500));
+  // A request still waiting to be written is replaced by a newer one (it is worth as much).
+  ASSERT_TRUE(core.RenewLease(6000));
+  ASSERT_TRUE(core.RenewLease(8500));
+  EXPECT_EQ(core.queued(), 1u);
+  EXPECT_EQ(core.NextToWrite()->lease().sent_ms(), 8500);
+  core.Written();
+  // No lease yet (an older manager's runs), and a grant for a request never sent: nothing.
+  core.OnMessage(Lease(8500, 0, 4000));
+  core.OnMessage(Lease(90000, 10000));
+  EXPECT_FALSE(core.LeaseHeld(13500));
+  // Fenced, it holds none, whatever it was granted.
+  core.OnMessage(Lease(8500, 10000));
+  EXPECT_TRUE(core.LeaseHeld(18499));
+  v1::CoordinatorDirective refusal;
+  refusal.mutable_refusal()->set_epoch(42);
+  refusal.mutable_refusal()->set_reason("fenced: manager epoch 42 attached");
+  core.OnMessage(refusal);
+  EXPECT_FALSE(core.LeaseHeld(9000));
+  EXPECT_FALSE(core.RenewLease(20000));
 }
 
 }  // namespace

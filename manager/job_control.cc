@@ -696,8 +696,37 @@ Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
     vote_step_ = -1;
     return Status::Ok();
   }
+  // With a coordinator, a commit needs its lease: cut off from it, this manager may have been
+  // replaced without hearing so, and the newer one may commit this very step. The ranks keep
+  // their vote until the lease is back (the step is committed then) or the generation is over.
+  if (const std::string why = decisions_->WhyNoCommit(); !why.empty()) {
+    if (held_step_ != votes.step() || held_generation_ != generation_)
+      Event(now, "wait",
+            "step " + std::to_string(votes.step()) +
+                " is voted for; it is committed once this manager holds a lease again: " + why);
+    held_step_ = votes.step();
+    held_generation_ = generation_;
+    return Status::Ok();
+  }
   Commit(votes.step(), now);
   return Status::Ok();
+}
+
+void JobControl::CommitHeld(int64_t now) {
+  if (held_step_ < 0) return;
+  if (state_ != State::kTraining || held_generation_ != generation_ || vote_step_ != held_step_ ||
+      StopsCommitting(now, /*record=*/false)) {
+    held_step_ = -1;
+    return;
+  }
+  if (!decisions_->WhyNoCommit().empty()) return;
+  const int64_t step = held_step_;
+  held_step_ = -1;
+  Event(now, "lease", "the lease holds again: step " + std::to_string(step) + " is committed");
+  // The ranks waited for this manager: their time at the step counts from now.
+  for (const RankPlace& p : places_)
+    agents_[static_cast<size_t>(p.node_rank)].step_since_ms[p.local_rank] = now;
+  Commit(step, now);
 }
 
 void JobControl::Commit(int64_t step, int64_t now) {
@@ -1738,7 +1767,8 @@ void JobControl::DetectFailures(int64_t now) {
     // it, or it missed its start) has left this one: past the hang timeout it is the rank that
     // holds the generation up, before any rank waiting for it (simulation seeds 872, 10434: a
     // generation whose ranks were all paused waited for good).
-    if (now - a.step_since_ms[p.local_rank] > hang) {
+    // (Not while the step they voted for waits for the lease: the wait is this manager's.)
+    if (held_step_ < 0 && now - a.step_since_ms[p.local_rank] > hang) {
       std::optional<size_t>& first = lr.phase() == v1::PHASE_PAUSED ? paused : stuck;
       if (!first) first = g;
     }
@@ -1867,6 +1897,7 @@ void JobControl::Tick(int64_t now) {
   }
   last_tick_ms_ = now;
   StopsCommitting(now, record_looked_ms_ < 0 || now - record_looked_ms_ >= kRecordLookMs);
+  CommitHeld(now);
   if (state_ == State::kJoining) TryFirstGeneration(now);
   if (state_ != State::kStopped) DetectFailures(now);
   decisions_->Tick(now);

@@ -52,6 +52,10 @@ class Decisions {
   // Why the decision maker fenced this incarnation (the coordinator serves a newer manager of
   // the job), or nothing. A fenced incarnation commits nothing more and stops its pods.
   virtual std::optional<std::string> FencedBy() const { return std::nullopt; }
+  // Whether this incarnation may commit a step now: "" if so, else why not (the coordinator's
+  // lease ran out: cut off from it, this manager may have been replaced without hearing so).
+  // The decision maker keeps its own clock. Standalone the durable record fences instead.
+  virtual std::string WhyNoCommit() const { return ""; }
   // Whether a scheduler replaces the pods a decision gives up (Volcano). Standalone nobody does:
   // a job restart then restarts a healthy pod's processes, and the pod counts as its own
   // replacement.
@@ -197,7 +201,7 @@ class JobControl {
     std::set<uint32_t> failed;              // local ranks that exited with an error, not restarted
     // Local ranks declared hung (a HANG fault), by the pid of the process that hung, until it is
     // restarted: a frozen process is a failed one that has not exited (it may never).
-    std::map<uint32_t, uint32_t> hung;
+    std::map<uint32_t, int32_t> hung;
     std::set<uint32_t> finished;            // local ranks that finished training (exit 0)
     uint32_t last_generation_agents = 0;
     uint64_t aborted_through = 0;           // the latest generation whose abort it was sent
@@ -329,6 +333,9 @@ class JobControl {
   std::vector<int64_t> PositionsUnheld(const std::vector<int64_t>& replicas) const;
   void Finished(int64_t now);
   void Commit(int64_t step, int64_t now);
+  // Commits the step held for the lease once the lease holds again; drops it once its
+  // generation is over.
+  void CommitHeld(int64_t now);
   int64_t HangTimeoutMs() const;
   int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }
   int64_t MedianStepMs() const;
@@ -395,6 +402,10 @@ class JobControl {
 
   // The vote of the step in flight.
   int64_t vote_step_ = -1;
+  // A step every rank voted for whose commit waits for the decision maker's lease
+  // (Decisions::WhyNoCommit), in the generation it was voted in; -1: none.
+  int64_t held_step_ = -1;
+  uint64_t held_generation_ = 0;
   std::vector<bool> voted_;
   std::vector<uint64_t> checksums_;
   bool vote_ok_ = true;

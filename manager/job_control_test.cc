@@ -904,6 +904,75 @@ TEST(JobControl, AnIncarnationLearnsWithinASecondThatANewerOneFormedAGeneration)
   }
 }
 
+// The embedded engine, under a lease the test takes away and gives back (as RemoteDecisions
+// holds the coordinator's).
+class Leased final : public Decisions {
+ public:
+  Leased(const JobSpec& spec, const std::string* why_no_commit)
+      : engine_(spec), why_(why_no_commit) {}
+  void PodRunning(int64_t pod, const std::string& uid, const std::string& node,
+                  int64_t now) override {
+    engine_.PodRunning(pod, uid, node, now);
+  }
+  void Fault(const v1::FaultFacts& fault, int64_t now) override { engine_.Fault(fault, now); }
+  void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override {
+    engine_.ReplacementRegistered(pod, uid, now);
+  }
+  void Progress(uint64_t epoch, uint64_t generation, int64_t committed_step, uint32_t live_ranks,
+                int64_t now) override {
+    engine_.Progress(epoch, generation, committed_step, live_ranks, now);
+  }
+  void Tick(int64_t now) override { engine_.Tick(now); }
+  std::optional<Directive> Poll() override { return engine_.Poll(); }
+  std::string WhyNoCommit() const override { return *why_; }
+
+ private:
+  EmbeddedDecisions engine_;
+  const std::string* why_;
+};
+
+// With a coordinator, a manager cut off from it may have been replaced without hearing so: a
+// step every rank voted for is committed only under the lease, once it holds again, and never
+// once its generation is over.
+TEST(JobControl, AStepIsCommittedOnlyUnderTheDecisionMakersLease) {
+  Sim sim(2, 1, kForce, {{"recover-strategy", "recover-in-place"}});
+  std::string no_lease;
+  sim.rt = std::make_unique<JobControl>(sim.spec_, sim.spec_.Resolve().config,
+                                        JobControlOptions(),
+                                        std::make_unique<Leased>(sim.spec_, &no_lease));
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  ASSERT_TRUE(sim.rt->training());
+  no_lease = "the lease ran out 5 ms ago";
+  ASSERT_TRUE(sim.Vote(0, 0).ok());
+  ASSERT_TRUE(sim.Vote(1, 0).ok());
+  EXPECT_EQ(sim.rt->committed_step(), -1);
+  EXPECT_EQ(Logged(sim, "wait",
+                   "step 0 is voted for; it is committed once this manager holds a lease "
+                   "again: the lease ran out 5 ms ago"),
+            1);
+  sim.Run(60000, 0);  // a minute, longer than the hang timeout: nobody is blamed for the wait
+  EXPECT_TRUE(sim.rt->training());
+  EXPECT_EQ(sim.rt->committed_step(), -1);
+  sim.Clear();
+  no_lease.clear();
+  sim.Run(20, 0);
+  EXPECT_EQ(sim.rt->committed_step(), 0);
+  EXPECT_EQ(Logged(sim, "fault", ""), 0) << "the wait was this manager's, not its ranks'";
+  ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kOutcome), 1);
+  EXPECT_TRUE(sim.inbox_[1].back().outcome().commit());
+  // A step held when its generation ends is not committed by the lease's return.
+  no_lease = "the lease ran out";
+  ASSERT_TRUE(sim.Vote(0, 1).ok());
+  ASSERT_TRUE(sim.Vote(1, 1).ok());
+  const uint64_t generation = sim.rt->generation();
+  ASSERT_TRUE(sim.Exit(1, 0, 1).ok());
+  ASSERT_TRUE(!sim.rt->training() || sim.rt->generation() != generation);
+  no_lease.clear();
+  sim.Run(20, 0);
+  EXPECT_EQ(sim.rt->committed_step(), 0);
+}
+
 TEST(JobControl, PlannedDepartureLeavesAtTheStepBoundaryWithNoLostWork) {
   Sim sim(4, 2, kForce, kElastic);
   sim.RegisterAll();

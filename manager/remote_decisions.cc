@@ -24,6 +24,13 @@ std::string Describe(const grpc::Status& s) {
   return out;
 }
 
+// The lease's clock: steady, so that no change of the wall clock stretches a lease.
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 RemoteDecisions::RemoteDecisions(RemoteDecisionsOptions options)
@@ -96,6 +103,17 @@ bool RemoteDecisions::Available() const {
 std::optional<std::string> RemoteDecisions::FencedBy() const {
   std::lock_guard lock(mu_);
   return core_.fenced_by();
+}
+
+std::string RemoteDecisions::WhyNoCommit() const {
+  const int64_t now = SteadyMs();
+  std::lock_guard lock(mu_);
+  if (core_.LeaseHeld(now)) return "";
+  if (core_.lease_until_ms() == 0)
+    return "the coordinator " + options_.target + " has granted this manager no lease yet";
+  return "this manager's lease from the coordinator " + options_.target + " ran out " +
+         std::to_string(now - core_.lease_until_ms()) +
+         " ms ago: cut off from it, a newer manager may lead the job";
 }
 
 bool RemoteDecisions::WaitAvailable(std::chrono::milliseconds timeout) const {
@@ -196,7 +214,7 @@ void RemoteDecisions::Run() {
       if (stopping_) return;
       context_ = &context;
       broken_ = false;
-      hello = core_.Hello();
+      hello = core_.Hello(SteadyMs());
     }
     auto stream = stub->Attach(&context);
 
@@ -228,12 +246,16 @@ void RemoteDecisions::Run() {
         }
         cv_.notify_all();
       });
-      // The writer: the queued facts, in order; one leaves the queue once written.
+      // The writer: the queued facts, in order; one leaves the queue once written. It asks for
+      // the lease again when it is due.
       {
         std::unique_lock lock(mu_);
         while (true) {
-          cv_.wait(lock, [this] { return stopping_ || broken_ || core_.HasFactToWrite(); });
+          core_.RenewLease(SteadyMs());
+          cv_.wait_for(lock, std::chrono::milliseconds(core_.LeaseRenewalIn(SteadyMs())),
+                       [this] { return stopping_ || broken_ || core_.HasFactToWrite(); });
           if (stopping_ || broken_) break;
+          if (!core_.HasFactToWrite()) continue;  // a request for the lease is due
           const v1::ManagerReport next = *core_.NextToWrite();
           lock.unlock();
           const bool ok = stream->Write(next);

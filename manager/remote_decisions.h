@@ -79,6 +79,8 @@ class RemoteDecisions final : public Decisions {
   // Once the coordinator fenced this manager (it serves a newer one): it attaches no more.
   std::optional<std::string> FencedBy() const override;
   bool ReplacesPods() const override { return true; }  // the scheduler recreates them
+  // "" while the coordinator's lease holds (AttachCore::LeaseHeld), on a steady clock.
+  std::string WhyNoCommit() const override;
 
   // Waits until attached (true) or until `timeout` passes (false).
   bool WaitAvailable(std::chrono::milliseconds timeout) const;

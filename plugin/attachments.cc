@@ -91,6 +91,19 @@ bool Attachments::DirectiveFor(uint64_t stream, Attached& a, Outgoing& out) cons
   return true;
 }
 
+v1::LeaseGrant Attachments::Lease(JobEntry& entry, int64_t sent_ms, int64_t now_ms) {
+  v1::LeaseGrant grant;
+  grant.set_sent_ms(sent_ms);
+  if (now_ms < entry.leases_from_ms) {
+    grant.set_wait_ms(entry.leases_from_ms - now_ms);
+    return grant;
+  }
+  // The manager counts from when it asked, no later than now: its lease ends before this one.
+  entry.lease_until_ms = std::max(entry.lease_until_ms, now_ms + lease_ms_ + lease_ms_ / 10);
+  grant.set_lease_ms(lease_ms_);
+  return grant;
+}
+
 uint64_t Attachments::epoch_of(std::string_view job) const {
   auto it = jobs_.find(job);
   return it == jobs_.end() ? 0 : it->second.epoch;
@@ -174,6 +187,12 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
 
   std::vector<Outgoing> out;
   JobEntry& entry = jobs_[job];
+  // No lease while an older epoch's may run: the last one granted here, and, for a job that had
+  // a manager before this coordinator started, any it granted before (it does not know them).
+  if (highest > 0)
+    entry.leases_from_ms =
+        std::max(entry.leases_from_ms, started_ms_ + lease_ms_ + lease_ms_ / 10);
+  if (asked == 0) entry.leases_from_ms = std::max(entry.leases_from_ms, entry.lease_until_ms);
   if (entry.stream != 0 && entry.stream != stream) {
     const uint64_t old = entry.stream;
     const uint64_t old_epoch = streams_[old].epoch;
@@ -200,6 +219,8 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   keys->mutable_env()->insert(spec.env.begin(), spec.env.end());
   keys->set_pods(static_cast<uint32_t>(spec.pods));
   keys->set_processes_per_pod(static_cast<uint32_t>(spec.processes_per_pod));
+  if (report.has_lease())
+    *directive.message.mutable_lease() = Lease(entry, report.lease().sent_ms(), now_ms);
   out.push_back(std::move(directive));
   return out;
 }
@@ -249,7 +270,7 @@ Status Attachments::ApplyFact(const Attached& a, const v1::ManagerReport& report
                                 "): hello is its first message only");
     default:
       return InvalidArgument("the report of job " + a.job +
-                             " has no body: send a fault, replacement or progress");
+                             " has no body: send a fault, replacement, progress or lease request");
   }
 }
 
@@ -257,6 +278,7 @@ std::vector<Attachments::Outgoing> Attachments::OnReport(uint64_t stream,
                                                          const v1::ManagerReport& report,
                                                          int64_t now_ms,
                                                          std::string_view credential) {
+  if (started_ms_ < 0) started_ms_ = now_ms;
   auto it = streams_.find(stream);
   if (it == streams_.end()) return Hello(stream, report, now_ms, credential);
   const Attached& a = it->second;
@@ -268,9 +290,16 @@ std::vector<Attachments::Outgoing> Attachments::OnReport(uint64_t stream,
     st = FailedPrecondition("the report is of manager epoch " +
                             std::to_string(report.header().epoch()) +
                             " but this stream is attached as epoch " + std::to_string(a.epoch));
-  else
+  else if (report.body_case() != v1::ManagerReport::BODY_NOT_SET || !report.has_lease())
     st = ApplyFact(a, report, now_ms);
-  if (st.ok()) return {};
+  if (st.ok()) {
+    if (!report.has_lease()) return {};
+    Outgoing grant;
+    grant.stream = stream;
+    *grant.message.mutable_header() = MakeHeader(a.job, a.epoch);
+    *grant.message.mutable_lease() = Lease(jobs_[a.job], report.lease().sent_ms(), now_ms);
+    return {std::move(grant)};
+  }
   if (report.body_case() != v1::ManagerReport::kHello &&
       report.body_case() != v1::ManagerReport::BODY_NOT_SET)
     st = {st.code(), "refused the " + std::string(FactName(report.body_case())) + " of job " +

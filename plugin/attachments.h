@@ -15,8 +15,17 @@
 // stream: a reconnect) replaces the attached stream, which is closed. An attached stream's facts
 // become engine events; a bad fact is answered with a Refusal carrying the engine's error and
 // changes nothing. The job's directive goes down on attach and whenever its id changes (Publish).
+//
+// Leases (docs/membership.md): a manager commits a step only while it holds a lease, which it asks
+// for on its hello and alone every quarter of a lease (ManagerReport.lease), counted by its own
+// clock from when it asked. A newer epoch of a job gets no lease before the last one granted to an
+// older epoch has run out here (plus a tenth for the clocks' drift), and a coordinator that
+// started since a job had a manager grants that job none for a lease after its start (it forgot
+// what it granted before). So an older manager cut off from the coordinator, which never hears
+// that it was replaced, stops committing before the newer one starts.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <map>
@@ -34,6 +43,9 @@
 namespace regroup::coordinator {
 
 namespace v1 = ::regroup::v1;
+
+inline constexpr int64_t kDefaultLeaseMs = 10000;
+inline constexpr int64_t kMaxLeaseMs = 600000;
 
 // An engine directive in its wire form (strings made valid UTF-8, which proto3 requires).
 std::optional<v1::Directive> DirectiveToProto(const Directive& d);  // nullopt: not a wire kind
@@ -55,8 +67,13 @@ class Attachments {
   // to read, exclusive to change. Not thread-safe itself: one caller at a time.
   // `cluster_key`: the key the jobs' tokens and the epochs' tickets derive from; "" (a
   // coordinator run without a credential) checks no token, and its tickets prove nothing.
-  Attachments(std::shared_mutex& engine_mu, Engine& engine, std::string cluster_key = "")
-      : engine_mu_(engine_mu), engine_(engine), cluster_key_(std::move(cluster_key)) {}
+  // `lease_ms`: the managers' lease, 1 to kMaxLeaseMs (clamped).
+  Attachments(std::shared_mutex& engine_mu, Engine& engine, std::string cluster_key = "",
+              int64_t lease_ms = kDefaultLeaseMs)
+      : engine_mu_(engine_mu),
+        engine_(engine),
+        cluster_key_(std::move(cluster_key)),
+        lease_ms_(std::clamp<int64_t>(lease_ms, 1, kMaxLeaseMs)) {}
 
   // A message of stream `stream` (any id; a stream is new until its hello is accepted). Facts are
   // applied to the engine at `now_ms`. Returns what to send, possibly to other streams (the one
@@ -87,6 +104,8 @@ class Attachments {
   struct JobEntry {
     uint64_t epoch = 0;   // the highest epoch granted or attached
     uint64_t stream = 0;  // the stream serving it; 0 while none is attached
+    int64_t lease_until_ms = 0;   // the last lease granted runs until then (with the margin)
+    int64_t leases_from_ms = 0;   // no lease is granted before then (an older epoch's runs)
   };
 
   std::vector<Outgoing> Hello(uint64_t stream, const v1::ManagerReport& report, int64_t now_ms,
@@ -97,11 +116,15 @@ class Attachments {
   bool DirectiveFor(uint64_t stream, Attached& a, Outgoing& out) const;
   Outgoing Refusal(uint64_t stream, std::string_view job, uint64_t epoch, const Status& why,
                    bool close) const;
+  // The answer to a request for the lease sent at the manager's `sent_ms`, granted or not.
+  v1::LeaseGrant Lease(JobEntry& entry, int64_t sent_ms, int64_t now_ms);
   v1::Header MakeHeader(std::string_view job, uint64_t epoch) const;
 
   std::shared_mutex& engine_mu_;
   Engine& engine_;
   const std::string cluster_key_;
+  const int64_t lease_ms_;
+  int64_t started_ms_ = -1;  // the time of the first report: no earlier lease is known here
   std::map<uint64_t, Attached> streams_;                // attached streams
   std::map<std::string, JobEntry, std::less<>> jobs_;  // every job a manager attached to
 };

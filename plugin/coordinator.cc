@@ -34,7 +34,8 @@ class Rejected final : public Reactor {
 class Coordinator::Service final : public v1::Coordinator::CallbackService {
  public:
   Service(std::shared_mutex& engine_mu, Engine& engine, CoordinatorOptions options)
-      : options_(std::move(options)), attachments_(engine_mu, engine, options_.credential) {}
+      : options_(std::move(options)),
+        attachments_(engine_mu, engine, options_.credential, options_.lease_ms) {}
 
   Status Start() {
     auto creds = ServerCredentials(options_.tls_cert_file, options_.tls_key_file);
@@ -186,6 +187,9 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(std::shared_mutex& eng
   if (options.credential.empty() && !options.insecure)
     return InvalidArgument("the coordinator has no credential: give the token the managers send, "
                            "or ask for insecure mode to accept every manager (testing only)");
+  if (options.lease_ms < 1 || options.lease_ms > kMaxLeaseMs)
+    return InvalidArgument("the managers' lease of " + std::to_string(options.lease_ms) +
+                           " ms is out of range: 1 to " + std::to_string(kMaxLeaseMs) + " ms");
   auto service = std::make_unique<Service>(engine_mu, engine, std::move(options));
   if (Status st = service->Start(); !st.ok()) {
     service->Stop();

@@ -9,6 +9,7 @@
 #include <shared_mutex>
 #include <string>
 
+#include "plugin/attachments.h"
 #include "plugin/engine.h"
 #include "common/status.h"
 
@@ -21,6 +22,8 @@ struct CoordinatorOptions {
   std::string credential;
   bool insecure = false;                 // serve without a credential: managers must send none
   std::string tls_cert_file, tls_key_file;
+  // The managers' lease (Attachments): from 1 ms to 10 minutes.
+  int64_t lease_ms = kDefaultLeaseMs;
 };
 
 // Facts are applied to the engine at WallMs(): milliseconds since the Unix epoch.

@@ -94,10 +94,13 @@ class RawStream {
     return stream_->Write(report);
   }
   // Epoch 0 asks the coordinator for one; else the epoch reattaching, with its ticket.
-  bool Hello(const std::string& job, uint64_t epoch, const std::string& ticket = "") {
+  // `lease_sent_ms` >= 0: it asks for the lease too.
+  bool Hello(const std::string& job, uint64_t epoch, const std::string& ticket = "",
+             int64_t lease_sent_ms = -1) {
     v1::ManagerReport r;
     r.mutable_hello()->set_epoch(epoch);
     r.mutable_hello()->set_ticket(ticket);
+    if (lease_sent_ms >= 0) r.mutable_lease()->set_sent_ms(lease_sent_ms);
     return Send(r, job, epoch);
   }
   // The next message; an empty message once the stream ended.
@@ -275,10 +278,11 @@ class CoordinatorTest : public ::testing::Test {
                                              Now(), nullptr),
                 REGROUP_OK);
   }
-  void Start(const std::string& listen) {
+  void Start(const std::string& listen, int64_t lease_ms = 0) {
     regroup_coordinator_options o = REGROUP_COORDINATOR_OPTIONS_INIT;
     o.listen = listen.c_str();
     o.credential = kClusterKey;
+    o.lease_ms = lease_ms;
     regroup_error* err = nullptr;
     ASSERT_EQ(regroup_coordinator_start(&coordinator_, engine_, &o, &err), REGROUP_OK)
         << Message(err);
@@ -971,12 +975,50 @@ TEST_F(CoordinatorTest, ARestartedCoordinatorGrantsAboveTheSavedEpochAndFencesOl
       << "the refusal names the epoch the saved state holds";
 
   RawStream s(port_, kCredential);
-  ASSERT_TRUE(s.Hello(kJob, 0));
+  ASSERT_TRUE(s.Hello(kJob, 0, "", /*lease_sent_ms=*/7));
   v1::CoordinatorDirective granted = s.Read();
   ASSERT_TRUE(granted.has_directive());
   EXPECT_GT(granted.header().epoch(), static_cast<uint64_t>(newer));
   EXPECT_GT(granted.header().epoch(), epoch);
+  // It knows nothing of the leases it granted before its restart: none for a lease after it.
+  EXPECT_EQ(granted.lease().sent_ms(), 7);
+  EXPECT_EQ(granted.lease().lease_ms(), 0);
+  EXPECT_GT(granted.lease().wait_ms(), 0);
+  EXPECT_LE(granted.lease().wait_ms(), 11000);
   EXPECT_TRUE(s.Finish().ok());
+}
+
+// A manager cut off from the coordinator never hears that a newer one replaced it: the newer
+// one gets its epoch at once, and its lease only once the older one's ran out.
+TEST_F(CoordinatorTest, ANewerManagerGetsNoLeaseBeforeTheOlderOnesRanOut) {
+  Stop();
+  Start("127.0.0.1:0", /*lease_ms=*/800);
+  Manager older(JobJson("recover-in-place,dump"), port_);
+  ASSERT_TRUE(older.remote().WaitAvailable(kWait)) << older.remote().last_error();
+  EXPECT_EQ(older.remote().WhyNoCommit(), "") << "a lease with the first attach";
+
+  RawStream newer(port_, kCredential);
+  ASSERT_TRUE(newer.Hello(kJob, 0, "", /*lease_sent_ms=*/5));
+  const v1::CoordinatorDirective granted = newer.Read();
+  ASSERT_TRUE(granted.has_directive());
+  const uint64_t epoch = granted.header().epoch();
+  EXPECT_GT(epoch, older.remote().epoch());
+  EXPECT_EQ(granted.lease().lease_ms(), 0) << "the older manager's lease runs";
+  EXPECT_GT(granted.lease().wait_ms(), 0);
+  EXPECT_LE(granted.lease().wait_ms(), 880);
+  ASSERT_TRUE(Eventually([&] { return older.remote().FencedBy().has_value(); }));
+  EXPECT_NE(older.remote().WhyNoCommit(), "");
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(granted.lease().wait_ms() + 20));
+  v1::ManagerReport ask;
+  ask.mutable_lease()->set_sent_ms(6);
+  ASSERT_TRUE(newer.Send(ask, kJob, epoch));
+  const v1::CoordinatorDirective lease = newer.Read();
+  EXPECT_FALSE(lease.has_directive());
+  EXPECT_FALSE(lease.has_refusal());
+  EXPECT_EQ(lease.lease().sent_ms(), 6);
+  EXPECT_EQ(lease.lease().lease_ms(), 800);
+  EXPECT_TRUE(newer.Finish().ok());
 }
 
 TEST_F(CoordinatorTest, StartRefusesBadArguments) {
@@ -992,6 +1034,19 @@ TEST_F(CoordinatorTest, StartRefusesBadArguments) {
   o.version = 99;
   EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_VERSION_MISMATCH);
   regroup_error_free(err);
+
+  // A lease out of range: refused, naming it.
+  for (int64_t lease : {int64_t{-1}, int64_t{600001}}) {
+    o = REGROUP_COORDINATOR_OPTIONS_INIT;
+    o.listen = "127.0.0.1:0";
+    o.credential = kClusterKey;
+    o.lease_ms = lease;
+    EXPECT_EQ(regroup_coordinator_start(&c, engine_, &o, &err), REGROUP_INVALID_ARGUMENT);
+    EXPECT_NE(Message(err).find("the managers' lease of " + std::to_string(lease) +
+                                " ms is out of range"),
+              std::string::npos);
+    err = nullptr;
+  }
 
   // No credential and no explicit insecure mode: refused before anything listens.
   o = REGROUP_COORDINATOR_OPTIONS_INIT;

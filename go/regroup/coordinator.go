@@ -30,6 +30,10 @@ type CoordinatorOptions struct {
 	// Insecure serves without a credential, accepting only managers that send none (tests on a
 	// trusted network). Never the default: the caller asks for it, and logs it at every start.
 	Insecure bool
+	// LeaseMs is the managers' lease: a manager commits a step only within this long of asking
+	// the coordinator, so that one cut off from it stops committing before a newer manager of
+	// its job is given a lease. 0: 10000 (10 s); at most 600000.
+	LeaseMs int64
 }
 
 // Coordinator is the library's gRPC server (service regroup.v1.Coordinator) that connects the
@@ -133,6 +137,7 @@ func StartCoordinator(e *Engine, opts CoordinatorOptions) (*Coordinator, error) 
 	if opts.Insecure {
 		copts.insecure = 1
 	}
+	copts.lease_ms = C.int64_t(opts.LeaseMs)
 	var ch *C.regroup_coordinator
 	var cerr *C.regroup_error
 	if err := takeError(op, C.regroup_coordinator_start(&ch, h, &copts, &cerr), cerr); err != nil {

@@ -40,6 +40,10 @@ const (
 	// argTLSCertFile and argTLSKeyFile: serve the coordinator over TLS.
 	argTLSCertFile = "regroup.tlsCertFile"
 	argTLSKeyFile  = "regroup.tlsKeyFile"
+	// argLeaseMs: the managers' lease, in ms (1 to 600000). A manager commits a step only within
+	// this long of asking the coordinator, and a newer manager of a job gets no lease before the
+	// older one's ran out (docs/membership.md). Default 0: the library's, 10000.
+	argLeaseMs = "regroup.leaseMs"
 	// argNodeOrderWeight multiplies the engine's node scores (0 to 100). Default 10.
 	argNodeOrderWeight = "regroup.nodeOrderWeight"
 	// argMindClusterFaults: read the node and NPU faults MindCluster's Ascend Device Plugin and
@@ -94,6 +98,7 @@ func Builder(opts Options) framework.PluginBuilder {
 type coordinatorConfig struct {
 	listen, credentialFile, tlsCert, tlsKey string
 	insecure                                bool
+	leaseMs                                 int
 }
 
 type config struct {
@@ -128,6 +133,14 @@ func parseArguments(args framework.Arguments) config {
 	args.GetBool(&c.coordinator.insecure, argInsecure)
 	args.GetString(&c.coordinator.tlsCert, argTLSCertFile)
 	args.GetString(&c.coordinator.tlsKey, argTLSKeyFile)
+	lease := 0
+	args.GetInt(&lease, argLeaseMs)
+	if lease < 0 || lease > 600000 {
+		klog.Errorf("regroup: %s=%d is out of range (1 to 600000 ms, 0 for the default); using the default",
+			argLeaseMs, lease)
+	} else {
+		c.coordinator.leaseMs = lease
+	}
 	w := c.weight
 	args.GetFloat64(&w, argNodeOrderWeight)
 	if w < 0 {

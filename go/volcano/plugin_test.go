@@ -18,6 +18,7 @@ import (
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 	"volcano.sh/volcano/pkg/scheduler/api"
 	"volcano.sh/volcano/pkg/scheduler/conf"
+	"volcano.sh/volcano/pkg/scheduler/framework"
 	"volcano.sh/volcano/pkg/scheduler/uthelper"
 	"volcano.sh/volcano/pkg/scheduler/util"
 
@@ -819,6 +820,23 @@ func TestPredicateRefusesUnhealthyAndAvoidedNodesOnlyForRegroupJobs(t *testing.T
 		if !errors.As(err, &fe) || len(fe.Status) != 1 || fe.Status[0].Code != api.UnschedulableAndUnresolvable ||
 			fe.Status[0].Reason != tc.want {
 			t.Errorf("%s on %s: %#v; want an UnschedulableAndUnresolvable fit error %q", tc.job, tc.node, err, tc.want)
+		}
+	}
+}
+
+// The managers' lease is an argument of the plugin's, handed to the coordinator; one out of
+// range keeps the library's default.
+func TestTheLeaseArgumentIsReadAndBounded(t *testing.T) {
+	for _, c := range []struct {
+		value any
+		want  int
+	}{{nil, 0}, {2500, 2500}, {600000, 600000}, {-1, 0}, {600001, 0}} {
+		args := framework.Arguments{}
+		if c.value != nil {
+			args[argLeaseMs] = c.value
+		}
+		if got := parseArguments(args).coordinator.leaseMs; got != c.want {
+			t.Errorf("%s=%v: lease %d ms, want %d", argLeaseMs, c.value, got, c.want)
 		}
 	}
 }

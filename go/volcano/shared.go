@@ -87,7 +87,8 @@ func (r *Runtime) ensureCoordinator(cfg coordinatorConfig, now time.Time) {
 	if r.coordErr != nil && now.Sub(r.coordLastTry) < coordinatorRetry {
 		return
 	}
-	opts := regroup.CoordinatorOptions{Listen: cfg.listen, TLSCertFile: cfg.tlsCert, TLSKeyFile: cfg.tlsKey}
+	opts := regroup.CoordinatorOptions{Listen: cfg.listen, TLSCertFile: cfg.tlsCert, TLSKeyFile: cfg.tlsKey,
+		LeaseMs: int64(cfg.leaseMs)}
 	switch {
 	case cfg.credentialFile == "" && !cfg.insecure:
 		// A coordinator without the token would accept anyone as any job's manager.

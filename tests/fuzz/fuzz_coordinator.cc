@@ -38,8 +38,8 @@ void Check(const std::vector<Attachments::Outgoing>& out) {
   for (const auto& o : out) {
     if (o.stream == 0 || o.stream > kStreams)
       fuzz::Die("Attachments", "a message for stream " + std::to_string(o.stream));
-    if (!o.message.has_directive() && !o.message.has_refusal())
-      fuzz::Die("Attachments", "a message that is neither a directive nor a refusal");
+    if (!o.message.has_directive() && !o.message.has_refusal() && !o.message.has_lease())
+      fuzz::Die("Attachments", "a message that is neither a directive, a refusal nor a lease");
     if (o.close && o.status.ok()) fuzz::Die("Attachments", "a stream closed with an OK status");
     if (o.message.has_refusal() && o.message.refusal().reason().empty())
       fuzz::Die("Attachments", "a refusal without a reason");

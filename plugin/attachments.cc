@@ -1,6 +1,7 @@
 #include "plugin/attachments.h"
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 #include <limits>
 #include <mutex>
@@ -91,7 +92,14 @@ bool Attachments::DirectiveFor(uint64_t stream, Attached& a, Outgoing& out) cons
   return true;
 }
 
-v1::LeaseGrant Attachments::Lease(JobEntry& entry, int64_t sent_ms, int64_t now_ms) {
+int64_t Attachments::SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+v1::LeaseGrant Attachments::Lease(JobEntry& entry, int64_t sent_ms) {
+  const int64_t now_ms = lease_clock_();
   v1::LeaseGrant grant;
   grant.set_sent_ms(sent_ms);
   if (now_ms < entry.leases_from_ms) {
@@ -220,7 +228,7 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   keys->set_pods(static_cast<uint32_t>(spec.pods));
   keys->set_processes_per_pod(static_cast<uint32_t>(spec.processes_per_pod));
   if (report.has_lease())
-    *directive.message.mutable_lease() = Lease(entry, report.lease().sent_ms(), now_ms);
+    *directive.message.mutable_lease() = Lease(entry, report.lease().sent_ms());
   out.push_back(std::move(directive));
   return out;
 }
@@ -278,7 +286,7 @@ std::vector<Attachments::Outgoing> Attachments::OnReport(uint64_t stream,
                                                          const v1::ManagerReport& report,
                                                          int64_t now_ms,
                                                          std::string_view credential) {
-  if (started_ms_ < 0) started_ms_ = now_ms;
+  if (started_ms_ < 0) started_ms_ = lease_clock_();
   auto it = streams_.find(stream);
   if (it == streams_.end()) return Hello(stream, report, now_ms, credential);
   const Attached& a = it->second;
@@ -297,7 +305,7 @@ std::vector<Attachments::Outgoing> Attachments::OnReport(uint64_t stream,
     Outgoing grant;
     grant.stream = stream;
     *grant.message.mutable_header() = MakeHeader(a.job, a.epoch);
-    *grant.message.mutable_lease() = Lease(jobs_[a.job], report.lease().sent_ms(), now_ms);
+    *grant.message.mutable_lease() = Lease(jobs_[a.job], report.lease().sent_ms());
     return {std::move(grant)};
   }
   if (report.body_case() != v1::ManagerReport::kHello &&

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <map>
 #include <shared_mutex>
@@ -67,13 +68,15 @@ class Attachments {
   // to read, exclusive to change. Not thread-safe itself: one caller at a time.
   // `cluster_key`: the key the jobs' tokens and the epochs' tickets derive from; "" (a
   // coordinator run without a credential) checks no token, and its tickets prove nothing.
-  // `lease_ms`: the managers' lease, 1 to kMaxLeaseMs (clamped).
+  // `lease_ms`: the managers' lease, 1 to kMaxLeaseMs (clamped), counted on `lease_clock` (ms;
+  // default: a steady clock, which no step of the wall clock moves).
   Attachments(std::shared_mutex& engine_mu, Engine& engine, std::string cluster_key = "",
-              int64_t lease_ms = kDefaultLeaseMs)
+              int64_t lease_ms = kDefaultLeaseMs, std::function<int64_t()> lease_clock = {})
       : engine_mu_(engine_mu),
         engine_(engine),
         cluster_key_(std::move(cluster_key)),
-        lease_ms_(std::clamp<int64_t>(lease_ms, 1, kMaxLeaseMs)) {}
+        lease_ms_(std::clamp<int64_t>(lease_ms, 1, kMaxLeaseMs)),
+        lease_clock_(lease_clock ? std::move(lease_clock) : SteadyMs) {}
 
   // A message of stream `stream` (any id; a stream is new until its hello is accepted). Facts are
   // applied to the engine at `now_ms`. Returns what to send, possibly to other streams (the one
@@ -117,14 +120,16 @@ class Attachments {
   Outgoing Refusal(uint64_t stream, std::string_view job, uint64_t epoch, const Status& why,
                    bool close) const;
   // The answer to a request for the lease sent at the manager's `sent_ms`, granted or not.
-  v1::LeaseGrant Lease(JobEntry& entry, int64_t sent_ms, int64_t now_ms);
+  v1::LeaseGrant Lease(JobEntry& entry, int64_t sent_ms);
+  static int64_t SteadyMs();
   v1::Header MakeHeader(std::string_view job, uint64_t epoch) const;
 
   std::shared_mutex& engine_mu_;
   Engine& engine_;
   const std::string cluster_key_;
   const int64_t lease_ms_;
-  int64_t started_ms_ = -1;  // the time of the first report: no earlier lease is known here
+  const std::function<int64_t()> lease_clock_;
+  int64_t started_ms_ = -1;  // the first report, on lease_clock_: no earlier lease is known
   std::map<uint64_t, Attached> streams_;                // attached streams
   std::map<std::string, JobEntry, std::less<>> jobs_;  // every job a manager attached to
 };

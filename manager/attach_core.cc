@@ -58,11 +58,13 @@ v1::ManagerReport AttachCore::Hello(int64_t now_ms) {
 }
 
 int64_t AttachCore::RenewalPeriodMs() const {
-  return lease_ms_ > 0 ? std::max<int64_t>(lease_ms_ / 4, 1) : 1000;
+  if (lease_ms_ > 0) return std::max<int64_t>(lease_ms_ / 4, 1);
+  // None granted yet: again once the wait the coordinator named is over, within a second.
+  return std::clamp<int64_t>(retry_in_ms_, 1, 1000);
 }
 
 bool AttachCore::RenewLease(int64_t now_ms) {
-  if (LeaseRenewalIn(now_ms) > 0 || !attached_ || fenced_by_) return false;
+  if (LeaseRenewalIn(now_ms) > 0 || !attached_ || fenced_by_ || leaseless_) return false;
   v1::ManagerReport r;
   r.mutable_lease()->set_sent_ms(now_ms);
   lease_asked_ms_ = now_ms;
@@ -79,13 +81,14 @@ bool AttachCore::RenewLease(int64_t now_ms) {
 }
 
 int64_t AttachCore::LeaseRenewalIn(int64_t now_ms) const {
-  if (!attached_ || fenced_by_) return RenewalPeriodMs();  // nothing to ask for now
+  if (!attached_ || fenced_by_ || leaseless_) return RenewalPeriodMs();  // nothing to ask for
   if (lease_asked_ms_ < 0) return 0;
   return std::max<int64_t>(0, lease_asked_ms_ + RenewalPeriodMs() - now_ms);
 }
 
 void AttachCore::NoteLease(const v1::LeaseGrant& grant) {
   if (grant.lease_ms() <= 0) {
+    retry_in_ms_ = grant.wait_ms() > 0 ? grant.wait_ms() + 1 : 1000;
     if (grant.wait_ms() > 0)
       spdlog::info("no lease yet: an older manager's may run for {} ms more; commits wait",
                    grant.wait_ms());
@@ -114,7 +117,16 @@ std::string AttachCore::OnAnswer(const v1::CoordinatorDirective& first) {
            std::to_string(first.header().epoch()) + ", not the epoch " + std::to_string(epoch_) +
            " it was granted";
   OnDirective(first, /*first=*/true);
-  if (first.has_lease()) NoteLease(first.lease());
+  if (first.has_lease()) {
+    leaseless_ = false;
+    NoteLease(first.lease());
+  } else if (!leaseless_) {
+    leaseless_ = true;
+    spdlog::warn("the coordinator answered the hello without a lease (a coordinator older than "
+                 "leases): this manager commits without one, and a manager of job {} cut off "
+                 "from it may commit beside its replacement until it hears it was replaced",
+                 job_id_);
+  }
   attached_ = true;
   ever_attached_ = true;
   ++attaches_;

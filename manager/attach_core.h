@@ -73,7 +73,11 @@ class AttachCore {
   int64_t LeaseRenewalIn(int64_t now_ms) const;
   // Whether this manager may commit a step at `now_ms`: a lease granted runs until then, and it
   // is not fenced.
-  bool LeaseHeld(int64_t now_ms) const { return !fenced_by_ && now_ms < lease_until_ms_; }
+  // (A coordinator that grants no leases, older than them, answers the hello without one: this
+  // manager then commits as before leases, fenced only by a refusal.)
+  bool LeaseHeld(int64_t now_ms) const {
+    return !fenced_by_ && (leaseless_ || now_ms < lease_until_ms_);
+  }
   int64_t lease_until_ms() const { return lease_until_ms_; }
 
   bool attached() const { return attached_; }
@@ -113,6 +117,8 @@ class AttachCore {
   int64_t lease_ms_ = 0;                 // the length of the last lease granted (0: none yet)
   int64_t lease_until_ms_ = 0;           // this manager's clock
   int64_t lease_asked_ms_ = -1;          // when the last request was queued (-1: never)
+  bool leaseless_ = false;               // the coordinator answered the hello without a lease
+  int64_t retry_in_ms_ = 1000;           // before a first grant: when to ask again
 };
 
 }  // namespace regroup::manager

@@ -254,5 +254,14 @@ TEST(AttachCore, ThisManagerCommitsOnlyWithinALeaseCountedFromWhenItAsked) {
   EXPECT_FALSE(core.RenewLease(20000));
 }
 
+// A coordinator older than leases answers the hello without one: the manager commits as before.
+TEST(AttachCore, ACoordinatorThatGrantsNoLeasesLeavesCommitsAsBefore) {
+  AttachCore core("default/job", 16);
+  (void)core.Hello(1000);
+  ASSERT_EQ(core.OnAnswer(Answer(41, 7)), "");
+  EXPECT_TRUE(core.LeaseHeld(1000000));
+  EXPECT_FALSE(core.RenewLease(1000000)) << "nothing to ask it for";
+}
+
 }  // namespace
 }  // namespace regroup::manager

@@ -454,7 +454,8 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   }
   for (auto it = a.hung.begin(); it != a.hung.end();) {
     const v1::LocalRank& r = a.ranks[it->first];
-    it = r.alive() && r.pid() == it->second ? std::next(it) : a.hung.erase(it);
+    it = r.alive() && r.pid() == it->second && !BeatsAgain(a, it->first, now) ? std::next(it)
+                                                                              : a.hung.erase(it);
   }
   a.state = resumed                   ? AgentState::kActive
             : state_ == State::kJoining ? AgentState::kRegistered
@@ -588,6 +589,9 @@ void JobControl::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, in
       silence.Ended(mine.beat_age_ms(), now);
     const bool was_restarting = a.restarting.count(r.local_rank()) > 0;
     mine = r;
+    // A frozen process that beats again (another one, or the same resumed) is not hung.
+    if (a.hung.count(r.local_rank()) && BeatsAgain(a, r.local_rank(), now))
+      a.hung.erase(r.local_rank());
     // A process restarted in place is back once it is alive and has said hello (fresh).
     if (was_restarting && r.alive() && r.pid() > 0 && r.generation() == 0 &&
         r.phase() != v1::PHASE_STARTING && r.phase() != v1::PHASE_UNSPECIFIED)
@@ -714,12 +718,17 @@ Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
 
 void JobControl::CommitHeld(int64_t now) {
   if (held_step_ < 0) return;
-  if (state_ != State::kTraining || held_generation_ != generation_ || vote_step_ != held_step_ ||
-      StopsCommitting(now, /*record=*/false)) {
+  if (state_ != State::kTraining || held_generation_ != generation_ || vote_step_ != held_step_) {
     held_step_ = -1;
     return;
   }
   if (!decisions_->WhyNoCommit().empty()) return;
+  // As before every commit: a look at the record (a newer incarnation may have formed meanwhile).
+  if (StopsCommitting(now, /*record=*/true)) {
+    held_step_ = -1;
+    vote_step_ = -1;
+    return;
+  }
   const int64_t step = held_step_;
   held_step_ = -1;
   Event(now, "lease", "the lease holds again: step " + std::to_string(step) + " is committed");
@@ -860,12 +869,6 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   if (kind == v1::FAULT_KIND_POD_LOST) {
     for (int64_t p : pods) Fence(p, detail);
   }
-  if (kind == v1::FAULT_KIND_HANG)
-    for (uint32_t r : ranks)
-      if (r < places_.size()) {
-        Agent& a = agents_[static_cast<size_t>(places_[r].node_rank)];
-        a.hung[places_[r].local_rank] = a.ranks[places_[r].local_rank].pid();
-      }
   // A holder of the trained state finished training: the last step is committed and nothing is
   // left to recover. A fault after it (a rank hung in its last step, a pod that finished and is
   // gone while a recovery waits) ends the training (simulation seed 14929: a job restart
@@ -1637,6 +1640,12 @@ int64_t JobControl::MedianStepMs() const {
   return t[t.size() / 2];
 }
 
+bool JobControl::BeatsAgain(const Agent& a, uint32_t local, int64_t now) const {
+  const v1::LocalRank& r = a.ranks[local];
+  return r.pid() != a.hung.at(local) ||
+         static_cast<int64_t>(r.beat_age_ms()) <= a.rank_silence[local].TimeoutMs(LivenessMs(), now);
+}
+
 int64_t JobControl::HangTimeoutMs() const {
   return std::max(config_.hang_timeout_min_s * 1000, config_.hang_step_factor * MedianStepMs());
 }
@@ -1756,6 +1765,7 @@ void JobControl::DetectFailures(int64_t now) {
         lr.phase() == v1::PHASE_STARTING || lr.phase() == v1::PHASE_UNSPECIFIED;
     const int64_t bound = a.rank_silence[p.local_rank].TimeoutMs(liveness, now);
     if (lr.beat_age_ms() > (starting ? hang : bound)) {
+      a.hung[p.local_rank] = lr.pid();  // frozen: a failed process until it beats again
       Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
             "rank " + std::to_string(g) + " sent no heartbeat for " +
                 std::to_string(lr.beat_age_ms()) + " ms (frozen process" +
@@ -1821,7 +1831,8 @@ bool JobControl::MajorityBack(int64_t now) {
   const int64_t give_up = join_started_ms_ + options_.join_window_ms + config_.mindio_wait_s * 1000;
   // A newer incarnation may have formed a generation meanwhile (these pods reached this one as
   // others reached it): this one is fenced, which its pods are told instead.
-  if (now >= give_up && !LookAtRecord(now)) {
+  const std::vector<JobRecord::Member> members = previous_members_;
+  if (now >= give_up && !LookAtRecord(now) && previous_members_ == members) {
     const bool dump = config_.allows(Strategy::kDump);
     StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT,
             what + " within the join window and the decision wait (MINDIO_WAIT_MINDX_TIME); " +

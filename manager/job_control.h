@@ -337,6 +337,9 @@ class JobControl {
   // generation is over.
   void CommitHeld(int64_t now);
   int64_t HangTimeoutMs() const;
+  // Whether the process of `local` marked hung beats again (its beat age within its bound), or
+  // is another process.
+  bool BeatsAgain(const Agent& a, uint32_t local, int64_t now) const;
   int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }
   int64_t MedianStepMs() const;
   bool Available(int64_t node) const;

@@ -1350,36 +1350,55 @@ TEST(JobControl, APodWhoseProcessesFailedMustBeReplacedNotReadmitted) {
 // Issue 11, simulation seed 325: a pod whose rank was declared hung blipped, was declared lost,
 // and came back as its own replacement with the process still frozen; it hung the same step
 // again until the job stopped on a "poison step". A hung process is a failed one that has not
-// exited: where recover-in-place is not allowed its pod is replaced, readmitted or not.
-TEST(JobControl, APodWhoseProcessHungIsReplacedEvenAfterItWasReadmitted) {
-  Sim sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
-                         {"regroup.io/prefer-elastic", "true"}});
+// exited: where recover-in-place is not allowed its pod is replaced, readmitted or not; once it
+// beats again, it is not hung. Pod 3's trainer froze, its stream broke before any directive, and
+// it came back as pod-3/2 with the same process, its trainer beating again or not.
+void ReadmitAfterAHang(Sim& sim, bool beats_again) {
   sim.RegisterAll();
   sim.Run(20, 0);
   ASSERT_TRUE(sim.rt->training());
-  // Pod 3's trainer froze: its agent reports its beat growing old.
+  v1::LocalRank trainer = Sim::Live(0, v1::PHASE_COMPUTING, 0, sim.rt->generation(), -1);
+  trainer.set_beat_age_ms(5000);  // its agent reports its beat growing old
+  auto beat = [&](int64_t n) {
+    if (n != 3) return sim.Beat(n, 0, sim.rt->generation());
+    v1::AgentMessage m;  // its agent beats; its trainer does, or not
+    trainer.set_beat_age_ms(beats_again ? 10 : trainer.beat_age_ms() + 20);
+    *m.mutable_heartbeat()->add_ranks() = trainer;
+    return sim.Send(3, m);
+  };
   v1::AgentMessage frozen;
-  *frozen.mutable_heartbeat()->add_ranks() =
-      Sim::Live(0, v1::PHASE_COMPUTING, 0, sim.rt->generation(), -1);
-  frozen.mutable_heartbeat()->mutable_ranks(0)->set_beat_age_ms(5000);
+  *frozen.mutable_heartbeat()->add_ranks() = trainer;
   ASSERT_TRUE(sim.Send(3, frozen).ok());
-  ASSERT_TRUE(sim.TickWith(1, [&](int64_t n) { return n == 3 ? Status::Ok() : sim.Beat(n, 0, 1); })
-                  .ok());
+  ASSERT_TRUE(sim.TickWith(1, [&](int64_t n) { return n == 3 ? Status::Ok() : beat(n); }).ok());
   ASSERT_FALSE(sim.rt->training());
   ASSERT_EQ(Logged(sim, "fault", "frozen process"), 1);
-  // Its stream breaks before any directive: lost for its silence, it may come back...
   sim.rt->Disconnected(sim.streams_[3], sim.now);
   sim.Gone(3);
   sim.Run(600, 0);
   ASSERT_TRUE(sim.rt->MayReadmit("pod-3"));
-  // ...and does, as pod-3/2, with the process that hung (the same pid, alive).
   sim.gone_.erase(3);
-  ASSERT_TRUE(sim.Register(3, "pod-3/2", {Sim::Live(0, v1::PHASE_PAUSED, 0, 1, -1)}).ok());
-  sim.Run(2000, 0);
+  trainer.set_phase(v1::PHASE_PAUSED);
+  trainer.set_beat_age_ms(beats_again ? 10 : 5800);
+  ASSERT_TRUE(sim.Register(3, "pod-3/2", {trainer}).ok());
+  ASSERT_TRUE(sim.TickWith(100, beat).ok());
+}
+
+TEST(JobControl, APodWhoseProcessHungIsReplacedEvenAfterItWasReadmitted) {
+  Sim sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
+                         {"regroup.io/prefer-elastic", "true"}});
+  ReadmitAfterAHang(sim, /*beats_again=*/false);
   ASSERT_TRUE(sim.rt->IsFenced("pod-3/2")) << "the pod with the frozen process is replaced";
   EXPECT_FALSE(sim.rt->MayReadmit("pod-3/2"));
   EXPECT_EQ(Logged(sim, "fence", "pod pod-3/2 is replaced: its local ranks 0 failed or hung"), 1);
   EXPECT_TRUE(sim.rt->training()) << "the others go on without it";
+}
+
+TEST(JobControl, AProcessThatHungAndBeatsAgainIsNotTakenForAFailedOne) {
+  Sim sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
+                         {"regroup.io/prefer-elastic", "true"}});
+  ReadmitAfterAHang(sim, /*beats_again=*/true);
+  EXPECT_FALSE(sim.rt->IsFenced("pod-3/2"));
+  EXPECT_EQ(Logged(sim, "fence", "failed or hung"), 0);
 }
 
 // A trainer's report of a failed collective on local rank 0 at step 0, in `generation` (0:

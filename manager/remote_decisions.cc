@@ -236,8 +236,12 @@ void RemoteDecisions::Run() {
       std::thread reader([&] {
         v1::CoordinatorDirective m;
         while (stream->Read(&m)) {
-          std::lock_guard lock(mu_);
-          core_.OnMessage(m);
+          {
+            std::lock_guard lock(mu_);
+            core_.OnMessage(m);
+          }
+          // A grant changes when the next request is due: the writer counts again.
+          if (m.has_lease()) cv_.notify_all();
         }
         {
           std::lock_guard lock(mu_);

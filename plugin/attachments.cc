@@ -98,15 +98,20 @@ int64_t Attachments::SteadyMs() {
       .count();
 }
 
-v1::LeaseGrant Attachments::Lease(JobEntry& entry, int64_t sent_ms) {
+v1::LeaseGrant Attachments::Lease(JobEntry& entry, uint64_t epoch, int64_t sent_ms) {
   const int64_t now_ms = lease_clock_();
   v1::LeaseGrant grant;
   grant.set_sent_ms(sent_ms);
-  if (now_ms < entry.leases_from_ms) {
-    grant.set_wait_ms(entry.leases_from_ms - now_ms);
+  // None while another epoch's may run (a newer manager asking, or one reattaching with an epoch
+  // this coordinator learned only now), nor for a lease after this coordinator started.
+  const int64_t from = std::max(started_ms_ + lease_ms_ + lease_ms_ / 10,
+                                epoch == entry.lease_epoch ? int64_t{0} : entry.lease_until_ms);
+  if (now_ms < from) {
+    grant.set_wait_ms(from - now_ms);
     return grant;
   }
   // The manager counts from when it asked, no later than now: its lease ends before this one.
+  entry.lease_epoch = epoch;
   entry.lease_until_ms = std::max(entry.lease_until_ms, now_ms + lease_ms_ + lease_ms_ / 10);
   grant.set_lease_ms(lease_ms_);
   return grant;
@@ -195,12 +200,6 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
 
   std::vector<Outgoing> out;
   JobEntry& entry = jobs_[job];
-  // No lease while an older epoch's may run: the last one granted here, and, for a job that had
-  // a manager before this coordinator started, any it granted before (it does not know them).
-  if (highest > 0)
-    entry.leases_from_ms =
-        std::max(entry.leases_from_ms, started_ms_ + lease_ms_ + lease_ms_ / 10);
-  if (asked == 0) entry.leases_from_ms = std::max(entry.leases_from_ms, entry.lease_until_ms);
   if (entry.stream != 0 && entry.stream != stream) {
     const uint64_t old = entry.stream;
     const uint64_t old_epoch = streams_[old].epoch;
@@ -228,7 +227,7 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   keys->set_pods(static_cast<uint32_t>(spec.pods));
   keys->set_processes_per_pod(static_cast<uint32_t>(spec.processes_per_pod));
   if (report.has_lease())
-    *directive.message.mutable_lease() = Lease(entry, report.lease().sent_ms());
+    *directive.message.mutable_lease() = Lease(entry, epoch, report.lease().sent_ms());
   out.push_back(std::move(directive));
   return out;
 }
@@ -305,7 +304,7 @@ std::vector<Attachments::Outgoing> Attachments::OnReport(uint64_t stream,
     Outgoing grant;
     grant.stream = stream;
     *grant.message.mutable_header() = MakeHeader(a.job, a.epoch);
-    *grant.message.mutable_lease() = Lease(jobs_[a.job], report.lease().sent_ms());
+    *grant.message.mutable_lease() = Lease(jobs_[a.job], a.epoch, report.lease().sent_ms());
     return {std::move(grant)};
   }
   if (report.body_case() != v1::ManagerReport::kHello &&

@@ -18,10 +18,9 @@
 //
 // Leases (docs/membership.md): a manager commits a step only while it holds a lease, which it asks
 // for on its hello and alone every quarter of a lease (ManagerReport.lease), counted by its own
-// clock from when it asked. A newer epoch of a job gets no lease before the last one granted to an
-// older epoch has run out here (plus a tenth for the clocks' drift), and a coordinator that
-// started since a job had a manager grants that job none for a lease after its start (it forgot
-// what it granted before). So an older manager cut off from the coordinator, which never hears
+// clock from when it asked. An epoch of a job gets no lease before the last one granted to another
+// epoch has run out here (plus a tenth for the clocks' drift), and a coordinator grants none for
+// a lease after its start (it forgot what it granted before a restart). So an older manager cut off from the coordinator, which never hears
 // that it was replaced, stops committing before the newer one starts.
 #pragma once
 
@@ -107,8 +106,8 @@ class Attachments {
   struct JobEntry {
     uint64_t epoch = 0;   // the highest epoch granted or attached
     uint64_t stream = 0;  // the stream serving it; 0 while none is attached
-    int64_t lease_until_ms = 0;   // the last lease granted runs until then (with the margin)
-    int64_t leases_from_ms = 0;   // no lease is granted before then (an older epoch's runs)
+    uint64_t lease_epoch = 0;     // the epoch the last lease was granted to
+    int64_t lease_until_ms = 0;   // that lease runs until then (with the margin)
   };
 
   std::vector<Outgoing> Hello(uint64_t stream, const v1::ManagerReport& report, int64_t now_ms,
@@ -120,7 +119,7 @@ class Attachments {
   Outgoing Refusal(uint64_t stream, std::string_view job, uint64_t epoch, const Status& why,
                    bool close) const;
   // The answer to a request for the lease sent at the manager's `sent_ms`, granted or not.
-  v1::LeaseGrant Lease(JobEntry& entry, int64_t sent_ms);
+  v1::LeaseGrant Lease(JobEntry& entry, uint64_t epoch, int64_t sent_ms);
   static int64_t SteadyMs();
   v1::Header MakeHeader(std::string_view job, uint64_t epoch) const;
 

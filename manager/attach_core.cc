@@ -27,16 +27,24 @@ Directive FromProto(const v1::Directive& p, DirectiveKind kind) {
   return d;
 }
 
+// The kind of a report of which only the latest matters (0: every one counts): progress, and a
+// request for the lease alone.
+int LatestOnlyKind(const v1::ManagerReport& r) {
+  if (r.has_progress()) return 1;
+  if (r.body_case() == v1::ManagerReport::BODY_NOT_SET && r.has_lease()) return 2;
+  return 0;
+}
+
 }  // namespace
 
 v1::Header AttachCore::MakeHeader() const { return ManagerHeader(job_id_, epoch_, generation_); }
 
 bool AttachCore::Enqueue(v1::ManagerReport report) {
   *report.mutable_header() = MakeHeader();
-  // Only the latest progress matters: one waiting behind another replaces it (never the one
-  // being written, which is the front).
-  if (report.has_progress() && queue_.size() > (writing_ ? 1u : 0u) &&
-      queue_.back().has_progress()) {
+  // Only the latest progress, or request for the lease (worth as much, from later), matters: one
+  // waiting behind another of its kind replaces it (never the one being written, the front).
+  const int kind = LatestOnlyKind(report);
+  if (kind != 0 && queue_.size() > (writing_ ? 1u : 0u) && LatestOnlyKind(queue_.back()) == kind) {
     queue_.back() = std::move(report);
     return false;
   }
@@ -68,14 +76,6 @@ bool AttachCore::RenewLease(int64_t now_ms) {
   v1::ManagerReport r;
   r.mutable_lease()->set_sent_ms(now_ms);
   lease_asked_ms_ = now_ms;
-  // Behind a fact that is not being written yet, the newer request replaces an older one: it is
-  // worth as much, from later.
-  if (queue_.size() > (writing_ ? 1u : 0u) && queue_.back().has_lease() &&
-      queue_.back().body_case() == v1::ManagerReport::BODY_NOT_SET) {
-    *r.mutable_header() = MakeHeader();
-    queue_.back() = std::move(r);
-    return true;
-  }
   Enqueue(std::move(r));
   return true;
 }

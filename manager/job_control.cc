@@ -453,9 +453,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
     if (!r.alive() && r.phase() == v1::PHASE_DONE) a.finished.insert(r.local_rank());
   }
   for (auto it = a.hung.begin(); it != a.hung.end();) {
-    const v1::LocalRank& r = a.ranks[it->first];
-    it = r.alive() && r.pid() == it->second && !BeatsAgain(a, it->first, now) ? std::next(it)
-                                                                              : a.hung.erase(it);
+    it = a.ranks[it->first].alive() && !BeatsAgain(a, it->first, now) ? std::next(it) : a.hung.erase(it);
   }
   a.state = resumed                   ? AgentState::kActive
             : state_ == State::kJoining ? AgentState::kRegistered

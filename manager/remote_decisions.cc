@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include "common/clock.h"
 #include "common/credential.h"
 #include "common/wire.h"
 #include "regroup/v1/wire.grpc.pb.h"
@@ -22,13 +23,6 @@ std::string Describe(const grpc::Status& s) {
   std::string out = code >= 0 && code <= 16 ? kCodes[code] : std::to_string(code);
   if (!s.error_message().empty()) out += ": " + s.error_message();
   return out;
-}
-
-// The lease's clock: steady, so that no change of the wall clock stretches a lease.
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace

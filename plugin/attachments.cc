@@ -1,7 +1,6 @@
 #include "plugin/attachments.h"
 
 #include <algorithm>
-#include <chrono>
 #include <iterator>
 #include <limits>
 #include <mutex>
@@ -92,19 +91,13 @@ bool Attachments::DirectiveFor(uint64_t stream, Attached& a, Outgoing& out) cons
   return true;
 }
 
-int64_t Attachments::SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 v1::LeaseGrant Attachments::Lease(JobEntry& entry, uint64_t epoch, int64_t sent_ms) {
   const int64_t now_ms = lease_clock_();
   v1::LeaseGrant grant;
   grant.set_sent_ms(sent_ms);
   // None while another epoch's may run (a newer manager asking, or one reattaching with an epoch
   // this coordinator learned only now), nor for a lease after this coordinator started.
-  const int64_t from = std::max(started_ms_ + lease_ms_ + lease_ms_ / 10,
+  const int64_t from = std::max(started_ms_ + LeaseSpanMs(),
                                 epoch == entry.lease_epoch ? int64_t{0} : entry.lease_until_ms);
   if (now_ms < from) {
     grant.set_wait_ms(from - now_ms);
@@ -112,7 +105,7 @@ v1::LeaseGrant Attachments::Lease(JobEntry& entry, uint64_t epoch, int64_t sent_
   }
   // The manager counts from when it asked, no later than now: its lease ends before this one.
   entry.lease_epoch = epoch;
-  entry.lease_until_ms = std::max(entry.lease_until_ms, now_ms + lease_ms_ + lease_ms_ / 10);
+  entry.lease_until_ms = std::max(entry.lease_until_ms, now_ms + LeaseSpanMs());
   grant.set_lease_ms(lease_ms_);
   return grant;
 }

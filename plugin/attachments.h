@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/text.h"
 #include "plugin/engine.h"
 #include "common/status.h"
@@ -75,7 +76,7 @@ class Attachments {
         engine_(engine),
         cluster_key_(std::move(cluster_key)),
         lease_ms_(std::clamp<int64_t>(lease_ms, 1, kMaxLeaseMs)),
-        lease_clock_(lease_clock ? std::move(lease_clock) : SteadyMs) {}
+        lease_clock_(lease_clock ? std::move(lease_clock) : regroup::SteadyMs) {}
 
   // A message of stream `stream` (any id; a stream is new until its hello is accepted). Facts are
   // applied to the engine at `now_ms`. Returns what to send, possibly to other streams (the one
@@ -120,7 +121,8 @@ class Attachments {
                    bool close) const;
   // The answer to a request for the lease sent at the manager's `sent_ms`, granted or not.
   v1::LeaseGrant Lease(JobEntry& entry, uint64_t epoch, int64_t sent_ms);
-  static int64_t SteadyMs();
+  // A lease as this coordinator counts it: a tenth more, for the clocks' drift.
+  int64_t LeaseSpanMs() const { return lease_ms_ + lease_ms_ / 10; }
   v1::Header MakeHeader(std::string_view job, uint64_t epoch) const;
 
   std::shared_mutex& engine_mu_;

@@ -34,7 +34,8 @@ void ConfigureServer(grpc::ServerBuilder& builder) {
 }
 
 StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
-                                                     const ClientTls& tls) {
+                                                     const ClientTls& tls,
+                                                     std::chrono::milliseconds connect_timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -48,9 +49,8 @@ StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   // gRPC gives a connection attempt at least this long (its MIN_CONNECT_TIMEOUT, 20 s by
   // default): an attempt to a manager's old address, gone with its pod, waits that long (or for
-  // the ARP failure, about 3 s) before the name is resolved again. One second is ample for a
-  // connection (and TLS handshake) within a cluster.
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+  // the ARP failure, about 3 s) before the name is resolved again (kConnectTimeout).
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(connect_timeout.count()));
   // A manager recreated elsewhere keeps its name (the svc plugin's hostname) and changes its
   // address: re-resolve the name at most once a second, not gRPC's default once in 30 s (on a
   // real control plane the agents found a moved manager 26 s after it listened).

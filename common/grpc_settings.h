@@ -34,11 +34,16 @@ struct ClientTls {
   // ca_file: it is gRPC's SSL target name override.
   std::string server_name;
 };
+// The least time gRPC gives one connection attempt, TCP and TLS handshakes together. One second
+// is ample within a cluster and finds a moved server soon; a client that connects rarely and
+// must get through a loaded machine's handshakes (a manager to its coordinator) gives more.
+inline constexpr std::chrono::milliseconds kConnectTimeout{1000};
 // A client channel to `target` with matching keepalives, over TLS when `tls.ca_file` is given.
 // A CA file that cannot be read or holds no certificate, or a server name without a CA file, is
 // an error naming the path: a channel never falls back to the system's roots or to plaintext.
-StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
-                                                     const ClientTls& tls = {});
+StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+    const std::string& target, const ClientTls& tls = {},
+    std::chrono::milliseconds connect_timeout = kConnectTimeout);
 // Server credentials: TLS when a certificate and key are given, else insecure.
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const std::string& tls_cert_file, const std::string& tls_key_file);

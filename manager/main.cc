@@ -246,7 +246,11 @@ int main(int argc, char** argv) {
   ro.join_window_ms = join_window_s * 1000;
   std::unique_ptr<regroup::manager::Decisions> decisions;
   if (!coordinator.empty()) {
-    auto channel = regroup::MakeChannel(coordinator, {coordinator_ca, coordinator_server_name});
+    // A manager connects to its coordinator rarely, and must get through a loaded machine's TLS
+    // handshakes: each attempt gets 5 s, not the 1 s an agent's does.
+    constexpr std::chrono::milliseconds kCoordinatorConnectTimeout{5000};
+    const regroup::ClientTls coordinator_tls{coordinator_ca, coordinator_server_name};
+    auto channel = regroup::MakeChannel(coordinator, coordinator_tls, kCoordinatorConnectTimeout);
     if (!channel.ok()) {
       std::cerr << "regroup-manager: "
                 << (coordinator_ca.empty() ? "--coordinator-server-name: " : "--coordinator-ca: ")
@@ -256,6 +260,11 @@ int main(int argc, char** argv) {
     regroup::manager::RemoteDecisionsOptions rd;
     rd.target = coordinator;
     rd.channel = std::move(*channel);
+    rd.make_channel = [coordinator, coordinator_tls,
+                       timeout = kCoordinatorConnectTimeout]() -> std::shared_ptr<grpc::Channel> {
+      auto fresh = regroup::MakeChannel(coordinator, coordinator_tls, timeout);
+      return fresh.ok() ? *fresh : nullptr;  // a CA file gone since the start: keep the old one
+    };
     rd.credential = *credential;
     if (!coordinator_credential_file.empty()) {
       // The job's token at the coordinator; the job's own credential guards this manager.

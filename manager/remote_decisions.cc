@@ -28,7 +28,9 @@ std::string Describe(const grpc::Status& s) {
 }  // namespace
 
 RemoteDecisions::RemoteDecisions(RemoteDecisionsOptions options)
-    : options_(std::move(options)), core_(options_.job_id, options_.max_queued) {
+    : options_(std::move(options)),
+      channel_(options_.channel),
+      core_(options_.job_id, options_.max_queued) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -196,9 +198,23 @@ bool RemoteDecisions::Sleep(std::chrono::milliseconds d) {
   return !cv_.wait_for(lock, d, [this] { return stopping_; });
 }
 
+bool RemoteDecisions::FreshChannel(int64_t& unattached_since_ms) {
+  const int64_t now = SteadyMs();
+  if (!options_.make_channel || now - unattached_since_ms < options_.fresh_channel_after.count())
+    return false;
+  auto channel = options_.make_channel();
+  if (!channel) return false;
+  spdlog::warn("coordinator {}: not attached for {} ms: connecting again on a fresh channel",
+               options_.target, now - unattached_since_ms);
+  channel_ = std::move(channel);
+  unattached_since_ms = now;
+  return true;
+}
+
 void RemoteDecisions::Run() {
-  auto stub = v1::Coordinator::NewStub(options_.channel);
+  auto stub = v1::Coordinator::NewStub(channel_);
   auto backoff = options_.initial_backoff;
+  int64_t unattached_since_ms = SteadyMs();  // since the channel was made, or last detached
   while (true) {
     grpc::ClientContext context;
     AttachCredential(context, options_.credential);
@@ -272,6 +288,7 @@ void RemoteDecisions::Run() {
       cv_.notify_all();
       reader.join();
       failure = "the stream ended (" + Describe(stream->Finish()) + ")";
+      unattached_since_ms = SteadyMs();
     } else {
       if (read && first.has_refusal()) {
         v1::CoordinatorDirective rest;
@@ -292,6 +309,7 @@ void RemoteDecisions::Run() {
     }
     if (!Sleep(backoff)) return;
     backoff = std::min(backoff * 2, options_.max_backoff);
+    if (FreshChannel(unattached_since_ms)) stub = v1::Coordinator::NewStub(channel_);
   }
 }
 

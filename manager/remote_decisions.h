@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -38,6 +39,12 @@ struct RemoteDecisionsOptions {
   // To the target, from MakeChannel: made by the caller, which reports a bad TLS file before
   // the manager starts instead of in this class's thread.
   std::shared_ptr<grpc::Channel> channel;
+  // A fresh channel to the target, made when no attach succeeded for `fresh_channel_after`
+  // (null: `channel` is kept). A new channel resolves the name and connects from scratch: a
+  // client-side state that went bad (a stuck resolver, a subchannel in backoff) does not
+  // outlive it.
+  std::function<std::shared_ptr<grpc::Channel>()> make_channel;
+  std::chrono::milliseconds fresh_channel_after{15000};
   std::string credential;   // the job's token at the coordinator (regroupctl token)
   std::string job_id;
   std::chrono::milliseconds initial_backoff{100};
@@ -98,11 +105,14 @@ class RemoteDecisions final : public Decisions {
 
  private:
   void Run();
+  // A fresh channel when none attached for options_.fresh_channel_after; true if it made one.
+  bool FreshChannel(int64_t& unattached_since_ms);
   void Enqueue(v1::ManagerReport report);
   void Fail(const std::string& what);  // holds mu_
   bool Sleep(std::chrono::milliseconds d);  // false when stopping
 
   const RemoteDecisionsOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;  // the attaching thread's own
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   AttachCore core_;                // the protocol; under mu_

@@ -14,6 +14,11 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
@@ -744,6 +749,39 @@ TEST_F(CoordinatorTest, FactsQueuedWhileAwayAreDeliveredAfterReattach) {
     EXPECT_EQ(d->kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE);
     EXPECT_EQ(d->restart_ranks, (std::vector<int64_t>{0}));
   }
+}
+
+// A coordinator's address that accepts connections and never answers them (a wedged server, or
+// a client's own state gone bad): after fresh_channel_after without an attach, the manager makes
+// a new channel, which reaches the coordinator.
+TEST_F(CoordinatorTest, AManagerThatCannotAttachConnectsAgainOnAFreshChannel) {
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(silent, 16), 0);
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+
+  rt::RemoteDecisionsOptions o;
+  o.target = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  o.channel = regroup::MakeChannel(o.target, {}, 300ms).value();
+  int fresh = 0;
+  const std::string coordinator = "127.0.0.1:" + std::to_string(port_);
+  o.make_channel = [&]() -> std::shared_ptr<grpc::Channel> {
+    ++fresh;
+    return regroup::MakeChannel(coordinator).value();
+  };
+  o.fresh_channel_after = 500ms;
+  o.credential = kCredential;
+  o.job_id = kJob;
+  rt::RemoteDecisions remote(o);
+  EXPECT_TRUE(remote.WaitAvailable(kWait)) << remote.last_error();
+  EXPECT_GT(remote.epoch(), 0u);
+  EXPECT_EQ(fresh, 1);
+  ::close(silent);
 }
 
 TEST_F(CoordinatorTest, RemovedJobEndsItsManagersStream) {

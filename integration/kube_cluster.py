@@ -849,6 +849,18 @@ class KubeLoop:
                 return int(term.get("exitCode", 0))
         return None
 
+    def logs(self, tail: int = 2500) -> str:
+        """The tails of the logs the job's pods and the scheduler's pod wrote (a failed scenario's
+        report: the manager's log says why it never trained, for instance that it could not attach
+        to the coordinator)."""
+        parts = []
+        for f in sorted(self.kube.dir.glob("nodes/*/pods/*/*.log")):
+            text = f.read_text(errors="replace")
+            if f.name.startswith("regroup-scheduler"):
+                text = "\n".join(line for line in text.splitlines() if "regroup" in line.lower())
+            parts.append(f"== {f.parent.parent.parent.name}/{f.parent.name.split('_')[1]}/{f.name}\n{text[-tail:]}")
+        return "\n".join(parts)
+
     def _diagnose(self) -> str:
         out = []
         for args in (("get", "pods", "-A", "-o", "wide"), ("get", "vcjob,podgroup", "-o", "wide"),

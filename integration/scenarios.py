@@ -782,7 +782,8 @@ def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: b
                 c.scheduler.check(result)
         except Exception as e:  # noqa: BLE001 - any failure is a broken promise, reported with the logs
             story = "\n".join(f"    {e['at_ms']} {e['kind']}: {e['message']}" for e in c.events())
-            result.promise("the scenario ran to its end", False, f"{e}\n  events:\n{story}\n{c.logs()}")
+            pods = c.scheduler.logs() if hasattr(c.scheduler, "logs") else ""
+            result.promise("the scenario ran to its end", False, f"{e}\n  events:\n{story}\n{c.logs()}\n{pods}")
         finally:
             if c.scheduler is not None:
                 c.scheduler.close()

@@ -41,6 +41,8 @@ v1::Header AttachCore::MakeHeader() const { return ManagerHeader(job_id_, epoch_
 
 bool AttachCore::Enqueue(v1::ManagerReport report) {
   *report.mutable_header() = MakeHeader();
+  if (report.body_case() != v1::ManagerReport::BODY_NOT_SET && !report.has_hello())
+    report.set_seq(++next_seq_);
   // Only the latest progress, or request for the lease (worth as much, from later), matters: one
   // waiting behind another of its kind replaces it (never the one being written, the front).
   const int kind = LatestOnlyKind(report);
@@ -49,8 +51,10 @@ bool AttachCore::Enqueue(v1::ManagerReport report) {
     return false;
   }
   queue_.push_back(std::move(report));
-  if (queue_.size() <= max_queued_) return false;
-  queue_.erase(queue_.begin() + (writing_ ? 1 : 0));
+  if (queue_.size() + unacked_.size() <= max_queued_) return false;
+  // The oldest fact goes: one written and not acknowledged first (it may have arrived).
+  if (!unacked_.empty()) unacked_.pop_front();
+  else queue_.erase(queue_.begin() + (writing_ ? 1 : 0));
   ++dropped_;
   return true;
 }
@@ -117,6 +121,8 @@ std::string AttachCore::OnAnswer(const v1::CoordinatorDirective& first) {
            std::to_string(first.header().epoch()) + ", not the epoch " + std::to_string(epoch_) +
            " it was granted";
   OnDirective(first, /*first=*/true);
+  acking_ = first.acks_facts();
+  NoteAcks(first);
   if (first.has_lease()) {
     leaseless_ = false;
     NoteLease(first.lease());
@@ -134,7 +140,17 @@ std::string AttachCore::OnAnswer(const v1::CoordinatorDirective& first) {
   return "";
 }
 
+void AttachCore::NoteAcks(const v1::CoordinatorDirective& message) {
+  if (!message.acks_facts()) return;
+  const uint64_t applied = message.applied_seq();
+  while (!unacked_.empty() && unacked_.front().seq() <= applied) unacked_.pop_front();
+  // Queued again after a reattach but applied before the stream broke: not written again.
+  for (auto it = queue_.begin() + (writing_ ? 1 : 0); it != queue_.end();)
+    it = it->seq() != 0 && it->seq() <= applied ? queue_.erase(it) : std::next(it);
+}
+
 void AttachCore::OnMessage(const v1::CoordinatorDirective& message) {
+  NoteAcks(message);
   if (message.has_lease()) NoteLease(message.lease());
   OnDirective(message, /*first=*/false);
 }
@@ -177,7 +193,48 @@ void AttachCore::NoteRefusal(const v1::Refusal& refusal) {
   spdlog::error("{}: this manager commits nothing more and stops its pods", *fenced_by_);
 }
 
-void AttachCore::Detached() { attached_ = false; }
+void AttachCore::Detached() {
+  attached_ = false;
+  // What was written and not acknowledged may not have arrived: first in line after the next
+  // attach (in its order; the coordinator skips what it applied).
+  if (!acking_) unacked_.clear();
+  const size_t front = writing_ ? 1 : 0;
+  queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(front),
+                std::make_move_iterator(unacked_.begin()), std::make_move_iterator(unacked_.end()));
+  unacked_.clear();
+}
+
+v1::ManagerReport AttachCore::FaultReport(const v1::FaultFacts& fault) {
+  v1::ManagerReport r;
+  *r.mutable_fault() = fault;
+  return r;
+}
+
+v1::ManagerReport AttachCore::ReplacementReport(int64_t pod, const std::string& uid) {
+  v1::ManagerReport r;
+  r.mutable_replacement()->set_pod(static_cast<uint32_t>(std::max<int64_t>(0, pod)));
+  r.mutable_replacement()->set_pod_uid(uid);
+  return r;
+}
+
+v1::ManagerReport AttachCore::ProgressReport(uint64_t generation, int64_t committed_step,
+                                             uint32_t live_ranks) {
+  v1::ManagerReport r;
+  r.mutable_progress()->set_generation(generation);
+  r.mutable_progress()->set_committed_step(committed_step);
+  r.mutable_progress()->set_live_ranks(live_ranks);
+  return r;
+}
+
+std::string AttachCore::WhyNoCommit(int64_t now_ms, const std::string& target) const {
+  if (LeaseHeld(now_ms)) return "";
+  if (fenced_by_) return "fenced by the coordinator " + target + ": " + *fenced_by_;
+  if (lease_until_ms_ == 0)
+    return "the coordinator " + target + " has granted this manager no lease yet";
+  return "this manager's lease from the coordinator " + target + " ran out " +
+         std::to_string(now_ms - lease_until_ms_) +
+         " ms ago: cut off from it, a newer manager may lead the job";
+}
 
 bool AttachCore::Failed(const std::string& why) {
   const bool news = why != last_error_;
@@ -194,6 +251,7 @@ const v1::ManagerReport* AttachCore::NextToWrite() {
 void AttachCore::Written() {
   if (!writing_) return;
   writing_ = false;
+  if (acking_ && queue_.front().seq() != 0) unacked_.push_back(std::move(queue_.front()));
   queue_.pop_front();
 }
 

@@ -41,6 +41,12 @@ class AttachCore {
   // The generation the next facts' headers name.
   void SetGeneration(uint64_t generation) { generation_ = generation; }
 
+  // The facts' wire form (Decisions' calls, as the coordinator reads them).
+  static v1::ManagerReport FaultReport(const v1::FaultFacts& fault);
+  static v1::ManagerReport ReplacementReport(int64_t pod, const std::string& uid);
+  static v1::ManagerReport ProgressReport(uint64_t generation, int64_t committed_step,
+                                          uint32_t live_ranks);
+
   // The hello that opens a stream, sent at `now_ms`: epoch 0 asks for an epoch; later, the one
   // granted and its ticket. It asks for a lease too.
   v1::ManagerReport Hello(int64_t now_ms);
@@ -56,12 +62,16 @@ class AttachCore {
 
   // The writer's side: the next fact to write, marked as being written (nothing when none is
   // queued, or one is being written); then Written (it leaves the queue) or WriteFailed (it
-  // stays first: a fact is never sent twice, but the one being written when a stream breaks
-  // may be lost with it).
+  // stays first). A fact written is kept until the coordinator acknowledges it (applied_seq):
+  // one that a broken stream lost on its way (a cut longer than the keepalive) is sent again
+  // after the next attach, and the coordinator applies each number once. (To a coordinator
+  // that acknowledges nothing, each fact is sent once, as before.)
   const v1::ManagerReport* NextToWrite();
   void Written();
   void WriteFailed() { writing_ = false; }
   bool HasFactToWrite() const { return !writing_ && !queue_.empty(); }
+  // Facts written and not yet acknowledged.
+  size_t unacked() const { return unacked_.size(); }
 
   // The newest directive received and not yet returned.
   std::optional<Directive> Poll();
@@ -79,6 +89,8 @@ class AttachCore {
     return !fenced_by_ && (leaseless_ || now_ms < lease_until_ms_);
   }
   int64_t lease_until_ms() const { return lease_until_ms_; }
+  // "" while LeaseHeld, else why not, naming the coordinator `target` (Decisions::WhyNoCommit).
+  std::string WhyNoCommit(int64_t now_ms, const std::string& target) const;
 
   bool attached() const { return attached_; }
   // Why the coordinator fenced this manager, or nothing.
@@ -96,11 +108,16 @@ class AttachCore {
   // A refusal naming a newer epoch than the one granted fences this manager.
   void NoteRefusal(const v1::Refusal& refusal);
   void NoteLease(const v1::LeaseGrant& grant);
+  // The coordinator applied every fact up to `applied`: they are kept no longer.
+  void NoteAcks(const v1::CoordinatorDirective& message);
   int64_t RenewalPeriodMs() const;
 
   const std::string job_id_;
   const size_t max_queued_;
   std::deque<v1::ManagerReport> queue_;
+  std::deque<v1::ManagerReport> unacked_;  // written, not yet acknowledged (in order)
+  uint64_t next_seq_ = 0;                  // the last fact number given
+  bool acking_ = false;                    // the coordinator acknowledges facts
   bool writing_ = false;           // the queue's front is being written
   bool attached_ = false;
   bool ever_attached_ = false;

@@ -200,6 +200,52 @@ TEST(AttachCore, BeyondTheBoundTheOldestFactNotBeingWrittenIsDropped) {
   EXPECT_EQ(core.NextToWrite()->fault().ranks(0), 2u);
 }
 
+// A fact written down a stream that broke before the coordinator read it (a cut longer than the
+// keepalive) is sent again after the next attach, until acknowledged; one acknowledged is not.
+TEST(AttachCore, AFactWrittenAndNotAcknowledgedIsSentAgainAfterTheNextAttach) {
+  AttachCore core("default/job", 16);
+  v1::CoordinatorDirective answer = Answer(41, 7);
+  answer.set_acks_facts(true);
+  ASSERT_EQ(core.OnAnswer(answer), "");
+  core.Enqueue(FaultReport(1));
+  core.Enqueue(FaultReport(2));
+  core.Enqueue(FaultReport(3));
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    const v1::ManagerReport* next = core.NextToWrite();
+    ASSERT_NE(next, nullptr);
+    EXPECT_EQ(next->seq(), seq) << "facts are numbered in order from 1";
+    core.Written();
+  }
+  EXPECT_EQ(core.unacked(), 3u);
+  v1::CoordinatorDirective ack;
+  ack.set_acks_facts(true);
+  ack.set_applied_seq(1);
+  core.OnMessage(ack);
+  EXPECT_EQ(core.unacked(), 2u) << "fault 1 was applied";
+  core.Detached();  // the stream broke: faults 2 and 3 may have been lost with it
+  EXPECT_EQ(core.queued(), 2u);
+  answer.set_applied_seq(2);  // the coordinator had read fault 2 before the break
+  ASSERT_EQ(core.OnAnswer(answer), "");
+  const v1::ManagerReport* next = core.NextToWrite();
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->seq(), 3u) << "only what no acknowledgment covers is sent again";
+  EXPECT_EQ(next->fault().ranks(0), 3u);
+  core.Written();
+  EXPECT_EQ(core.NextToWrite(), nullptr);
+}
+
+// A coordinator older than acknowledgments: each fact is sent once, as before.
+TEST(AttachCore, ToACoordinatorThatAcknowledgesNothingEachFactIsSentOnce) {
+  AttachCore core("default/job", 16);
+  ASSERT_EQ(core.OnAnswer(Answer(41, 7)), "");
+  core.Enqueue(FaultReport(1));
+  ASSERT_NE(core.NextToWrite(), nullptr);
+  core.Written();
+  EXPECT_EQ(core.unacked(), 0u);
+  core.Detached();
+  EXPECT_EQ(core.queued(), 0u);
+}
+
 v1::CoordinatorDirective Lease(int64_t sent_ms, int64_t lease_ms, int64_t wait_ms = 0) {
   v1::CoordinatorDirective m;
   m.mutable_header()->set_epoch(41);

@@ -59,16 +59,11 @@ void RemoteDecisions::Enqueue(v1::ManagerReport report) {
 void RemoteDecisions::PodRunning(int64_t, const std::string&, const std::string&, int64_t) {}
 
 void RemoteDecisions::Fault(const v1::FaultFacts& fault, int64_t) {
-  v1::ManagerReport r;
-  *r.mutable_fault() = fault;
-  Enqueue(std::move(r));
+  Enqueue(AttachCore::FaultReport(fault));
 }
 
 void RemoteDecisions::ReplacementRegistered(int64_t pod, const std::string& uid, int64_t) {
-  v1::ManagerReport r;
-  r.mutable_replacement()->set_pod(static_cast<uint32_t>(std::max<int64_t>(0, pod)));
-  r.mutable_replacement()->set_pod_uid(uid);
-  Enqueue(std::move(r));
+  Enqueue(AttachCore::ReplacementReport(pod, uid));
 }
 
 void RemoteDecisions::Progress(uint64_t, uint64_t generation, int64_t committed_step,
@@ -77,11 +72,7 @@ void RemoteDecisions::Progress(uint64_t, uint64_t generation, int64_t committed_
     std::lock_guard lock(mu_);
     core_.SetGeneration(generation);
   }
-  v1::ManagerReport r;
-  r.mutable_progress()->set_generation(generation);
-  r.mutable_progress()->set_committed_step(committed_step);
-  r.mutable_progress()->set_live_ranks(live_ranks);
-  Enqueue(std::move(r));
+  Enqueue(AttachCore::ProgressReport(generation, committed_step, live_ranks));
 }
 
 void RemoteDecisions::Tick(int64_t) {}
@@ -104,12 +95,7 @@ std::optional<std::string> RemoteDecisions::FencedBy() const {
 std::string RemoteDecisions::WhyNoCommit() const {
   const int64_t now = SteadyMs();
   std::lock_guard lock(mu_);
-  if (core_.LeaseHeld(now)) return "";
-  if (core_.lease_until_ms() == 0)
-    return "the coordinator " + options_.target + " has granted this manager no lease yet";
-  return "this manager's lease from the coordinator " + options_.target + " ran out " +
-         std::to_string(now - core_.lease_until_ms()) +
-         " ms ago: cut off from it, a newer manager may lead the job";
+  return core_.WhyNoCommit(now, options_.target);
 }
 
 bool RemoteDecisions::WaitAvailable(std::chrono::milliseconds timeout) const {

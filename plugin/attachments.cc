@@ -206,6 +206,10 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   }
   entry.epoch = epoch;
   entry.stream = stream;
+  if (entry.applied_epoch != epoch) {  // a new manager numbers its facts from 1
+    entry.applied_epoch = epoch;
+    entry.applied_seq = 0;
+  }
   Attached& a = streams_[stream];
   a = Attached{job, epoch, 0};
   Outgoing directive;
@@ -278,10 +282,31 @@ std::vector<Attachments::Outgoing> Attachments::OnReport(uint64_t stream,
                                                          const v1::ManagerReport& report,
                                                          int64_t now_ms,
                                                          std::string_view credential) {
+  std::vector<Outgoing> out = Handle(stream, report, now_ms, credential);
+  StampAcks(out);
+  return out;
+}
+
+void Attachments::StampAcks(std::vector<Outgoing>& out) const {
+  for (Outgoing& o : out) {
+    auto a = streams_.find(o.stream);
+    if (a == streams_.end()) continue;
+    auto entry = jobs_.find(a->second.job);
+    if (entry == jobs_.end()) continue;
+    o.message.set_acks_facts(true);
+    o.message.set_applied_seq(entry->second.applied_seq);
+  }
+}
+
+std::vector<Attachments::Outgoing> Attachments::Handle(uint64_t stream,
+                                                       const v1::ManagerReport& report,
+                                                       int64_t now_ms,
+                                                       std::string_view credential) {
   if (started_ms_ < 0) started_ms_ = lease_clock_();
   auto it = streams_.find(stream);
   if (it == streams_.end()) return Hello(stream, report, now_ms, credential);
   const Attached& a = it->second;
+  JobEntry& entry = jobs_[a.job];
   Status st;
   if (report.header().job_id() != a.job)
     st = InvalidArgument("the report names job " + report.header().job_id() +
@@ -290,8 +315,11 @@ std::vector<Attachments::Outgoing> Attachments::OnReport(uint64_t stream,
     st = FailedPrecondition("the report is of manager epoch " +
                             std::to_string(report.header().epoch()) +
                             " but this stream is attached as epoch " + std::to_string(a.epoch));
+  else if (report.seq() != 0 && report.seq() <= entry.applied_seq)
+    ;  // sent again after a reattach, and applied (or refused) before: once is enough
   else if (report.body_case() != v1::ManagerReport::BODY_NOT_SET || !report.has_lease())
     st = ApplyFact(a, report, now_ms);
+  if (report.seq() != 0) entry.applied_seq = std::max(entry.applied_seq, report.seq());
   if (st.ok()) {
     if (!report.has_lease()) return {};
     Outgoing grant;
@@ -340,6 +368,7 @@ std::vector<Attachments::Outgoing> Attachments::Publish() {
   // Forget the epochs of jobs the engine no longer has, so the table does not grow forever.
   for (auto it = jobs_.begin(); it != jobs_.end();)
     it = it->second.stream == 0 && !engine_.FindJob(it->first) ? jobs_.erase(it) : std::next(it);
+  StampAcks(out);
   return out;
 }
 

@@ -16,6 +16,11 @@
 // become engine events; a bad fact is answered with a Refusal carrying the engine's error and
 // changes nothing. The job's directive goes down on attach and whenever its id changes (Publish).
 //
+// Facts are acknowledged: every message to an attached stream carries the highest fact number
+// (ManagerReport.seq) of its epoch applied or refused, and a fact numbered at or below it, sent
+// again by a manager that reattached after a stream broke, is not applied twice. So a fact that
+// a broken stream lost on its way is not lost for good, and none counts twice.
+//
 // Leases (docs/membership.md): a manager commits a step only while it holds a lease, which it asks
 // for on its hello and alone every quarter of a lease (ManagerReport.lease), counted by its own
 // clock from when it asked. An epoch of a job gets no lease before the last one granted to another
@@ -109,7 +114,14 @@ class Attachments {
     uint64_t stream = 0;  // the stream serving it; 0 while none is attached
     uint64_t lease_epoch = 0;     // the epoch the last lease was granted to
     int64_t lease_until_ms = 0;   // that lease runs until then (with the margin)
+    uint64_t applied_epoch = 0;   // the epoch whose facts applied_seq counts
+    uint64_t applied_seq = 0;     // its highest fact number applied (or refused)
   };
+
+  std::vector<Outgoing> Handle(uint64_t stream, const v1::ManagerReport& report, int64_t now_ms,
+                               std::string_view credential);
+  // Every message to an attached stream acknowledges the facts of its epoch applied so far.
+  void StampAcks(std::vector<Outgoing>& out) const;
 
   std::vector<Outgoing> Hello(uint64_t stream, const v1::ManagerReport& report, int64_t now_ms,
                               std::string_view credential);

@@ -673,6 +673,63 @@ TEST_F(CoordinatorTest, BadFactsAreRefusedAndChangeNothing) {
   EXPECT_TRUE(s.Finish().ok());
 }
 
+// Simulation seed 145 with a coordinator: a fault written during a cut longer than the
+// keepalive was lost with the stream, and the engine never decided. Facts are numbered, the
+// coordinator acknowledges the highest it applied, and one sent again after a reattach counts
+// once.
+TEST_F(CoordinatorTest, AFactSentAgainAfterAReattachIsAppliedOnceAndEveryMessageAcknowledges) {
+  auto fault = [](uint64_t seq, const std::string& detail) {
+    v1::ManagerReport r = FaultReport(v1::FAULT_KIND_POD_LOST, {0}, {}, -1);
+    r.mutable_fault()->set_detail(detail);
+    r.set_seq(seq);
+    return r;
+  };
+  auto count = [&](const std::string& text) {
+    char* state = nullptr;
+    EXPECT_EQ(regroup_engine_export_job_state(engine_, &state, kJob, nullptr), REGROUP_OK);
+    std::string s = state ? state : "";
+    regroup_string_free(state);
+    size_t n = 0;
+    for (size_t at = s.find(text); at != std::string::npos; at = s.find(text, at + 1)) ++n;
+    return n;
+  };
+  uint64_t e = 0;
+  std::string ticket;
+  {
+    RawStream s(port_, kCredential);
+    ASSERT_TRUE(s.Hello(kJob, 0));
+    const v1::CoordinatorDirective granted = s.Read();
+    ASSERT_TRUE(granted.has_directive());
+    EXPECT_TRUE(granted.acks_facts());
+    EXPECT_EQ(granted.applied_seq(), 0u);
+    e = granted.header().epoch();
+    ticket = granted.epoch_ticket();
+    ASSERT_TRUE(s.Send(fault(1, "lost-once"), kJob, e));
+    v1::ManagerReport lease;
+    lease.mutable_lease()->set_sent_ms(1);
+    ASSERT_TRUE(s.Send(lease, kJob, e));
+    const v1::CoordinatorDirective ack = s.Read();
+    EXPECT_TRUE(ack.has_lease());
+    EXPECT_EQ(ack.applied_seq(), 1u) << "the lease's answer acknowledges the fault";
+  }
+  ASSERT_TRUE(Eventually([&] { return count("lost-once") == 1; }));
+  // The stream broke; the manager attaches again and sends what it saw no acknowledgment of.
+  RawStream again(port_, kCredential);
+  ASSERT_TRUE(again.Hello(kJob, e, ticket));
+  const v1::CoordinatorDirective answer = again.Read();
+  ASSERT_TRUE(answer.has_directive()) << answer.DebugString();
+  EXPECT_EQ(answer.applied_seq(), 1u) << "the answer to the hello says what was applied";
+  ASSERT_TRUE(again.Send(fault(1, "lost-once"), kJob, e));
+  ASSERT_TRUE(again.Send(fault(2, "lost-after"), kJob, e));
+  v1::ManagerReport lease;
+  lease.mutable_lease()->set_sent_ms(2);
+  ASSERT_TRUE(again.Send(lease, kJob, e));
+  EXPECT_EQ(again.Read().applied_seq(), 2u);
+  EXPECT_EQ(count("lost-once"), 1u) << "the fault sent again is not counted twice";
+  EXPECT_EQ(count("lost-after"), 1u);
+  EXPECT_TRUE(again.Finish().ok());
+}
+
 TEST_F(CoordinatorTest, CoordinatorDownPausesSurvivorsThenDumpsAfterTheDecisionWait) {
   Manager m(JobJson("recover-in-place,dump"), port_);
   ASSERT_TRUE(m.remote().WaitAvailable(kWait));

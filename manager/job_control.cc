@@ -27,16 +27,6 @@ constexpr size_t kRecentStorePorts = 64;
 // stat of the file; a read only when it changed).
 constexpr int64_t kRecordLookMs = 1000;
 
-// The pod a uid names: a pod readmitted as its own replacement registers as `<pod uid>/<n>`
-// (AgentCore::Readmit), and is that pod come back. Kubernetes pod uids hold no '/'.
-std::string_view PodOfUid(std::string_view uid) {
-  const size_t slash = uid.rfind('/');
-  if (slash == std::string_view::npos || slash + 1 == uid.size()) return uid;
-  for (size_t i = slash + 1; i < uid.size(); ++i)
-    if (uid[i] < '0' || uid[i] > '9') return uid;
-  return PodOfUid(uid.substr(0, slash));
-}
-
 // A rank's state as an agent reports it: steps within [-1, kMaxStep] and a local rank the pod
 // has. The error names what is wrong.
 Status CheckRanks(const google::protobuf::RepeatedPtrField<v1::LocalRank>& ranks, uint32_t nproc) {
@@ -466,7 +456,12 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   // pods missing), a pod that registers anew is the replacement it waits for.
   // During a job restart too: the decision maker resumes once every pod came back (a restarted
   // manager's first pods included, before any generation or join window of its own).
-  if (!resumed && (replacement || job_restarting_ ||
+  // A decision maker beside the scheduler may be waiting for replacements that an incarnation
+  // still joining knows nothing of (a restart decided for an earlier one, whose directive this
+  // one takes as seen: simulation seed 173 with a coordinator): every pod that joins is
+  // reported; one the engine does not wait for changes nothing there.
+  const bool joining_remote = state_ == State::kJoining && decisions_->ReplacesPods();
+  if (!resumed && (replacement || job_restarting_ || joining_remote ||
                    (state_ != State::kJoining && (generation_ > 0 || missing_reported_))))
     decisions_->ReplacementRegistered(node, a.pod_uid, now);
   Event(now, resumed ? "resume" : "register",
@@ -1110,6 +1105,17 @@ void JobControl::CheckPendingWait(int64_t now) {
   for (int64_t r : pending_->keep_replicas)
     for (int64_t p : layout_.PodsOfReplica(r))
       if (!Available(p)) waiting.push_back(p);
+  if (waiting.empty() && state_ != State::kAborted) {
+    // Nobody to blame: the directive waits for no pod this incarnation does not have (a loss of
+    // no pod would abort the generation and give the decision maker nothing to decide).
+    Event(now, "wait",
+          "the " + std::string(DirectiveKindName(pending_->kind)) +
+              " directive waited " + std::to_string(now - pending_since_ms_) +
+              " ms for no pod that is not available: it is over");
+    pending_.reset();
+    pending_since_ms_ = -1;
+    return;
+  }
   const std::string reason = "pods " + Join(waiting) + " did not become available within " +
                              std::to_string(bound) + " ms for the " +
                              std::string(DirectiveKindName(pending_->kind)) + " directive";
@@ -1554,6 +1560,16 @@ void JobControl::Apply(const Directive& d, int64_t now) {
                     ", formed since the fault: not restarted for it");
       }
       for (auto& [node, locals] : restart) RestartRanks(node, locals, d.reason);
+      // An incarnation still forming its first generation restarts nothing: the ranks named are
+      // of a generation it never ran, and its first generation starts every rank (simulation
+      // seed 107 with a coordinator: a new manager waited for their "rejoin" until it timed out).
+      if (restart.empty() && state_ == State::kJoining) {
+        Event(now, "restart_in_place",
+              "ranks [" + Join(d.restart_ranks) +
+                  "] are of a generation this incarnation never ran: its first generation starts "
+                  "every rank");
+        return;
+      }
       // Wait for them (at a step boundary while training), unless they were all restarted at
       // once and have rejoined already.
       if (!restart.empty() || interim_ || state_ != State::kTraining) {
@@ -1607,6 +1623,11 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
     if (!usable) continue;
     RestartForJob(static_cast<int64_t>(n), d.reason);
     restarted.push_back(a.pod_uid);
+    // The decision maker resumes the job once every pod is back: a pod that registered with
+    // this incarnation before the restart was decided (a restarted manager's first pods, while
+    // it joined) is back, and may be the replacement it waits for (simulation seed 164 with a
+    // coordinator: a new manager's pods registered as it joined, the restart waited for them).
+    decisions_->ReplacementRegistered(static_cast<int64_t>(n), a.pod_uid, now);
     // Job level, every pod is given up. Standalone nobody recreates them: each comes back as
     // its own replacement, a new incarnation, as a pod readmitted after its loss does. (Pod
     // level, a healthy pod stays itself.)

@@ -56,6 +56,14 @@ bool HasHardwareFault(const std::vector<PendingFault>& faults) {
 
 }  // namespace
 
+std::string_view PodOfUid(std::string_view uid) {
+  const size_t slash = uid.rfind('/');
+  if (slash == std::string_view::npos || slash + 1 == uid.size()) return uid;
+  for (size_t i = slash + 1; i < uid.size(); ++i)
+    if (uid[i] < '0' || uid[i] > '9') return uid;
+  return PodOfUid(uid.substr(0, slash));
+}
+
 std::string_view PhaseName(Phase phase) { return NameOf(kPhaseNames, phase); }
 std::string_view DirectiveKindName(DirectiveKind kind) { return NameOf(kDirectiveNames, kind); }
 std::string_view NodeHealthName(NodeHealth health) { return NameOf(kHealthNames, health); }
@@ -872,7 +880,10 @@ std::vector<Eviction> Job::Evictions() const {
     if (s.status == PodSlot::Status::kLost && !s.replacement_seen && s.uid == s.lost_uid &&
         !s.uid.empty() && !IsUidFingerprint(s.uid) &&
         (PodPresent(s.phase) || (wants && s.phase == REGROUP_POD_FAILED)))
-      out.push_back({static_cast<int64_t>(p), s.uid, s.node, force});
+      // The pod, not its agent's incarnation: a readmitted agent's uid names no pod the
+      // scheduler has (simulation seed 104 with a coordinator: never evicted, the job restart
+      // waited for its replacement for good).
+      out.push_back({static_cast<int64_t>(p), std::string(PodOfUid(s.uid)), s.node, force});
   }
   return out;
 }

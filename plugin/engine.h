@@ -87,6 +87,11 @@ enum class LostCause : uint8_t {
 std::string UidFingerprint(std::string_view uid);
 bool IsUidFingerprint(std::string_view uid);
 
+// The Kubernetes pod a uid names: an agent readmitted as its own replacement registers as
+// `<pod uid>/<n>` (AgentCore::Readmit) in the same pod; Kubernetes pod uids hold no '/'. What the
+// scheduler evicts is that pod.
+std::string_view PodOfUid(std::string_view uid);
+
 // One pod of a job, by its index (node rank).
 struct PodSlot {
   enum class Status : uint8_t {

@@ -22,6 +22,7 @@ namespace {
 std::string ReplayLine(const regroup::sim::Options& o) {
   std::ostringstream out;
   out << "regroup-sim --seed " << o.seed;
+  if (o.coordinator) out << " --coordinator";
   if (o.faults >= 0) out << " --faults " << o.faults;
   if (!o.menu.empty()) {
     out << " --menu ";
@@ -44,9 +45,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1000.0));
   app.add_option("--faults", base.faults, "faults per run (default: drawn, 0 to 6)")
       ->check(CLI::Range(0, 1000));
-  app.add_option("--menu", base.menu, "fault kinds to draw from (default: all)")
+  app.add_option("--menu", base.menu,
+                 "fault kinds to draw from (default: all; crash_coordinator and "
+                 "cut_coordinator need --coordinator)")
       ->delimiter(',')
-      ->check(CLI::IsMember(regroup::sim::FaultKinds()));
+      ->check(CLI::IsMember(regroup::sim::CoordinatorFaultKinds()));
+  app.add_flag("--coordinator", base.coordinator,
+               "the coordinator decides, as under Volcano: managers attach to it, are granted "
+               "their epochs there and commit under its lease; its crash and cut join the menu");
   app.add_flag("--trace", base.trace, "print every event");
   bool gaps = false;
   app.add_flag("--gaps", gaps,

@@ -10,12 +10,16 @@
 #include <queue>
 #include <random>
 #include <set>
+#include <shared_mutex>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "agent/agent_core.h"
+#include "manager/attach_core.h"
 #include "manager/job_control.h"
+#include "plugin/attachments.h"
 
 namespace regroup::sim {
 
@@ -35,6 +39,8 @@ constexpr int64_t kFenceBoundMs = 5000;       // a lost, reachable pod is told s
 // (--stop-grace-s, 30 s) to end on their own, then SIGTERM, and SIGKILL 5 s later.
 constexpr int64_t kStoppedBoundMs = 45000;
 constexpr size_t kTraceLines = 80;
+constexpr int64_t kSessionMs = 1000;          // the scheduler's session: its engine ticks
+constexpr int64_t kAttachBackoffMaxMs = 2000; // RemoteDecisionsOptions::max_backoff
 constexpr size_t kMaxOutgoingPerFlush = 4096;
 
 const char* kJobId = "sim/job";
@@ -47,6 +53,16 @@ const std::vector<std::string>& FaultKinds() {
       "crash_trainer", "kill_agent", "pause_agent", "cut_link",
       "reset_connection", "slow_link", "crash_manager", "pause_manager", "pause_trainer",
       "second_manager"};
+  return kinds;
+}
+
+const std::vector<std::string>& CoordinatorFaultKinds() {
+  static const std::vector<std::string> kinds = [] {
+    std::vector<std::string> k = FaultKinds();
+    k.push_back("crash_coordinator");
+    k.push_back("cut_coordinator");
+    return k;
+  }();
   return kinds;
 }
 
@@ -140,11 +156,66 @@ struct Stream {
 };
 
 struct Manager {
-  uint64_t epoch = 0;
+  uint64_t epoch = 0;  // 0 until the coordinator granted one
+  uint64_t mid = 0;    // the process: an incarnation before its epoch is known
+  // With a coordinator: the manager's side of Attach (before `job`, which holds it), its link,
+  // and whether the link's hello was answered.
+  std::unique_ptr<manager::AttachCore> core;
+  uint64_t link = 0;
+  bool answered = false;
+  int64_t backoff_ms = 100;
+  int64_t coordinator_cut_until = -1;  // its link to the coordinator is cut until then
   std::unique_ptr<JobControl> job;
   std::map<int64_t, uint64_t> by_node;  // node rank -> stream
   uint64_t events_traced = 0;
   int64_t paused_until = -1;  // SIGSTOP: it reads and ticks again then
+};
+
+// The coordinator as a manager's decision maker (RemoteDecisions without its threads): facts go
+// to the AttachCore's queue, which the world writes up the manager's link; directives and the
+// lease come from it. The clock is the world's.
+class Coordinated final : public manager::Decisions {
+ public:
+  Coordinated(manager::AttachCore& core, const int64_t& now) : core_(core), now_(now) {}
+  void PodRunning(int64_t, const std::string&, const std::string&, int64_t) override {}
+  void Fault(const v1::FaultFacts& fault, int64_t) override {
+    core_.Enqueue(manager::AttachCore::FaultReport(fault));
+  }
+  void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t) override {
+    core_.Enqueue(manager::AttachCore::ReplacementReport(pod, uid));
+  }
+  void Progress(uint64_t, uint64_t generation, int64_t committed_step, uint32_t live_ranks,
+                int64_t) override {
+    core_.SetGeneration(generation);
+    core_.Enqueue(manager::AttachCore::ProgressReport(generation, committed_step, live_ranks));
+  }
+  void Tick(int64_t) override {}
+  std::optional<Directive> Poll() override { return core_.Poll(); }
+  bool Available() const override { return core_.attached(); }
+  std::optional<std::string> FencedBy() const override { return core_.fenced_by(); }
+  bool ReplacesPods() const override { return true; }
+  std::string WhyNoCommit() const override { return core_.WhyNoCommit(now_, "coordinator"); }
+
+ private:
+  manager::AttachCore& core_;
+  const int64_t& now_;
+};
+
+// The coordinator: the scheduler's engine and libregroup.so's attachment logic over it. A crash
+// replaces it with a new one (the scheduler restarted).
+struct Coordinator {
+  uint64_t incarnation = 0;
+  std::shared_mutex engine_mu;  // Attachments takes it; one thread here
+  Engine engine;
+  std::unique_ptr<coordinator::Attachments> attachments;
+};
+
+// A manager's link to the coordinator (one Coordinator.Attach stream): ordered both ways.
+struct Link {
+  uint64_t mid = 0;
+  uint64_t coordinator = 0;     // the coordinator incarnation it reaches
+  bool broken = false;          // ended: nothing more is delivered
+  int64_t up_at = 0, down_at = 0;  // the last delivery time each way (order)
 };
 
 class World {
@@ -205,6 +276,27 @@ class World {
   void Flush(Manager& m);
   void ManagerTick(uint64_t epoch);
 
+  // The coordinator (Options::coordinator), the scheduler around it, and the managers' links.
+  Manager* ByMid(uint64_t mid) const;  // a manager process, granted its epoch or not
+  // An event of manager process `mid`: dropped once it is gone, held while it is paused.
+  void MidAfter(uint64_t mid, int64_t delay, Fn fn);
+  void StartCoordinator();
+  void CrashCoordinator();
+  void Session(uint64_t incarnation);
+  void SchedulerSees(const Pod* pod, PodPhase phase);
+  void SaveState();
+  void Attach(uint64_t mid);
+  void Promote(uint64_t mid);
+  void FlushLink(Manager& m);
+  void LinkUp(uint64_t link, v1::ManagerReport report);
+  void LinkDown(uint64_t link, v1::CoordinatorDirective message, std::string close);
+  void Deliver(std::vector<coordinator::Attachments::Outgoing> out);
+  void CoordinatorHears(uint64_t link, const v1::ManagerReport& report);
+  void ManagerHears(uint64_t link, const v1::CoordinatorDirective& message);
+  void LinkEnds(uint64_t link, const std::string& why);  // both ends learn it
+  void ManagerLinkEnded(uint64_t link, const std::string& why);
+  void CutFromCoordinator(Manager& m, int64_t ms);
+
   // Agents: agent::AgentCore, the agent's own code, with the pod as its host.
  public:
   Pod* NewPod(int64_t slot);
@@ -257,6 +349,17 @@ class World {
   // The running incarnations by epoch: one, or two while a second manager runs beside the
   // first (standalone: the durable record and the majority rule fence the older one).
   std::map<uint64_t, std::unique_ptr<Manager>> managers_;
+  // With a coordinator: manager processes waiting for it to grant their epoch, by mid.
+  std::map<uint64_t, std::unique_ptr<Manager>> starting_;
+  uint64_t next_mid_ = 1;
+  std::unique_ptr<Coordinator> coordinator_;  // null while it is down
+  uint64_t coordinator_incarnations_ = 0;
+  int coordinator_starts_due_ = 0;
+  std::string saved_state_;          // the engine's job state, as the scheduler last saved it
+  uint64_t saved_directive_ = 0;     // the directive id it was saved at
+  bool uids_changed_ = false;        // a pod uid the state has not been saved with
+  std::map<uint64_t, Link> links_;
+  uint64_t next_link_ = 1;
   std::optional<manager::JobRecord> record_;  // on storage that outlives every incarnation
   uint64_t last_epoch_ = 0;
   std::map<uint64_t, Stream> streams_;
@@ -319,15 +422,7 @@ void World::TrainerAfter(Pod* pod, uint32_t local, int64_t delay, Fn fn) {
 }
 
 void World::ManagerAfter(uint64_t epoch, int64_t delay, Fn fn) {
-  After(delay, [this, epoch, fn = std::move(fn)]() mutable {
-    Manager* m = ManagerOf(epoch);
-    if (!m) return;
-    if (m->paused_until > now_) {
-      ManagerAfter(epoch, m->paused_until - now_, std::move(fn));
-      return;
-    }
-    fn();
-  });
+  if (const Manager* m = ManagerOf(epoch)) MidAfter(m->mid, delay, std::move(fn));
 }
 
 void World::Trace(const std::string& line) {
@@ -382,7 +477,10 @@ bool World::DrawJob() {
 }
 
 void World::DrawFaults() {
-  const std::vector<std::string>& menu = options_.menu.empty() ? FaultKinds() : options_.menu;
+  const std::vector<std::string>& menu =
+      !options_.menu.empty() ? options_.menu
+      : options_.coordinator ? CoordinatorFaultKinds()
+                             : FaultKinds();
   const int count = options_.faults >= 0 ? options_.faults : static_cast<int>(Uniform(0, 6));
   std::vector<int64_t> times;
   for (int i = 0; i < count; ++i) times.push_back(Uniform(3000, options_.fault_window_ms));
@@ -433,12 +531,33 @@ void World::Inject(const std::string& kind) {
     const int64_t ms = Uniform(1000, 30000);
     Trace("FAULT second_manager beside epoch " + std::to_string(epoch) + ", which ends in " +
           std::to_string(ms) + " ms");
+    // With a coordinator, half the time the older one's node is cut off from it (why a second
+    // one was started): it never hears of the newer one, and only its lease running out stops
+    // its commits.
+    if (options_.coordinator && Chance(0.5)) CutFromCoordinator(*old, ms + 1);
     StartManager();
     After(ms, [this, epoch] {
       if (!ManagerOf(epoch)) return;
       Trace("manager epoch " + std::to_string(epoch) + " ends (its pod is deleted)");
       CrashManager(epoch);
     });
+    return;
+  }
+  if (kind == "crash_coordinator") {
+    if (!coordinator_) return;
+    Trace("FAULT crash_coordinator (incarnation " + std::to_string(coordinator_->incarnation) +
+          "): the scheduler restarts");
+    CrashCoordinator();
+    return;
+  }
+  if (kind == "cut_coordinator") {
+    // One manager and the coordinator cannot reach each other (a partition of its node).
+    Manager* m = options_.coordinator ? AnyManager() : nullptr;
+    if (!m) return;
+    const int64_t ms = Uniform(500, 20000);
+    Trace("FAULT cut_coordinator from epoch " + std::to_string(m->epoch) + " for " +
+          std::to_string(ms) + " ms");
+    CutFromCoordinator(*m, ms);
     return;
   }
   std::vector<Pod*> live;
@@ -589,6 +708,17 @@ void World::Reset(uint64_t id, const std::string& why) {
 // ---------------------------------------------------------------------------------------------
 
 void World::StartManager() {
+  if (options_.coordinator) {
+    // regroup-manager with a coordinator: it serves no agent before it is granted its epoch.
+    auto m = std::make_unique<Manager>();
+    m->mid = next_mid_++;
+    m->core = std::make_unique<manager::AttachCore>(kJobId, 65536);
+    const uint64_t mid = m->mid;
+    starting_[mid] = std::move(m);
+    Trace("manager process " + std::to_string(mid) + " starts and attaches to the coordinator");
+    MidAfter(mid, Uniform(1, 50), [this, mid] { Attach(mid); });
+    return;
+  }
   JobControlOptions o;
   o.epoch = ++last_epoch_;
   o.join_window_ms = 10000;
@@ -596,6 +726,7 @@ void World::StartManager() {
   o.stored_record = [this]() -> const std::optional<manager::JobRecord>& { return record_; };
   auto m = std::make_unique<Manager>();
   m->epoch = o.epoch;
+  m->mid = next_mid_++;
   m->job = std::make_unique<JobControl>(spec_, config_, o,
                                         std::make_unique<EmbeddedDecisions>(spec_));
   managers_[o.epoch] = std::move(m);
@@ -625,12 +756,14 @@ void World::CrashManager(uint64_t epoch) {
       s.manager_open = false;  // nobody left to notice on this side
       Reset(id, "the manager crashed");
     }
+  if (Manager* m = ManagerOf(epoch); m && m->link) LinkEnds(m->link, "the manager crashed");
   managers_.erase(epoch);
 }
 
 void World::ManagerTick(uint64_t epoch) {
   Manager* m = ManagerOf(epoch);
   if (!m) return;
+  if (m->core) m->core->RenewLease(now_);
   m->job->Tick(now_);
   Flush(*m);
   ManagerAfter(epoch, kTickMs, [this, epoch] { ManagerTick(epoch); });
@@ -785,6 +918,274 @@ void World::Flush(Manager& m) {
   // Lost pods, as this incarnation sees them.
   for (Pod* pod : slots_)
     if (pod && job.IsFenced(pod->uid())) ever_lost_.insert(pod->uid());
+  if (m.core) FlushLink(m);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The coordinator, the scheduler around it, and the managers' links to it
+// ---------------------------------------------------------------------------------------------
+
+Manager* World::ByMid(uint64_t mid) const {
+  if (auto it = starting_.find(mid); it != starting_.end()) return it->second.get();
+  for (const auto& [epoch, m] : managers_)
+    if (m->mid == mid) return m.get();
+  return nullptr;
+}
+
+void World::MidAfter(uint64_t mid, int64_t delay, Fn fn) {
+  After(delay, [this, mid, fn = std::move(fn)]() mutable {
+    Manager* m = ByMid(mid);
+    if (!m) return;
+    if (m->paused_until > now_) {
+      MidAfter(mid, m->paused_until - now_, std::move(fn));
+      return;
+    }
+    fn();
+  });
+}
+
+// The scheduler (re)starts: a fresh engine with the job, its state as last saved on the PodGroup,
+// and the pods it finds running; a fresh coordinator over it, which knows no lease granted before.
+void World::StartCoordinator() {
+  auto c = std::make_unique<Coordinator>();
+  c->incarnation = ++coordinator_incarnations_;
+  Status st = c->engine.UpsertJob(spec_, nullptr, now_);
+  if (st.ok() && !saved_state_.empty())
+    st = c->engine.FindJob(kJobId)->LoadState(nlohmann::json::parse(saved_state_));
+  if (!st.ok()) Violate("the scheduler's engine cannot take the job back: " + st.message());
+  c->attachments = std::make_unique<coordinator::Attachments>(
+      c->engine_mu, c->engine, "", coordinator::kDefaultLeaseMs, [this] { return now_; });
+  const uint64_t incarnation = c->incarnation;
+  coordinator_ = std::move(c);
+  Trace("coordinator incarnation " + std::to_string(incarnation) + " starts" +
+        (saved_state_.empty() ? "" : " from the saved state"));
+  for (const Pod* pod : slots_)
+    if (pod && !pod->dead) SchedulerSees(pod, REGROUP_POD_RUNNING);
+  After(kSessionMs, [this, incarnation] { Session(incarnation); });
+}
+
+void World::CrashCoordinator() {
+  for (auto& [id, link] : links_)
+    if (!link.broken && link.coordinator == coordinator_->incarnation)
+      LinkEnds(id, "the coordinator crashed");
+  coordinator_.reset();
+  ++coordinator_starts_due_;
+  After(Uniform(1000, 10000), [this] {
+    --coordinator_starts_due_;
+    StartCoordinator();
+  });
+}
+
+// The scheduler's session: the engine ticks, changed directives go down the links, and the job's
+// state is saved when its directive changed (as the plugin saves it to the PodGroup).
+void World::Session(uint64_t incarnation) {
+  if (!coordinator_ || coordinator_->incarnation != incarnation) return;
+  coordinator_->engine.Tick(now_);
+  Deliver(coordinator_->attachments->Publish());
+  SaveState();
+  // The pods the engine gave up are deleted; the job controller creates them again.
+  if (const Job* job = coordinator_->engine.FindJob(kJobId))
+    for (const Eviction& e : job->Evictions()) {
+      Pod* pod = slots_[static_cast<size_t>(e.pod)];
+      if (!pod || pod->dead || pod->base_uid != e.uid) continue;
+      Trace("the scheduler evicts " + pod->uid() + ": the engine gave it up");
+      PodExits(pod, /*replace=*/true, "evicted by the scheduler");
+    }
+  After(kSessionMs, [this, incarnation] { Session(incarnation); });
+}
+
+void World::SaveState() {
+  if (!coordinator_) return;
+  const Job* job = coordinator_->engine.FindJob(kJobId);
+  if (!job || (job->directive().id == saved_directive_ && !uids_changed_)) return;
+  saved_directive_ = job->directive().id;
+  uids_changed_ = false;
+  saved_state_ = job->StateJson().dump();
+}
+
+// What the scheduler sees of a pod (its Kubernetes uid is the agent's first one).
+void World::SchedulerSees(const Pod* pod, PodPhase phase) {
+  if (!coordinator_) return;
+  Status st = coordinator_->engine.SetPodState(kJobId, pod->slot, pod->base_uid, phase,
+                                               "node-" + std::to_string(pod->slot), now_);
+  if (!st.ok()) Violate("the scheduler's engine refuses pod " + pod->base_uid + ": " + st.message());
+  uids_changed_ |= phase == REGROUP_POD_RUNNING;  // a new uid: the plugin saves the state then
+}
+
+// The manager opens a link with its hello (an epoch asked for, or the one granted with its
+// ticket). A coordinator that is down refuses the connection.
+void World::Attach(uint64_t mid) {
+  Manager* m = ByMid(mid);
+  if (!m || m->link || m->core->fenced_by()) return;
+  const uint64_t id = next_link_++;
+  Link& link = links_[id];
+  link.mid = mid;
+  link.coordinator = coordinator_ ? coordinator_->incarnation : 0;
+  m->link = id;
+  m->answered = false;
+  if (!coordinator_) {
+    link.broken = true;
+    MidAfter(mid, Uniform(1, 3), [this, id] { ManagerLinkEnded(id, "connection refused"); });
+    return;
+  }
+  if (m->coordinator_cut_until > now_) {
+    // The connection cannot be made; the attempt times out (MakeChannel's connect timeout).
+    link.broken = true;
+    MidAfter(mid, 5000, [this, id] { ManagerLinkEnded(id, "connection timed out"); });
+    return;
+  }
+  LinkUp(id, m->core->Hello(now_));
+}
+
+// Granted its epoch: the manager builds its job control with it and serves its agents.
+void World::Promote(uint64_t mid) {
+  auto it = starting_.find(mid);
+  if (it == starting_.end()) return;
+  std::unique_ptr<Manager> m = std::move(it->second);
+  starting_.erase(it);
+  m->epoch = m->core->epoch();
+  JobControlOptions o;
+  o.epoch = m->epoch;
+  o.join_window_ms = 10000;
+  m->job = std::make_unique<JobControl>(spec_, config_, o,
+                                        std::make_unique<Coordinated>(*m->core, now_));
+  const uint64_t epoch = m->epoch;
+  if (managers_.count(epoch)) {
+    Violate("the coordinator granted epoch " + std::to_string(epoch) + " twice");
+    return;
+  }
+  managers_[epoch] = std::move(m);
+  Trace("manager process " + std::to_string(mid) + " is granted epoch " + std::to_string(epoch));
+  ManagerAfter(epoch, kTickMs, [this, epoch] { ManagerTick(epoch); });
+}
+
+// The facts the manager queued, up its link once attached (a write is buffered at once).
+void World::FlushLink(Manager& m) {
+  if (!m.link || !m.core->attached()) return;
+  while (const v1::ManagerReport* r = m.core->NextToWrite()) {
+    LinkUp(m.link, *r);
+    m.core->Written();
+  }
+}
+
+void World::LinkUp(uint64_t id, v1::ManagerReport report) {
+  Link& link = links_.at(id);
+  if (link.broken) return;
+  link.up_at = std::max(now_ + Uniform(1, 3), link.up_at);
+  At(link.up_at, [this, id, report = std::move(report)] { CoordinatorHears(id, report); });
+}
+
+void World::CoordinatorHears(uint64_t id, const v1::ManagerReport& report) {
+  Link& link = links_.at(id);
+  if (link.broken || !coordinator_ || coordinator_->incarnation != link.coordinator) return;
+  if (const Manager* m = ByMid(link.mid); m && m->coordinator_cut_until > now_) {
+    At(m->coordinator_cut_until, [this, id, report] { CoordinatorHears(id, report); });
+    return;
+  }
+  Deliver(coordinator_->attachments->OnReport(id, report, now_, ""));
+}
+
+void World::Deliver(std::vector<coordinator::Attachments::Outgoing> out) {
+  for (auto& o : out) {
+    auto it = links_.find(o.stream);
+    if (it == links_.end() || it->second.broken) continue;
+    std::string close;
+    if (o.close) {
+      close = o.status.message().empty() ? std::string("the coordinator ended the stream")
+                                         : o.status.message();
+      coordinator_->attachments->OnClosed(o.stream);
+    }
+    LinkDown(o.stream, std::move(o.message), std::move(close));
+    if (o.close) it->second.broken = true;  // nothing more is read on this side
+  }
+}
+
+// A message down a link, then its end when `close` says why.
+void World::LinkDown(uint64_t id, v1::CoordinatorDirective message, std::string close) {
+  Link& link = links_.at(id);
+  link.down_at = std::max(now_ + Uniform(1, 3), link.down_at);
+  const uint64_t mid = link.mid;
+  std::function<void()> deliver = [this, id, mid, message = std::move(message),
+                                   close = std::move(close)] {
+    const Manager* m = ByMid(mid);
+    if (!m || m->link != id) return;
+    if (m->coordinator_cut_until > now_) {
+      const int64_t until = m->coordinator_cut_until;
+      At(until, [this, id, message, close] {
+        LinkDown(id, message, close);  // again, in order, once the cut ends
+      });
+      return;
+    }
+    ManagerHears(id, message);
+    if (!close.empty()) ManagerLinkEnded(id, close);
+  };
+  const int64_t at = link.down_at;
+  MidAfter(mid, at - now_, std::move(deliver));
+}
+
+void World::ManagerHears(uint64_t id, const v1::CoordinatorDirective& message) {
+  Manager* m = ByMid(links_.at(id).mid);
+  if (!m || m->link != id) return;
+  if (!m->answered) {
+    m->answered = true;
+    const std::string failure = m->core->OnAnswer(message);
+    if (!failure.empty()) {
+      Trace("manager process " + std::to_string(m->mid) + " not attached: " + failure);
+      LinkEnds(id, failure);  // the manager cancels the call
+      return;
+    }
+    m->backoff_ms = 100;
+    Trace("manager process " + std::to_string(m->mid) + " attached as epoch " +
+          std::to_string(m->core->epoch()));
+    if (starting_.count(m->mid)) {
+      Promote(m->mid);
+      m = ByMid(links_.at(id).mid);
+      if (!m) return;
+    }
+  } else {
+    m->core->OnMessage(message);
+  }
+  if (m->job) Flush(*m);
+  else FlushLink(*m);
+}
+
+// A link ends for both: the coordinator forgets the stream, the manager detaches and attaches
+// again after its backoff (unless fenced for good).
+void World::LinkEnds(uint64_t id, const std::string& why) {
+  Link& link = links_.at(id);
+  if (link.broken) return;
+  link.broken = true;
+  if (coordinator_ && coordinator_->incarnation == link.coordinator)
+    coordinator_->attachments->OnClosed(id);
+  const uint64_t mid = link.mid;
+  MidAfter(mid, Uniform(1, 3), [this, id, why] { ManagerLinkEnded(id, why); });
+}
+
+void World::ManagerLinkEnded(uint64_t id, const std::string& why) {
+  Manager* m = ByMid(links_.at(id).mid);
+  if (!m || m->link != id) return;
+  links_.at(id).broken = true;
+  m->link = 0;
+  m->core->Detached();
+  m->core->Failed(why);
+  if (m->core->fenced_by()) {
+    Trace("manager process " + std::to_string(m->mid) + " is fenced: " + *m->core->fenced_by());
+    if (m->job) Flush(*m);
+    return;
+  }
+  const uint64_t mid = m->mid;
+  const int64_t backoff = m->backoff_ms;
+  m->backoff_ms = std::min(backoff * 2, kAttachBackoffMaxMs);
+  MidAfter(mid, backoff, [this, mid] { Attach(mid); });
+}
+
+// Manager `m` and the coordinator cannot reach each other for `ms`; a cut that outlasts the
+// keepalive ends its link.
+void World::CutFromCoordinator(Manager& m, int64_t ms) {
+  m.coordinator_cut_until = std::max(m.coordinator_cut_until, now_ + ms);
+  if (ms < kKeepaliveMs || !m.link) return;
+  const uint64_t id = m.link;
+  After(kKeepaliveMs, [this, id] { LinkEnds(id, "keepalive: no answer to the ping"); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -830,6 +1231,7 @@ Pod* World::NewPod(int64_t slot) {
   pods_.push_back(std::move(pod));
   slots_[static_cast<size_t>(slot)] = raw;
   Trace("pod " + raw->base_uid + " starts");
+  SchedulerSees(raw, REGROUP_POD_RUNNING);
   PodAfter(raw, Uniform(1, 50), [this, raw] { Agent(raw, [](agent::AgentCore& a, Millis now) { a.Start(now); }); });
   return raw;
 }
@@ -1218,6 +1620,7 @@ void World::PodExits(Pod* pod, bool replace, const std::string& why) {
       SendUp(id, close);
     }
   }
+  if (replace) SchedulerSees(pod, REGROUP_POD_FAILED);
   if (replace && !job_stopped_) {
     const int64_t slot = pod->slot;
     ++replacements_due_[slot];
@@ -1236,7 +1639,7 @@ void World::Watch() {
   // The job ends without a stop of its own when no incarnation is left to run it: every manager
   // running stopped only itself (the newest gave up for want of a majority; one fenced is
   // older), and none is on its way. (A stop of the job is seen as its pods get it: Observe.)
-  if (!job_stopped_ && !managers_.empty() && manager_starts_due_ == 0 &&
+  if (!job_stopped_ && !managers_.empty() && manager_starts_due_ == 0 && starting_.empty() &&
       std::all_of(managers_.begin(), managers_.end(),
                   [](const auto& m) {
                     const v1::StopTraining* stop = m.second->job->stopped();
@@ -1309,6 +1712,7 @@ Result World::RunSeed() {
   }
   DrawFaults();
   slots_.assign(static_cast<size_t>(spec_.pods), nullptr);
+  if (options_.coordinator) StartCoordinator();
   StartManager();
   for (int64_t n = 0; n < spec_.pods; ++n) NewPod(n);
   const int64_t deadline = options_.fault_window_ms + options_.quiet_bound_ms;
@@ -1331,6 +1735,9 @@ Result World::RunSeed() {
         phase = "phase " + s.phase() + " at generation " + std::to_string(s.generation()) +
                 ", committed step " + std::to_string(s.committed_step());
       }
+      if (coordinator_)
+        if (const Job* job = coordinator_->engine.FindJob(kJobId))
+          Trace("the coordinator's engine: " + job->StateJson().dump());
       Violate("liveness: the job neither finished nor stopped " +
               std::to_string(deadline - last_fault_ms_) + " ms after the last fault (" + phase +
               ")");

@@ -48,6 +48,12 @@ struct Options {
   int64_t quiet_bound_ms = 400000;   // after it, the job must end within this much
   std::vector<std::string> menu;   // fault kinds to draw from; empty: all (see FaultKinds)
   bool trace = false;              // print every event as it happens
+  // The coordinator decides, as under Volcano: the scheduler's engine and the coordinator's
+  // attachment logic (plugin/attachments.h) run beside the managers, which attach over links of
+  // their own (AttachCore), are granted their epochs there and commit only under its lease; the
+  // scheduler reports the pods to its engine. No durable record: the coordinator fences. Its
+  // faults join the menu (CoordinatorFaultKinds).
+  bool coordinator = false;
 };
 
 struct Result {
@@ -74,6 +80,9 @@ struct Result {
 
 // The fault kinds a run draws from.
 const std::vector<std::string>& FaultKinds();
+// With a coordinator: those, a crash of the coordinator (the scheduler restarts; its engine comes
+// back from the state it last saved) and a cut between one manager and the coordinator.
+const std::vector<std::string>& CoordinatorFaultKinds();
 
 // Runs one seed to the end: the job finished or stopped, or an invariant broke.
 Result Run(const Options& options);

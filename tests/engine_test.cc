@@ -150,6 +150,27 @@ TEST_F(EngineTest, AFailedPodIsEvictedSoThatTheJobControllerCreatesItAgain) {
   EXPECT_EQ(Tick(5200).kind, REGROUP_DIRECTIVE_RESUME);
 }
 
+// Simulation seed 104 with a coordinator: a pod readmitted as its own replacement is known to
+// the engine by its agent's uid (`<pod uid>/2`), which names no pod the scheduler has. Its
+// eviction names the pod.
+TEST_F(EngineTest, AReadmittedPodIsEvictedByThePodsUidNotItsAgents) {
+  Submit(kForce, {{"recover-strategy", "recover,elastic-training"},
+                  {"wait-reschedule-timeout", "30"}});
+  auto pod_lost = [&](int64_t t) {
+    const json e = {{"type", "fault"}, {"job", kJob}, {"kind", "pod_lost"}, {"pods", {2}}};
+    ASSERT_TRUE(engine_.ApplyEvents(e, t).ok());
+  };
+  pod_lost(100);
+  Tick(400);
+  ASSERT_TRUE(engine_.ReportReplacementRegistered(kJob, 2, "uid-2/2", 500).ok());
+  pod_lost(1000);
+  Tick(1300);
+  ASSERT_EQ(job().Evictions().size(), 1u);
+  EXPECT_EQ(job().Evictions()[0].uid, "uid-2");
+  EXPECT_EQ(regroup::PodOfUid("uid-2/2/3"), "uid-2");
+  EXPECT_EQ(regroup::PodOfUid("ns/pod"), "ns/pod") << "only a number after the slash";
+}
+
 // A job that no longer wants its pods (it ended) keeps a failed pod: deleting it would only have
 // the job controller create it again.
 TEST_F(EngineTest, AFailedPodOfAJobThatStoppedIsNotEvicted) {

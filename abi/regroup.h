@@ -49,7 +49,7 @@ extern "C" {
  * minor 4 (a Volcano Job's elastic_min_available) since 1.4; minor 5 (the managers' lease) since
  * 1.5. */
 #define REGROUP_ABI_VERSION_MAJOR 1
-#define REGROUP_ABI_VERSION_MINOR 5
+#define REGROUP_ABI_VERSION_MINOR 6
 /* (major << 16) | minor of this header; compare with regroup_abi_version(). */
 #define REGROUP_ABI_VERSION ((REGROUP_ABI_VERSION_MAJOR << 16) | REGROUP_ABI_VERSION_MINOR)
 
@@ -420,6 +420,27 @@ REGROUP_EXTERN int32_t regroup_coordinator_port(const regroup_coordinator *coord
  * engine's lock as a reader. REGROUP_INVALID_ARGUMENT for a NULL coordinator. Since 1.1. */
 REGROUP_EXTERN regroup_status regroup_coordinator_publish(regroup_coordinator *coordinator,
                                                           regroup_error **err);
+
+/* A job's state, as regroup_engine_export_job_state gives it, and the mark of its manager's facts
+ * it holds (*fact_epoch, *fact_seq), read together. Store the state where a restarted scheduler
+ * imports it from, then call regroup_coordinator_state_saved with the mark: from the first such
+ * call on, the coordinator acknowledges to a manager only the facts a stored state holds, and the
+ * manager sends the others again to a restarted coordinator, whose engine came back without
+ * them. Takes the engine's lock as a reader. REGROUP_INVALID_ARGUMENT for a NULL argument,
+ * REGROUP_NOT_FOUND for a job the engine does not have. Since 1.6. */
+REGROUP_EXTERN regroup_status regroup_coordinator_export_job_state(regroup_coordinator *coordinator,
+                                                                   const char *job_id, char **out,
+                                                                   uint64_t *fact_epoch,
+                                                                   uint64_t *fact_seq,
+                                                                   regroup_error **err);
+/* The state exported with the mark (fact_epoch, fact_seq) is stored: its facts are acknowledged.
+ * A mark of an epoch the job's manager no longer has changes nothing. REGROUP_INVALID_ARGUMENT
+ * for a NULL argument. Since 1.6. */
+REGROUP_EXTERN regroup_status regroup_coordinator_state_saved(regroup_coordinator *coordinator,
+                                                              const char *job_id,
+                                                              uint64_t fact_epoch,
+                                                              uint64_t fact_seq,
+                                                              regroup_error **err);
 
 /* Stops the coordinator: refuses new streams, ends every stream (managers see UNAVAILABLE and
  * reconnect to the next coordinator) and frees it. Returns within about a second. NULL is

@@ -164,7 +164,12 @@ void AttachCore::OnDirective(const v1::CoordinatorDirective& m, bool first) {
   }
   if (!m.has_directive()) return;
   const v1::Directive& d = m.directive();
-  if (first && (!ever_attached_ || d.id() < newest_id_)) {
+  // The end of the job is no earlier incarnation's alone: an exit or a dump decided for one that
+  // died before it carried it out ends this one too (simulation seed 7481 with a coordinator:
+  // the new manager took the exit as seen, and the job never ended).
+  const bool ends_job =
+      d.kind() == v1::Directive::KIND_EXIT || d.kind() == v1::Directive::KIND_DUMP;
+  if (first && !ends_job && (!ever_attached_ || d.id() < newest_id_)) {
     if (ever_attached_)
       spdlog::warn("the coordinator's directive ids went back from {} to {} (its engine lost the "
                    "job's state): taking {} as seen",
@@ -251,7 +256,13 @@ const v1::ManagerReport* AttachCore::NextToWrite() {
 void AttachCore::Written() {
   if (!writing_) return;
   writing_ = false;
-  if (acking_ && queue_.front().seq() != 0) unacked_.push_back(std::move(queue_.front()));
+  if (acking_ && queue_.front().seq() != 0) {
+    // Only the latest progress matters: one kept for an acknowledgment gives way to a newer
+    // one (a coordinator that acknowledges only saved facts may hold them for long).
+    if (queue_.front().has_progress())
+      std::erase_if(unacked_, [](const v1::ManagerReport& r) { return r.has_progress(); });
+    unacked_.push_back(std::move(queue_.front()));
+  }
   queue_.pop_front();
 }
 

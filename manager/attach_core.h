@@ -7,7 +7,8 @@
 // hello reattaches as the epoch granted, with its ticket. An answer that attaches as another
 // epoch is no attach. The directive the coordinator holds at the first attach was issued to an
 // earlier incarnation: it is taken as seen, as is the one after a reattach whose ids went back
-// (the coordinator's engine lost the job's state).
+// (the coordinator's engine lost the job's state), unless it ends the job (an exit or a dump):
+// that ends this incarnation too.
 //
 // A refusal naming an epoch above the one granted (the stream replaced by a newer manager's
 // attach, or a reattach refused as older) fences this manager for good: it attaches no more,

@@ -97,10 +97,24 @@ TEST(AttachCore, AfterAReattachANewerDirectiveIsRunAndIdsThatWentBackAreTakenAsS
   core.Detached();
   // The coordinator's engine lost the job's state (its ids start again): not run, and the ids
   // that follow count from there.
-  ASSERT_EQ(core.OnAnswer(Answer(3, 2, v1::Directive::KIND_EXIT)), "");
+  ASSERT_EQ(core.OnAnswer(Answer(3, 2, v1::Directive::KIND_SCALE_IN)), "");
   EXPECT_FALSE(core.Poll().has_value());
   core.OnMessage(Answer(3, 3, v1::Directive::KIND_RETRY));
   EXPECT_EQ(core.Poll()->id, 3u);
+}
+
+// Simulation seed 7481 with a coordinator: the engine decided the job's exit for a manager that
+// crashed before it carried it out; its successor took the exit as seen, and the job never
+// ended. The end of the job is run by whichever incarnation finds it.
+TEST(AttachCore, AnExitOrADumpHeldAtTheFirstAttachIsRun) {
+  for (auto kind : {v1::Directive::KIND_EXIT, v1::Directive::KIND_DUMP}) {
+    AttachCore core("default/job", 16);
+    ASSERT_EQ(core.OnAnswer(Answer(3, 12, kind)), "");
+    const auto d = core.Poll();
+    ASSERT_TRUE(d.has_value()) << v1::Directive::Kind_Name(kind);
+    EXPECT_EQ(d->id, 12u);
+    EXPECT_FALSE(core.Poll().has_value()) << "returned once";
+  }
 }
 
 TEST(AttachCore, ADirectiveOfAKindThisBuildDoesNotKnowIsRefusedNotRunAsAnother) {

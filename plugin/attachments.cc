@@ -208,7 +208,7 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   entry.stream = stream;
   if (entry.applied_epoch != epoch) {  // a new manager numbers its facts from 1
     entry.applied_epoch = epoch;
-    entry.applied_seq = 0;
+    entry.applied_seq = entry.saved_seq = 0;
   }
   Attached& a = streams_[stream];
   a = Attached{job, epoch, 0};
@@ -294,7 +294,8 @@ void Attachments::StampAcks(std::vector<Outgoing>& out) const {
     auto entry = jobs_.find(a->second.job);
     if (entry == jobs_.end()) continue;
     o.message.set_acks_facts(true);
-    o.message.set_applied_seq(entry->second.applied_seq);
+    o.message.set_applied_seq(acks_saved_only_ ? entry->second.saved_seq
+                                               : entry->second.applied_seq);
   }
 }
 
@@ -334,6 +335,24 @@ std::vector<Attachments::Outgoing> Attachments::Handle(uint64_t stream,
                          a.job + ": " + st.message()};
   std::shared_lock lock(engine_mu_);
   return {Refusal(stream, a.job, a.epoch, st, false)};
+}
+
+std::optional<std::pair<json, Attachments::StateMark>> Attachments::ExportJobState(
+    std::string_view job) const {
+  std::shared_lock lock(engine_mu_);
+  const Job* found = engine_.FindJob(job);
+  if (!found) return std::nullopt;
+  StateMark mark;
+  if (auto it = jobs_.find(job); it != jobs_.end())
+    mark = {it->second.applied_epoch, it->second.applied_seq};
+  return std::make_pair(found->StateJson(), mark);
+}
+
+void Attachments::Saved(std::string_view job, StateMark mark) {
+  acks_saved_only_ = true;
+  auto it = jobs_.find(job);
+  if (it == jobs_.end() || it->second.applied_epoch != mark.epoch) return;
+  it->second.saved_seq = std::max(it->second.saved_seq, mark.seq);
 }
 
 void Attachments::OnClosed(uint64_t stream) {

@@ -19,7 +19,11 @@
 // Facts are acknowledged: every message to an attached stream carries the highest fact number
 // (ManagerReport.seq) of its epoch applied or refused, and a fact numbered at or below it, sent
 // again by a manager that reattached after a stream broke, is not applied twice. So a fact that
-// a broken stream lost on its way is not lost for good, and none counts twice.
+// a broken stream lost on its way is not lost for good, and none counts twice. Once the job's
+// state is saved through ExportJobState and Saved (the scheduler plugin stores it in the
+// PodGroup), only what a saved state holds is acknowledged: a fact applied after the last save
+// is kept by the manager and sent again to a restarted coordinator, whose engine came back from
+// that state without it.
 //
 // Leases (docs/membership.md): a manager commits a step only while it holds a lease, which it asks
 // for on its hello and alone every quarter of a lease (ManagerReport.lease), counted by its own
@@ -32,13 +36,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <map>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/clock.h"
 #include "common/text.h"
@@ -96,6 +102,20 @@ class Attachments {
   // forgotten.
   std::vector<Outgoing> Publish();
 
+  // Which facts a saved state holds: those of the job's manager epoch `epoch` up to `seq`.
+  struct StateMark {
+    uint64_t epoch = 0;
+    uint64_t seq = 0;
+  };
+  // The job's state (Job::StateJson, what a restarted scheduler imports) and the mark of the
+  // facts it holds, read together; nothing when the engine has no such job. Takes the engine's
+  // lock (shared).
+  std::optional<std::pair<nlohmann::json, StateMark>> ExportJobState(std::string_view job) const;
+  // The state exported with `mark` is stored where a restarted scheduler reads it back: its
+  // facts are acknowledged from now on. The first call makes this coordinator acknowledge only
+  // saved facts.
+  void Saved(std::string_view job, StateMark mark);
+
   bool attached(uint64_t stream) const { return streams_.count(stream) > 0; }
   size_t attached_count() const { return streams_.size(); }
   // The highest manager epoch granted or seen for a job (0: none), and the stream serving it (0:
@@ -116,6 +136,7 @@ class Attachments {
     int64_t lease_until_ms = 0;   // that lease runs until then (with the margin)
     uint64_t applied_epoch = 0;   // the epoch whose facts applied_seq counts
     uint64_t applied_seq = 0;     // its highest fact number applied (or refused)
+    uint64_t saved_seq = 0;       // ... that a saved state holds
   };
 
   std::vector<Outgoing> Handle(uint64_t stream, const v1::ManagerReport& report, int64_t now_ms,
@@ -143,6 +164,7 @@ class Attachments {
   const int64_t lease_ms_;
   const std::function<int64_t()> lease_clock_;
   int64_t started_ms_ = -1;  // the first report, on lease_clock_: no earlier lease is known
+  bool acks_saved_only_ = false;  // Saved was called: acknowledge only saved facts
   std::map<uint64_t, Attached> streams_;                // attached streams
   std::map<std::string, JobEntry, std::less<>> jobs_;  // every job a manager attached to
 };

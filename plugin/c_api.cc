@@ -497,6 +497,36 @@ regroup_status regroup_coordinator_publish(regroup_coordinator* coordinator, reg
   });
 }
 
+regroup_status regroup_coordinator_export_job_state(regroup_coordinator* coordinator,
+                                                   const char* job_id, char** out,
+                                                   uint64_t* fact_epoch, uint64_t* fact_seq,
+                                                   regroup_error** err) {
+  return Guard(err, [&]() -> regroup_status {
+    if (out) *out = nullptr;
+    if (!coordinator) return Fail(err, REGROUP_INVALID_ARGUMENT, "the coordinator handle is NULL");
+    if (!job_id) return Fail(err, REGROUP_INVALID_ARGUMENT, "the job id is NULL");
+    if (!out || !fact_epoch || !fact_seq)
+      return Fail(err, REGROUP_INVALID_ARGUMENT, "an out pointer (state, fact_epoch, fact_seq) is NULL");
+    auto exported = coordinator->coordinator->ExportJobState(job_id);
+    if (!exported)
+      return Fail(err, REGROUP_NOT_FOUND, "no job " + std::string(job_id) + " in the engine");
+    *fact_epoch = exported->second.epoch;
+    *fact_seq = exported->second.seq;
+    return Give(out, Dump(exported->first), err);
+  });
+}
+
+regroup_status regroup_coordinator_state_saved(regroup_coordinator* coordinator,
+                                               const char* job_id, uint64_t fact_epoch,
+                                               uint64_t fact_seq, regroup_error** err) {
+  return Guard(err, [&]() -> regroup_status {
+    if (!coordinator) return Fail(err, REGROUP_INVALID_ARGUMENT, "the coordinator handle is NULL");
+    if (!job_id) return Fail(err, REGROUP_INVALID_ARGUMENT, "the job id is NULL");
+    coordinator->coordinator->Saved(job_id, {fact_epoch, fact_seq});
+    return REGROUP_OK;
+  });
+}
+
 void regroup_coordinator_free(regroup_coordinator* coordinator) { delete coordinator; }
 
 }  // extern "C"

@@ -77,6 +77,17 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
     Deliver(attachments_.Publish());
   }
 
+  std::optional<std::pair<nlohmann::json, Attachments::StateMark>> ExportJobState(
+      std::string_view job) const {
+    std::lock_guard lock(mu_);
+    return attachments_.ExportJobState(job);
+  }
+
+  void Saved(std::string_view job, Attachments::StateMark mark) {
+    std::lock_guard lock(mu_);
+    attachments_.Saved(job, mark);
+  }
+
   Reactor* Attach(grpc::CallbackServerContext* context) override {
     // Without a cluster key only managers that send no credential are served. With one, a
     // stream must carry a token; whose it must be is known at its hello (Attachments).
@@ -153,7 +164,7 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
   }
 
   const CoordinatorOptions options_;
-  std::mutex mu_;  // before the engine's lock, never after
+  mutable std::mutex mu_;  // before the engine's lock, never after
   Attachments attachments_;
   std::map<uint64_t, Stream*> streams_;  // every live stream, attached or not
   struct Caller {
@@ -201,5 +212,14 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(std::shared_mutex& eng
 int Coordinator::port() const { return service_->port(); }
 
 void Coordinator::Publish() { service_->Publish(); }
+
+std::optional<std::pair<nlohmann::json, Attachments::StateMark>> Coordinator::ExportJobState(
+    std::string_view job) const {
+  return service_->ExportJobState(job);
+}
+
+void Coordinator::Saved(std::string_view job, Attachments::StateMark mark) {
+  service_->Saved(job, mark);
+}
 
 }  // namespace regroup::coordinator

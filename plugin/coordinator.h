@@ -6,8 +6,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <shared_mutex>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "plugin/attachments.h"
 #include "plugin/engine.h"
@@ -43,6 +46,11 @@ class Coordinator {
   int port() const;
   // Sends every attached manager its job's directive when its id changed since last sent.
   void Publish();
+  // The job's state and the mark of its manager's facts it holds (Attachments::ExportJobState);
+  // nothing for a job the engine does not have. Then Saved once the state is stored.
+  std::optional<std::pair<nlohmann::json, Attachments::StateMark>> ExportJobState(
+      std::string_view job) const;
+  void Saved(std::string_view job, Attachments::StateMark mark);
 
  private:
   class Service;

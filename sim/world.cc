@@ -998,9 +998,12 @@ void World::SaveState() {
   if (!coordinator_) return;
   const Job* job = coordinator_->engine.FindJob(kJobId);
   if (!job || (job->directive().id == saved_directive_ && !uids_changed_)) return;
+  auto exported = coordinator_->attachments->ExportJobState(kJobId);
+  if (!exported) return;
   saved_directive_ = job->directive().id;
   uids_changed_ = false;
-  saved_state_ = job->StateJson().dump();
+  saved_state_ = exported->first.dump();
+  coordinator_->attachments->Saved(kJobId, exported->second);  // stored: its facts are acknowledged
 }
 
 // What the scheduler sees of a pod (its Kubernetes uid is the agent's first one).

@@ -730,6 +730,66 @@ TEST_F(CoordinatorTest, AFactSentAgainAfterAReattachIsAppliedOnceAndEveryMessage
   EXPECT_TRUE(again.Finish().ok());
 }
 
+// Simulation seeds 3932, 6444 and others with a coordinator: a fact acknowledged, then lost with
+// an engine state not yet saved when the scheduler restarted, was never sent again. Once the
+// scheduler saves states through the coordinator, only what a saved state holds is acknowledged.
+TEST_F(CoordinatorTest, OnceStatesAreSavedOnlyTheFactsASavedStateHoldsAreAcknowledged) {
+  RawStream s(port_, kCredential);
+  ASSERT_TRUE(s.Hello(kJob, 0));
+  const v1::CoordinatorDirective granted = s.Read();
+  ASSERT_TRUE(granted.has_directive());
+  const uint64_t e = granted.header().epoch();
+  auto send = [&](uint64_t seq) {
+    v1::ManagerReport r = FaultReport(v1::FAULT_KIND_POD_LOST, {0}, {}, -1);
+    r.set_seq(seq);
+    ASSERT_TRUE(s.Send(r, kJob, e));
+  };
+  auto acked = [&](int64_t sent_ms) {
+    v1::ManagerReport lease;
+    lease.mutable_lease()->set_sent_ms(sent_ms);
+    EXPECT_TRUE(s.Send(lease, kJob, e));
+    return s.Read().applied_seq();
+  };
+  auto export_state = [&](uint64_t& epoch, uint64_t& seq) {
+    char* state = nullptr;
+    ASSERT_EQ(regroup_coordinator_export_job_state(coordinator_, kJob, &state, &epoch, &seq, nullptr),
+              REGROUP_OK);
+    char* engine_state = nullptr;
+    ASSERT_EQ(regroup_engine_export_job_state(engine_, &engine_state, kJob, nullptr), REGROUP_OK);
+    EXPECT_STREQ(state, engine_state) << "the engine's export, with a mark";
+    regroup_string_free(state);
+    regroup_string_free(engine_state);
+  };
+  send(1);
+  EXPECT_EQ(acked(1), 1u) << "no state saved through the coordinator yet: what was applied";
+  uint64_t epoch = 0, seq = 0;
+  export_state(epoch, seq);
+  EXPECT_EQ(epoch, e);
+  EXPECT_EQ(seq, 1u);
+  send(2);
+  ASSERT_EQ(regroup_coordinator_state_saved(coordinator_, kJob, epoch, seq, nullptr), REGROUP_OK);
+  EXPECT_EQ(acked(2), 1u) << "fault 2 is in no saved state";
+  export_state(epoch, seq);
+  EXPECT_EQ(seq, 2u);
+  ASSERT_EQ(regroup_coordinator_state_saved(coordinator_, kJob, epoch, seq, nullptr), REGROUP_OK);
+  EXPECT_EQ(acked(3), 2u);
+  ASSERT_EQ(regroup_coordinator_state_saved(coordinator_, kJob, epoch + 1, 9, nullptr), REGROUP_OK);
+  EXPECT_EQ(acked(4), 2u) << "a mark of another epoch changes nothing";
+  char* state = nullptr;
+  uint64_t ignored = 0;
+  regroup_error* err = nullptr;
+  EXPECT_EQ(regroup_coordinator_export_job_state(coordinator_, "default/nope", &state, &ignored,
+                                                 &ignored, &err),
+            REGROUP_NOT_FOUND);
+  EXPECT_NE(Message(err).find("no job default/nope"), std::string::npos);
+  EXPECT_EQ(state, nullptr);
+  EXPECT_EQ(regroup_coordinator_export_job_state(coordinator_, kJob, nullptr, &ignored, &ignored,
+                                                 nullptr),
+            REGROUP_INVALID_ARGUMENT);
+  EXPECT_EQ(regroup_coordinator_state_saved(nullptr, kJob, 0, 0, nullptr), REGROUP_INVALID_ARGUMENT);
+  EXPECT_TRUE(s.Finish().ok());
+}
+
 TEST_F(CoordinatorTest, CoordinatorDownPausesSurvivorsThenDumpsAfterTheDecisionWait) {
   Manager m(JobJson("recover-in-place,dump"), port_);
   ASSERT_TRUE(m.remote().WaitAvailable(kWait));

@@ -6,6 +6,10 @@ package regroup
 #cgo nocallback regroup_coordinator_port
 #cgo nocallback regroup_coordinator_publish
 #cgo nocallback regroup_coordinator_free
+#cgo noescape regroup_coordinator_export_job_state
+#cgo nocallback regroup_coordinator_export_job_state
+#cgo noescape regroup_coordinator_state_saved
+#cgo nocallback regroup_coordinator_state_saved
 
 #include <stdlib.h>
 #include "regroup.h"
@@ -178,6 +182,66 @@ func (c *Coordinator) Publish() error {
 	}
 	var cerr *C.regroup_error
 	return takeError(op, C.regroup_coordinator_publish(c.c.h, &cerr), cerr)
+}
+
+// FactMark says which of a job's manager's facts an exported state holds (ExportJobState).
+type FactMark struct {
+	Epoch uint64 // the manager epoch whose facts are counted
+	Seq   uint64 // the last of its facts the state holds
+}
+
+// ExportJobState returns a job's state, as Engine.ExportJobState does, and the mark of its
+// manager's facts it holds, read together. Store the state where a restarted scheduler imports
+// it from, then call StateSaved with the mark: from the first StateSaved on, the coordinator
+// acknowledges to a manager only the facts a stored state holds, and the manager sends the
+// others again to a restarted coordinator, whose engine came back without them.
+func (c *Coordinator) ExportJobState(job string) ([]byte, FactMark, error) {
+	const op = "Coordinator.ExportJobState"
+	var mark FactMark
+	if c == nil {
+		return nil, mark, newError(op, StatusInvalidArgument, "the coordinator is nil; start one with regroup.StartCoordinator")
+	}
+	var args cArgs
+	cjob, err := args.str(op, "job id", job)
+	if err != nil {
+		return nil, mark, err
+	}
+	c.c.mu.RLock()
+	defer c.c.mu.RUnlock()
+	if c.c.h == nil {
+		return nil, mark, closedError(op, "coordinator", "StartCoordinator")
+	}
+	var out *C.char
+	var epoch, seq C.uint64_t
+	var cerr *C.regroup_error
+	status := C.regroup_coordinator_export_job_state(c.c.h, cjob, &out, &epoch, &seq, &cerr)
+	text := takeString(out)
+	if err := takeError(op, status, cerr); err != nil {
+		return nil, mark, err
+	}
+	return text, FactMark{Epoch: uint64(epoch), Seq: uint64(seq)}, nil
+}
+
+// StateSaved tells the coordinator that the state exported with mark is stored: the facts it
+// holds are acknowledged to the job's manager.
+func (c *Coordinator) StateSaved(job string, mark FactMark) error {
+	const op = "Coordinator.StateSaved"
+	if c == nil {
+		return newError(op, StatusInvalidArgument, "the coordinator is nil; start one with regroup.StartCoordinator")
+	}
+	var args cArgs
+	cjob, err := args.str(op, "job id", job)
+	if err != nil {
+		return err
+	}
+	c.c.mu.RLock()
+	defer c.c.mu.RUnlock()
+	if c.c.h == nil {
+		return closedError(op, "coordinator", "StartCoordinator")
+	}
+	var cerr *C.regroup_error
+	return takeError(op, C.regroup_coordinator_state_saved(c.c.h, cjob, C.uint64_t(mark.Epoch),
+		C.uint64_t(mark.Seq), &cerr), cerr)
 }
 
 // Close stops the coordinator: its managers' streams end (they reconnect to the next one) and its

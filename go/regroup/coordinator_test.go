@@ -61,6 +61,38 @@ func TestCoordinatorListensPublishesAndCloses(t *testing.T) {
 	}
 }
 
+// The coordinator's export is the engine's, with the mark of the manager's facts it holds (none
+// attached here: the zero mark); StateSaved takes it back, and an unknown job is NotFound.
+func TestCoordinatorExportsTheStateWithItsFactMark(t *testing.T) {
+	e := newEngine(t, Options{})
+	startDemo(t, e, "2")
+	c := startCoordinator(t, e)
+	state, mark, err := c.ExportJobState(demoJob)
+	if err != nil {
+		t.Fatalf("ExportJobState: %v", err)
+	}
+	want, err := e.ExportJobState(demoJob)
+	if err != nil {
+		t.Fatalf("Engine.ExportJobState: %v", err)
+	}
+	if string(state) != string(want) {
+		t.Errorf("the coordinator's export differs from the engine's:\n%s\n%s", state, want)
+	}
+	if mark != (FactMark{}) {
+		t.Errorf("mark = %+v; want none before a manager attached", mark)
+	}
+	if err := c.StateSaved(demoJob, mark); err != nil {
+		t.Errorf("StateSaved: %v", err)
+	}
+	if _, _, err := c.ExportJobState("default/nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("ExportJobState(unknown job) = %v; want ErrNotFound", err)
+	}
+	c.Close()
+	if _, _, err := c.ExportJobState(demoJob); !errors.Is(err, ErrClosed) {
+		t.Errorf("ExportJobState after Close = %v; want ErrClosed", err)
+	}
+}
+
 func TestCoordinatorRefusesWhatItCannotServe(t *testing.T) {
 	e := newEngine(t, Options{})
 	c := startCoordinator(t, e)

@@ -749,13 +749,31 @@ func (p *plugin) saveState(ssn *framework.Session, job *api.JobInfo, rec *jobRec
 	if !check && sj.decision.DirectiveID == rec.savedDirective && !rec.uidsChanged && rec.savedState != "" {
 		return true
 	}
-	state, err := p.rt.engine.ExportJobState(sj.id)
+	// With a coordinator, the state comes with the mark of the manager's facts it holds: once it
+	// is stored, the coordinator acknowledges them (a restarted scheduler imports it, and the
+	// manager sends what it lacks again).
+	var state []byte
+	var mark regroup.FactMark
+	var err error
+	if p.rt.coordinator != nil {
+		state, mark, err = p.rt.coordinator.ExportJobState(sj.id)
+	} else {
+		state, err = p.rt.engine.ExportJobState(sj.id)
+	}
 	if err != nil {
 		klog.Errorf("regroup: exporting the state of job %s: %v", sj.id, err)
 		return false
 	}
+	saved := func() {
+		if p.rt.coordinator != nil {
+			if err := p.rt.coordinator.StateSaved(sj.id, mark); err != nil {
+				klog.Errorf("regroup: job %s: %v", sj.id, err)
+			}
+		}
+	}
 	if string(state) == rec.savedState {
 		rec.savedDirective, rec.uidsChanged = sj.decision.DirectiveID, false
+		saved()
 		return true
 	}
 	annotations := map[string]string{StateAnnotation: string(state), PhaseAnnotation: sj.decision.Phase.String()}
@@ -771,6 +789,7 @@ func (p *plugin) saveState(ssn *framework.Session, job *api.JobInfo, rec *jobRec
 		job.PodGroup.Annotations[k] = v
 	}
 	rec.savedState, rec.savedDirective, rec.uidsChanged = string(state), sj.decision.DirectiveID, false
+	saved()
 	return true
 }
 

@@ -16,6 +16,15 @@
 // rule must keep one of them committing). After every event the invariants below are checked;
 // the first one broken ends the run with its seed, its time and the last events of the trace.
 //
+// With Options::coordinator the coordinator decides, as under Volcano: the scheduler's engine and
+// the coordinator's attachment logic (plugin/attachments.h) run beside the managers, which attach
+// over links of their own (manager/attach_core.h), are granted their epochs there and commit only
+// under its lease; the scheduler reports pods to its engine, ticks it every second, saves the
+// job's state (through the coordinator) when its directive or a pod uid changed, and evicts what
+// the engine gives up. More faults: the coordinator crashes (the scheduler restarts: a new engine
+// from the saved state, a coordinator that knows no lease), or one manager is cut off from it;
+// a second manager's elder is cut off from it half the time, so only its lease stops its commits.
+//
 // Invariants (DESIGN.md, "Generations, fencing and the step commit"):
 //  - membership: one membership per generation: a global rank of (epoch, generation) is held by
 //    one pod, and a node rank by one pod uid;

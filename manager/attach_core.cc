@@ -201,12 +201,23 @@ void AttachCore::NoteRefusal(const v1::Refusal& refusal) {
 void AttachCore::Detached() {
   attached_ = false;
   // What was written and not acknowledged may not have arrived: first in line after the next
-  // attach (in its order; the coordinator skips what it applied).
+  // attach, in its order (the coordinator skips what it applied, and takes a number below one
+  // it applied for applied). A fact being written now comes after them: once its write ends.
+  if (writing_) requeue_after_write_ = true;
+  else Requeue();
+}
+
+void AttachCore::Requeue() {
+  requeue_after_write_ = false;
   if (!acking_) unacked_.clear();
-  const size_t front = writing_ ? 1 : 0;
-  queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(front),
-                std::make_move_iterator(unacked_.begin()), std::make_move_iterator(unacked_.end()));
+  queue_.insert(queue_.begin(), std::make_move_iterator(unacked_.begin()),
+                std::make_move_iterator(unacked_.end()));
   unacked_.clear();
+}
+
+void AttachCore::WriteFailed() {
+  writing_ = false;
+  if (requeue_after_write_) Requeue();
 }
 
 v1::ManagerReport AttachCore::FaultReport(const v1::FaultFacts& fault) {
@@ -264,6 +275,7 @@ void AttachCore::Written() {
     unacked_.push_back(std::move(queue_.front()));
   }
   queue_.pop_front();
+  if (requeue_after_write_) Requeue();
 }
 
 std::optional<Directive> AttachCore::Poll() {

@@ -69,7 +69,7 @@ class AttachCore {
   // that acknowledges nothing, each fact is sent once, as before.)
   const v1::ManagerReport* NextToWrite();
   void Written();
-  void WriteFailed() { writing_ = false; }
+  void WriteFailed();
   bool HasFactToWrite() const { return !writing_ && !queue_.empty(); }
   // Facts written and not yet acknowledged.
   size_t unacked() const { return unacked_.size(); }
@@ -109,6 +109,8 @@ class AttachCore {
   // A refusal naming a newer epoch than the one granted fences this manager.
   void NoteRefusal(const v1::Refusal& refusal);
   void NoteLease(const v1::LeaseGrant& grant);
+  // Puts what was written and not acknowledged first in line again (nothing is being written).
+  void Requeue();
   // The coordinator applied every fact up to `applied`: they are kept no longer.
   void NoteAcks(const v1::CoordinatorDirective& message);
   int64_t RenewalPeriodMs() const;
@@ -120,6 +122,7 @@ class AttachCore {
   uint64_t next_seq_ = 0;                  // the last fact number given
   bool acking_ = false;                    // the coordinator acknowledges facts
   bool writing_ = false;           // the queue's front is being written
+  bool requeue_after_write_ = false;  // detached during a write: re-queue once it ends
   bool attached_ = false;
   bool ever_attached_ = false;
   uint64_t attaches_ = 0;

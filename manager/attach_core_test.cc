@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace regroup::manager {
 namespace {
 
@@ -246,6 +248,30 @@ TEST(AttachCore, AFactWrittenAndNotAcknowledgedIsSentAgainAfterTheNextAttach) {
   EXPECT_EQ(next->fault().ranks(0), 3u);
   core.Written();
   EXPECT_EQ(core.NextToWrite(), nullptr);
+}
+
+// RemoteDecisions' reader may see the stream end while its writer is writing a fact: the facts
+// written before it and not acknowledged go again first, in their order (sent after it, the
+// coordinator would take them for applied: it applies a number at most once, in order).
+TEST(AttachCore, FactsAreSentAgainInTheirOrderWhenTheStreamEndsDuringAWrite) {
+  AttachCore core("default/job", 16);
+  v1::CoordinatorDirective answer = Answer(41, 7);
+  answer.set_acks_facts(true);
+  ASSERT_EQ(core.OnAnswer(answer), "");
+  core.Enqueue(FaultReport(1));
+  core.Enqueue(FaultReport(2));
+  ASSERT_NE(core.NextToWrite(), nullptr);
+  core.Written();                           // fault 1: written, not acknowledged
+  ASSERT_NE(core.NextToWrite(), nullptr);   // fault 2: being written...
+  core.Detached();                          // ...when the reader sees the end
+  core.WriteFailed();
+  ASSERT_EQ(core.OnAnswer(answer), "");
+  std::vector<uint64_t> order;
+  while (const v1::ManagerReport* next = core.NextToWrite()) {
+    order.push_back(next->seq());
+    core.Written();
+  }
+  EXPECT_EQ(order, (std::vector<uint64_t>{1, 2}));
 }
 
 // A coordinator older than acknowledgments: each fact is sent once, as before.

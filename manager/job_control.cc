@@ -1855,7 +1855,8 @@ bool JobControl::MajorityBack(int64_t now) {
     const bool dump = config_.allows(Strategy::kDump);
     StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT,
             what + " within the join window and the decision wait (MINDIO_WAIT_MINDX_TIME); " +
-                (dump ? "survivors dump a checkpoint and stop" : "the job stops"),
+                (dump ? "survivors dump a checkpoint and this incarnation stops"
+                      : "this incarnation stops"),
             now, StopScope::kIncarnation);
   }
   return false;
@@ -1983,10 +1984,16 @@ void JobControl::CheckDecisionWait(int64_t now) {
       "no decision: the coordinator was unreachable for " +
       std::to_string(now - decisions_unavailable_ms_) + " ms, past the decision wait of " +
       std::to_string(config_.mindio_wait_s) + " s (MINDIO_WAIT_MINDX_TIME); " +
-      (dump ? "survivors dump a checkpoint and stop" : "the job stops (dump is not allowed)");
+      (dump ? "survivors dump a checkpoint and this incarnation stops"
+            : "this incarnation stops (dump is not allowed)");
   Event(now, "decision_timeout", reason);
   decisions_unavailable_ms_ = -1;
-  StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT, reason, now);
+  // Only this incarnation: cut off from the coordinator, it cannot know that the job is over (a
+  // newer manager may lead it: simulation seed 12848 with a coordinator, where its stop was taken
+  // for the job's end while the newer one trained on). Its pods exit, and come back to whichever
+  // manager the coordinator serves.
+  StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT, reason, now,
+          StopScope::kIncarnation);
 }
 
 v1::GetStatusResponse JobControl::StatusReport() const {

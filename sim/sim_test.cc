@@ -72,9 +72,11 @@ TEST(Sim, WithACoordinatorSeeds1001To2000) { Sweep(1001, 1000, /*coordinator=*/t
 //    holds are acknowledged);
 //  - 7481: the engine decided the job's exit for a manager that crashed before it carried it
 //    out; its successor took the exit as seen, and the job never ended (an exit or a dump is run
-//    by whichever incarnation finds it).
+//    by whichever incarnation finds it);
+//  - 12848: a manager cut off from the coordinator past the decision wait stopped "the job"
+//    while a newer manager trained on (it stops only itself: it cannot know the job is over).
 TEST(Sim, WithACoordinatorWhatItsSeedsFoundIsFixed) {
-  for (uint64_t s : {164, 173, 104, 107, 145, 3932, 6444, 7630, 7903, 8017, 8686, 7481}) {
+  for (uint64_t s : {164, 173, 104, 107, 145, 3932, 6444, 7630, 7903, 8017, 8686, 7481, 12848}) {
     Options o;
     o.seed = s;
     o.coordinator = true;

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/text.h"
 #include "plugin/json_util.h"
 
 namespace regroup {
@@ -118,9 +119,11 @@ json ValidationReport(const ResolvedConfig& resolved) {
   json problems = json::array();
   for (const auto& p : resolved.problems) {
     problems.push_back({{"severity", p.severity == Problem::Severity::kError ? "error" : "warning"},
-                        {"key", p.key},
-                        {"value", p.value},
-                        {"message", p.message}});
+                        // What the job gave, echoed: valid UTF-8, or the report could not be
+                        // written as JSON (fuzz_volcano_yaml: a label value with byte 0x85).
+                        {"key", ValidUtf8(p.key)},
+                        {"value", ValidUtf8(p.value)},
+                        {"message", ValidUtf8(p.message)}});
   }
   json config = json::object();
   const JobConfig& c = resolved.config;

@@ -216,12 +216,18 @@ TEST(AttachCore, BeyondTheBoundTheOldestFactNotBeingWrittenIsDropped) {
   EXPECT_EQ(core.NextToWrite()->fault().ranks(0), 2u);
 }
 
+// The answer of a coordinator that acknowledges facts (epoch 41, directive 7).
+v1::CoordinatorDirective AckingAnswer() {
+  v1::CoordinatorDirective m = Answer(41, 7);
+  m.set_acks_facts(true);
+  return m;
+}
+
 // A fact written down a stream that broke before the coordinator read it (a cut longer than the
 // keepalive) is sent again after the next attach, until acknowledged; one acknowledged is not.
 TEST(AttachCore, AFactWrittenAndNotAcknowledgedIsSentAgainAfterTheNextAttach) {
   AttachCore core("default/job", 16);
-  v1::CoordinatorDirective answer = Answer(41, 7);
-  answer.set_acks_facts(true);
+  v1::CoordinatorDirective answer = AckingAnswer();
   ASSERT_EQ(core.OnAnswer(answer), "");
   core.Enqueue(FaultReport(1));
   core.Enqueue(FaultReport(2));
@@ -255,8 +261,7 @@ TEST(AttachCore, AFactWrittenAndNotAcknowledgedIsSentAgainAfterTheNextAttach) {
 // coordinator would take them for applied: it applies a number at most once, in order).
 TEST(AttachCore, FactsAreSentAgainInTheirOrderWhenTheStreamEndsDuringAWrite) {
   AttachCore core("default/job", 16);
-  v1::CoordinatorDirective answer = Answer(41, 7);
-  answer.set_acks_facts(true);
+  v1::CoordinatorDirective answer = AckingAnswer();
   ASSERT_EQ(core.OnAnswer(answer), "");
   core.Enqueue(FaultReport(1));
   core.Enqueue(FaultReport(2));

@@ -897,7 +897,8 @@ TEST_F(CoordinatorTest, AManagerThatCannotAttachConnectsAgainOnAFreshChannel) {
   rt::RemoteDecisions remote(o);
   EXPECT_TRUE(remote.WaitAvailable(kWait)) << remote.last_error();
   EXPECT_GT(remote.epoch(), 0u);
-  EXPECT_EQ(fresh, 1);
+  // At least one: on a loaded machine a fresh channel may itself take past fresh_channel_after.
+  EXPECT_GE(fresh, 1);
   ::close(silent);
 }
 

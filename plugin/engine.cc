@@ -181,6 +181,12 @@ Status Job::OnPod(int64_t index, std::string_view uid, PodPhase phase, std::stri
     return Status::Ok();
   }
   if (lost_one) return Status::Ok();  // the old one ending
+  // First seen ending while the slot's incarnation is registered (its agent is up): an earlier
+  // one that ended unseen (the scheduler was paused or restarted while it came and went, and its
+  // session reports what ended first). It replaces nobody; had the registered one ended too, its
+  // own report says so (simulation seed 15679 with a coordinator: it was taken for the newest,
+  // the registered one for lost, and that one's own report for the old one ending).
+  if (gone && slot.status != PodSlot::Status::kLost) return Status::Ok();
 
   // A new incarnation of the slot.
   if (slot.status != PodSlot::Status::kLost) {

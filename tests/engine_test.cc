@@ -182,6 +182,30 @@ TEST_F(EngineTest, AFailedPodOfAJobThatStoppedIsNotEvicted) {
   EXPECT_TRUE(job().Evictions().empty());
 }
 
+// A replacement's agent registers through its manager as soon as it starts, which may be before
+// the scheduler's next session sees the pod (a scheduler paused or restarted, a slow informer),
+// and that session may first find an earlier replacement that ended unseen (the plugin reports
+// the incarnations that ended first). That one replaces nobody: the registered replacement stays,
+// and the job resumes (simulation seed 15679 with a coordinator: the stale failure was taken for
+// a new incarnation, the registered one for lost, and its own running report for the old one
+// ending; the job waited for good).
+TEST_F(EngineTest, AnIncarnationSeenOnlyEndingAfterTheRegisteredReplacementReplacesNobody) {
+  Submit(kForce, {{"recover-strategy", "recover"}, {"wait-reschedule-timeout", "30"}});
+  NodeFails(1, 0);
+  EXPECT_EQ(Tick(200).kind, REGROUP_DIRECTIVE_WAIT);
+  ASSERT_TRUE(engine_.SetPodState(kJob, 1, "uid-1", REGROUP_POD_DELETED, "", 500).ok());
+  // The second replacement registers; the scheduler has seen neither it nor the first, which
+  // failed, and then reports both: the one that ended first.
+  json reg = {{"type", "replacement_registered"}, {"job", kJob}, {"index", 1}, {"uid", "uid-1-b"}};
+  ASSERT_TRUE(engine_.ApplyEvents(reg, 9000).ok());
+  ASSERT_TRUE(engine_.SetPodState(kJob, 1, "uid-1-a", REGROUP_POD_FAILED, "spare-1", 10000).ok());
+  ASSERT_TRUE(engine_.SetPodState(kJob, 1, "uid-1-b", REGROUP_POD_RUNNING, "spare-1", 10000).ok());
+  const Directive& d = Tick(10100);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESUME) << job().StateJson().dump();
+  EXPECT_EQ(d.dp, 4);
+  EXPECT_TRUE(job().Evictions().empty());
+}
+
 TEST_F(EngineTest, ReplacementInTimeResumesAtFullSize) {
   Submit(kForce, {{"recover-strategy", "recover"}, {"wait-reschedule-timeout", "30"}});
   NodeFails(1, 0);

@@ -1559,17 +1559,11 @@ void JobControl::Apply(const Directive& d, int64_t now) {
                 "ranks [" + Join(kept) + "] train in generation " + std::to_string(generation_) +
                     ", formed since the fault: not restarted for it");
       }
-      for (auto& [node, locals] : restart) RestartRanks(node, locals, d.reason);
-      // An incarnation still forming its first generation restarts nothing: the ranks named are
-      // of a generation it never ran, and its first generation starts every rank (simulation
-      // seed 107 with a coordinator: a new manager waited for their "rejoin" until it timed out).
-      if (restart.empty() && state_ == State::kJoining) {
-        Event(now, "restart_in_place",
-              "ranks [" + Join(d.restart_ranks) +
-                  "] are of a generation this incarnation never ran: its first generation starts "
-                  "every rank");
+      if (!FormedAGeneration()) {
+        BeforeTheFirstGeneration(d, now);
         return;
       }
+      for (auto& [node, locals] : restart) RestartRanks(node, locals, d.reason);
       // Wait for them (at a step boundary while training), unless they were all restarted at
       // once and have rejoined already.
       if (!restart.empty() || interim_ || state_ != State::kTraining) {
@@ -1598,6 +1592,39 @@ void JobControl::Apply(const Directive& d, int64_t now) {
       RestartJob(d, now);
       return;
   }
+}
+
+// The ranks a restart in place names are of a generation this incarnation never ran (an earlier
+// manager's; it formed none yet): their places are not its to map. It restarts the processes of
+// its pods that died (whose deaths it reported as an earlier generation's), and its first
+// generation starts every rank: the join's own, or, once its join window closed and it waits for
+// a decision, the one this decision keeps, formed once they are back. (Simulation seed 107 with
+// a coordinator: a joining manager waited for a "rejoin" until it timed out; seed 36747: one
+// waiting after its join window restarted nothing, waited for no replica, and hung.)
+void JobControl::BeforeTheFirstGeneration(const Directive& d, int64_t now) {
+  std::vector<std::string> restarted;
+  for (size_t n = 0; n < agents_.size(); ++n) {
+    const Agent& a = agents_[n];
+    if (!a.connected || a.state == AgentState::kLost || a.state == AgentState::kLeaving ||
+        a.state == AgentState::kDone)
+      continue;
+    std::vector<uint32_t> dead;
+    for (uint32_t l = 0; l < a.ranks.size(); ++l)
+      if (!a.ranks[l].alive() && !a.restarting.count(l) && !a.finished.count(l)) dead.push_back(l);
+    if (dead.empty()) continue;
+    RestartRanks(static_cast<int64_t>(n), dead, d.reason);
+    restarted.push_back("pod " + std::to_string(n) + " local ranks [" +
+                        Join(std::vector<int64_t>(dead.begin(), dead.end())) + "]");
+  }
+  std::string what;
+  for (const auto& r : restarted) what += (what.empty() ? "" : ", ") + r;
+  Event(now, "restart_in_place",
+        "ranks [" + Join(d.restart_ranks) +
+            "] are of a generation this incarnation never ran: it restarts " +
+            (what.empty() ? std::string("no process of its pods") : what) +
+            ", and its first generation starts every rank");
+  if (state_ == State::kJoining) return;
+  pending_ = d;  // formed over the replicas it keeps once they are back (bounded by the wait)
 }
 
 bool JobControl::IsRescheduling(const std::string& strategy) {

@@ -320,6 +320,8 @@ class JobControl {
   // This incarnation formed a generation (its generation is the one on record). Until it does,
   // its decision maker (a restarted manager's is new) knows nothing it was not told.
   bool FormedAGeneration() const { return record_.leader_epoch == options_.epoch; }
+  // A restart in place reaching an incarnation that formed no generation yet.
+  void BeforeTheFirstGeneration(const Directive& d, int64_t now);
   // Tells the decision maker of a fault.
   void ReportFault(const v1::FaultFacts& fault, int64_t now);
   // Whether a rank holds the state at committed_step_, as far as this manager knows: its

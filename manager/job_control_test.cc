@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <deque>
+
 namespace regroup::manager {
 namespace {
 
@@ -451,6 +453,95 @@ TEST(JobControl, ARestartInPlaceDecidedAfterAGenerationFormedSinceTheFaultRestar
   EXPECT_EQ(sim.rt->generation(), formed) << story;
   EXPECT_TRUE(sim.rt->training()) << story;
   EXPECT_FALSE(Contains(story, "did not become available")) << story;
+}
+
+// A decision maker beside the scheduler, spoken for by the test: it takes the facts and
+// delivers the directives the test queues (as RemoteDecisions delivers the coordinator's).
+class Scripted final : public Decisions {
+ public:
+  void PodRunning(int64_t, const std::string&, const std::string&, int64_t) override {}
+  void Fault(const v1::FaultFacts& fault, int64_t) override { faults.push_back(fault); }
+  void ReplacementRegistered(int64_t, const std::string&, int64_t) override {}
+  void Progress(uint64_t, uint64_t, int64_t, uint32_t, int64_t) override {}
+  void Tick(int64_t) override {}
+  std::optional<Directive> Poll() override {
+    if (directives.empty()) return std::nullopt;
+    Directive d = directives.front();
+    directives.pop_front();
+    return d;
+  }
+  bool ReplacesPods() const override { return true; }
+
+  std::vector<v1::FaultFacts> faults;
+  std::deque<Directive> directives;
+};
+
+// Simulation seed 36747 with a coordinator: a new manager's join window closed with pods
+// missing (its first generation waits for a decision: aborted, generation 0), and a process of
+// a pod that had registered died meanwhile. The restart in place decided for it named ranks of
+// a generation this incarnation never ran; it restarted the process and then waited for
+// "its replicas" (none: it had formed none), and past the hang timeout it reported the loss of
+// no pod ("pods  did not become available") and the job hung. The first generation forms over
+// the replicas the directive keeps once the restarted process is back.
+TEST(JobControl, ARestartInPlaceBeforeTheFirstGenerationFormsItOnceTheProcessIsBack) {
+  Sim sim(3, 2, kForce, {{"recover-strategy", "recover-in-place,recover"},
+                         {"regroup.io/tensor-parallel", "2"},
+                         {"regroup.io/hang-timeout-min-s", "2"}});
+  auto owned = std::make_unique<Scripted>();
+  Scripted* decisions = owned.get();
+  JobControlOptions o;
+  o.join_window_ms = 5000;
+  sim.rt = std::make_unique<JobControl>(sim.spec_, sim.spec_.Resolve().config, o,
+                                        std::move(owned));
+  // The pods' processes were in generation 1 of an earlier manager, which committed step 4.
+  auto earlier = [] {
+    std::vector<v1::LocalRank> ranks;
+    for (uint32_t l = 0; l < 2; ++l) ranks.push_back(Sim::Live(l, v1::PHASE_PAUSED, 5, 1, 4));
+    return ranks;
+  };
+  sim.Gone(2);
+  ASSERT_TRUE(sim.Register(0, "", earlier()).ok());
+  ASSERT_TRUE(sim.Register(1, "", earlier()).ok());
+  sim.Run(5100, -1);  // the join window closes with pod 2 missing
+  ASSERT_EQ(decisions->faults.size(), 1u);
+  ASSERT_EQ(decisions->faults[0].kind(), v1::FAULT_KIND_POD_LOST);
+  ASSERT_EQ(sim.rt->generation(), 0u);
+  sim.gone_.erase(2);
+  ASSERT_TRUE(sim.Register(2, "pod-2-b").ok());  // its replacement
+  ASSERT_TRUE(sim.Exit(1, 1, 1).ok());           // a process of pod 1 dies meanwhile
+  sim.Gone(1);
+  sim.Run(100, -1);
+  ASSERT_EQ(decisions->faults.size(), 2u);
+  ASSERT_EQ(decisions->faults[1].kind(), v1::FAULT_KIND_PROCESS_EXIT);
+  Directive d;
+  d.kind = REGROUP_DIRECTIVE_RESTART_IN_PLACE;
+  d.id = 7;
+  d.strategy = "recover-in-place";
+  d.dp = 3;
+  d.keep_replicas = {0, 1, 2};
+  d.restart_ranks = {3};
+  d.reason = "process_exit on ranks [3] on pods [1]";
+  decisions->directives.push_back(d);
+  sim.Clear();
+  sim.Run(100, -1);
+  std::string story;
+  for (const auto& e : Events(sim)) story += e.kind() + ": " + e.message() + "\n";
+  ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1) << story;
+  ASSERT_TRUE(sim.Send(1, RestartedHello(2, 1, 1, 4)).ok());
+  sim.gone_.erase(1);
+  sim.Run(100, -1);
+  story.clear();
+  for (const auto& e : Events(sim)) story += e.kind() + ": " + e.message() + "\n";
+  ASSERT_TRUE(sim.rt->training()) << story;
+  EXPECT_EQ(sim.starts_[0].plan().data_parallel(), 3u) << story;
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 4) << story;
+  for (int64_t step = 5; step < 40; ++step) {  // past the hang timeout: it trains
+    sim.Run(100, step);
+    for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Vote(n, step).ok()) << story;
+    sim.Collect();
+  }
+  EXPECT_EQ(sim.rt->committed_step(), 39);
+  EXPECT_EQ(decisions->faults.size(), 2u) << "the join window's and the process exit's";
 }
 
 TEST(JobControl, FaultsDuringAnInterimGenerationNameTheRanksTheDecisionMakerKnows) {

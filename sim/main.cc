@@ -10,28 +10,11 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
-#include <sstream>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "sim/world.h"
-
-namespace {
-
-std::string ReplayLine(const regroup::sim::Options& o) {
-  std::ostringstream out;
-  out << "regroup-sim --seed " << o.seed;
-  if (o.coordinator) out << " --coordinator";
-  if (o.faults >= 0) out << " --faults " << o.faults;
-  if (!o.menu.empty()) {
-    out << " --menu ";
-    for (size_t i = 0; i < o.menu.size(); ++i) out << (i ? "," : "") << o.menu[i];
-  }
-  return out.str() + " --trace";
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"regroup-sim: deterministic simulation of Regroup's control protocol"};
@@ -46,13 +29,14 @@ int main(int argc, char** argv) {
   app.add_option("--faults", base.faults, "faults per run (default: drawn, 0 to 6)")
       ->check(CLI::Range(0, 1000));
   app.add_option("--menu", base.menu,
-                 "fault kinds to draw from (default: all; crash_coordinator and "
-                 "cut_coordinator need --coordinator)")
+                 "fault kinds to draw from (default: all; crash_coordinator, cut_coordinator "
+                 "and pause_coordinator need --coordinator)")
       ->delimiter(',')
       ->check(CLI::IsMember(regroup::sim::CoordinatorFaultKinds()));
   app.add_flag("--coordinator", base.coordinator,
                "the coordinator decides, as under Volcano: managers attach to it, are granted "
-               "their epochs there and commit under its lease; its crash and cut join the menu");
+               "their epochs there and commit under its lease; its crash, cut and pause join "
+               "the menu");
   app.add_flag("--trace", base.trace, "print every event");
   bool gaps = false;
   app.add_flag("--gaps", gaps,
@@ -87,7 +71,7 @@ int main(int argc, char** argv) {
       else if (gaps && (r.census_gaps || r.state_lost))
         std::printf("seed %llu: census gaps %llu, state lost %llu: %s\n  replay: %s\n",
                     (unsigned long long)s, (unsigned long long)r.census_gaps,
-                    (unsigned long long)r.state_lost, r.setup.c_str(), ReplayLine(o).c_str());
+                    (unsigned long long)r.state_lost, r.setup.c_str(), regroup::sim::ReplayLine(o).c_str());
       return;
     }
     ++failed;
@@ -97,7 +81,7 @@ int main(int argc, char** argv) {
       std::printf("  last events:\n");
       for (const auto& line : r.trace) std::printf("    %s\n", line.c_str());
     }
-    std::printf("  replay: %s\n", ReplayLine(o).c_str());
+    std::printf("  replay: %s\n", regroup::sim::ReplayLine(o).c_str());
   };
   if (seed) run_one(seed);
   for (uint64_t s = from; seeds && s < from + seeds; ++s) run_one(s);

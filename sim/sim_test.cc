@@ -4,15 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace regroup::sim {
 namespace {
 
 std::string Explain(const Options& o, const Result& r) {
   std::string out = "seed " + std::to_string(o.seed) + ": " + r.violation + "\n  job: " +
-                    r.setup + "\n  replay: regroup-sim --seed " + std::to_string(o.seed) +
-                    (o.faults >= 0 ? " --faults " + std::to_string(o.faults) : "") +
-                    (o.coordinator ? " --coordinator" : "") +
-                    " --trace\n  last events:\n";
+                    r.setup + "\n  replay: " + ReplayLine(o) + "\n  last events:\n";
   for (const auto& line : r.trace) out += "    " + line + "\n";
   return out;
 }
@@ -30,12 +29,13 @@ void Sweep(uint64_t from, uint64_t count, bool coordinator = false) {
 
 // Split so that ctest runs them in parallel.
 // 200 seeds of `faults` faults of one kind: no generation is ever aborted, every job finishes.
-void ExpectNoAbort(const std::string& kind, int faults) {
+void ExpectNoAbort(const std::string& kind, int faults, bool coordinator = false) {
   for (uint64_t s = 1; s <= 200; ++s) {
     Options o;
     o.seed = s;
     o.faults = faults;
     o.menu = {kind};
+    o.coordinator = coordinator;
     const Result r = sim::Run(o);
     ASSERT_TRUE(r.ok) << Explain(o, r);
     EXPECT_EQ(r.aborts, 0u) << "seed " << s << ": " << r.setup;
@@ -75,14 +75,35 @@ TEST(Sim, WithACoordinatorSeeds1001To2000) { Sweep(1001, 1000, /*coordinator=*/t
 //    by whichever incarnation finds it);
 //  - 12848: a manager cut off from the coordinator past the decision wait stopped "the job"
 //    while a newer manager trained on (it stops only itself: it cannot know the job is over).
+// Those were found before pause_coordinator joined the menu: each runs with the menu it had.
+// With it:
+//  - 36747: a new manager whose join window had closed (waiting for a decision, generation 0)
+//    got a restart in place for a process that died meanwhile; it restarted nothing, waited for
+//    replicas it never had, then reported the loss of no pod, and the job hung (it restarts its
+//    dead processes and forms its first generation over the replicas the directive keeps);
+//  - 24389: the simulator's own links delivered a fact held by two overlapping cuts after one
+//    sent later, and the coordinator, which applies each number once, dropped it (a stream is
+//    ordered: what a cut or a pause holds is read in order);
+//  - 15679: after a pause, the scheduler's engine heard a replacement register before it saw the
+//    pod, then saw an earlier replacement that had failed meanwhile, took it for the newest and
+//    the registered one for lost, and the job waited for good (an incarnation first seen ending
+//    replaces nobody: EngineTest.AnIncarnationSeenOnlyEndingAfterTheRegisteredReplacement...;
+//    the simulated scheduler now reports a pause's changes as the plugin's next session does, in
+//    their last phase, those that ended first, so this seed no longer takes that course).
 TEST(Sim, WithACoordinatorWhatItsSeedsFoundIsFixed) {
-  for (uint64_t s : {164, 173, 104, 107, 145, 3932, 6444, 7630, 7903, 8017, 8686, 7481, 12848}) {
+  std::vector<std::string> before_pause = CoordinatorFaultKinds();
+  before_pause.erase(std::find(before_pause.begin(), before_pause.end(), "pause_coordinator"));
+  auto run = [](uint64_t seed, const std::vector<std::string>& menu) {
     Options o;
-    o.seed = s;
+    o.seed = seed;
     o.coordinator = true;
+    o.menu = menu;
     const Result r = sim::Run(o);
-    ASSERT_TRUE(r.ok) << Explain(o, r);
-  }
+    EXPECT_TRUE(r.ok) << Explain(o, r);
+  };
+  for (uint64_t s : {164, 173, 104, 107, 145, 3932, 6444, 7630, 7903, 8017, 8686, 7481, 12848})
+    run(s, before_pause);
+  for (uint64_t s : {36747, 24389, 15679}) run(s, {});
 }
 
 // Finding 3 of the membership issue: one TCP reset lost a healthy pod (marked lost, refused as a
@@ -94,6 +115,13 @@ TEST(Sim, AConnectionResetAloneNeverAbortsTheGeneration) {
 // A stalled manager (SIGSTOP, an overloaded machine) blames no pod for its own stall: what its
 // pods sent meanwhile waits in their streams, and their silence is its own.
 TEST(Sim, AManagerPauseAloneNeverAbortsTheGeneration) { ExpectNoAbort("pause_manager", 3); }
+
+// A paused scheduler (SIGSTOP, up to 25 s: past the lease and the keepalive) blames no pod
+// either: its managers commit nothing once their leases run out, their ranks wait at the step
+// boundary with their votes, and training goes on once it answers again.
+TEST(Sim, ACoordinatorPauseAloneNeverAbortsTheGeneration) {
+  ExpectNoAbort("pause_coordinator", 3, /*coordinator=*/true);
+}
 
 // Finding 4 of the membership issue: two managers of one job both trained. Here a second
 // incarnation starts beside the running one (up to three times a run); new sessions reach

@@ -32,6 +32,7 @@ using agent::Millis;
 namespace {
 
 constexpr int64_t kTickMs = 20;               // the manager's ticker (ServerOptions::tick)
+constexpr int64_t kConnectMs = 5000;          // the manager's coordinator channel (MakeChannel)
 constexpr int64_t kKeepaliveMs = 15000;       // a ping every 10 s, 5 s to answer (grpc_settings)
 constexpr int64_t kTrainerBeatMs = 100;       // a trainer's heartbeat to its agent
 constexpr int64_t kFenceBoundMs = 5000;       // a lost, reachable pod is told so by then
@@ -56,11 +57,20 @@ const std::vector<std::string>& FaultKinds() {
   return kinds;
 }
 
+std::string ReplayLine(const Options& o) {
+  std::string line = "regroup-sim --seed " + std::to_string(o.seed);
+  if (o.coordinator) line += " --coordinator";
+  if (o.faults >= 0) line += " --faults " + std::to_string(o.faults);
+  for (size_t i = 0; i < o.menu.size(); ++i) line += (i ? "," : " --menu ") + o.menu[i];
+  return line + " --trace";
+}
+
 const std::vector<std::string>& CoordinatorFaultKinds() {
   static const std::vector<std::string> kinds = [] {
     std::vector<std::string> k = FaultKinds();
     k.push_back("crash_coordinator");
     k.push_back("cut_coordinator");
+    k.push_back("pause_coordinator");
     return k;
   }();
   return kinds;
@@ -194,7 +204,7 @@ class Coordinated final : public manager::Decisions {
   bool Available() const override { return core_.attached(); }
   std::optional<std::string> FencedBy() const override { return core_.fenced_by(); }
   bool ReplacesPods() const override { return true; }
-  std::string WhyNoCommit() const override { return core_.WhyNoCommit(now_, "coordinator"); }
+  std::string WhyNoCommit() const override { return core_.WhyNoCommit(now_, "scheduler:9650"); }
 
  private:
   manager::AttachCore& core_;
@@ -205,6 +215,14 @@ class Coordinated final : public manager::Decisions {
 // replaces it with a new one (the scheduler restarted).
 struct Coordinator {
   uint64_t incarnation = 0;
+  int64_t paused_until = -1;  // SIGSTOP of the scheduler: it reads, ticks and watches then
+  // Pods that changed while it was paused, each in its last phase: its next session reports them.
+  struct Sighting {
+    int64_t slot;
+    std::string uid;
+    PodPhase phase;
+  };
+  std::vector<Sighting> unseen;
   std::shared_mutex engine_mu;  // Attachments takes it; one thread here
   Engine engine;
   std::unique_ptr<coordinator::Attachments> attachments;
@@ -216,6 +234,10 @@ struct Link {
   uint64_t coordinator = 0;     // the coordinator incarnation it reaches
   bool broken = false;          // ended: nothing more is delivered
   int64_t up_at = 0, down_at = 0;  // the last delivery time each way (order)
+  // What arrived while its reader could not read (a cut; a paused scheduler): read in order once
+  // it can, before anything that arrives after it (a stream is ordered).
+  std::deque<v1::ManagerReport> held_up;
+  std::deque<std::pair<v1::CoordinatorDirective, std::string>> held_down;  // with its close
 };
 
 class World {
@@ -284,6 +306,7 @@ class World {
   void CrashCoordinator();
   void Session(uint64_t incarnation);
   void SchedulerSees(const Pod* pod, PodPhase phase);
+  void SchedulerReports(int64_t slot, const std::string& uid, PodPhase phase);  // to its engine
   void SaveState();
   void Attach(uint64_t mid);
   void Promote(uint64_t mid);
@@ -292,10 +315,16 @@ class World {
   void LinkDown(uint64_t link, v1::CoordinatorDirective message, std::string close);
   void Deliver(std::vector<coordinator::Attachments::Outgoing> out);
   void CoordinatorHears(uint64_t link, const v1::ManagerReport& report);
+  void ReadUp(uint64_t link);
+  void ReadDown(uint64_t link);
   void ManagerHears(uint64_t link, const v1::CoordinatorDirective& message);
   void LinkEnds(uint64_t link, const std::string& why);  // both ends learn it
   void ManagerLinkEnded(uint64_t link, const std::string& why);
   void CutFromCoordinator(Manager& m, int64_t ms);
+  // Something the scheduler's process does (its coordinator, engine or informer): at once, or
+  // once its pause ends; dropped if that incarnation crashed meanwhile.
+  void CoordinatorDoes(Fn fn);
+  void PauseCoordinator(int64_t ms);
 
   // Agents: agent::AgentCore, the agent's own code, with the pod as its host.
  public:
@@ -548,6 +577,16 @@ void World::Inject(const std::string& kind) {
     Trace("FAULT crash_coordinator (incarnation " + std::to_string(coordinator_->incarnation) +
           "): the scheduler restarts");
     CrashCoordinator();
+    return;
+  }
+  if (kind == "pause_coordinator") {
+    // SIGSTOP of the scheduler: nothing reaches its coordinator, its engine does not tick, its
+    // informer sees nothing; mostly short, sometimes past the lease and the keepalive.
+    if (!coordinator_) return;
+    const int64_t ms = Chance(0.2) ? Uniform(3000, 25000) : Uniform(100, 3000);
+    Trace("FAULT pause_coordinator (incarnation " + std::to_string(coordinator_->incarnation) +
+          ") for " + std::to_string(ms) + " ms");
+    PauseCoordinator(ms);
     return;
   }
   if (kind == "cut_coordinator") {
@@ -980,6 +1019,10 @@ void World::CrashCoordinator() {
 // state is saved when its directive changed (as the plugin saves it to the PodGroup).
 void World::Session(uint64_t incarnation) {
   if (!coordinator_ || coordinator_->incarnation != incarnation) return;
+  if (coordinator_->paused_until > now_) {
+    At(coordinator_->paused_until, [this, incarnation] { Session(incarnation); });
+    return;
+  }
   coordinator_->engine.Tick(now_);
   Deliver(coordinator_->attachments->Publish());
   SaveState();
@@ -1009,9 +1052,29 @@ void World::SaveState() {
 // What the scheduler sees of a pod (its Kubernetes uid is the agent's first one).
 void World::SchedulerSees(const Pod* pod, PodPhase phase) {
   if (!coordinator_) return;
-  Status st = coordinator_->engine.SetPodState(kJobId, pod->slot, pod->base_uid, phase,
-                                               "node-" + std::to_string(pod->slot), now_);
-  if (!st.ok()) Violate("the scheduler's engine refuses pod " + pod->base_uid + ": " + st.message());
+  if (coordinator_->paused_until <= now_) return SchedulerReports(pod->slot, pod->base_uid, phase);
+  // Paused, it sees nothing; the session after reports what it finds then, as the plugin's
+  // reportPods does: each pod in its last phase, per slot the incarnations that ended first.
+  auto& unseen = coordinator_->unseen;
+  const bool due = !unseen.empty();
+  std::erase_if(unseen, [&](const Coordinator::Sighting& s) { return s.uid == pod->base_uid; });
+  unseen.push_back({pod->slot, pod->base_uid, phase});
+  if (due) return;
+  CoordinatorDoes([this] {
+    auto found = std::move(coordinator_->unseen);
+    coordinator_->unseen.clear();
+    std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+      const bool a_ended = a.phase != REGROUP_POD_RUNNING, b_ended = b.phase != REGROUP_POD_RUNNING;
+      return a.slot != b.slot ? a.slot < b.slot : a_ended && !b_ended;
+    });
+    for (const auto& s : found) SchedulerReports(s.slot, s.uid, s.phase);
+  });
+}
+
+void World::SchedulerReports(int64_t slot, const std::string& uid, PodPhase phase) {
+  Status st = coordinator_->engine.SetPodState(kJobId, slot, uid, phase,
+                                               "node-" + std::to_string(slot), now_);
+  if (!st.ok()) Violate("the scheduler's engine refuses pod " + uid + ": " + st.message());
   uids_changed_ |= phase == REGROUP_POD_RUNNING;  // a new uid: the plugin saves the state then
 }
 
@@ -1031,10 +1094,11 @@ void World::Attach(uint64_t mid) {
     MidAfter(mid, Uniform(1, 3), [this, id] { ManagerLinkEnded(id, "connection refused"); });
     return;
   }
-  if (m->coordinator_cut_until > now_) {
-    // The connection cannot be made; the attempt times out (MakeChannel's connect timeout).
+  if (m->coordinator_cut_until > now_ || coordinator_->paused_until >= now_ + kConnectMs) {
+    // The connection cannot be made (a paused scheduler's kernel accepts it, but nobody
+    // answers the handshake); the attempt times out (MakeChannel's connect timeout).
     link.broken = true;
-    MidAfter(mid, 5000, [this, id] { ManagerLinkEnded(id, "connection timed out"); });
+    MidAfter(mid, kConnectMs, [this, id] { ManagerLinkEnded(id, "connection timed out"); });
     return;
   }
   LinkUp(id, m->core->Hello(now_));
@@ -1080,12 +1144,29 @@ void World::LinkUp(uint64_t id, v1::ManagerReport report) {
 
 void World::CoordinatorHears(uint64_t id, const v1::ManagerReport& report) {
   Link& link = links_.at(id);
-  if (link.broken || !coordinator_ || coordinator_->incarnation != link.coordinator) return;
-  if (const Manager* m = ByMid(link.mid); m && m->coordinator_cut_until > now_) {
-    At(m->coordinator_cut_until, [this, id, report] { CoordinatorHears(id, report); });
-    return;
+  link.held_up.push_back(report);
+  if (link.held_up.size() == 1) ReadUp(id);
+}
+
+// The coordinator reads what reached it, in order, while it can.
+void World::ReadUp(uint64_t id) {
+  Link& link = links_.at(id);
+  while (!link.held_up.empty()) {
+    if (link.broken || !coordinator_ || coordinator_->incarnation != link.coordinator) {
+      link.held_up.clear();
+      return;
+    }
+    const Manager* m = ByMid(link.mid);
+    const int64_t until =
+        std::max(m ? m->coordinator_cut_until : -1, coordinator_->paused_until);
+    if (until > now_) {
+      At(until, [this, id] { ReadUp(id); });
+      return;
+    }
+    const v1::ManagerReport report = std::move(link.held_up.front());
+    link.held_up.pop_front();
+    Deliver(coordinator_->attachments->OnReport(id, report, now_, ""));
   }
-  Deliver(coordinator_->attachments->OnReport(id, report, now_, ""));
 }
 
 void World::Deliver(std::vector<coordinator::Attachments::Outgoing> out) {
@@ -1109,21 +1190,35 @@ void World::LinkDown(uint64_t id, v1::CoordinatorDirective message, std::string 
   link.down_at = std::max(now_ + Uniform(1, 3), link.down_at);
   const uint64_t mid = link.mid;
   std::function<void()> deliver = [this, id, mid, message = std::move(message),
-                                   close = std::move(close)] {
+                                   close = std::move(close)]() mutable {
     const Manager* m = ByMid(mid);
     if (!m || m->link != id) return;
-    if (m->coordinator_cut_until > now_) {
-      const int64_t until = m->coordinator_cut_until;
-      At(until, [this, id, message, close] {
-        LinkDown(id, message, close);  // again, in order, once the cut ends
-      });
-      return;
-    }
-    ManagerHears(id, message);
-    if (!close.empty()) ManagerLinkEnded(id, close);
+    Link& link = links_.at(id);
+    link.held_down.emplace_back(std::move(message), std::move(close));
+    if (link.held_down.size() == 1) ReadDown(id);
   };
   const int64_t at = link.down_at;
   MidAfter(mid, at - now_, std::move(deliver));
+}
+
+// The manager reads what reached it, in order, while its link is not cut.
+void World::ReadDown(uint64_t id) {
+  Link& link = links_.at(id);
+  while (!link.held_down.empty()) {
+    const Manager* m = ByMid(link.mid);
+    if (!m || m->link != id) {
+      link.held_down.clear();
+      return;
+    }
+    if (m->coordinator_cut_until > now_) {
+      MidAfter(link.mid, m->coordinator_cut_until - now_, [this, id] { ReadDown(id); });
+      return;
+    }
+    auto [message, close] = std::move(link.held_down.front());
+    link.held_down.pop_front();
+    ManagerHears(id, message);
+    if (!close.empty()) ManagerLinkEnded(id, close);
+  }
 }
 
 void World::ManagerHears(uint64_t id, const v1::CoordinatorDirective& message) {
@@ -1159,7 +1254,7 @@ void World::LinkEnds(uint64_t id, const std::string& why) {
   if (link.broken) return;
   link.broken = true;
   if (coordinator_ && coordinator_->incarnation == link.coordinator)
-    coordinator_->attachments->OnClosed(id);
+    CoordinatorDoes([this, id] { coordinator_->attachments->OnClosed(id); });
   const uint64_t mid = link.mid;
   MidAfter(mid, Uniform(1, 3), [this, id, why] { ManagerLinkEnded(id, why); });
 }
@@ -1189,6 +1284,25 @@ void World::CutFromCoordinator(Manager& m, int64_t ms) {
   if (ms < kKeepaliveMs || !m.link) return;
   const uint64_t id = m.link;
   After(kKeepaliveMs, [this, id] { LinkEnds(id, "keepalive: no answer to the ping"); });
+}
+
+void World::CoordinatorDoes(Fn fn) {
+  if (!coordinator_) return;
+  if (coordinator_->paused_until <= now_) return fn();
+  At(coordinator_->paused_until,
+     [this, incarnation = coordinator_->incarnation, fn = std::move(fn)]() mutable {
+       if (coordinator_ && coordinator_->incarnation == incarnation) CoordinatorDoes(std::move(fn));
+     });
+}
+
+// The scheduler is paused for `ms`: what reaches it waits (in order), and past the keepalive
+// every manager ends its link, unanswered.
+void World::PauseCoordinator(int64_t ms) {
+  coordinator_->paused_until = std::max(coordinator_->paused_until, now_ + ms);
+  if (ms < kKeepaliveMs) return;
+  for (const auto& [id, link] : links_)
+    if (!link.broken && link.coordinator == coordinator_->incarnation)
+      After(kKeepaliveMs, [this, id = id] { LinkEnds(id, "keepalive: no answer to the ping"); });
 }
 
 // ---------------------------------------------------------------------------------------------

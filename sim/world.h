@@ -22,8 +22,11 @@
 // under its lease; the scheduler reports pods to its engine, ticks it every second, saves the
 // job's state (through the coordinator) when its directive or a pod uid changed, and evicts what
 // the engine gives up. More faults: the coordinator crashes (the scheduler restarts: a new engine
-// from the saved state, a coordinator that knows no lease), or one manager is cut off from it;
-// a second manager's elder is cut off from it half the time, so only its lease stops its commits.
+// from the saved state, a coordinator that knows no lease), is paused (SIGSTOP of the scheduler,
+// 0.1 to 25 s: what reaches it waits, its engine does not tick, its next session reports the
+// pods as it finds them then, past the keepalive every link ends), or one manager is cut off from
+// it; a second manager's elder is cut off from it half the time, so only its lease stops its
+// commits.
 //
 // Invariants (DESIGN.md, "Generations, fencing and the step commit"):
 //  - membership: one membership per generation: a global rank of (epoch, generation) is held by
@@ -90,10 +93,14 @@ struct Result {
 // The fault kinds a run draws from.
 const std::vector<std::string>& FaultKinds();
 // With a coordinator: those, a crash of the coordinator (the scheduler restarts; its engine comes
-// back from the state it last saved) and a cut between one manager and the coordinator.
+// back from the state it last saved), a cut between one manager and the coordinator, and a pause
+// of the scheduler (last: a menu without it draws as before it was added).
 const std::vector<std::string>& CoordinatorFaultKinds();
 
 // Runs one seed to the end: the job finished or stopped, or an invariant broke.
 Result Run(const Options& options);
+
+// The command that replays `options`' run, printing every event.
+std::string ReplayLine(const Options& options);
 
 }  // namespace regroup::sim

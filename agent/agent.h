@@ -22,6 +22,7 @@
 #include "agent/event_loop.h"
 #include "agent/manager_session.h"
 #include "agent/options.h"
+#include "agent/process.h"
 #include "agent/trainer_server.h"
 #include "agent/warm_starter.h"
 #include "regroup/v1/wire.pb.h"
@@ -61,6 +62,7 @@ class Agent final : private TrainerServer::Listener, private AgentHost {
   void Signal(int pid, int signal) override;
   // Ports free on --host now (distinct), for the stores of the generations whose rank 0 is here.
   std::vector<uint32_t> FreePorts() override;
+  std::optional<int64_t> CpuMs(int pid) override { return ProcessCpuMs(pid); }
   void Exit(int code, bool confirm, const std::string& sent_exits) override;
 
   // Trainers.

@@ -178,6 +178,8 @@ void AgentCore::StartChild(uint32_t r) {
   StatusOr<int> pid = host_->StartProcess(r);
   k.started = now_;
   k.heard = false;
+  k.cpu_ms = -1;
+  k.cpu_grew = now_;
   k.step = 0;
   k.phase = v1::PHASE_STARTING;
   k.generation = 0;
@@ -714,6 +716,20 @@ v1::AgentMessage AgentCore::NewMessage() const {
   return m;
 }
 
+// Whether each live process ran since the last heartbeat: its CPU time grew.
+void AgentCore::ReadCpuTimes() {
+  for (Rank& k : ranks_) {
+    if (!k.alive || k.restart_pending || k.pid <= 0) continue;
+    const std::optional<int64_t> cpu = host_->CpuMs(k.pid);
+    if (!cpu) {
+      k.cpu_ms = -1;
+      continue;
+    }
+    if (*cpu != k.cpu_ms) k.cpu_grew = now_;
+    k.cpu_ms = *cpu;
+  }
+}
+
 v1::LocalRank AgentCore::Report(uint32_t r) const {
   const Rank& k = ranks_[r];
   v1::LocalRank out;
@@ -729,6 +745,9 @@ v1::LocalRank AgentCore::Report(uint32_t r) const {
   out.set_phase(!k.heard ? v1::PHASE_STARTING : waiting ? v1::PHASE_PAUSED : k.phase);
   const Millis age = now_ - (k.heard ? k.last_heard : k.started);
   out.set_beat_age_ms(static_cast<uint32_t>(std::clamp<int64_t>(age.count(), 0, UINT32_MAX)));
+  if (k.cpu_ms >= 0 && k.alive && !k.restart_pending)
+    out.set_cpu_idle_ms(
+        static_cast<uint32_t>(std::clamp<int64_t>((now_ - k.cpu_grew).count(), 0, UINT32_MAX)));
   out.set_generation(k.generation);
   out.set_committed_step(k.committed_step);
   out.set_heard_commit_step(k.heard_commit_step);
@@ -758,6 +777,7 @@ v1::AgentMessage AgentCore::BuildRegister() {
 
 void AgentCore::SendHeartbeat() {
   if (!session_) return;
+  ReadCpuTimes();
   v1::AgentMessage m = NewMessage();
   auto* hb = m.mutable_heartbeat();
   for (uint32_t r = 0; r < ranks_.size(); ++r) *hb->add_ranks() = Report(r);

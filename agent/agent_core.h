@@ -65,6 +65,8 @@ class AgentHost {
   virtual void Signal(int pid, int signal) = 0;
   // Ports free on this pod's host now, distinct (a generation's store takes one).
   virtual std::vector<uint32_t> FreePorts() = 0;
+  // How long process `pid` has run on a CPU (ProcessCpuMs); nothing when not known.
+  virtual std::optional<int64_t> CpuMs(int pid) { (void)pid; return std::nullopt; }
   // The agent ends with `code`. `confirm`: a session is up; wait briefly for the manager to
   // confirm what was sent on it (`sent_exits` names the process exits among it).
   virtual void Exit(int code, bool confirm, const std::string& sent_exits) = 0;
@@ -113,6 +115,8 @@ class AgentCore {
     Millis started{};
     Millis last_heard{};
     bool heard = false;
+    int64_t cpu_ms = -1;  // its CPU time when last read (-1: not known), and when it last grew
+    Millis cpu_grew{};
     int64_t step = 0;
     regroup::v1::Phase phase = regroup::v1::PHASE_STARTING;
     uint64_t generation = 0;
@@ -134,6 +138,7 @@ class AgentCore {
     std::optional<regroup::v1::AgentReply> standing;
   };
   static void NoteHeldState(Rank& k);
+  void ReadCpuTimes();
 
   enum class Link {
     kDown,         // no session: the next one starts at reconnect_at_

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <optional>
+
 namespace regroup::agent {
 namespace {
 
@@ -16,6 +19,7 @@ struct RecordingHost final : AgentHost {
   std::vector<std::pair<uint32_t, v1::AgentReply>> to_trainers;
   int next_pid = 100;
   std::optional<int> exit_code;
+  std::map<int, int64_t> cpu_ms;  // what CpuMs reads for a pid (none: not known)
 
   void OpenSession() override { ++sessions; }
   void SendToManager(const v1::AgentMessage& m) override { to_manager.push_back(m); }
@@ -28,6 +32,10 @@ struct RecordingHost final : AgentHost {
   StatusOr<int> StartProcess(uint32_t) override { return next_pid++; }
   void Signal(int, int) override {}
   std::vector<uint32_t> FreePorts() override { return {40000, 40001}; }
+  std::optional<int64_t> CpuMs(int pid) override {
+    auto it = cpu_ms.find(pid);
+    return it == cpu_ms.end() ? std::nullopt : std::optional<int64_t>(it->second);
+  }
   void Exit(int code, bool, const std::string&) override { exit_code = code; }
 
   int Pauses() const {
@@ -94,6 +102,24 @@ class AgentCoreTest : public ::testing::Test {
   AgentCore core_{options_, &host_};
   Millis now_{0};
 };
+
+// Each heartbeat says how long each process has not run (its CPU time stood still), so that the
+// manager tells a starved trainer from a frozen one; nothing when the host cannot tell.
+TEST_F(AgentCoreTest, AHeartbeatSaysSinceWhenEachProcessHasNotRun) {
+  ConnectTrainer(v1::TrainerHello());
+  EXPECT_FALSE(Reported().has_cpu_idle_ms()) << "not known";
+  host_.cpu_ms[100] = 40;
+  Reported();
+  host_.cpu_ms[100] = 90;  // it ran
+  v1::LocalRank r = Reported();
+  ASSERT_TRUE(r.has_cpu_idle_ms());
+  EXPECT_EQ(r.cpu_idle_ms(), 0u);
+  r = Reported();  // stopped (SIGSTOP, or blocked): its CPU time stands still
+  EXPECT_EQ(r.cpu_idle_ms(), 200u);
+  EXPECT_EQ(Reported().cpu_idle_ms(), 400u);
+  host_.cpu_ms[100] = 91;
+  EXPECT_EQ(Reported().cpu_idle_ms(), 0u);
+}
 
 TEST_F(AgentCoreTest, TrainersAreNotPausedWhileARegisterThatMayResumeTheirGenerationIsInFlight) {
   core_.Start(now_);

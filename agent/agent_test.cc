@@ -385,6 +385,7 @@ TEST_F(AgentTest, HeartbeatsAggregateEveryLocalRankAtTheWelcomeInterval) {
   for (const auto& r : hb.heartbeat().ranks()) {
     EXPECT_EQ(r.phase(), v1::PHASE_COMPUTING);
     EXPECT_LT(r.beat_age_ms(), 1000u);
+    EXPECT_TRUE(r.has_cpu_idle_ms()) << "the agent reads its trainers' CPU time";
   }
   EXPECT_EQ(hb.heartbeat().free_ports_size(), 4);
   EXPECT_GT(hb.heartbeat().free_port(), 0u);
@@ -790,6 +791,34 @@ TEST_F(AgentTest, AnExitingAgentNamesTheExitsAManagerThatStoppedReadingMayLack) 
   EXPECT_NE(log.find("local rank 0 killed by signal 9"), std::string::npos) << log;
 }
 
+// A process's CPU time grows while it runs and stands still while it is stopped: what tells the
+// manager a starved trainer from a frozen one.
+TEST(ProcessCpuMs, GrowsWhileAProcessRunsAndStandsStillWhileItIsStopped) {
+  std::vector<std::string> argv = {"/bin/sh", "-c", "while :; do :; done"};
+  auto pid = SpawnProcessGroup("/bin/sh", argv, CurrentEnvironment());
+  ASSERT_TRUE(pid.ok());
+  auto reap = [&] {
+    SignalGroup(*pid, SIGKILL);
+    waitpid(*pid, nullptr, 0);
+  };
+  const std::optional<int64_t> start = ProcessCpuMs(*pid);
+  ASSERT_TRUE(start.has_value());
+  std::optional<int64_t> ran = start;
+  for (int i = 0; i < 100 && ran == start; ++i) {  // a loaded machine may take a while
+    std::this_thread::sleep_for(50ms);
+    ran = ProcessCpuMs(*pid);
+  }
+  EXPECT_GT(ran.value_or(0), *start) << "it ran";
+  SignalGroup(*pid, SIGSTOP);
+  std::this_thread::sleep_for(50ms);  // the stop takes effect
+  const std::optional<int64_t> stopped = ProcessCpuMs(*pid);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(ProcessCpuMs(*pid), stopped) << "stopped, it runs nothing";
+  reap();
+  EXPECT_FALSE(ProcessCpuMs(*pid).has_value()) << "gone";
+  EXPECT_FALSE(ProcessCpuMs(-1).has_value());
+}
+
 TEST_F(AgentTest, ABadCommandLineExitsTwoNamingTheFlag) {
   std::vector<std::string> argv = {"/bin/sh", "-c",
                                    "exec \"$0\" \"$@\" >" + dir_ + "/agent.log 2>&1",
@@ -816,21 +845,11 @@ TEST_F(AgentTest, DISABLED_MeasureCpuWithEightTrainers) {
   manager_.Start();
   StartAgent(8, {"--heartbeat-ms", "100"}, {"--log-level", "info"});
   WaitTraining(8);
-  auto cpu_ticks = [this] {
-    std::string stat = ReadFile("/proc/" + std::to_string(agent_pid_) + "/stat");
-    std::istringstream fields(stat.substr(stat.rfind(')') + 2));
-    std::string field;
-    long ticks = 0;
-    for (int i = 3; i <= 15 && fields >> field; ++i)
-      if (i == 14 || i == 15) ticks += std::stol(field);  // utime, stime
-    return ticks;
-  };
-  const long before = cpu_ticks();
+  const int64_t before = ProcessCpuMs(agent_pid_).value_or(0);
   const size_t mark = manager_.Mark();
   std::this_thread::sleep_for(5s);
-  const long used = cpu_ticks() - before;
-  std::cout << "agent CPU over 5 s: " << used * 1000 / sysconf(_SC_CLK_TCK) << " ms ("
-            << 100.0 * static_cast<double>(used) / static_cast<double>(sysconf(_SC_CLK_TCK)) / 5
+  const int64_t used = ProcessCpuMs(agent_pid_).value_or(0) - before;
+  std::cout << "agent CPU over 5 s: " << used << " ms (" << static_cast<double>(used) / 50
             << "% of a core); heartbeats sent: " << manager_.Count(IsHeartbeat, mark) << "\n";
 }
 

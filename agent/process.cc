@@ -11,7 +11,10 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string_view>
 #include <unordered_set>
 
@@ -122,6 +125,33 @@ StatusOr<pid_t> SpawnProcessGroup(const std::string& executable,
 
 void SignalGroup(pid_t pgid, int signal) {
   if (pgid > 0) kill(-pgid, signal);
+}
+
+std::optional<int64_t> ProcessCpuMs(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  const std::string dir = "/proc/" + std::to_string(pid);
+  if (std::ifstream in(dir + "/schedstat"); in) {
+    uint64_t ns = 0;
+    if (in >> ns) return static_cast<int64_t>(ns / 1000000);
+  }
+  std::ifstream in(dir + "/stat");
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields 14 and 15 (utime,
+  // stime, in clock ticks) count from the last ')'.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::strtoull(field.c_str(), nullptr, 10);
+    if (i == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
+  }
+  if (!fields) return std::nullopt;
+  const long ticks = sysconf(_SC_CLK_TCK);
+  if (ticks <= 0) return std::nullopt;
+  return static_cast<int64_t>((utime + stime) * 1000 / static_cast<uint64_t>(ticks));
 }
 
 std::vector<std::string> MergeEnvironment(

@@ -1810,12 +1810,19 @@ void JobControl::DetectFailures(int64_t now) {
     const bool starting =
         lr.phase() == v1::PHASE_STARTING || lr.phase() == v1::PHASE_UNSPECIFIED;
     const int64_t bound = a.rank_silence[p.local_rank].TimeoutMs(liveness, now);
-    if (lr.beat_age_ms() > (starting ? hang : bound)) {
+    // A process that ran lately (its CPU time grew within the bound, as its agent read it) is
+    // not frozen, only late: starved on an overloaded machine, or its heartbeat thread waiting
+    // for the interpreter's lock. Its bound is the hang timeout, as a step's is. (A stopped or
+    // deadlocked process runs nothing: its bound stays the liveness one.)
+    const bool ran = lr.has_cpu_idle_ms() && lr.cpu_idle_ms() <= bound;
+    if (lr.beat_age_ms() > (starting || ran ? hang : bound)) {
       a.hung[p.local_rank] = lr.pid();  // frozen: a failed process until it beats again
       Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
             "rank " + std::to_string(g) + " sent no heartbeat for " +
-                std::to_string(lr.beat_age_ms()) + " ms (frozen process" +
-                (starting ? "" : Stretched(bound, liveness)) + ")",
+                std::to_string(lr.beat_age_ms()) + " ms (" +
+                (ran ? "running, past the hang timeout"
+                     : "frozen process" + (starting ? "" : Stretched(bound, liveness))) +
+                ")",
             now);
       return;
     }

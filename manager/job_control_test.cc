@@ -1963,6 +1963,53 @@ TEST(JobControl, ARankWhoseBeatsLatelyCameLateHasLongerButBoundedBeforeItIsFroze
   EXPECT_TRUE(said);
 }
 
+// A trainer whose heartbeats are late but whose process runs (its CPU time grows: starved on an
+// overloaded machine, its heartbeat thread waiting for the interpreter's lock) is not frozen: its
+// bound is the hang timeout. One that stopped running is frozen at the liveness bound, as before
+// (integration/overload.py: at 4 busy loops a healthy trainer went 558 ms without a beat, its
+// first long silence, and was restarted).
+TEST(JobControl, ARankWhoseBeatsAreLateButWhoseProcessRunsIsNotFrozen) {
+  const Map config = {{"recover-strategy", "recover-in-place,elastic-training"},
+                      {"regroup.io/hang-timeout-min-s", "3"}};
+  // `ms` of ticks: pod 0 beats on time; pod 1's rank has been silent since `age_from` ms before,
+  // and its process last ran `idle(t)` ms before.
+  auto run = [](Sim& sim, int64_t ms, uint32_t age_from,
+                const std::function<uint32_t(int64_t t)>& idle) {
+    for (int64_t t = 0; t < ms; t += 20) {
+      sim.now += 20;
+      for (int64_t n = 0; n < 2; ++n) {
+        v1::AgentMessage m;
+        auto* r = m.mutable_heartbeat()->add_ranks();
+        *r = Sim::Live(0, v1::PHASE_COMPUTING, 0, sim.rt->generation(), -1);
+        r->set_beat_age_ms(n == 0 ? 10 : age_from + static_cast<uint32_t>(t));
+        if (n == 1) r->set_cpu_idle_ms(idle(t));
+        (void)sim.Send(n, m);
+      }
+      sim.rt->Tick(sim.now);
+      sim.Collect();
+    }
+  };
+  auto running = [](int64_t t) { return static_cast<uint32_t>(t % 100); };
+  Sim sim(2, 1, kForce, config);
+  sim.RegisterAll();
+  sim.Run(100, 0);
+  ASSERT_TRUE(sim.rt->training());
+  run(sim, 2000, 0, running);  // 2 s without a beat, running all along
+  EXPECT_TRUE(sim.rt->training()) << "a running process is late, not frozen";
+  EXPECT_EQ(Logged(sim, "fault", ""), 0);
+  run(sim, 1200, 2000, running);  // past the hang timeout (no step either): a fault all the same
+  EXPECT_FALSE(sim.rt->training());
+  EXPECT_EQ(Logged(sim, "fault", ""), 1) << FirstFault(sim);
+
+  // Stopped 100 ms after its last beat: frozen at the liveness bound, as before.
+  Sim stopped(2, 1, kForce, config);
+  stopped.RegisterAll();
+  stopped.Run(100, 0);
+  run(stopped, 800, 0, [](int64_t t) { return static_cast<uint32_t>(std::max<int64_t>(t - 100, 0)); });
+  EXPECT_FALSE(stopped.rt->training());
+  EXPECT_EQ(Logged(stopped, "fault", "(frozen process)"), 1);
+}
+
 // Found by the simulation (seed 283, once the liveness timeouts stretched): a pod cut off during
 // the last step, after its peers finished training, was taken for a loss to recover from: the
 // job scaled in, waited for replicas that had finished, and never ended. Training is over.

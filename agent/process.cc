@@ -134,7 +134,7 @@ std::optional<int64_t> ProcessCpuMs(pid_t pid) {
     uint64_t ns = 0;
     if (in >> ns) return static_cast<int64_t>(ns / 1000000);
   }
-  std::ifstream in(dir + "/stat");
+  std::ifstream in(dir + "/task/" + std::to_string(pid) + "/stat");
   std::string line;
   if (!in || !std::getline(in, line)) return std::nullopt;
   // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields 14 and 15 (utime,

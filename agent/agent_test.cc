@@ -810,10 +810,15 @@ TEST(ProcessCpuMs, GrowsWhileAProcessRunsAndStandsStillWhileItIsStopped) {
   }
   EXPECT_GT(ran.value_or(0), *start) << "it ran";
   SignalGroup(*pid, SIGSTOP);
-  std::this_thread::sleep_for(50ms);  // the stop takes effect
+  int status = 0;
+  ASSERT_EQ(waitpid(*pid, &status, WUNTRACED), *pid);  // it has stopped
+  ASSERT_TRUE(WIFSTOPPED(status));
   const std::optional<int64_t> stopped = ProcessCpuMs(*pid);
+  const std::optional<int64_t> stopped_all = ProcessCpuMs(*pid, CpuOf::kProcess);
+  ASSERT_TRUE(stopped_all.has_value());
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(ProcessCpuMs(*pid), stopped) << "stopped, it runs nothing";
+  EXPECT_EQ(ProcessCpuMs(*pid, CpuOf::kProcess), stopped_all);
   reap();
   EXPECT_FALSE(ProcessCpuMs(*pid).has_value()) << "gone";
   EXPECT_FALSE(ProcessCpuMs(-1).has_value());
@@ -845,10 +850,10 @@ TEST_F(AgentTest, DISABLED_MeasureCpuWithEightTrainers) {
   manager_.Start();
   StartAgent(8, {"--heartbeat-ms", "100"}, {"--log-level", "info"});
   WaitTraining(8);
-  const int64_t before = ProcessCpuMs(agent_pid_).value_or(0);
+  const int64_t before = ProcessCpuMs(agent_pid_, CpuOf::kProcess).value_or(0);
   const size_t mark = manager_.Mark();
   std::this_thread::sleep_for(5s);
-  const int64_t used = ProcessCpuMs(agent_pid_).value_or(0) - before;
+  const int64_t used = ProcessCpuMs(agent_pid_, CpuOf::kProcess).value_or(0) - before;
   std::cout << "agent CPU over 5 s: " << used << " ms (" << static_cast<double>(used) / 50
             << "% of a core); heartbeats sent: " << manager_.Count(IsHeartbeat, mark) << "\n";
 }

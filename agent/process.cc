@@ -127,14 +127,16 @@ void SignalGroup(pid_t pgid, int signal) {
   if (pgid > 0) kill(-pgid, signal);
 }
 
-std::optional<int64_t> ProcessCpuMs(pid_t pid) {
+std::optional<int64_t> ProcessCpuMs(pid_t pid, CpuOf of) {
   if (pid <= 0) return std::nullopt;
   const std::string dir = "/proc/" + std::to_string(pid);
-  if (std::ifstream in(dir + "/schedstat"); in) {
+  if (of == CpuOf::kMainThread) {
+    std::ifstream in(dir + "/schedstat");
     uint64_t ns = 0;
     if (in >> ns) return static_cast<int64_t>(ns / 1000000);
   }
-  std::ifstream in(dir + "/task/" + std::to_string(pid) + "/stat");
+  std::ifstream in(of == CpuOf::kMainThread ? dir + "/task/" + std::to_string(pid) + "/stat"
+                                            : dir + "/stat");
   std::string line;
   if (!in || !std::getline(in, line)) return std::nullopt;
   // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields 14 and 15 (utime,

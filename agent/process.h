@@ -30,13 +30,15 @@ StatusOr<pid_t> SpawnProcessGroup(const std::string& executable,
 // Sends `signal` to the process group `pgid`; a group already gone is not an error.
 void SignalGroup(pid_t pgid, int signal);
 
-// How long the main thread of process `pid` has run on a CPU, in milliseconds
-// (/proc/<pid>/schedstat, else the user and system time of /proc/<pid>/task/<pid>/stat); nothing
-// for a process that is gone or a system without /proc. It grows while the process works, even
-// starved (a few milliseconds a period), and stands still while it is stopped or blocked. The main
-// thread, not the process: a trainer stuck in its main thread while threads of its own spin on
-// does not work.
-std::optional<int64_t> ProcessCpuMs(pid_t pid);
+// How long process `pid` has run on a CPU, in milliseconds; nothing for a process that is gone
+// or a system without /proc. It grows while the process works, even starved (a few milliseconds a
+// period), and stands still while it is stopped or blocked.
+//  - kMainThread: its main thread (/proc/<pid>/schedstat, else the user and system time of
+//    /proc/<pid>/task/<pid>/stat). A trainer stuck in its main thread while threads of its own
+//    spin on does not work.
+//  - kProcess: all its threads (the user and system time of /proc/<pid>/stat).
+enum class CpuOf { kMainThread, kProcess };
+std::optional<int64_t> ProcessCpuMs(pid_t pid, CpuOf of = CpuOf::kMainThread);
 
 // `base` ("NAME=value" entries) with `overrides` set, each replacing an entry of the same name.
 std::vector<std::string> MergeEnvironment(

@@ -304,9 +304,7 @@ bool JobControl::ReplicaReady(int64_t replica) const {
     const int64_t global = replica * per_replica + local;
     const Agent& a = agents_[static_cast<size_t>(global / ppp)];
     const auto l = static_cast<uint32_t>(global % ppp);
-    if (!a.connected || a.state == AgentState::kLost || a.state == AgentState::kLeaving ||
-        a.state == AgentState::kDone || a.restarting.count(l) || a.ranks.size() != a.nproc)
-      return false;
+    if (!a.usable() || a.restarting.count(l) || a.ranks.size() != a.nproc) return false;
     // Alive and said hello to its agent (not STARTING): a generation formed before would leave
     // the survivors waiting in its rendezvous.
     const v1::LocalRank& r = a.ranks[l];
@@ -318,9 +316,7 @@ bool JobControl::ReplicaReady(int64_t replica) const {
 
 bool JobControl::Available(int64_t node) const {
   const Agent& a = agents_[static_cast<size_t>(node)];
-  if (!a.connected || a.state == AgentState::kLost || a.state == AgentState::kLeaving ||
-      a.state == AgentState::kDone || !a.restarting.empty())
-    return false;
+  if (!a.usable() || !a.restarting.empty()) return false;
   // Every process must be alive and have said hello to its agent (not STARTING): a generation
   // formed before would leave the survivors waiting in its rendezvous.
   for (const auto& r : a.ranks)
@@ -1054,9 +1050,7 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
   for (size_t n = 0; n < agents_.size(); ++n) {
     const Agent& a = agents_[n];
     if (a.failed.empty()) continue;
-    if (!a.connected || a.state == AgentState::kLost || a.state == AgentState::kLeaving ||
-        a.state == AgentState::kDone)
-      return false;
+    if (!a.usable()) return false;
     restart_nodes.push_back(static_cast<int64_t>(n));
   }
   if (restart_nodes.empty()) return false;
@@ -1429,10 +1423,8 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     Agent& a = agents_[n];
     // Every pod that trains or stands by, including one whose process restarts in place (its
     // other ranks train, or wait for the rejoin as standbys).
-    const bool usable = a.connected && a.state != AgentState::kLost &&
-                        a.state != AgentState::kLeaving && a.state != AgentState::kDone;
     if (!Available(static_cast<int64_t>(n)) && !training_nodes.count(static_cast<int64_t>(n)) &&
-        !(usable && !a.restarting.empty()))
+        !(a.usable() && !a.restarting.empty()))
       continue;
     // A pod whose ranks may still be in an earlier generation (it was away when that one's
     // abort went out, or it is back under a new uid) hears the abort first: its ranks leave
@@ -1602,22 +1594,18 @@ void JobControl::Apply(const Directive& d, int64_t now) {
 // a coordinator: a joining manager waited for a "rejoin" until it timed out; seed 36747: one
 // waiting after its join window restarted nothing, waited for no replica, and hung.)
 void JobControl::BeforeTheFirstGeneration(const Directive& d, int64_t now) {
-  std::vector<std::string> restarted;
+  std::string what;  // "pod 1 local ranks [1], ..."
   for (size_t n = 0; n < agents_.size(); ++n) {
     const Agent& a = agents_[n];
-    if (!a.connected || a.state == AgentState::kLost || a.state == AgentState::kLeaving ||
-        a.state == AgentState::kDone)
-      continue;
+    if (!a.usable()) continue;
     std::vector<uint32_t> dead;
     for (uint32_t l = 0; l < a.ranks.size(); ++l)
       if (!a.ranks[l].alive() && !a.restarting.count(l) && !a.finished.count(l)) dead.push_back(l);
     if (dead.empty()) continue;
     RestartRanks(static_cast<int64_t>(n), dead, d.reason);
-    restarted.push_back("pod " + std::to_string(n) + " local ranks [" +
-                        Join(std::vector<int64_t>(dead.begin(), dead.end())) + "]");
+    what += (what.empty() ? "pod " : ", pod ") + std::to_string(n) + " local ranks [" +
+            Join(std::vector<int64_t>(dead.begin(), dead.end())) + "]";
   }
-  std::string what;
-  for (const auto& r : restarted) what += (what.empty() ? "" : ", ") + r;
   Event(now, "restart_in_place",
         "ranks [" + Join(d.restart_ranks) +
             "] are of a generation this incarnation never ran: it restarts " +
@@ -1645,9 +1633,7 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
   std::vector<std::string> restarted;
   for (size_t n = 0; n < agents_.size(); ++n) {
     Agent& a = agents_[n];
-    const bool usable = a.connected && a.state != AgentState::kLost &&
-                        a.state != AgentState::kLeaving && a.state != AgentState::kDone;
-    if (!usable) continue;
+    if (!a.usable()) continue;
     RestartForJob(static_cast<int64_t>(n), d.reason);
     restarted.push_back(a.pod_uid);
     // The decision maker resumes the job once every pod is back: a pod that registered with
@@ -1909,8 +1895,7 @@ void JobControl::TryFirstGeneration(int64_t now) {
     if (a.restarting.empty()) a.restart_ms = -1;
     else if (a.restart_ms < 0) a.restart_ms = now;
     if (Available(static_cast<int64_t>(n))) continue;
-    if (a.connected && a.state != AgentState::kLost && a.state != AgentState::kLeaving &&
-        a.state != AgentState::kDone && !a.restarting.empty() &&
+    if (a.usable() && !a.restarting.empty() &&
         now - a.restart_ms < HangTimeoutMs())
       restarting = true;
     else

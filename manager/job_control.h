@@ -191,6 +191,11 @@ class JobControl {
     uint32_t nproc = 0;
     std::vector<uint32_t> free_ports;       // free on `host` as last reported, none given out
     AgentState state = AgentState::kRegistered;
+    // Connected, and neither lost, leaving nor done: it can be told to run processes.
+    bool usable() const {
+      return connected && state != AgentState::kLost && state != AgentState::kLeaving &&
+             state != AgentState::kDone;
+    }
     int64_t last_seen_ms = 0;
     SilenceBound silence;                   // how long its silence may last (its beats' past)
     std::vector<v1::LocalRank> ranks;       // as last reported, by local rank

@@ -1019,10 +1019,8 @@ void World::CrashCoordinator() {
 // state is saved when its directive changed (as the plugin saves it to the PodGroup).
 void World::Session(uint64_t incarnation) {
   if (!coordinator_ || coordinator_->incarnation != incarnation) return;
-  if (coordinator_->paused_until > now_) {
-    At(coordinator_->paused_until, [this, incarnation] { Session(incarnation); });
-    return;
-  }
+  if (coordinator_->paused_until > now_)
+    return CoordinatorDoes([this, incarnation] { Session(incarnation); });
   coordinator_->engine.Tick(now_);
   Deliver(coordinator_->attachments->Publish());
   SaveState();

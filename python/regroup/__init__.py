@@ -13,7 +13,7 @@ A script keeps its own loop and wraps each step::
                     step.backward(loss)
             trainer.commit(step)
 
-See python/README.md and ../shared/DESIGN.md ("Exactness: the step contract").
+See python/README.md (the drop-in first, then the step contract) and docs/design.md.
 """
 
 import importlib as _importlib
@@ -26,7 +26,10 @@ from regroup.api import (EXIT_ABORT_STUCK, AgentConnectionError, AgentError, Che
                          StateSyncError, StepFailed, StepRolledBack, StopMode, Timeouts, TrainerConfig,
                          TrainingStopped, UsageError, init_manager, start_manager)
 
-_NEEDS_TORCH = {"Abandoned": "regroup.abort", "all_reduce": "regroup.abort", "Generation": "regroup.step",
+_NEEDS_TORCH = {"DataLoader": "regroup.dropin", "DDP": "regroup.dropin",
+                "DistributedDataParallel": "regroup.dropin", "init_process_group": "regroup.dropin",
+                "optimizer": "regroup.dropin", "status": "regroup.dropin",
+                "Abandoned": "regroup.abort", "all_reduce": "regroup.abort", "Generation": "regroup.step",
                 "MicroBatch": "regroup.step", "Step": "regroup.step", "Trainer": "regroup.trainer"}
 
 
@@ -40,6 +43,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "DataLoader", "DDP", "DistributedDataParallel", "init_process_group", "optimizer", "status",
     "Abandoned", "all_reduce", "AgentConnectionError", "AgentError", "CheckpointError", "CollectiveFailed", "ConfigError",
     "EXIT_ABORT_STUCK", "GenerationAborted", "Generation", "MicroBatch", "ProtocolError",
     "RegroupError", "StateSyncError", "Step", "StepFailed", "StepRolledBack", "StopMode",

@@ -430,6 +430,9 @@ def all_reduce(tensor: Any, op: Any = None, group: Any = None) -> None:
     """
     import torch.distributed as dist
 
+    from regroup.guards import check_group
+
+    check_group(group)
     op = dist.ReduceOp.SUM if op is None else op
     sockets = current()
     backend = dist.get_backend(group) if group is not None else dist.get_backend()

@@ -230,7 +230,7 @@ class Timeouts:
 class TrainerConfig:
     """What the library needs to know about a training script. Validated on construction.
 
-    The step contract (DESIGN.md): step ``s`` of epoch ``e = s // steps_per_epoch`` is
+    The step contract (docs/design.md): step ``s`` of epoch ``e = s // steps_per_epoch`` is
     ``microbatches_per_step`` micro-batches of ``micro_batch_size`` global sample indices, taken
     in order from epoch ``e``'s permutation of ``range(dataset_size)``; the global batch is
     ``microbatches_per_step * micro_batch_size`` samples and never changes with the number of
@@ -258,6 +258,8 @@ class TrainerConfig:
         backend: "gloo", "nccl", or None for NCCL when CUDA is available, else gloo.
         exit_on_stop: on DUMP and LEAVE, exit the process with code 0 (False: raise
             TrainingStopped from ``steps()`` instead).
+        scheduler_interval: when the trainer steps the LR scheduler: "step" (after every
+            committed step) or "epoch" (after an epoch's last step). The script never steps it.
         timeouts: see :class:`Timeouts`.
     """
 
@@ -274,6 +276,7 @@ class TrainerConfig:
     ddp: bool = False
     backend: Optional[str] = None
     exit_on_stop: bool = True
+    scheduler_interval: str = "step"
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
 
     def __post_init__(self) -> None:
@@ -304,6 +307,8 @@ class TrainerConfig:
             raise ConfigError(f"checkpoint_interval={self.checkpoint_interval} needs a checkpoint_dir")
         if not isinstance(self.timeouts, Timeouts):
             raise ConfigError(f"timeouts={self.timeouts!r} must be a regroup.Timeouts")
+        if self.scheduler_interval not in ("step", "epoch"):
+            raise ConfigError(f"scheduler_interval={self.scheduler_interval!r} must be 'step' or 'epoch'")
 
     @property
     def global_batch_size(self) -> int:

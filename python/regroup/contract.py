@@ -1,4 +1,4 @@
-"""The step contract (DESIGN.md, "Exactness"): which samples a micro-batch holds, and its RNG.
+"""The step contract (docs/design.md): which samples a micro-batch holds, and its RNG.
 
 Micro-batch ``j`` of step ``s`` is a fixed set of global sample indices: samples
 ``[(s mod S) * G + j * m, ... + m)`` of epoch ``s // S``'s permutation, where ``S`` is the steps

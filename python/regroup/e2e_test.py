@@ -56,8 +56,11 @@ def reference(tmp_path_factory, steps: int, extra: Sequence[str]) -> Dict[str, t
 class Cluster:
     """A manager and its agents on this machine, every process owned by the test."""
 
-    def __init__(self, tmp_path: Path, procs, binaries, steps: int, train: Sequence[str], tp: int = 1):
+    def __init__(self, tmp_path: Path, procs, binaries, steps: int, train: Sequence[str], tp: int = 1,
+                 script: Path = EXAMPLE, annotations: Sequence[str] = ANNOTATIONS):
         self.tmp = tmp_path
+        self.script = script
+        self.annotations = list(annotations)
         self.procs = procs
         self.binaries = binaries
         self.steps = steps
@@ -82,7 +85,7 @@ class Cluster:
         argv = [self.binaries["manager"], "--job-id", "mlp", "--nodes", str(nodes), "--nproc-per-node", str(nproc),
                 "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", "60",
                 "--label", "fault-scheduling=force"]
-        for a in ANNOTATIONS + [f"regroup.io/tensor-parallel={self.tp}"]:
+        for a in self.annotations + [f"regroup.io/tensor-parallel={self.tp}"]:
             argv += ["--annotation", a]
         self.manager = self.procs.start(argv, self.env, log=self.tmp / "manager.log")
         wait_for(lambda: port_file.exists() or self.manager.poll() is not None, 30, "the manager's port")
@@ -95,7 +98,7 @@ class Cluster:
         argv = [self.binaries["agent"], "--manager", f"127.0.0.1:{self.port}", "--job-id", "mlp",
                 "--nnodes", str(nodes), "--nproc-per-node", str(nproc), "--node-rank", str(node_rank),
                 "--master-addr", "127.0.0.1", "--host", "127.0.0.1", "--socket-dir", str(self.tmp / f"sock-{name}"),
-                "--stop-grace-s", "20", "--python", PYTHON, str(EXAMPLE), *self.train]
+                "--stop-grace-s", "20", "--python", PYTHON, str(self.script), *self.train]
         # The library importable as an installed one would be (the agent's fork server needs it).
         python_dir = str(Path(__file__).resolve().parents[1])
         p = self.procs.start(argv, {**self.env, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_dir},

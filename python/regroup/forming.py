@@ -104,7 +104,7 @@ def settle_vote(t: Trainer, plan: Any, layout: Layout, begin: int, count: int) -
     own_vote = committed_by == (0, 0) or committed_by == voted.mark
     if plan.committed_step == voted.step == t.committed_step + 1 and own_vote:
         t._phase(pb.PHASE_APPLYING, voted.step)
-        t.state.step_optimizer()
+        t.state.step_optimizer(voted.step)
         t.committed_step = voted.step
         t.heard_commit_step = max(t.heard_commit_step, voted.step)
         log.info("regroup: applied step %d, committed after the abort", voted.step)

@@ -16,7 +16,7 @@ class _State:
     def __init__(self) -> None:
         self.calls: List[str] = []
 
-    def step_optimizer(self) -> None:
+    def step_optimizer(self, step: int = -1) -> None:
         self.calls.append("apply")
 
     def restore(self, snapshot: object) -> None:

@@ -15,6 +15,7 @@ Three things are done with it:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import json
@@ -171,6 +172,9 @@ class TrainingState:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.extra = extra
+        self.scheduler_every = 1
+        self._optimizer_guard: Any = None
+        self._scheduler_guard: Any = None
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -190,12 +194,27 @@ class TrainingState:
     def parameters(self) -> List[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def step_optimizer(self) -> None:
-        """What applying a committed step does: the optimizer's step, then the scheduler's."""
+    def guard(self, optimizer_fix: str, scheduler_fix: str) -> None:
+        """From now on the script's own ``opt.step()`` / ``sched.step()`` raise UsageError with
+        the fix: only :meth:`step_optimizer` applies them (regroup.guards)."""
+        from regroup.guards import Applied
+
         if self.optimizer is not None:
-            self.optimizer.step()
+            self._optimizer_guard = Applied(self.optimizer, "opt.step()", optimizer_fix)
         if self.scheduler is not None:
-            self.scheduler.step()
+            self._scheduler_guard = Applied(self.scheduler, "sched.step()", scheduler_fix)
+
+    def step_optimizer(self, step: int = -1) -> None:
+        """What applying committed step ``step`` does: the optimizer's step, then the
+        scheduler's when it is due (every ``scheduler_every`` steps: 1, or an epoch's)."""
+        with contextlib.ExitStack() as allowed:
+            for g in (self._optimizer_guard, self._scheduler_guard):
+                if g is not None:
+                    allowed.enter_context(g.allow())
+            if self.optimizer is not None:
+                self.optimizer.step()
+            if self.scheduler is not None and (step + 1) % self.scheduler_every == 0:
+                self.scheduler.step()
 
     def zero_grad(self) -> None:
         for p in self.parameters():

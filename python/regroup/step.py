@@ -28,6 +28,7 @@ from regroup.api import (AgentConnectionError, ConfigError, ProtocolError, StepF
                          UsageError)
 from regroup.dispatch import NewStart
 from regroup.group import ProcessGroups
+from regroup.guards import check_sum_loss
 from regroup.state import Snapshot
 from regroup.stops import Stop
 
@@ -212,6 +213,7 @@ class Step:
         """``loss.backward()``, after checking that the generation was not aborted. With the DDP
         wrapper, call it inside the micro-batch's ``with mb:`` block."""
         self._trainer._check_aborted(self)
+        check_sum_loss(loss, self.number)
         loss.backward()
 
     def reduce_gradients(self) -> None:

@@ -51,6 +51,7 @@ from regroup.api import (EXIT_ABORT_STUCK, AgentConnectionError, CheckpointError
 from regroup.checkpoint import CheckpointInfo, Checkpointer
 from regroup.dispatch import NO_GENERATION, Mark, NewStart, dispatch, next_item, on_urgent
 from regroup.group import ProcessGroups, default_backend
+from regroup.guards import retire_groups, retire_model
 from regroup.state import Snapshot, TrainingState, reduce_gradients
 from regroup.step import Generation, MicroBatch, Step, is_communication_error
 from regroup.stops import Stop, handle_stop
@@ -87,14 +88,24 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
                  scheduler: Any = None, *, config: TrainerConfig, extra_state: Any = None,
                  agent_socket: Optional[str] = None,
-                 on_commit: Optional[Callable[[Step], None]] = None):
+                 on_commit: Optional[Callable[[Step], None]] = None,
+                 _state: Optional[TrainingState] = None):
         if not isinstance(config, TrainerConfig):
             raise ConfigError("config must be a regroup.TrainerConfig")
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             raise ConfigError("give the plain model: the trainer builds the DistributedDataParallel "
                               "wrapper itself, after each state sync (config.ddp=True)")
         self.config = config
-        self.state = TrainingState(model, optimizer, scheduler, extra_state)
+        # The drop-in (regroup.dropin) brings its own state: the script steps its optimizer.
+        self.state = _state if _state is not None else TrainingState(model, optimizer, scheduler, extra_state)
+        if _state is None:
+            self.state.scheduler_every = 1 if config.scheduler_interval == "step" else config.steps_per_epoch
+            self.state.guard(
+                "under regroup.Trainer the optimizer is stepped by trainer.commit(step) once every "
+                "rank voted for the step: remove the script's opt.step() and opt.zero_grad()",
+                f"the trainer steps the scheduler when a step is committed (scheduler_interval="
+                f"{config.scheduler_interval!r}: every {'step' if config.scheduler_interval == 'step' else 'epoch'}): "
+                "remove the script's sched.step(), or set TrainerConfig.scheduler_interval")
         self.sampler = contract.Sampler(config.dataset_size, config.micro_batch_size,
                                         config.microbatches_per_step, config.seed, config.shuffle)
         self.on_commit = on_commit
@@ -148,11 +159,12 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def steps(self, total_steps: int) -> Iterator[Step]:
+    def steps(self, total_steps: int, _finish: bool = True) -> Iterator[Step]:
         """Yields the steps from the one after the last committed up to ``total_steps - 1``.
 
         A step that failed is yielded again (a new Step object with the same number). Returns
-        when step ``total_steps - 1`` is committed.
+        when step ``total_steps - 1`` is committed (and, unless the drop-in walks one epoch at a
+        time, tells the agent the training is done).
 
         Raises:
             TrainingStopped: the manager stopped training (EXIT; DUMP and LEAVE exit the process
@@ -175,7 +187,8 @@ class Trainer:
                 self._begin(step)
                 yield step
                 self._end(step)
-            self._finish()
+            if _finish:
+                self._finish()
         except Stop as stop:
             handle_stop(self, stop)
         finally:
@@ -364,7 +377,7 @@ class Trainer:
 
     def _apply(self, step: Step) -> None:
         self._phase(pb.PHASE_APPLYING, step.number)
-        self.state.step_optimizer()
+        self.state.step_optimizer(step.number)
         self.state.zero_grad()
         self.committed_step = step.number
         self._voted = None
@@ -419,6 +432,8 @@ class Trainer:
         with self._lock:
             groups, self._groups = self._groups, None
             self._sockets = None
+        if self._ddp is not None:
+            retire_model(self._ddp, self._active[1])
         self._ddp = None
         if self.generation is not None:
             self.generation._groups = None
@@ -428,6 +443,7 @@ class Trainer:
             self.metrics["abort_to_unblocked_s"].append(since_abort)
             self._abort_at = None
         if groups is not None:
+            retire_groups(groups.tp_group, groups.dp_group)
             started = time.monotonic()
             groups.destroy()
             log.info("regroup: left generation %d%s; its groups destroyed in %.1f ms", self._active[1],

@@ -23,7 +23,7 @@
  *    NULL pointers give REGROUP_INVALID_ARGUMENT with a message naming what was wrong. No C++
  *    exception crosses this boundary.
  *
- * The JSON shapes (job specs, events, decisions, states) are documented in README.md, section
+ * The JSON shapes (job specs, events, decisions, states) are documented in docs/abi.md, section
  * "The engine's JSON".
  */
 #ifndef REGROUP_H

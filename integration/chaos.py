@@ -398,8 +398,8 @@ class Chaos:
         inj.detected_by, inj.strategy, inj.detection_ms = rec.detected_by, rec.strategy, rec.detection_ms
         self.r.faults.pop()  # reported by the Injected lines
         if inj.plan["kind"] == "reset-connection" and inj.strategy != "-":
-            # DESIGN.md: "A broken stream that reconnects with the same pod UID and epoch before
-            # the pod is declared lost is not a fault."
+            # docs/design.md ("Generations, fencing and the step commit"): a broken stream that
+            # reconnects with the same pod uid and epoch in time is not a fault.
             self.r.observations.append(
                 f"fault {inj.plan['i']}: one reset TCP connection of a live agent was taken as a fault "
                 f"({inj.detected_by} in {inj.detection_ms} ms, then {inj.strategy}); the agent reconnected "

@@ -1,4 +1,4 @@
-// The job's durable record: what one manager incarnation leaves for the next (DESIGN.md,
+// The job's durable record: what one manager incarnation leaves for the next (docs/design.md,
 // "Generations, fencing and the step commit"). Standalone, it is the authority that grants
 // epochs, and it carries the last generation's members (the majority a new incarnation needs),
 // the pods declared lost (zombies if they come back) and the job's end across a restart.

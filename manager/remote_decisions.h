@@ -1,6 +1,6 @@
-// The coordinator as the manager's decision maker (DESIGN.md, "Who decides what"): the job control's
-// facts go up one stream (Coordinator.Attach) to the coordinator beside the scheduler's engine,
-// and the engine's directives come down it.
+// The coordinator as the manager's decision maker (docs/design.md, "Who decides what"): the job
+// control's facts go up one stream (Coordinator.Attach) to the coordinator beside the
+// scheduler's engine, and the engine's directives come down it.
 //
 // A thread keeps the stream: it attaches (hello with the job), sends the facts in the order they
 // were reported, and reconnects after any failure with a backoff of 100 ms doubling to 2 s, on a
@@ -9,10 +9,10 @@
 // next attach; a fact being written when the stream breaks may be lost, never sent twice (a
 // fault counted twice could look like a poison step). A second thread reads the directives.
 //
-// The coordinator grants this manager's epoch (DESIGN.md: epochs are granted by the authority,
-// never taken from a flag): the first hello asks for one, and every later hello reattaches as the
-// epoch granted, with its ticket. The job control must be built with that epoch (epoch()), so
-// regroup-manager waits for the first attach before it serves its agents.
+// The coordinator grants this manager's epoch (docs/design.md: epochs are granted by the
+// authority, never taken from a flag): the first hello asks for one, and every later hello
+// reattaches as the epoch granted, with its ticket. The job control must be built with that
+// epoch (epoch()), so regroup-manager waits for the first attach before it serves its agents.
 #pragma once
 
 #include <chrono>

@@ -2,7 +2,7 @@
 // the resolution of a job's labels, annotations and environment into a validated JobConfig.
 //
 // The table is the single source of truth: the validator, `regroupctl keys` (which prints the
-// README's configuration section) and the tests all read it.
+// configuration reference, docs/configuration.md) and the tests all read it.
 #pragma once
 
 #include <cstdint>
@@ -163,7 +163,8 @@ ResolvedConfig ResolveConfig(const std::map<std::string, std::string>& labels,
 // running then. 0 when the job never scales in (recovery off, or elastic-training not allowed).
 int64_t ElasticMinAvailable(const JobConfig& c, int64_t pods, int64_t manager_pods);
 
-// The README's configuration section, generated from the table (Markdown).
+// The configuration reference's table (docs/configuration.md), generated from the table
+// (Markdown).
 std::string ConfigTableMarkdown();
 
 }  // namespace regroup

@@ -28,7 +28,7 @@
 // it; a second manager's elder is cut off from it half the time, so only its lease stops its
 // commits.
 //
-// Invariants (DESIGN.md, "Generations, fencing and the step commit"):
+// Invariants (docs/design.md, "Generations, fencing and the step commit"):
 //  - membership: one membership per generation: a global rank of (epoch, generation) is held by
 //    one pod, and a node rank by one pod uid;
 //  - fencing: once an incarnation decided a commit, no older one decides another (two running

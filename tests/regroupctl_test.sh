@@ -81,10 +81,11 @@ out=$(timeout 20 "$ctl" simulate "$src/examples/jobs/elastic-job.yaml" /dev/zero
 out=$("$ctl" keys) || fail "keys"
 grep -qF '`wait-reschedule-timeout` | annotation | an integer from 30 to 270 | 270' <<<"$out" || fail "$out"
 
-# The README's configuration section is the table, generated (regroupctl keys).
-readme_table=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/README.md" | sed '1d;$d')
-[ "$readme_table" = "$out" ] || fail "README.md's configuration table is stale: regenerate it with
-  build/regroupctl keys and paste it between the keys:begin/keys:end markers"
+# The configuration reference's table is generated (regroupctl keys).
+docs_table=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/docs/configuration.md" | sed '1d;$d')
+[ -n "$docs_table" ] || fail "docs/configuration.md has no table between the keys:begin/keys:end markers"
+[ "$docs_table" = "$out" ] || fail "docs/configuration.md's configuration table is stale: regenerate it
+  with build/regroupctl keys and paste it between the keys:begin/keys:end markers"
 # convert: every MindCluster example becomes a Volcano Job that validates; the report is on
 # stderr, the job on stdout or in -o's file.
 conv=$(mktemp -d); trap 'rm -rf "$tmp" "$conv"' EXIT

@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from regroup.api import ConfigError, StepFailed, StepRolledBack, TrainerConfig, UsageError
-from regroup.state import Snapshot, TrainingState
+from regroup.state import Snapshot, TrainingState, without_callables
 from regroup.step import Step, is_communication_error
 from regroup.stops import Stop
 
@@ -360,11 +360,6 @@ def _is_scaler(obj: Any) -> bool:
     return isinstance(obj, kinds)
 
 
-def _plain_values(state: Dict[str, Any]) -> Dict[str, Any]:
-    """A scheduler's state without the callables some keep in it (torch 1.13's OneCycleLR)."""
-    return {k: v for k, v in state.items() if not callable(v)}
-
-
 class LoopState:
     """What the script's loop changes besides the model and optimizer: its learning-rate
     schedulers and gradient scalers (found once, when training starts), the optimizer's
@@ -397,7 +392,7 @@ class LoopState:
 
     def state_dict(self) -> Dict[str, Any]:
         return {"batches_per_step": self.batches_per_step,
-                "schedulers": [_plain_values(copy.deepcopy(s.state_dict())) for s in self.schedulers],
+                "schedulers": [copy.deepcopy(without_callables(s.state_dict())) for s in self.schedulers],
                 "scalers": [copy.deepcopy(s.state_dict()) for s in self.scalers],
                 "hyper": self.hyper()}
 

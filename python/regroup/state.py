@@ -107,6 +107,12 @@ def load_tree(source: Any) -> Any:
     return _decode(json.loads(data["tree"]), list(data["tensors"]))
 
 
+def without_callables(state: Dict[str, Any]) -> Dict[str, Any]:
+    """A scheduler's state without the callables kept in its ``__dict__`` (torch 1.13's
+    OneCycleLR, a guarded ``step``): they are the object's, rebuilt by its constructor."""
+    return {k: v for k, v in state.items() if not callable(v)}
+
+
 def cpu_clone(tree: Any) -> Any:
     """A copy of a state tree with every tensor cloned to CPU (safe to write in the background)."""
     if isinstance(tree, torch.Tensor):
@@ -241,7 +247,7 @@ class TrainingState:
         if self.optimizer is not None:
             out["optimizer"] = self.optimizer.state_dict()
         if self.scheduler is not None:
-            out["scheduler"] = self.scheduler.state_dict()
+            out["scheduler"] = without_callables(self.scheduler.state_dict())
         if self.extra is not None:
             out["extra"] = self.extra.state_dict() if hasattr(self.extra, "state_dict") else dict(self.extra)
         return out

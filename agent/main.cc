@@ -14,7 +14,7 @@
 int main(int argc, char** argv) {
   using namespace regroup::agent;
   std::vector<std::string> args(argv + 1, argv + argc);
-  const EnvLookup env = ProcessEnv();
+  const regroup::EnvLookup env = regroup::ProcessEnv();
   auto parsed = ParseCommandLine(args, env);
   if (!parsed.ok()) {
     std::fprintf(stderr, "regroup-agent: %s\n", parsed.status().message().c_str());

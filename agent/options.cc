@@ -356,13 +356,6 @@ class Parser {
 
 }  // namespace
 
-EnvLookup ProcessEnv() {
-  return [](const std::string& name) -> std::optional<std::string> {
-    if (const char* value = std::getenv(name.c_str())) return std::string(value);
-    return std::nullopt;
-  };
-}
-
 StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args,
                                        const EnvLookup& env) {
   return Parser(env).Parse(args);

@@ -50,6 +50,7 @@ constexpr Flag kFlags[] = {
     {"warm-start", Kind::kAgent, true},
     {"warm-imports", Kind::kAgent, true},
     {"help", Kind::kAgent, false},
+    {"version", Kind::kAgent, false},
     {"nnodes", Kind::kTorch, true},
     {"nproc-per-node", Kind::kTorch, true},
     {"node-rank", Kind::kTorch, true},
@@ -156,7 +157,7 @@ class Parser {
         continue;
       }
       REGROUP_RETURN_IF_ERROR(Set(name, value.value_or(""), "flag " + shown));
-      if (out_.help) return out_;
+      if (out_.help || out_.version) return out_;
     }
     for (; i < args.size(); ++i) out_.options.script.push_back(args[i]);
     return Finish();
@@ -279,6 +280,10 @@ class Parser {
     }
     if (name == "help") {
       out_.help = true;
+      return Status::Ok();
+    }
+    if (name == "version") {
+      out_.version = true;
       return Status::Ok();
     }
     if (name == "nnodes") {
@@ -501,6 +506,7 @@ Agent options (environment fallback in brackets):
                               or read the rank's variables at import time
   --warm-imports M1,M2        what the fork server imports [REGROUP_WARM_IMPORTS]
                               (torch,torch.distributed,regroup.trainer)
+  --version                   print the version and exit
 
 torchrun flags honoured (PET_* environment fallbacks):
   --nnodes N|MIN:MAX  --nproc-per-node N  --node-rank R  --master-addr A  --master-port P

@@ -60,6 +60,7 @@ struct CommandLine {
   AgentOptions options;
   std::vector<std::string> notices;  // one per torchrun flag accepted and ignored
   bool help = false;                 // --help: print Usage() and exit 0
+  bool version = false;              // --version: print "regroup-agent VERSION" and exit 0
 };
 
 // Parses the arguments after the program name. An error names the flag, the value and what is

@@ -133,6 +133,12 @@ TEST(CommandLine, WarmStartIsOnForPythonAndTakesTheModulesToImport) {
 
 TEST(CommandLine, HelpNeedsNoScript) { EXPECT_TRUE(Parse({"--help"}).help); }
 
+TEST(CommandLine, VersionNeedsNoScript) {
+  const CommandLine cl = Parse({"--nproc-per-node", "2", "--version"});
+  EXPECT_TRUE(cl.version);
+  EXPECT_FALSE(cl.help);
+}
+
 TEST(CommandLine, AgentOptionsFallBackToTheEnvironment) {
   auto cl = Parse({"train.py"}, {{"REGROUP_MANAGER_ADDR", "mgr:1"},
                                  {"MINDX_TASK_ID", "mindx-job"},

@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
   auto parsed = ParseCommandLine(std::vector<std::string>(argv + 1, argv + argc), env);
   if (!parsed.ok()) return Refuse(parsed.status().message());
   if (parsed->reply) {
-    std::cout << *parsed->reply;  // --help
+    std::cout << *parsed->reply;  // --help, --version
     return 0;
   }
   const ManagerOptions& o = parsed->options;

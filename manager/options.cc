@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/address.h"
+#include "common/version.h"
 #include "plugin/config.h"
 #include "plugin/volcano_job.h"
 
@@ -74,6 +75,8 @@ void AddFlags(CLI::App& app, ManagerOptions& o) {
   app.add_option("--coordinator-server-name", o.coordinator_server_name,
                  "the name the coordinator's certificate must carry, when it is not the host of "
                  "--coordinator (needs --coordinator-ca)");
+  app.set_version_flag("--version", std::string("regroup-manager ") + REGROUP_VERSION_STRING,
+                       "print the version and exit");
 }
 
 // A variable's value; unset and empty are both nothing.
@@ -108,7 +111,7 @@ StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args, con
     app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes them reversed
   } catch (const CLI::ParseError& e) {
     std::ostringstream printed, error;
-    if (app.exit(e, printed, error) == 0) {  // --help
+    if (app.exit(e, printed, error) == 0) {  // --help, --version
       out.reply = printed.str();
       return out;
     }

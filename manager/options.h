@@ -61,7 +61,7 @@ struct ManagerOptions {
 struct CommandLine {
   ManagerOptions options;
   std::vector<std::string> notices;  // defaults worth a log line (the in-cluster coordinator)
-  // --help: what to print on stdout before exiting 0 (nothing else is parsed).
+  // --help or --version: what to print on stdout before exiting 0 (nothing else is parsed).
   std::optional<std::string> reply;
 };
 

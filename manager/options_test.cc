@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/version.h"
 
 namespace regroup::manager {
 namespace {
@@ -158,10 +159,14 @@ TEST(ManagerCommandLine, AnUnknownFlagAStrayArgumentOrAMissingValueIsNamed) {
   EXPECT_NE(e.find("--job-id: 1 required TEXT missing"), std::string::npos) << e;
 }
 
-TEST(ManagerCommandLine, HelpIsAReplyNotAnError) {
+TEST(ManagerCommandLine, HelpAndVersionAreRepliesNotErrors) {
   const CommandLine help = Parse({"--nodes", "2", "--help"});
   ASSERT_TRUE(help.reply.has_value());
   EXPECT_NE(help.reply->find("--nproc-per-node"), std::string::npos) << *help.reply;
+  EXPECT_NE(help.reply->find("--version"), std::string::npos) << *help.reply;
+  const CommandLine version = Parse({"--nodes", "2", "--version"});
+  ASSERT_TRUE(version.reply.has_value());
+  EXPECT_EQ(*version.reply, std::string("regroup-manager ") + REGROUP_VERSION_STRING + "\n");
 }
 
 TEST(ManagerCommandLine, TheCoordinatorAndItsTokenFallBackToTheEnvironment) {

@@ -18,7 +18,7 @@
 #include "cli/convert.h"
 #include "cli/fault_script.h"
 #include "cli/simulate.h"
-#include "cli/status.h"
+#include "cli/status_command.h"
 #include "common/credential.h"
 #include "common/job_token.h"
 #include "common/text.h"

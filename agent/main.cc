@@ -10,11 +10,12 @@
 #include "agent/agent.h"
 #include "agent/options.h"
 #include "common/credential.h"
+#include "common/version.h"
 
 int main(int argc, char** argv) {
   using namespace regroup::agent;
   std::vector<std::string> args(argv + 1, argv + argc);
-  const EnvLookup env = ProcessEnv();
+  const regroup::EnvLookup env = regroup::ProcessEnv();
   auto parsed = ParseCommandLine(args, env);
   if (!parsed.ok()) {
     std::fprintf(stderr, "regroup-agent: %s\n", parsed.status().message().c_str());
@@ -22,6 +23,10 @@ int main(int argc, char** argv) {
   }
   if (parsed->help) {
     std::fputs(Usage().c_str(), stdout);
+    return 0;
+  }
+  if (parsed->version) {
+    std::printf("regroup-agent %s\n", REGROUP_VERSION_STRING);
     return 0;
   }
   AgentOptions options = parsed->options;

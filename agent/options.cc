@@ -50,6 +50,7 @@ constexpr Flag kFlags[] = {
     {"warm-start", Kind::kAgent, true},
     {"warm-imports", Kind::kAgent, true},
     {"help", Kind::kAgent, false},
+    {"version", Kind::kAgent, false},
     {"nnodes", Kind::kTorch, true},
     {"nproc-per-node", Kind::kTorch, true},
     {"node-rank", Kind::kTorch, true},
@@ -156,7 +157,7 @@ class Parser {
         continue;
       }
       REGROUP_RETURN_IF_ERROR(Set(name, value.value_or(""), "flag " + shown));
-      if (out_.help) return out_;
+      if (out_.help || out_.version) return out_;
     }
     for (; i < args.size(); ++i) out_.options.script.push_back(args[i]);
     return Finish();
@@ -281,6 +282,10 @@ class Parser {
       out_.help = true;
       return Status::Ok();
     }
+    if (name == "version") {
+      out_.version = true;
+      return Status::Ok();
+    }
     if (name == "nnodes") {
       const std::string allowed = "N or MIN:MAX, positive integers with MIN <= MAX";
       size_t colon = value.find(':');
@@ -355,13 +360,6 @@ class Parser {
 };
 
 }  // namespace
-
-EnvLookup ProcessEnv() {
-  return [](const std::string& name) -> std::optional<std::string> {
-    if (const char* value = std::getenv(name.c_str())) return std::string(value);
-    return std::nullopt;
-  };
-}
 
 StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args,
                                        const EnvLookup& env) {
@@ -508,6 +506,7 @@ Agent options (environment fallback in brackets):
                               or read the rank's variables at import time
   --warm-imports M1,M2        what the fork server imports [REGROUP_WARM_IMPORTS]
                               (torch,torch.distributed,regroup.trainer)
+  --version                   print the version and exit
 
 torchrun flags honoured (PET_* environment fallbacks):
   --nnodes N|MIN:MAX  --nproc-per-node N  --node-rank R  --master-addr A  --master-port P

@@ -9,12 +9,12 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/environment.h"
 #include "common/status.h"
 
 namespace regroup::agent {
@@ -60,12 +60,8 @@ struct CommandLine {
   AgentOptions options;
   std::vector<std::string> notices;  // one per torchrun flag accepted and ignored
   bool help = false;                 // --help: print Usage() and exit 0
+  bool version = false;              // --version: print "regroup-agent VERSION" and exit 0
 };
-
-using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
-
-// The process environment, for main.
-EnvLookup ProcessEnv();
 
 // Parses the arguments after the program name. An error names the flag, the value and what is
 // allowed (the caller prints it and exits 2).

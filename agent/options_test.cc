@@ -11,22 +11,14 @@ namespace {
 
 using Env = std::map<std::string, std::string>;
 
-EnvLookup Lookup(Env env) {
-  return [env = std::move(env)](const std::string& name) -> std::optional<std::string> {
-    auto it = env.find(name);
-    if (it == env.end()) return std::nullopt;
-    return it->second;
-  };
-}
-
 CommandLine Parse(const std::vector<std::string>& args, Env env = {}) {
-  auto parsed = ParseCommandLine(args, Lookup(std::move(env)));
+  auto parsed = ParseCommandLine(args, EnvOf(std::move(env)));
   EXPECT_TRUE(parsed.ok()) << parsed.status().message();
   return parsed.ok() ? *parsed : CommandLine{};
 }
 
 std::string Error(const std::vector<std::string>& args, Env env = {}) {
-  auto parsed = ParseCommandLine(args, Lookup(std::move(env)));
+  auto parsed = ParseCommandLine(args, EnvOf(std::move(env)));
   EXPECT_FALSE(parsed.ok());
   return parsed.ok() ? "" : parsed.status().message();
 }
@@ -141,6 +133,12 @@ TEST(CommandLine, WarmStartIsOnForPythonAndTakesTheModulesToImport) {
 
 TEST(CommandLine, HelpNeedsNoScript) { EXPECT_TRUE(Parse({"--help"}).help); }
 
+TEST(CommandLine, VersionNeedsNoScript) {
+  const CommandLine cl = Parse({"--nproc-per-node", "2", "--version"});
+  EXPECT_TRUE(cl.version);
+  EXPECT_FALSE(cl.help);
+}
+
 TEST(CommandLine, AgentOptionsFallBackToTheEnvironment) {
   auto cl = Parse({"train.py"}, {{"REGROUP_MANAGER_ADDR", "mgr:1"},
                                  {"MINDX_TASK_ID", "mindx-job"},
@@ -244,7 +242,7 @@ TEST(CommandLine, ABadEnvironmentValueNamesTheVariable) {
 
 TEST(ResolveDefaults, NodeRankZeroIsReachedAtTheMasterAddress) {
   AgentOptions o = Parse({"--master-addr", "10.9.8.7", "train.py"}).options;
-  ResolveDefaults(o, Lookup({{"TMPDIR", "/scratch/"}}));
+  ResolveDefaults(o, EnvOf({{"TMPDIR", "/scratch/"}}));
   EXPECT_EQ(o.host, "10.9.8.7");
   EXPECT_EQ(o.pod_uid.size(), 36u);
   EXPECT_EQ(o.pod_uid[14], '4');  // a version-4 uid
@@ -254,7 +252,7 @@ TEST(ResolveDefaults, NodeRankZeroIsReachedAtTheMasterAddress) {
 
 TEST(ResolveDefaults, OtherNodesUseTheirOwnAddress) {
   AgentOptions o = Parse({"--nnodes", "2", "--node-rank", "1", "train.py"}).options;
-  ResolveDefaults(o, Lookup({}));
+  ResolveDefaults(o, EnvOf({}));
   EXPECT_EQ(o.host, FirstNonLoopbackIpv4().value_or("127.0.0.1"));
   EXPECT_EQ(o.socket_dir.rfind("/tmp/regroup-", 0), 0u) << o.socket_dir;
   EXPECT_NE(RandomUid(), RandomUid());
@@ -263,14 +261,14 @@ TEST(ResolveDefaults, OtherNodesUseTheirOwnAddress) {
 TEST(CheckResolved, ASocketPathTooLongOrAMissingInterpreterNamesTheFlag) {
   AgentOptions o = Parse({"--python", "/bin/sh", "train.py"}).options;
   o.socket_dir = "/tmp";
-  EXPECT_TRUE(CheckResolved(o, Lookup({})).ok());
+  EXPECT_TRUE(CheckResolved(o, EnvOf({})).ok());
   o.socket_dir = "/tmp/" + std::string(120, 'd');
-  Status long_path = CheckResolved(o, Lookup({}));
+  Status long_path = CheckResolved(o, EnvOf({}));
   EXPECT_NE(long_path.message().find("flag --socket-dir"), std::string::npos)
       << long_path.message();
   o.socket_dir = "/tmp";
   o.python = "no-such-python-here";
-  Status missing = CheckResolved(o, Lookup({{"PATH", "/nonexistent"}}));
+  Status missing = CheckResolved(o, EnvOf({{"PATH", "/nonexistent"}}));
   EXPECT_NE(missing.message().find("flag --python: cannot run no-such-python-here"),
             std::string::npos)
       << missing.message();

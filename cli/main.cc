@@ -18,10 +18,11 @@
 #include "cli/convert.h"
 #include "cli/fault_script.h"
 #include "cli/simulate.h"
-#include "cli/status.h"
+#include "cli/status_command.h"
 #include "common/credential.h"
 #include "common/job_token.h"
 #include "common/text.h"
+#include "common/version.h"
 #include "plugin/job_spec.h"
 #include "plugin/volcano_job.h"
 #include "plugin/config.h"
@@ -166,6 +167,8 @@ int Token(const std::string& key_file, const std::string& job, const std::string
 int main(int argc, char** argv) {
   CLI::App app{"regroupctl: validate, simulate and convert elastic training jobs for Regroup"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("regroupctl ") + REGROUP_VERSION_STRING,
+                       "print the version and exit");
 
   std::string job_path, script_path;
   bool json = false;

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdio>
 #include <condition_variable>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -291,11 +293,25 @@ TEST(ManagerService, HostileAuthenticatedAgentsNeverBreakTheServer) {
 }
 
 // httplib ignores a stop() that comes before its listening loop runs: the server's Stop right
-// after Start once hung in joining the HTTP thread (about 1 run in 150 under load).
+// after Start once hung in joining the HTTP thread (about 1 run in 150 under load). Each Stop runs
+// on a thread of its own and must return within kStopBound; one that does not fails the test
+// instead of hanging it (the thread is left behind, holding the server it is stuck in).
 TEST(ManagerService, StopRightAfterStartNeverHangs) {
+  constexpr auto kStopBound = 10s;
   for (int i = 0; i < 50; ++i) {
-    auto server = StartManager(1, "secret");
-    server->Stop();
+    std::shared_ptr<ManagerServer> server = StartManager(1, "secret");
+    auto stopped = std::make_shared<std::promise<void>>();
+    std::future<void> done = stopped->get_future();
+    std::thread stopper([server, stopped] {
+      server->Stop();
+      stopped->set_value();
+    });
+    if (done.wait_for(kStopBound) != std::future_status::ready) {
+      stopper.detach();
+      FAIL() << "Stop right after Start did not return within 10 s (start and stop " << i + 1
+             << " of 50)";
+    }
+    stopper.join();
   }
 }
 

@@ -14,10 +14,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/version.h"
 #include "sim/world.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"regroup-sim: deterministic simulation of Regroup's control protocol"};
+  app.set_version_flag("--version", std::string("regroup-sim ") + REGROUP_VERSION_STRING,
+                       "print the version and exit");
   uint64_t seed = 0, seeds = 0, from = 1;
   double hours = 0;
   regroup::sim::Options base;

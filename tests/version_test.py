@@ -5,9 +5,14 @@ CMake reads VERSION (project(), and common/version.h for the library and regroup
 package's version is VERSION through the link python/VERSION; the manifests in deploy/ and
 examples/ name Regroup's images with that tag. Run by ctest as `Version`; exits 1 naming each
 place that disagrees.
+
+    version_test.py PROGRAM...   checks instead that each PROGRAM --version prints its name and
+                                 VERSION ("regroup-manager 0.1.0") and exits 0 (ctest runs it as
+                                 Version.<program> for each program CMake builds to be run)
 """
 import pathlib
 import re
+import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -34,16 +39,31 @@ def problems(version: str):
             yield f"{path.relative_to(ROOT)} writes a release number; use REGROUP_VERSION_STRING"
 
 
+def program_problems(version: str, programs):
+    for program in programs:
+        want = f"{pathlib.Path(program).name} {version}\n"
+        try:
+            run = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            yield f"{program} --version did not run: {e}"
+            continue
+        if run.returncode != 0 or run.stdout != want:
+            yield (f"{program} --version printed {run.stdout!r} and exited {run.returncode} "
+                   f"(stderr {run.stderr!r}); want {want!r} and 0")
+
+
 def main() -> int:
     version = (ROOT / "VERSION").read_text().strip()
     if not re.fullmatch(r"\d+\.\d+\.\d+", version):
         print(f"VERSION holds {version!r}, not MAJOR.MINOR.PATCH")
         return 1
-    found = list(problems(version))
+    programs = sys.argv[1:]
+    found = list(program_problems(version, programs) if programs else problems(version))
     for p in found:
         print(p)
     if not found:
-        print(f"version: {version} is written once, in VERSION")
+        print(f"version: {', '.join(programs)} print {version}" if programs else
+              f"version: {version} is written once, in VERSION")
     return 1 if found else 0
 
 

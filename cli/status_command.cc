@@ -1,4 +1,4 @@
-#include "cli/status.h"
+#include "cli/status_command.h"
 
 #include <chrono>
 #include <ctime>

@@ -183,9 +183,9 @@ Status Job::OnPod(int64_t index, std::string_view uid, PodPhase phase, std::stri
   if (lost_one) return Status::Ok();  // the old one ending
   // First seen ending while the slot's incarnation is registered (its agent is up): an earlier
   // one that ended unseen (the scheduler was paused or restarted while it came and went, and its
-  // session reports what ended first). It replaces nobody; had the registered one ended too, its
-  // own report says so (simulation seed 15679 with a coordinator: it was taken for the newest,
-  // the registered one for lost, and that one's own report for the old one ending).
+  // session reports what ended first). It replaces nobody: taken for the newest, it would mark
+  // the registered one lost, whose own report would then read as the old one ending. Had the
+  // registered one ended too, its own report says so.
   if (gone && slot.status != PodSlot::Status::kLost) return Status::Ok();
 
   // A new incarnation of the slot.
@@ -499,7 +499,7 @@ void Job::ScaleIn(int64_t now, const std::string& what, bool waited) {
     return;
   }
   // The replicas it keeps must hold the state between them: a holder on a replica left
-  // incomplete does not train, and nobody outside the generation sends (sim seed 29096).
+  // incomplete does not train, and nobody outside the generation sends.
   if (ShardLost(now, what + "; scaling in would keep no holder", {}, {}, &plan->keep_replicas)) return;
   Directive d;
   d.kind = REGROUP_DIRECTIVE_SCALE_IN;
@@ -562,24 +562,13 @@ void Job::RecoverPods(int64_t now, const std::string& what, const std::vector<in
   Escalate(now, what + "; neither recover nor elastic-training is allowed");
 }
 
-void Job::Decide(int64_t now) {
-  std::vector<PendingFault> batch = std::move(pending_);
-  pending_.clear();
-  window_start_ms_ = -1;
-  if (IsTerminal(phase_) || phase_ == REGROUP_PHASE_RESTARTING) return;
-  if (phase_ == REGROUP_PHASE_PAUSED) {
-    for (auto& f : batch) held_.push_back(std::move(f));
-    return;
-  }
-  hardware_fault_ = HasHardwareFault(batch);
+namespace {
 
-  // What happened, in one sentence: the first faults in full (details cut), the rest counted,
-  // so that a mass failure's reason still fits a message (it once took 4.2 MB at 1,024 faults).
+// What happened, in one sentence: the first faults in full (details cut), the rest counted by
+// kind, so that a mass failure's reason still fits a message (it once took 4.2 MB at 1,024
+// faults).
+std::string DescribeFaults(const std::vector<PendingFault>& batch) {
   std::string what;
-  std::vector<int64_t> dead_ranks;
-  std::vector<int64_t> collective_ranks;
-  bool collective = false, state_lost = false;
-  std::optional<std::string> poison;
   size_t described = 0;
   std::map<std::string, int64_t> not_described;
   for (const auto& f : batch) {
@@ -595,22 +584,6 @@ void Job::Decide(int64_t now) {
     } else {
       not_described[std::string(FaultKindName(f.kind))] += 1 + f.merged;
     }
-    if (f.kind == FaultKind::kProcessExit || f.kind == FaultKind::kHang) {
-      for (int64_t p : f.pods)
-        if (slots_[static_cast<size_t>(p)].status != PodSlot::Status::kLost)
-          dead_ranks.insert(dead_ranks.end(), f.ranks.begin(), f.ranks.end());
-    }
-    state_lost = state_lost || f.kind == FaultKind::kStateLost;
-    if (f.kind == FaultKind::kCollectiveError) {
-      collective = true;
-      collective_ranks.insert(collective_ranks.end(), f.ranks.begin(), f.ranks.end());
-    }
-    if (f.step >= 0 && !poison) {
-      auto step = step_failures_.find(f.step);
-      if (step != step_failures_.end() && step->second.count(std::string(FaultKindName(f.kind))))
-        poison = "poison step " + std::to_string(f.step) + ": " +
-                 std::string(FaultKindName(f.kind)) + " twice at the same step";
-    }
   }
   if (!not_described.empty()) {
     std::string more;
@@ -618,36 +591,102 @@ void Job::Decide(int64_t now) {
       more += (more.empty() ? "" : ", ") + std::to_string(count) + " " + kind;
     what += "; and " + more + " more";
   }
-  std::sort(dead_ranks.begin(), dead_ranks.end());
-  dead_ranks.erase(std::unique(dead_ranks.begin(), dead_ranks.end()), dead_ranks.end());
+  return what;
+}
 
-  // A replica of the current generation lost a pod: one lost now, or one this batch reports
-  // lost whose replacement (or own readmission) registered within the report window. The manager
-  // aborted that generation either way, so it always gets a directive.
-  std::set<int64_t> lost_in_batch;
-  for (const auto& f : batch)
+}  // namespace
+
+// What a report window's faults amount to: the facts Decide works from, read once.
+struct Job::FaultSummary {
+  std::string what;                       // DescribeFaults
+  std::vector<int64_t> dead_ranks;        // exited or hung, on pods not lost; sorted, unique
+  bool collective = false;                // a collective failed
+  std::vector<int64_t> collective_ranks;  // the ranks that said so
+  bool state_lost = false;                // the manager found a shard no rank holds
+  std::set<int64_t> lost_in_batch;        // pods reported lost, or whose device failed
+  std::optional<std::string> poison;      // a fault of a kind already seen at the same step
+};
+
+Job::FaultSummary Job::SummarizeFaults(const std::vector<PendingFault>& batch) const {
+  FaultSummary s;
+  s.what = DescribeFaults(batch);
+  for (const auto& f : batch) {
+    if (f.kind == FaultKind::kProcessExit || f.kind == FaultKind::kHang) {
+      for (int64_t p : f.pods)
+        if (slots_[static_cast<size_t>(p)].status != PodSlot::Status::kLost)
+          s.dead_ranks.insert(s.dead_ranks.end(), f.ranks.begin(), f.ranks.end());
+    }
+    s.state_lost = s.state_lost || f.kind == FaultKind::kStateLost;
+    if (f.kind == FaultKind::kCollectiveError) {
+      s.collective = true;
+      s.collective_ranks.insert(s.collective_ranks.end(), f.ranks.begin(), f.ranks.end());
+    }
     if (f.kind == FaultKind::kPodLost || f.kind == FaultKind::kDeviceError)
-      lost_in_batch.insert(f.pods.begin(), f.pods.end());
+      s.lost_in_batch.insert(f.pods.begin(), f.pods.end());
+    if (f.step >= 0 && !s.poison) {
+      auto step = step_failures_.find(f.step);
+      if (step != step_failures_.end() && step->second.count(std::string(FaultKindName(f.kind))))
+        s.poison = "poison step " + std::to_string(f.step) + ": " +
+                   std::string(FaultKindName(f.kind)) + " twice at the same step";
+    }
+  }
+  std::sort(s.dead_ranks.begin(), s.dead_ranks.end());
+  s.dead_ranks.erase(std::unique(s.dead_ranks.begin(), s.dead_ranks.end()), s.dead_ranks.end());
+  return s;
+}
+
+// A pod lost now, or one the batch reports lost whose replacement (or own readmission) registered
+// within the report window: the manager aborted the generation either way.
+bool Job::GenerationLostAPod(const std::set<int64_t>& lost_in_batch) const {
+  for (int64_t r : generation_replicas_)
+    for (int64_t p : layout_.PodsOfReplica(r))
+      if (slots_[static_cast<size_t>(p)].status == PodSlot::Status::kLost ||
+          lost_in_batch.count(p) > 0)
+        return true;
+  return false;
+}
+
+void Job::Decide(int64_t now) {
+  std::vector<PendingFault> batch = std::move(pending_);
+  pending_.clear();
+  window_start_ms_ = -1;
+  if (IsTerminal(phase_) || phase_ == REGROUP_PHASE_RESTARTING) return;
+  if (phase_ == REGROUP_PHASE_PAUSED) {
+    for (auto& f : batch) held_.push_back(std::move(f));
+    return;
+  }
+  hardware_fault_ = HasHardwareFault(batch);
+  const FaultSummary faults = SummarizeFaults(batch);
   // The manager found a shard no rank of the next generation holds: what this engine knows may be
   // older (a restarted manager's embedded engine is new; survivors that trained on without the
   // other replicas left those behind), the manager's knowledge is the ranks' own reports.
-  if (state_lost) {
-    JobLevel(now, what + "; a checkpoint is needed");
+  if (faults.state_lost) {
+    JobLevel(now, faults.what + "; a checkpoint is needed");
     return;
   }
-  bool broken = false;
-  for (int64_t r : generation_replicas_)
-    for (int64_t p : layout_.PodsOfReplica(r))
-      broken = broken || slots_[static_cast<size_t>(p)].status == PodSlot::Status::kLost ||
-               lost_in_batch.count(p) > 0;
-  if (!broken && dead_ranks.empty() && !collective) {
-    // Only standbys were touched: nothing to recover; the lost pods are wanted back.
-    return;
-  }
+  // A generation that lost a pod always gets a directive; with no rank dead and no collective
+  // failed, only standbys were touched: nothing to recover, the lost pods are wanted back.
+  const bool broken = GenerationLostAPod(faults.lost_in_batch);
+  if (!broken && faults.dead_ranks.empty() && !faults.collective) return;
+  if (!ClearedToRecover(now, std::move(batch), faults)) return;
+  if (broken)
+    RecoverPods(now, faults.what, faults.dead_ranks);
+  else if (!faults.dead_ranks.empty())
+    RestartDeadRanks(now, faults);
+  else
+    RecoverCollective(now, faults);
+}
 
-  if (poison) {
-    Escalate(now, *poison + " (" + what + ")");
-    return;
+// What stands between a decided fault and its recovery, in this order: a poison step escalates,
+// process-level recovery switched off reschedules, pause holds the faults, a shard whose every
+// copy is gone needs a checkpoint, and the recovery budget must have room. True when the recovery
+// goes ahead.
+bool Job::ClearedToRecover(int64_t now, std::vector<PendingFault> batch,
+                           const FaultSummary& faults) {
+  const std::string& what = faults.what;
+  if (faults.poison) {
+    Escalate(now, *faults.poison + " (" + what + ")");
+    return false;
   }
   if (!config_.recovery_on()) {
     JobLevel(now, what + "; process-level recovery is off (fault-scheduling=" +
@@ -655,34 +694,42 @@ void Job::Decide(int64_t now) {
                       ", process-recover-enable=" +
                       KeyValueText(*FindKey("process-recover-enable"), config_.process_recover) +
                       ")");
-    return;
+    return false;
   }
   if (config_.process_recover_mode() == ProcessRecover::kPause) {
-    held_ = std::move(batch);
-    held_since_ms_ = now;
-    Directive d;
-    d.kind = REGROUP_DIRECTIVE_WAIT;
-    d.strategy = "pause";
-    d.deadline_ms = now + config_.mindio_wait_s * 1000;
-    d.reason = what + "; process-recover-enable=pause: the fault is held until it is on again "
-                      "or MINDIO_WAIT_MINDX_TIME (" + std::to_string(config_.mindio_wait_s) +
-               " s) runs out";
-    Issue(now, REGROUP_PHASE_PAUSED, std::move(d));
-    return;
+    HoldWhilePaused(now, std::move(batch), what);
+    return false;
   }
-  // A shard whose every copy is gone cannot be recovered from the survivors, whatever the
-  // strategy: their census would find no rank to send it (python/regroup/sync.py).
-  if (ShardLost(now, what, lost_in_batch, dead_ranks)) return;
+  // Whatever the strategy, the survivors' census would find no rank to send such a shard
+  // (python/regroup/sync.py).
+  if (ShardLost(now, what, faults.lost_in_batch, faults.dead_ranks)) return false;
   // Counted only once a fault is decided on, so a fault held while paused counts once.
   for (const auto& f : batch)
     if (f.step >= 0) ++step_failures_[f.step][std::string(FaultKindName(f.kind))];
+  return SpendRecoveryBudget(now, what);
+}
+
+void Job::HoldWhilePaused(int64_t now, std::vector<PendingFault> batch, const std::string& what) {
+  held_ = std::move(batch);
+  held_since_ms_ = now;
+  Directive d;
+  d.kind = REGROUP_DIRECTIVE_WAIT;
+  d.strategy = "pause";
+  d.deadline_ms = now + config_.mindio_wait_s * 1000;
+  d.reason = what + "; process-recover-enable=pause: the fault is held until it is on again "
+                    "or MINDIO_WAIT_MINDX_TIME (" + std::to_string(config_.mindio_wait_s) +
+             " s) runs out";
+  Issue(now, REGROUP_PHASE_PAUSED, std::move(d));
+}
+
+bool Job::SpendRecoveryBudget(int64_t now, const std::string& what) {
   const int64_t recent = RecoveriesInWindow(now);
   if (recent >= config_.recovery_budget) {
     Escalate(now, what + "; recovery budget exhausted: " + std::to_string(recent) +
                       " recoveries in the last " + std::to_string(config_.recovery_window_s) +
                       " s (regroup.io/recovery-budget=" +
                       std::to_string(config_.recovery_budget) + ")");
-    return;
+    return false;
   }
   recoveries_ms_.push_back(now);
   last_recovery_ms_ = now;
@@ -690,71 +737,71 @@ void Job::Decide(int64_t now) {
   recoveries_ms_.erase(std::remove_if(recoveries_ms_.begin(), recoveries_ms_.end(),
                                       [&](int64_t t) { return t <= since; }),
                        recoveries_ms_.end());
+  return true;
+}
 
-  if (broken) {
-    RecoverPods(now, what, dead_ranks);
-    return;
-  }
-  if (!dead_ranks.empty()) {
-    if (config_.allows(Strategy::kRecoverInPlace)) {
-      // The restarted ranks need a peer replica to receive state from.
-      std::vector<bool> dead_pod(slots_.size(), false);
-      for (int64_t rank : dead_ranks)
-        if (int64_t p = PodOfRank(rank); p >= 0) dead_pod[static_cast<size_t>(p)] = true;
-      bool has_peer = false;
-      for (int64_t r : generation_replicas_) {
-        bool clean = true;
-        for (int64_t p : layout_.PodsOfReplica(r)) clean = clean && !dead_pod[static_cast<size_t>(p)];
-        has_peer = has_peer || clean;
-      }
-      if (!has_peer) {
-        JobLevel(now, what + "; no healthy replica is left to give the restarted ranks their "
-                             "state: a checkpoint is needed");
-        return;
-      }
-      Directive d;
-      d.kind = REGROUP_DIRECTIVE_RESTART_IN_PLACE;
-      d.strategy = "recover-in-place";
-      d.restart_ranks = dead_ranks;
-      d.reason = what + "; restarting ranks " + List(dead_ranks) +
-                 " in place, state from a peer replica";
-      Issue(now, REGROUP_PHASE_RECOVERING, std::move(d));
+void Job::RestartDeadRanks(int64_t now, const FaultSummary& faults) {
+  const std::string& what = faults.what;
+  const std::vector<int64_t>& dead_ranks = faults.dead_ranks;
+  if (config_.allows(Strategy::kRecoverInPlace)) {
+    if (!HasReplicaClearOf(dead_ranks)) {
+      JobLevel(now, what + "; no healthy replica is left to give the restarted ranks their "
+                           "state: a checkpoint is needed");
       return;
     }
-    if (config_.allows(Strategy::kRecover) || config_.allows(Strategy::kElasticTraining)) {
-      for (int64_t rank : dead_ranks)
-        if (int64_t p = PodOfRank(rank); p >= 0)
-          MarkLost(p, LostCause::kProcessDied, now, false);
-      // Replacing a pod gives up its healthy ranks too (simulation seed 144: the only holder of
-      // a shard shared its pod with a hung rank).
-      if (ShardLost(now, what + "; recover-in-place is not allowed: replacing the pods",
-                    lost_in_batch, dead_ranks))
-        return;
-      RecoverPods(now, what + "; recover-in-place is not allowed: replacing the pods", {});
-      return;
-    }
-    Escalate(now, what + "; no allowed strategy restarts a process");
+    Directive d;
+    d.kind = REGROUP_DIRECTIVE_RESTART_IN_PLACE;
+    d.strategy = "recover-in-place";
+    d.restart_ranks = dead_ranks;
+    d.reason = what + "; restarting ranks " + List(dead_ranks) +
+               " in place, state from a peer replica";
+    Issue(now, REGROUP_PHASE_RECOVERING, std::move(d));
     return;
   }
-  // A collective failed and no process is known dead.
+  if (config_.allows(Strategy::kRecover) || config_.allows(Strategy::kElasticTraining)) {
+    for (int64_t rank : dead_ranks)
+      if (int64_t p = PodOfRank(rank); p >= 0) MarkLost(p, LostCause::kProcessDied, now, false);
+    // Replacing a pod gives up its healthy ranks too, and one of them may hold the last copy of a
+    // shard.
+    const std::string replacing = what + "; recover-in-place is not allowed: replacing the pods";
+    if (ShardLost(now, replacing, faults.lost_in_batch, dead_ranks)) return;
+    RecoverPods(now, replacing, {});
+    return;
+  }
+  Escalate(now, what + "; no allowed strategy restarts a process");
+}
+
+bool Job::HasReplicaClearOf(const std::vector<int64_t>& ranks) const {
+  std::vector<bool> touched(slots_.size(), false);
+  for (int64_t rank : ranks)
+    if (int64_t p = PodOfRank(rank); p >= 0) touched[static_cast<size_t>(p)] = true;
+  for (int64_t r : generation_replicas_) {
+    bool clear = true;
+    for (int64_t p : layout_.PodsOfReplica(r)) clear = clear && !touched[static_cast<size_t>(p)];
+    if (clear) return true;
+  }
+  return false;
+}
+
+void Job::RecoverCollective(int64_t now, const FaultSummary& faults) {
   if (config_.allows(Strategy::kRetry)) {
     Directive d;
     d.kind = REGROUP_DIRECTIVE_RETRY;
     d.strategy = "retry";
-    d.reason = what + "; every rank aborts the step and does it again";
+    d.reason = faults.what + "; every rank aborts the step and does it again";
     Issue(now, REGROUP_PHASE_RECOVERING, std::move(d));
     return;
   }
-  if (config_.allows(Strategy::kRecoverInPlace) && !collective_ranks.empty()) {
+  if (config_.allows(Strategy::kRecoverInPlace) && !faults.collective_ranks.empty()) {
     Directive d;
     d.kind = REGROUP_DIRECTIVE_RESTART_IN_PLACE;
     d.strategy = "recover-in-place";
-    d.restart_ranks = collective_ranks;
-    d.reason = what + "; retry is not allowed: restarting the reporting ranks in place";
+    d.restart_ranks = faults.collective_ranks;
+    d.reason = faults.what + "; retry is not allowed: restarting the reporting ranks in place";
     Issue(now, REGROUP_PHASE_RECOVERING, std::move(d));
     return;
   }
-  Escalate(now, what + "; retry is not allowed");
+  Escalate(now, faults.what + "; retry is not allowed");
 }
 
 void Job::DecideHeldWhilePaused(int64_t now) {
@@ -887,8 +934,7 @@ std::vector<Eviction> Job::Evictions() const {
         !s.uid.empty() && !IsUidFingerprint(s.uid) &&
         (PodPresent(s.phase) || (wants && s.phase == REGROUP_POD_FAILED)))
       // The pod, not its agent's incarnation: a readmitted agent's uid names no pod the
-      // scheduler has (simulation seed 104 with a coordinator: never evicted, the job restart
-      // waited for its replacement for good).
+      // scheduler has: it would never be evicted, and its replacement would never come.
       out.push_back({static_cast<int64_t>(p), std::string(PodOfUid(s.uid)), s.node, force});
   }
   return out;

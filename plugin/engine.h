@@ -214,7 +214,25 @@ class Job {
   bool Tick(int64_t now);
 
   void MarkLost(int64_t pod, LostCause cause, int64_t now, bool avoid_node);
+  // Decides on the faults of a closed report window.
   void Decide(int64_t now);
+  // Decide's steps, in the order it takes them.
+  struct FaultSummary;
+  FaultSummary SummarizeFaults(const std::vector<PendingFault>& batch) const;
+  // Whether a replica of the current generation lost a pod (now, or in `lost_in_batch`).
+  bool GenerationLostAPod(const std::set<int64_t>& lost_in_batch) const;
+  // Issues what comes instead of a recovery and returns false, or counts the recovery.
+  bool ClearedToRecover(int64_t now, std::vector<PendingFault> batch, const FaultSummary& faults);
+  // process-recover-enable=pause: the faults wait for DecideHeldWhilePaused.
+  void HoldWhilePaused(int64_t now, std::vector<PendingFault> batch, const std::string& what);
+  // Counts a recovery and returns true, or escalates past regroup.io/recovery-budget.
+  bool SpendRecoveryBudget(int64_t now, const std::string& what);
+  // Processes exited or hung on pods not lost: restarted in place, or their pods replaced.
+  void RestartDeadRanks(int64_t now, const FaultSummary& faults);
+  // Whether a replica of the generation has none of `ranks`: one to give them their state.
+  bool HasReplicaClearOf(const std::vector<int64_t>& ranks) const;
+  // A collective failed and no process is known dead: retried, or its reporters restarted.
+  void RecoverCollective(int64_t now, const FaultSummary& faults);
   void DecideHeldWhilePaused(int64_t now);
   void RecoverPods(int64_t now, const std::string& what, const std::vector<int64_t>& ranks);
   void ScaleIn(int64_t now, const std::string& what, bool waited);

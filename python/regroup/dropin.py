@@ -351,13 +351,13 @@ def _is_scheduler(obj: Any) -> bool:
     kinds = tuple(k for k in (getattr(lr_scheduler, "LRScheduler", None),
                               getattr(lr_scheduler, "_LRScheduler", None),
                               getattr(lr_scheduler, "ReduceLROnPlateau", None)) if k is not None)
-    return isinstance(obj, kinds)
+    return issubclass(type(obj), kinds)  # type(): isinstance reads __class__, which some objects warn on
 
 
 def _is_scaler(obj: Any) -> bool:
     kinds = tuple(k for k in (getattr(getattr(torch, "amp", None), "GradScaler", None),
                               getattr(getattr(torch.cuda, "amp", None), "GradScaler", None)) if k is not None)
-    return isinstance(obj, kinds)
+    return issubclass(type(obj), kinds)  # type(): isinstance reads __class__, which some objects warn on
 
 
 class LoopState:

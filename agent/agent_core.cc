@@ -28,6 +28,13 @@ constexpr size_t kMaxPending = 1024;
 // flapping node is then replaced by the scheduler instead).
 constexpr int kMaxReadmissions = 5;
 
+// What makes a script one Regroup recovers, said wherever a trainer never connects.
+constexpr char kAdoptRecipe[] =
+    "adopt it in five lines: import regroup; regroup.init_process_group(...) in place of "
+    "torch.distributed.init_process_group; regroup.DDP(...) in place of DDP(...); "
+    "regroup.optimizer(opt); regroup.DataLoader(...) in place of DataLoader(...) "
+    "(python/README.md, 'The drop-in'); or run it under torchrun";
+
 const char* ModeName(v1::StopTraining::Mode mode) {
   switch (mode) {
     case v1::StopTraining::MODE_EXIT: return "exit";
@@ -96,8 +103,34 @@ Millis AgentCore::NextDeadline(Millis now) const {
   } else {
     if (outage_since_) consider(*outage_since_ + std::chrono::seconds(options_.reconnect_timeout_s));
     if (done_at_) consider(*done_at_);
+    for (uint32_t r = 0; r < ranks_.size(); ++r)
+      if (Live(r) && !ranks_[r].heard && !ranks_[r].connect_warned)
+        consider(ConnectDeadline(ranks_[r]));
   }
   return next;
+}
+
+Millis AgentCore::ConnectDeadline(const Rank& k) const {
+  return k.started + std::chrono::seconds(options_.connect_timeout_s);
+}
+
+std::string AgentCore::ScriptName() const {
+  if (options_.script.empty()) return "the training script";
+  return (options_.module ? "module " : "") + options_.script[0];
+}
+
+// Not stopped: a big model may take longer to build than the bound.
+void AgentCore::WarnUnconnected(Millis now) {
+  for (uint32_t r = 0; r < ranks_.size(); ++r) {
+    Rank& k = ranks_[r];
+    if (!Live(r) || k.heard || k.connect_warned || now < ConnectDeadline(k)) continue;
+    k.connect_warned = true;
+    spdlog::warn("local rank {} (pid {}) has run {} s without connecting to this agent "
+                 "(--connect-timeout-s): no generation can take it in, so nothing trains under "
+                 "Regroup yet; {} does not use the regroup library if it never connects, and "
+                 "Regroup cannot recover it: {}",
+                 r, k.pid, (now - k.started).count() / 1000, ScriptName(), kAdoptRecipe);
+  }
 }
 
 void AgentCore::OnTimers(Millis now) {
@@ -138,6 +171,7 @@ void AgentCore::OnTimers(Millis now) {
     return;  // BeginStop ran the timers again
   }
   if (exit_code_) return;
+  if (!stopping_) WarnUnconnected(now);
   // A Register in flight told the manager the trainers are still in their generation (it may
   // resume it): they are paused only once the answer is not a resumed session.
   if (pause_at_ && now >= *pause_at_ && link_ != Link::kRegistering) {
@@ -178,6 +212,7 @@ void AgentCore::StartChild(uint32_t r) {
   StatusOr<int> pid = host_->StartProcess(r);
   k.started = now_;
   k.heard = false;
+  k.connect_warned = false;
   k.cpu_ms = -1;
   k.cpu_grew = now_;
   k.step = 0;
@@ -233,7 +268,23 @@ void AgentCore::OnProcessExit(Millis now, uint32_t r, int exit_code, int signal)
     }
     return;
   }
-  if (k.exit_signal != 0) {
+  // Failed by itself before any trainer here ever connected: the script does not use the
+  // library. One killed by a signal says nothing of its script (the OOM killer, a fault).
+  const bool without_regroup = !k.heard && !any_connected_ && !stopping_;
+  const bool refuse = without_regroup && k.exit_signal == 0 && k.exit_code != 0;
+  if (refuse) {
+    spdlog::error("local rank {} (pid {}) exited with code {} and never connected to this agent, "
+                  "nor did any other trainer here: {} does not use the regroup library (or "
+                  "fails before it connects), and Regroup cannot recover a script that does "
+                  "not use its library: {}. Stopping the other trainers and exiting {}, with no "
+                  "restart",
+                  r, k.pid, k.exit_code, ScriptName(), kAdoptRecipe, kExitScriptWithoutRegroup);
+  } else if (without_regroup && k.exit_signal == 0 && !told_no_regroup_) {
+    told_no_regroup_ = true;
+    spdlog::warn("local rank {} (pid {}) exited with code 0 and never connected to this agent: "
+                 "{} ran without the regroup library, so Regroup recovered nothing for it: {}",
+                 r, k.pid, ScriptName(), kAdoptRecipe);
+  } else if (k.exit_signal != 0) {
     spdlog::warn("local rank {} (pid {}) killed by signal {} ({}) at step {}", r, k.pid,
                  k.exit_signal, strsignal(k.exit_signal), k.step);
   } else if (k.exit_code != 0) {
@@ -251,6 +302,10 @@ void AgentCore::OnProcessExit(Millis now, uint32_t r, int exit_code, int signal)
   SendEvent(std::move(m));
   CheckVotes();
 
+  if (refuse) {
+    RefuseScriptWithoutRegroup(r);
+    return;
+  }
   if (stopping_) {
     if (!AnyAlive()) Finish(stopping_->exit_code);
     return;
@@ -322,6 +377,18 @@ void AgentCore::BeginStop(int exit_code, std::string reason, bool wait_for_train
     return;
   }
   OnTimers(now_);  // SIGTERM at once when not waiting
+}
+
+// Not the recovery ladder: a restart would fail the same way. The manager hears the exit and a
+// Leave (it lets a pod that is in no generation go at once), the other trainers, waiting for a
+// peer, are stopped now, and the agent exits with its own code.
+void AgentCore::RefuseScriptWithoutRegroup(uint32_t r) {
+  v1::AgentMessage m = NewMessage();
+  m.mutable_leave()->set_reason("local rank " + std::to_string(r) + " exited before any trainer " +
+                                "connected: " + ScriptName() + " does not use the regroup library");
+  SendEvent(std::move(m));
+  leaving_ = true;
+  BeginStop(kExitScriptWithoutRegroup, "its script was refused", /*wait_for_trainers=*/false);
 }
 
 void AgentCore::Finish(int exit_code) {
@@ -833,6 +900,7 @@ void AgentCore::OnHello(Millis now, uint32_t r, const v1::TrainerHello& hello) {
     spdlog::warn("local rank {} said hello from pid {}, but its process is pid {}", r, hello.pid(),
                  k.pid);
   k.heard = true;
+  any_connected_ = true;
   k.last_heard = now_;
   k.generation = hello.generation();
   k.committed_step = hello.committed_step();

@@ -22,9 +22,16 @@
 //    registers again as <pod uid>/<n>, its own replacement (at most 5 times); else it stops.
 //  - All children exited 0: training done; exit 0 once the manager acknowledges (any
 //    StopTraining, or it ends the session) or after 5 s.
+//  - A trainer that fails (a non-zero exit code) before any trainer of this agent ever said
+//    hello runs a script that does not use the regroup library (or fails before it connects):
+//    Regroup cannot recover it. One error line says so with the recipe to adopt it; the agent
+//    reports the exit, sends Leave, stops the other trainers at once and exits
+//    kExitScriptWithoutRegroup, with no restart. One that runs options.connect_timeout_s without
+//    saying hello gets one warning line (it is not stopped: a big model takes long to build).
 //
 // Exit codes: 0 training done (every child exited 0), left (StopTraining LEAVE) or dumped;
-// 1 StopTraining EXIT, the manager gone too long, or SIGTERM with no manager connected.
+// 1 StopTraining EXIT, the manager gone too long, or SIGTERM with no manager connected;
+// 3 (kExitScriptWithoutRegroup) the script does not use the regroup library.
 #pragma once
 
 #include <chrono>
@@ -43,6 +50,10 @@ namespace regroup::agent {
 
 // Time on a monotonic clock, from any origin.
 using Millis = std::chrono::milliseconds;
+
+// The agent's exit code when its trainers fail without ever connecting: the script does not use
+// the regroup library (2 is a bad command line, main.cc).
+constexpr int kExitScriptWithoutRegroup = 3;
 
 // What the core does to the world. Calls come from inside the core's entry points; a host answers
 // with entry-point calls of its own later (never from inside these), as events of its loop.
@@ -115,6 +126,7 @@ class AgentCore {
     Millis started{};
     Millis last_heard{};
     bool heard = false;
+    bool connect_warned = false;  // told that it runs --connect-timeout-s without a hello
     int64_t cpu_ms = -1;  // its CPU time when last read (-1: not known), and when it last grew
     Millis cpu_grew{};
     int64_t step = 0;
@@ -163,6 +175,11 @@ class AgentCore {
   bool Live(uint32_t r) const { return ranks_[r].alive && !ranks_[r].restart_pending; }
   void SignalAll(int signal);
   void BeginStop(int exit_code, std::string reason, bool wait_for_trainers);
+  // Local rank `r` failed and no trainer here ever connected: says so, leaves and stops.
+  void RefuseScriptWithoutRegroup(uint32_t r);
+  void WarnUnconnected(Millis now);
+  Millis ConnectDeadline(const Rank& k) const;
+  std::string ScriptName() const;
   void Finish(int exit_code);
 
   // Manager.
@@ -203,6 +220,8 @@ class AgentCore {
   AgentHost* const host_;
   Millis now_{};  // the time of the entry point running
   std::vector<Rank> ranks_;
+  bool any_connected_ = false;     // a trainer of this agent said hello, ever
+  bool told_no_regroup_ = false;   // a trainer finished without ever connecting: said so once
 
   // The manager link.
   bool session_ = false;  // a session is open (from OpenSession to OnSessionClosed)

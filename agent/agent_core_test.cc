@@ -5,7 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <optional>
+#include <sstream>
+#include <string>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 namespace regroup::agent {
 namespace {
@@ -20,6 +26,7 @@ struct RecordingHost final : AgentHost {
   int next_pid = 100;
   std::optional<int> exit_code;
   std::map<int, int64_t> cpu_ms;  // what CpuMs reads for a pid (none: not known)
+  std::vector<std::pair<int, int>> signals;  // (pid, signal)
 
   void OpenSession() override { ++sessions; }
   void SendToManager(const v1::AgentMessage& m) override { to_manager.push_back(m); }
@@ -30,7 +37,7 @@ struct RecordingHost final : AgentHost {
   }
   bool TrainerConnected(uint32_t) const override { return true; }
   StatusOr<int> StartProcess(uint32_t) override { return next_pid++; }
-  void Signal(int, int) override {}
+  void Signal(int pid, int signal) override { signals.emplace_back(pid, signal); }
   std::vector<uint32_t> FreePorts() override { return {40000, 40001}; }
   std::optional<int64_t> CpuMs(int pid) override {
     auto it = cpu_ms.find(pid);
@@ -43,11 +50,46 @@ struct RecordingHost final : AgentHost {
     for (const auto& [r, reply] : to_trainers) n += reply.has_pause();
     return n;
   }
+  int Count(bool (v1::AgentMessage::*has)() const) const {
+    int n = 0;
+    for (const v1::AgentMessage& m : to_manager) n += (m.*has)();
+    return n;
+  }
   const v1::Register* LastRegister() const {
     for (auto it = to_manager.rbegin(); it != to_manager.rend(); ++it)
       if (it->has_register_()) return &it->register_();
     return nullptr;
   }
+};
+
+// What the core logs while it lives, one line per message ("[level] text").
+class CapturedLog {
+ public:
+  CapturedLog() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(text_);
+    sink->set_pattern("[%l] %v");
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("captured", sink));
+  }
+  ~CapturedLog() { spdlog::set_default_logger(previous_); }
+  CapturedLog(const CapturedLog&) = delete;
+  CapturedLog& operator=(const CapturedLog&) = delete;
+
+  std::string text() const { return text_.str(); }
+  // The lines containing every one of `parts`.
+  int Lines(const std::vector<std::string>& parts) const {
+    std::istringstream in(text_.str());
+    int n = 0;
+    for (std::string line; std::getline(in, line);) {
+      bool all = true;
+      for (const std::string& p : parts) all = all && line.find(p) != std::string::npos;
+      n += all;
+    }
+    return n;
+  }
+
+ private:
+  std::ostringstream text_;
+  std::shared_ptr<spdlog::logger> previous_;
 };
 
 class AgentCoreTest : public ::testing::Test {
@@ -97,6 +139,7 @@ class AgentCoreTest : public ::testing::Test {
     return v1::LocalRank();
   }
 
+  CapturedLog log_;
   AgentOptions options_;
   RecordingHost host_;
   AgentCore core_{options_, &host_};
@@ -244,6 +287,144 @@ TEST_F(AgentCoreTest, AVoteIsReportedUntilAnOutcomeOrAPlanSettlesIt) {
   r = Reported();
   EXPECT_EQ(r.voted_generation(), 0u) << "settled by the plan";
   EXPECT_EQ(r.committed_step(), 42) << "its vote is dropped; the state comes from a peer";
+}
+
+// A script that does not use the regroup library never connects: when one of its trainers fails
+// before any trainer here connected, a restart would fail the same way (issue 35: the manager
+// waited out its join window and restarted everything, and nothing said why). The agent says so
+// in one line with the recipe, tells the manager it leaves, stops the other trainers at once and
+// exits with its own code, restarting nothing.
+TEST_F(AgentCoreTest, ATrainerThatFailsBeforeAnyConnectedIsRefusedWithTheRecipe) {
+  options_.nproc = 2;
+  options_.script = {"train.py", "--epochs", "3"};
+  AgentCore core(options_, &host_);
+  core.Start(now_);
+  core.OnSessionOpened(now_);
+  At(1000);
+  core.OnProcessExit(now_, 0, 1, 0);
+  EXPECT_EQ(log_.Lines({"[error]", "local rank 0 (pid 100) exited with code 1", "train.py",
+                        "does not use the regroup library", "regroup.init_process_group(...)",
+                        "regroup.DataLoader(...)", "torchrun", "exiting 3"}),
+            1)
+      << log_.text();
+  EXPECT_TRUE(core.stopping());
+  EXPECT_EQ(host_.signals, (std::vector<std::pair<int, int>>{{100, SIGKILL}, {101, SIGTERM}}))
+      << "its leftovers, then the other trainer at once";
+  core.OnProcessExit(now_, 1, -1, SIGTERM);
+  EXPECT_EQ(host_.exit_code, kExitScriptWithoutRegroup);
+  EXPECT_EQ(host_.next_pid, 102) << "nothing restarted";
+  EXPECT_EQ(log_.Lines({"does not use the regroup library", "[error]"}), 1) << "said once";
+}
+
+TEST_F(AgentCoreTest, ARefusedScriptTellsTheManagerItsExitAndThatThePodLeaves) {
+  options_.script = {"train.py"};
+  AgentCore core(options_, &host_);
+  core.Start(now_);
+  core.OnSessionOpened(now_);
+  v1::ManagerMessage welcome;
+  welcome.mutable_header()->set_job_id("job");
+  welcome.mutable_header()->set_epoch(1);
+  welcome.mutable_welcome()->set_epoch(1);
+  core.OnManagerMessage(now_, welcome);
+  host_.to_manager.clear();
+  core.OnProcessExit(now_, 0, 1, 0);
+  ASSERT_EQ(host_.to_manager.size(), 2u);
+  EXPECT_EQ(host_.to_manager[0].process_exit().exit_code(), 1);
+  ASSERT_TRUE(host_.to_manager[1].has_leave());
+  EXPECT_NE(host_.to_manager[1].leave().reason().find("does not use the regroup library"),
+            std::string::npos)
+      << host_.to_manager[1].leave().reason();
+  EXPECT_TRUE(core.leaving());
+  EXPECT_EQ(host_.exit_code, kExitScriptWithoutRegroup);
+}
+
+// A trainer that connected uses the library: its exit is the manager's to recover, as always.
+TEST_F(AgentCoreTest, ATrainerThatConnectedAndThenFailsIsReportedAndLeftToTheManager) {
+  ConnectTrainer(v1::TrainerHello());
+  core_.OnProcessExit(now_, 0, 1, 0);
+  EXPECT_EQ(host_.Count(&v1::AgentMessage::has_process_exit), 1);
+  EXPECT_EQ(host_.Count(&v1::AgentMessage::has_leave), 0);
+  EXPECT_FALSE(core_.stopping());
+  EXPECT_FALSE(host_.exit_code);
+  EXPECT_EQ(log_.Lines({"regroup library"}), 0) << log_.text();
+}
+
+// Once any trainer here connected, the script uses the library: a restarted process that fails
+// before its hello (a bad node, memory) is a fault to recover, not a script to refuse.
+TEST_F(AgentCoreTest, AProcessThatFailsBeforeItsHelloIsNotRefusedOnceATrainerHereConnected) {
+  ConnectTrainer(v1::TrainerHello());
+  core_.OnProcessExit(now_, 0, 1, 0);
+  v1::ManagerMessage restart;
+  restart.mutable_header()->set_job_id("job");
+  restart.mutable_header()->set_epoch(1);
+  restart.mutable_restart()->add_local_ranks(0);
+  core_.OnManagerMessage(now_, restart);
+  ASSERT_EQ(host_.next_pid, 102) << "restarted";
+  core_.OnProcessExit(now_, 0, 1, 0);  // pid 101, before its hello
+  EXPECT_FALSE(core_.stopping());
+  EXPECT_EQ(log_.Lines({"regroup library"}), 0) << log_.text();
+}
+
+// A process killed by a signal says nothing of its script (the OOM killer, an operator).
+TEST_F(AgentCoreTest, ATrainerKilledBeforeAnyConnectedIsNotRefused) {
+  options_.script = {"train.py"};
+  core_.Start(now_);
+  core_.OnProcessExit(now_, 0, -1, SIGKILL);
+  EXPECT_FALSE(core_.stopping());
+  EXPECT_EQ(log_.Lines({"regroup library"}), 0) << log_.text();
+}
+
+// A script that never connects and succeeds trained without Regroup: it is done, as under
+// torchrun, and one line says that Regroup recovered nothing for it.
+TEST_F(AgentCoreTest, ATrainerThatFinishesWithoutConnectingIsDoneAndToldOnce) {
+  options_.nproc = 2;
+  options_.script = {"train.py"};
+  AgentCore core(options_, &host_);
+  core.Start(now_);
+  core.OnProcessExit(now_, 0, 0, 0);
+  core.OnProcessExit(now_, 1, 0, 0);
+  EXPECT_FALSE(core.stopping());
+  EXPECT_EQ(log_.Lines({"[warning]", "exited with code 0 and never connected", "train.py",
+                        "without the regroup library", "regroup.init_process_group(...)"}),
+            1)
+      << log_.text();
+  At(6000);
+  core.OnTimers(now_);
+  EXPECT_EQ(host_.exit_code, 0) << "training done";
+}
+
+// A trainer may take long to connect (a big model builds first): past --connect-timeout-s one
+// warning says what it means and how to adopt the library; the trainer is not stopped.
+TEST_F(AgentCoreTest, ATrainerThatRunsTheConnectTimeoutWithoutConnectingIsWarnedOnce) {
+  options_.connect_timeout_s = 10;
+  options_.script = {"train.py"};
+  AgentCore core(options_, &host_);
+  core.Start(now_);
+  At(9000);
+  core.OnTimers(now_);
+  EXPECT_EQ(log_.Lines({"without connecting"}), 0);
+  EXPECT_LE(core.NextDeadline(now_), Millis(10000)) << "woken at the bound";
+  At(10000);
+  core.OnTimers(now_);
+  EXPECT_EQ(log_.Lines({"[warning]", "local rank 0 (pid 100) has run 10 s without connecting",
+                        "--connect-timeout-s", "train.py", "regroup.init_process_group(...)",
+                        "torchrun"}),
+            1)
+      << log_.text();
+  At(30000);
+  core.OnTimers(now_);
+  EXPECT_EQ(log_.Lines({"without connecting"}), 1) << "once";
+  EXPECT_FALSE(core.stopping());
+  EXPECT_TRUE(host_.signals.empty()) << "not stopped";
+}
+
+// A trainer that connects within the bound is not warned about.
+TEST_F(AgentCoreTest, ATrainerThatConnectsWithinTheConnectTimeoutIsNotWarned) {
+  options_.connect_timeout_s = 10;
+  ConnectTrainer(v1::TrainerHello());
+  At(60000);
+  core_.OnTimers(now_);
+  EXPECT_EQ(log_.Lines({"without connecting"}), 0) << log_.text();
 }
 
 }  // namespace

@@ -722,6 +722,30 @@ TEST_F(AgentTest, WhenEveryTrainerFinishesItExitsZeroEvenWithoutAnAcknowledgemen
   EXPECT_GE(Clock::now() - reported, 4s) << "it waits about 5 s for the manager";
 }
 
+// A script that does not use the regroup library, launched as under torchrun: its trainers never
+// connect. When one fails, the agent says so once with the recipe, tells the manager it leaves,
+// stops the other trainer and exits 3 within a few seconds: no restart, no silent wait (issue 35).
+TEST_F(AgentTest, AScriptWhoseTrainersNeverConnectIsRefusedAtItsFirstFailure) {
+  manager_.Start();
+  const auto began = Clock::now();
+  StartAgent(2, {"--never-connect", "--exit-rank", "0", "--exit-after-ms", "300", "--exit-code",
+                 "1"});
+  auto code = WaitAgentExit(15s);
+  ASSERT_TRUE(code) << "the agent did not exit";
+  EXPECT_EQ(*code, 3);
+  EXPECT_LT(Clock::now() - began, 5s) << "at once, not after a join window";
+  const std::string log = AgentLog();
+  const size_t said = log.find("does not use the regroup library");
+  ASSERT_NE(said, std::string::npos) << log;
+  EXPECT_EQ(log.find("does not use the regroup library", said + 1), std::string::npos) << "once";
+  EXPECT_NE(log.find("regroup.init_process_group(...)"), std::string::npos);
+  auto exit0 = manager_.WaitFor(IsExitOf(0), 1s);
+  ASSERT_TRUE(exit0);
+  EXPECT_EQ(exit0->message.process_exit().exit_code(), 1);
+  EXPECT_TRUE(manager_.WaitFor(IsLeave, 1s));
+  EXPECT_EQ(manager_.Count(IsExitOf(0)), 1) << "not restarted";
+}
+
 TEST_F(AgentTest, TrainersThatIgnoreADumpAreTerminatedThenKilledAfterTheGrace) {
   manager_.Start();
   StartAgent(2, {"--ignore-stop", "--ignore-sigterm"}, {"--stop-grace-s", "1"});

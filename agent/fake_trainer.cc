@@ -5,6 +5,7 @@
 //   regroup_fake_trainer --log PREFIX [--heartbeat-ms N] [--step-base N] [--vote-on-start]
 //       [--ack] [--fault-on-start [--fault-detail-bytes N]] [--exit-rank R --exit-after-ms N --exit-code C]
 //       [--finish-after-ms N] [--ignore-stop] [--ignore-sigterm] [--checksum N] [--votes N]
+//       [--never-connect]
 //
 // --exit-rank: that rank exits with code C N ms after its hello, once (a marker file keeps its
 // restarted process alive), first writing the CLOCK_REALTIME nanoseconds of its exit to
@@ -12,7 +13,8 @@
 // mode exit, dump or leave makes it exit 0 (unless --ignore-stop); standby keeps it waiting.
 // --ignore-sigterm: only SIGKILL ends it. --vote-on-start votes for the plan's next step (rank L
 // after L*100 ms) with checksum 100+L (or --checksum), and for the following step after each
-// commit, --votes steps in all.
+// commit, --votes steps in all. --never-connect: a script that does not use the regroup library:
+// it never connects; the --exit-rank exits N ms after its start, the others run until killed.
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -50,6 +52,7 @@ struct Flags {
   int finish_after_ms = -1;
   bool ignore_stop = false;
   bool ignore_sigterm = false;
+  bool never_connect = false;
   int64_t checksum = -1;  // -1: 100 + local rank
   int votes = 1;          // steps voted after each start (the next after each commit)
 };
@@ -95,6 +98,13 @@ class Trainer {
          Env("GROUP_RANK") + " MASTER_ADDR=" + Env("MASTER_ADDR") + " MASTER_PORT=" +
          Env("MASTER_PORT") + " REGROUP_LOCAL_RANK=" + Env("REGROUP_LOCAL_RANK") +
          " REGROUP_JOB_ID=" + Env("REGROUP_JOB_ID") + " REGROUP_POD_UID=" + Env("REGROUP_POD_UID"));
+    if (flags_.never_connect) {
+      if (rank_ == flags_.exit_rank) {
+        usleep(static_cast<useconds_t>(flags_.exit_after_ms) * 1000);
+        _exit(flags_.exit_code);
+      }
+      for (;;) pause();
+    }
     if (!Connect()) {
       Line("connect-failed");
       return 5;
@@ -255,6 +265,7 @@ int main(int argc, char** argv) {
     else if (a == "--finish-after-ms") flags.finish_after_ms = std::atoi(next().c_str());
     else if (a == "--ignore-stop") flags.ignore_stop = true;
     else if (a == "--ignore-sigterm") flags.ignore_sigterm = true;
+    else if (a == "--never-connect") flags.never_connect = true;
     else if (a == "--checksum") flags.checksum = std::atoll(next().c_str());
     else if (a == "--votes") flags.votes = std::atoi(next().c_str());
     else {

@@ -45,6 +45,7 @@ constexpr Flag kFlags[] = {
     {"tls-server-name", Kind::kAgent, true},
     {"reconnect-timeout-s", Kind::kAgent, true},
     {"stop-grace-s", Kind::kAgent, true},
+    {"connect-timeout-s", Kind::kAgent, true},
     {"python", Kind::kAgent, true},
     {"log-level", Kind::kAgent, true},
     {"warm-start", Kind::kAgent, true},
@@ -196,6 +197,7 @@ class Parser {
         {"REGROUP_TLS_SERVER_NAME", "tls-server-name"},
         {"REGROUP_RECONNECT_TIMEOUT_S", "reconnect-timeout-s"},
         {"REGROUP_STOP_GRACE_S", "stop-grace-s"},
+        {"REGROUP_CONNECT_TIMEOUT_S", "connect-timeout-s"},
         {"PYTHON", "python"},
         {"REGROUP_LOG_LEVEL", "log-level"},
         {"REGROUP_WARM_START", "warm-start"},
@@ -247,6 +249,8 @@ class Parser {
       return integer(&o.reconnect_timeout_s, 1, 86400, "seconds, an integer from 1 to 86400");
     if (name == "stop-grace-s")
       return integer(&o.stop_grace_s, 0, 3600, "seconds, an integer from 0 to 3600");
+    if (name == "connect-timeout-s")
+      return integer(&o.connect_timeout_s, 1, 86400, "seconds, an integer from 1 to 86400");
     if (name == "log-level") {
       constexpr const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
       for (const char* level : kLevels)
@@ -497,6 +501,9 @@ Agent options (environment fallback in brackets):
                               [REGROUP_RECONNECT_TIMEOUT_S] (60)
   --stop-grace-s S            after a stop, wait S seconds for trainers to exit before
                               SIGTERM, then SIGKILL [REGROUP_STOP_GRACE_S] (30)
+  --connect-timeout-s S       warn once about a trainer that runs S seconds without connecting
+                              to the agent (a script that does not use the regroup library)
+                              [REGROUP_CONNECT_TIMEOUT_S] (300)
   --python PATH               the interpreter [PYTHON] (python3)
   --log-level LEVEL           trace, debug, info, warn, error, off [REGROUP_LOG_LEVEL] (info)
   --warm-start on|off         keep a fork server that has imported the modules below, and start
@@ -518,7 +525,10 @@ torchrun flags accepted and ignored: --rdzv-*, --standalone, --max-restarts, --m
   --local-ranks-filter, --run-path
 
 Exit status: 0 training done, left or dumped; 1 stopped by the manager or the manager was gone
-longer than the reconnect timeout; 2 a bad command line.
+longer than the reconnect timeout; 2 a bad command line; 3 a trainer failed before any trainer
+connected to the agent: the script does not use the regroup library, which Regroup cannot
+recover (the agent says so with the five lines that adopt it, stops the other trainers, leaves
+and restarts nothing).
 )";
 }
 

@@ -35,6 +35,9 @@ struct AgentOptions {
   std::string tls_server_name;  // --tls-server-name, REGROUP_TLS_SERVER_NAME; needs --tls-ca
   int reconnect_timeout_s = 60;  // --reconnect-timeout-s, REGROUP_RECONNECT_TIMEOUT_S
   int stop_grace_s = 30;         // --stop-grace-s, REGROUP_STOP_GRACE_S
+  // --connect-timeout-s, REGROUP_CONNECT_TIMEOUT_S: warn once about a trainer that runs this
+  // long without connecting to the agent (a script that does not use the regroup library).
+  int connect_timeout_s = 300;
   std::string python = "python3";  // --python, PYTHON
   std::string log_level = "info";  // --log-level, REGROUP_LOG_LEVEL
   // --warm-start, REGROUP_WARM_START: restarts fork from a server that imported these modules

@@ -97,6 +97,10 @@ TEST(CommandLine, BadValuesNameTheFlagAndWhatIsAllowed) {
   EXPECT_NE(e.find("--node-rank 2 is not below --nnodes 2"), std::string::npos) << e;
   e = Error({"--reconnect-timeout-s", "0", "train.py"});
   EXPECT_NE(e.find("--reconnect-timeout-s \"0\""), std::string::npos) << e;
+  e = Error({"--connect-timeout-s", "0", "train.py"});
+  EXPECT_NE(e.find("--connect-timeout-s \"0\" is not valid: seconds, an integer from 1 to 86400"),
+            std::string::npos)
+      << e;
   e = Error({"--log-level", "loud", "train.py"});
   EXPECT_NE(e.find("trace, debug, info"), std::string::npos) << e;
 }
@@ -148,6 +152,7 @@ TEST(CommandLine, AgentOptionsFallBackToTheEnvironment) {
                                  {"REGROUP_HOST", "10.1.1.1"},
                                  {"REGROUP_SOCKET_DIR", "/run/r"},
                                  {"REGROUP_RECONNECT_TIMEOUT_S", "9"},
+                                 {"REGROUP_CONNECT_TIMEOUT_S", "600"},
                                  {"PYTHON", "/usr/bin/python3.11"},
                                  {"PET_NPROC_PER_NODE", "8"}});
   const AgentOptions& o = cl.options;
@@ -159,6 +164,7 @@ TEST(CommandLine, AgentOptionsFallBackToTheEnvironment) {
   EXPECT_EQ(o.host, "10.1.1.1");
   EXPECT_EQ(o.socket_dir, "/run/r");
   EXPECT_EQ(o.reconnect_timeout_s, 9);
+  EXPECT_EQ(o.connect_timeout_s, 600);
   EXPECT_EQ(o.python, "/usr/bin/python3.11");
   EXPECT_EQ(o.nproc, 8);
 }

@@ -926,7 +926,7 @@ void AgentCore::OnHello(Millis now, uint32_t r, const v1::TrainerHello& hello) {
 // A trainer computes, reduces, votes for or applies step s only holding the state of step s - 1:
 // its own commit, or what its generation's census gave it, which no commit outcome tells this
 // agent (a rank given the state at a generation's start would report none until the next commit,
-// and a manager would take it for a rank without state: sim seed 20285). Only in a generation:
+// and a manager would take it for a rank without state). Only in a generation:
 // a trainer outside one computes nothing.
 void AgentCore::NoteHeldState(Rank& k) {
   const bool in_step = k.phase == v1::PHASE_COMPUTING || k.phase == v1::PHASE_REDUCING ||

@@ -165,8 +165,8 @@ void AttachCore::OnDirective(const v1::CoordinatorDirective& m, bool first) {
   if (!m.has_directive()) return;
   const v1::Directive& d = m.directive();
   // The end of the job is no earlier incarnation's alone: an exit or a dump decided for one that
-  // died before it carried it out ends this one too (simulation seed 7481 with a coordinator:
-  // the new manager took the exit as seen, and the job never ended).
+  // died before it carried it out ends this one too (else a new manager takes the exit as seen,
+  // and the job never ends).
   const bool ends_job =
       d.kind() == v1::Directive::KIND_EXIT || d.kind() == v1::Directive::KIND_DUMP;
   if (first && !ends_job && (!ever_attached_ || d.id() < newest_id_)) {

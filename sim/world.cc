@@ -901,10 +901,9 @@ void World::Flush(Manager& m) {
     Violate("the manager queued " + std::to_string(out.size()) + " messages in one turn");
   for (auto& o : out) {
     // Who committed a step is the manager's decision, known when it is made: a pod may hear it
-    // after the next generation's plan has named that generation (seeds 7681, 14897: its link
-    // was slow).
-    // A commit sent again naming no committer (generation 0: an older incarnation made it,
-    // seed 10069) is no decision.
+    // after the next generation's plan has named that generation (its link was slow).
+    // A commit sent again naming no committer (generation 0: an older incarnation made it) is
+    // no decision.
     if (o.message.has_outcome() && o.message.outcome().commit() &&
         o.message.outcome().generation() != 0) {
       const int64_t step = o.message.outcome().step();

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from regroup._proto import wire_pb2 as pb
 from regroup.api import CheckpointError, TrainerConfig
-from regroup.dispatch import NO_GENERATION
+from regroup.membership import NO_GENERATION
 from regroup.state import cpu_clone
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def maybe_checkpoint(t: Trainer, step: Step) -> None:
     g = step.generation
     if g.replica != 0:
         return
-    t._phase(pb.PHASE_CHECKPOINTING, step.number)
+    t.report_phase(pb.PHASE_CHECKPOINTING, step.number)
     try:
         t.checkpointer.wait(t.config.timeouts.checkpoint)
     except CheckpointError as e:
@@ -54,9 +54,9 @@ def checkpoint_now(t: Trainer) -> str:
     if t.checkpointer is None:
         raise CheckpointError("no checkpoint_dir is configured: nothing can be dumped")
     g = t.generation
-    epoch, number = (g.epoch, g.number) if g is not None else (t._active if t._active != NO_GENERATION else (0, 0))
+    epoch, number = (g.epoch, g.number) if g is not None else (t.membership.active if t.membership.active != NO_GENERATION else (0, 0))
     tp = g.tp if g is not None else t.config.tensor_parallel
-    position = g.tp_rank if g is not None else t._position
+    position = g.tp_rank if g is not None else t.membership.position
     t.checkpointer.wait(t.config.timeouts.checkpoint)
     path = t.checkpointer.write(t.state.state_dict(t.committed_step), step=t.committed_step,
                                 epoch=epoch, generation=number, position=position,

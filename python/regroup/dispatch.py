@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional
 
 from regroup.agent import LinkLost
 from regroup.api import EXIT_ABORT_STUCK, AgentConnectionError, GenerationAborted, StopMode
+from regroup.membership import LINK_LOST
 from regroup.stops import Stop
 
 if TYPE_CHECKING:
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("regroup")
 
-Mark = Tuple[int, int]  # (epoch, generation): compared as a pair
-NO_GENERATION: Mark = (-1, -1)
 
 
 class NewStart(Exception):
@@ -45,52 +44,39 @@ def on_urgent(t: Trainer, item: Any) -> None:
     in that generation's rendezvous would otherwise wait there until the collective timeout.
     The start itself is queued and handled by the training thread.
     """
+    m = t.membership
     if isinstance(item, LinkLost):
-        mark = (1 << 62, 1 << 62)
-        reason = item.reason
+        mark, reason = LINK_LOST, item.reason
     elif item.WhichOneof("body") == "start":
         plan = item.start.plan
-        with t._lock:
-            if (t._active == NO_GENERATION or (plan.epoch, plan.generation) <= t._active
-                    or t._abort_mark >= t._active):
-                return  # nothing to end: between generations, this one's start, or aborted
-            mark = t._active
-        reason = f"generation {plan.generation} started"
+        if not m.ended_by((plan.epoch, plan.generation)):
+            return  # nothing to end: between generations, this one's start, or aborted
+        mark, reason = m.active, f"generation {plan.generation} started"
     else:
-        a = item.abort
-        mark = (a.epoch, a.generation)
-        reason = a.reason
-    with t._lock:
-        if mark < t._active and not isinstance(item, LinkLost):
-            return  # an abort of an older generation
-        if t._abort_mark < mark:
-            t.metrics["aborts"] += 1
-        t._abort_mark = max(t._abort_mark, mark)
-        t._abort_reason = reason
-        t._abort_at = time.monotonic()
-        sockets = t._sockets
-        if sockets is not None:
-            sockets.shutdown(include_store=True)
-        if t._groups is not None and t._groups.backend == "nccl":
-            t._groups.abort_nccl()
-    if t._busy:
-        t._watchdog.arm(t.config.timeouts.abort_exit, EXIT_ABORT_STUCK, reason)
+        mark, reason = (item.abort.epoch, item.abort.generation), item.abort.reason
+    new = m.abort(mark, reason)
+    if new is None:
+        return  # an abort of an older generation
+    if new:
+        t.metrics["aborts"] += 1
+    if t.busy:
+        t.watchdog.arm(t.config.timeouts.abort_exit, EXIT_ABORT_STUCK, reason)
 
 
 def next_item(t: Trainer, deadline: Optional[float], waiting_for: str) -> Any:
     """The next item from the agent (None at the deadline). A lost link raises."""
-    assert t._link is not None
+    assert t.link is not None
     while True:
         timeout = None if deadline is None else deadline - time.monotonic()
-        if t._pause_deadline is not None:
-            left = t._pause_deadline - time.monotonic()
+        if t.pause_deadline is not None:
+            left = t.pause_deadline - time.monotonic()
             if left <= 0:
                 raise AgentConnectionError(f"the manager was away longer than the agent's pause "
                                            f"timeout while waiting for {waiting_for}")
             timeout = left if timeout is None else min(timeout, left)
         if timeout is not None and timeout <= 0:
             return None
-        item = t._link.get(timeout if timeout is None else max(0.0, timeout))
+        item = t.link.get(timeout if timeout is None else max(0.0, timeout))
         if item is None:
             if deadline is not None and time.monotonic() >= deadline:
                 return None
@@ -107,30 +93,25 @@ def dispatch(t: Trainer, item: Any, step: Optional[Step]) -> None:
         return
     if kind == "pause":
         p = item.pause
-        t._pause_deadline = time.monotonic() + p.timeout_ms / 1000.0 if p.timeout_ms > 0 else None
+        t.pause_deadline = time.monotonic() + p.timeout_ms / 1000.0 if p.timeout_ms > 0 else None
         log.warning("regroup: paused by the agent: %s", p.reason)
         return
     if kind == "abort":
         a = item.abort
-        if (a.epoch, a.generation) >= t._active and t._active != NO_GENERATION:
-            with t._lock:
-                t._abort_mark = max(t._abort_mark, (a.epoch, a.generation))
-                t._abort_reason = a.reason
+        if t.membership.note_abort((a.epoch, a.generation), a.reason):
             if step is not None:
                 raise GenerationAborted(step.number, a.generation, a.reason)
-            t._leave_generation()
-            t.generation = None
+            t.leave()
         return
     if kind == "start":
         plan = item.start.plan
-        if (plan.epoch, plan.generation) <= t._active:
+        if (plan.epoch, plan.generation) <= t.membership.active:
             return  # the one we are in (replayed), or older
-        t._pause_deadline = None
+        t.pause_deadline = None
         if step is not None:
-            t._link.unget(item)
-            with t._lock:
-                t._abort_mark = max(t._abort_mark, t._active)
-            raise GenerationAborted(step.number, t._active[1], "a newer generation started")
+            t.link.unget(item)
+            t.membership.end_active()
+            raise GenerationAborted(step.number, t.membership.active[1], "a newer generation started")
         raise NewStart(item.start)
     if kind == "stop":
         mode = StopMode(item.stop.mode) if item.stop.mode in (1, 2, 3, 4) else StopMode.EXIT
@@ -138,12 +119,10 @@ def dispatch(t: Trainer, item: Any, step: Optional[Step]) -> None:
             raise Stop(mode, item.stop.reason)
         # No rank in the next generation: keep the state, wait for a start.
         log.info("regroup: standing by: %s", item.stop.reason)
-        with t._lock:
-            t._abort_mark = max(t._abort_mark, t._active)
+        t.membership.end_active()
         if step is not None:
-            raise GenerationAborted(step.number, t._active[1], f"standby: {item.stop.reason}")
-        t._leave_generation()
-        t.generation = None
+            raise GenerationAborted(step.number, t.membership.active[1], f"standby: {item.stop.reason}")
+        t.leave()
         return
     if kind == "outcome":
         return  # late outcome of a step no longer in flight

@@ -241,19 +241,19 @@ class DataLoader:
 
 def status() -> Dict[str, int]:
     """Where the run is: ``step`` (the optimizer step in flight, or the last committed),
-    ``committed_step``, ``generation``, ``rank``, ``world_size``, ``dp``. Without an agent:
-    the one generation of torch's own group."""
+    ``committed_step``, ``epoch`` (the manager's incarnation) and ``generation``, ``rank``,
+    ``world_size``, ``dp``. Without an agent: the one generation of torch's own group."""
     if _session is None or _session.trainer is None or _session.trainer.generation is None:
         world = dist.get_world_size() if dist.is_initialized() else 1
         rank = dist.get_rank() if dist.is_initialized() else 0
         done = _session.trainer.committed_step if _session is not None and _session.trainer else -1
-        return {"step": done, "committed_step": done, "generation": 0, "rank": rank,
+        return {"step": done, "committed_step": done, "epoch": 0, "generation": 0, "rank": rank,
                 "world_size": world, "dp": world}
     t = _session.trainer
     g = t.generation
     step = _session.step.number if _session.step is not None else t.committed_step
-    return {"step": step, "committed_step": t.committed_step, "generation": g.number, "rank": g.rank,
-            "world_size": g.world_size, "dp": g.dp}
+    return {"step": step, "committed_step": t.committed_step, "epoch": g.epoch, "generation": g.number,
+            "rank": g.rank, "world_size": g.world_size, "dp": g.dp}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,9 +522,9 @@ class _Session:
         t = self.trainer
         if getattr(sys, "last_value", None) is not None:
             return  # the script died of an exception: its trainer is not done (the agent sees the exit)
-        if t is not None and not t._closed:
+        if t is not None and not t.closed:
             try:
-                t._finish()
+                t.finish()
             except Exception as e:  # noqa: BLE001 - at exit: say it, do not mask the script's end
                 log.warning("regroup: finishing: %s", e)
 
@@ -533,9 +533,9 @@ class _Session:
     def epoch(self, loader: DataLoader, epoch: int) -> Iterator[Any]:
         t = self._start()
         epochs: _Epochs = t.sampler
-        t._open()
+        t.open()
         if t.generation is None:
-            t._await_generation()   # a joining rank learns here where the job is
+            t.await_generation()   # a joining rank learns here where the job is
         first, end = epochs.bounds(epoch)
         if t.committed_step + 1 < first:
             raise UsageError(f"epoch {epoch} began while step {t.committed_step + 1} of an earlier "
@@ -600,15 +600,15 @@ class _Session:
         if step is None or self.trainer is None or self._failing(step):
             return None
         t = self.trainer
-        if self._ddp is None or self._ddp_mark != t._active:
-            groups = t._groups
+        if self._ddp is None or self._ddp_mark != t.membership.active:
+            groups = t.membership.groups
             if groups is None:
                 return None
             self._ddp = None
             try:
                 assert self.model is not None
                 self._ddp = self.model.build(groups.dp_group, self._hook(groups, step))
-                self._ddp_mark = t._active
+                self._ddp_mark = t.membership.active
             except RuntimeError as e:
                 self._fail(step, e)
                 return None
@@ -623,7 +623,7 @@ class _Session:
         try:
             return ddp(*args, **kwargs)
         except RuntimeError as e:
-            if not (self.trainer._aborted() or is_communication_error(e)):
+            if not (self.trainer.membership.aborted() or is_communication_error(e)):
                 raise
             self._fail(self.step, e)
             return model.module(*args, **kwargs)
@@ -662,7 +662,7 @@ class _Session:
 
         def hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket
             tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
-            if session.trainer._aborted():
+            if session.trainer.membership.aborted():
                 return failed_soft(tensor, RuntimeError("the generation was aborted"))
             if user is not None:
                 if weight != 1:
@@ -677,12 +677,12 @@ class _Session:
         return hook
 
     def _failing(self, step: Step) -> bool:
-        return step.failure is not None or self.failed is not None or self.trainer._aborted()
+        return step.failure is not None or self.failed is not None or self.trainer.membership.aborted()
 
     def _fail(self, step: Step, error: BaseException) -> None:
         if step.failure is None:
             try:
-                step.failure = self.trainer._collective_failed(step, error)
+                step.failure = self.trainer.collective_failed(step, error)
             except Exception as e:  # noqa: BLE001 - outside a managed run the error is the script's
                 raise e from None
 
@@ -723,12 +723,11 @@ class _Session:
         says whether the step was committed. Wait for it here, while the gradients are still
         those of the vote, so that a committed step is applied as the script goes on."""
         t = self.trainer
-        if t._voted is None or t._voted.step != step.number:
+        if t.voted is None or t.voted.step != step.number:
             return
-        t._leave_generation()
-        t.generation = None
+        t.leave()
         try:
-            t._await_generation()
+            t.await_generation()
         except Stop as e:
             step.stop = e
             return

@@ -16,55 +16,28 @@ processes with torchrun's environment, no Regroup) trained without faults:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Sequence
 
 import pytest
 import torch
 
 from regroup.e2e_test import Cluster
-from regroup.testing import PYTHON, REPO, free_port, relative_error, wait_for
+from regroup.testing import REPO, check_dropin_ledger, relative_error, run_plain_ddp, wait_for
 
 pytestmark = pytest.mark.e2e
 
-PLAIN = REPO / "examples" / "ddp_plain.py"
 DROPIN = REPO / "examples" / "ddp_regroup.py"
 TOLERANCE = 1e-9
-DATASET, WORLD, BATCH = 256, 4, 8
+DATASET, WORLD = 256, 4
 ANNOTATIONS = [
     "recover-strategy=retry,recover-in-place,recover,elastic-training,dump,exit",
     "regroup.io/prefer-elastic=true",
     "regroup.io/heartbeat-interval-ms=200",
     "regroup.io/liveness-misses=100",
 ]
-
-
-def run_plain(out: Path, args: Sequence[str], world: int = WORLD, ledger: Path = None) -> None:
-    """The unmodified script, ``world`` processes with torchrun's environment."""
-    port = free_port()
-    extra = ["--ledger", str(ledger)] if ledger else []
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        env.pop("REGROUP_AGENT_SOCKET", None)
-        procs.append(subprocess.Popen([PYTHON, str(PLAIN), *args, "--out", str(out), *extra], env=env,
-                                      stdout=subprocess.DEVNULL))
-    codes = [p.wait(timeout=300) for p in procs]
-    assert codes == [0] * world, f"the plain script exited with {codes}"
-
-
-def committed_samples(ledger: Path) -> Dict[int, List[int]]:
-    """Step -> the samples of its committed attempt (its highest generation's lines)."""
-    by_step: Dict[int, Dict[int, List[int]]] = {}
-    for line in ledger.read_text().splitlines():
-        r = json.loads(line)
-        by_step.setdefault(r["step"], {}).setdefault(r["g"], []).extend(r["samples"])
-    return {s: sorted(set(gens[max(gens)])) for s, gens in by_step.items()}
 
 
 class DropInJob:
@@ -84,22 +57,22 @@ class DropInJob:
         status = c.status()
         print(status)
         reference, ref_ledger = tmp_path / "plain.pt", tmp_path / "plain.ledger"
-        run_plain(reference, self.train, ledger=ref_ledger)
+        run_plain_ddp(self.train, WORLD, reference, ledger=ref_ledger)
         error = relative_error(torch.load(reference), torch.load(c.out))
         assert error <= TOLERANCE, f"final weights: norm-relative error {error:.3e}\n{status}"
-        got, want = committed_samples(c.ledger), committed_samples(ref_ledger)
-        assert sorted(got) == sorted(want), f"committed steps {sorted(got)} != the plain script's {sorted(want)}"
-        for s in want:
-            assert got[s] == want[s], f"step {s} used samples {got[s]}, the plain script {want[s]}"
-        steps_per_epoch = len(want) // self.epochs
-        for e in range(self.epochs):
-            seen = [i for s in range(e * steps_per_epoch, (e + 1) * steps_per_epoch) for i in got[s]]
-            assert sorted(seen) == list(range(DATASET)), f"epoch {e}: a sample lost or repeated"
+        check_dropin_ledger(c.ledger, ref_ledger, DATASET, self.epochs)
         return status
 
 
-@pytest.mark.parametrize("variant", [["--accum", "1"], ["--accum", "2", "--sched", "epoch", "--comm-hook"]],
-                         ids=["plain", "accumulation+epoch-scheduler+comm-hook"])
+_AMP_ON_CPU = hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")   # torch 2.x
+
+
+@pytest.mark.parametrize("variant", [
+    ["--accum", "1"],
+    ["--accum", "2", "--sched", "epoch", "--comm-hook"],
+    pytest.param(["--amp", "--clip", "0.5"], marks=pytest.mark.skipif(
+        not _AMP_ON_CPU, reason="a GradScaler on the CPU needs torch 2.x (torch.amp.GradScaler)")),
+], ids=["plain", "accumulation+epoch-scheduler+comm-hook", "grad-scaler+clipping"])
 def test_a_killed_rank_of_a_drop_in_script_is_restarted_and_the_weights_are_the_plain_scripts(
         tmp_path, procs, binaries, variant):
     # Long enough for the fork server to be ready while the job trains (torch 2.x imports slowly).

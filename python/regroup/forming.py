@@ -93,17 +93,17 @@ def plan_layout(config: TrainerConfig, start: Any) -> Tuple[Layout, int, int]:
 def settle_vote(t: Trainer, plan: Any, layout: Layout, begin: int, count: int) -> None:
     """The step this rank voted for before the abort: applied when the new generation resumes
     after it (it was committed after all), else its start is restored."""
-    voted = t._voted
+    voted = t.voted
     if voted is None:
         return
-    t._voted = None
+    t.voted = None
     # The step may have been committed by a generation this rank was not in (it was lost, or a
     # standby, when that one ran): its own vote reduced the gradients in another order, so it is
     # dropped and the state comes from a peer. (0, 0): the plan does not know (an older manager).
     committed_by = (plan.committed_epoch, plan.committed_generation)
     own_vote = committed_by == (0, 0) or committed_by == voted.mark
     if plan.committed_step == voted.step == t.committed_step + 1 and own_vote:
-        t._phase(pb.PHASE_APPLYING, voted.step)
+        t.report_phase(pb.PHASE_APPLYING, voted.step)
         t.state.step_optimizer(voted.step)
         t.committed_step = voted.step
         t.heard_commit_step = max(t.heard_commit_step, voted.step)
@@ -129,21 +129,18 @@ def enter(t: Trainer, start: Any) -> None:
     if plan.committed_step < t.committed_step:
         detail = (f"generation {plan.generation} resumes after step {plan.committed_step}, but this "
                   f"rank holds step {t.committed_step}"
-                  + (f" (checkpoint {t._resume_from.path})" if t._resume_from else "")
+                  + (f" (checkpoint {t.resume_from.path})" if t.resume_from else "")
                   + ": it needs a generation formed with its state")
         log.error("regroup: %s", detail)
-        if t.managed and t._link is not None:
-            t._link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, plan.generation, plan.committed_step + 1, detail)
+        if t.managed and t.link is not None:
+            t.link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, plan.generation, plan.committed_step + 1, detail)
             return
         raise StateSyncError(detail)
-    t._busy = True
-    t._phase(pb.PHASE_SYNCING, plan.committed_step + 1)
+    t.busy = True
+    t.report_phase(pb.PHASE_SYNCING, plan.committed_step + 1)
     started = time.monotonic()
     sockets = GroupSockets(plan.store_port)
-    with t._lock:
-        t._active = mark
-        t._sockets = sockets
-        t._abort_reason = ""
+    t.membership.begin(mark, sockets)
     aborted_event = _AbortFlag(t)
     groups: Optional[ProcessGroups] = None
     try:
@@ -155,54 +152,50 @@ def enter(t: Trainer, start: Any) -> None:
                                   rendezvous_s=t.config.timeouts.rendezvous,
                                   collective_s=t.config.timeouts.collective,
                                   aborted=aborted_event, sockets=sockets)
-        with t._lock:
-            t._groups = groups
-        if t._aborted():
+        t.membership.formed(groups)
+        if t.membership.aborted():
             raise RuntimeError("aborted while forming the groups")
         sync_state(t, plan, layout, groups)
         if t.config.ddp:
-            t._ddp = build_ddp(t.state.model, groups, t.config.global_batch_size)
+            t.membership.ddp = build_ddp(t.state.model, groups, t.config.global_batch_size)
     except (RuntimeError, StateSyncError, CheckpointError) as e:
-        aborted = t._aborted()
+        aborted = t.membership.aborted()
         if isinstance(e, CheckpointError) or (not t.managed):
-            t._busy = False
-            t._leave_generation()
+            t.busy = False
+            t.leave()
             raise
         if not aborted:
             time.sleep(0)  # an abort may be on its way; report if none within the grace
             deadline = time.monotonic() + t.config.timeouts.abort_grace
-            while time.monotonic() < deadline and not t._aborted():
+            while time.monotonic() < deadline and not t.membership.aborted():
                 time.sleep(0.005)
-        if not t._aborted():
+        if not t.membership.aborted():
             detail = f"rank {layout.rank} could not form generation {plan.generation}: {e}"
             log.warning("regroup: %s", detail)
             try:
-                assert t._link is not None
-                t._link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, plan.generation, plan.committed_step + 1, detail)
+                assert t.link is not None
+                t.link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, plan.generation, plan.committed_step + 1, detail)
             except AgentConnectionError:
                 pass
         else:
             log.info("regroup: generation %d aborted while forming: %s", plan.generation, e)
+        t.leave()
         if groups is None:
-            with t._lock:
-                t._sockets = None
-            sockets.release()
-        t._leave_generation()
-        t._busy = False
+            sockets.release()  # nothing else holds them: no group was built over them
+        t.busy = False
         return
-    t._busy = False
+    t.busy = False
     t.committed_step = plan.committed_step
     t.heard_commit_step = max(t.heard_commit_step, plan.committed_step)
-    t._resume_from = None
-    t._position = layout.position
-    t.generation = Generation(plan.epoch, plan.generation, layout.rank, layout.world_size,
-                              layout.dp, layout.replica, layout.replica_size, layout.position,
-                              begin, count, plan.committed_step, groups)
+    t.resume_from = None
+    t.membership.enter(Generation(plan.epoch, plan.generation, layout.rank, layout.world_size,
+                                  layout.dp, layout.replica, layout.replica_size, layout.position,
+                                  begin, count, plan.committed_step, groups), layout.position)
     t.metrics["generations"] += 1
     t.metrics["rebuild_s"].append(time.monotonic() - started)
-    if t.managed and t._link is not None:
+    if t.managed and t.link is not None:
         try:
-            t._link.ack(start.directive_id)
+            t.link.ack(start.directive_id)
         except AgentConnectionError:
             pass
     log.info("regroup: generation %d (epoch %d): rank %d of %d, dp %d, micro-batches [%d, %d), "
@@ -218,7 +211,7 @@ class _AbortFlag:
         self._trainer = trainer
 
     def is_set(self) -> bool:
-        return self._trainer._aborted()
+        return self._trainer.membership.aborted()
 
 
 def single_process_groups(layout: Layout, backend: str) -> ProcessGroups:

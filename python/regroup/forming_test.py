@@ -28,8 +28,8 @@ class _State:
 
 def _rank(voted_in: tuple) -> SimpleNamespace:
     t = SimpleNamespace(state=_State(), committed_step=87, heard_commit_step=87, on_commit=None)
-    t._voted = _Voted(88, voted_in, "before-88")
-    t._phase = lambda *a: None
+    t.voted = _Voted(88, voted_in, "before-88")
+    t.report_phase = lambda *a: None
     return t
 
 

@@ -98,8 +98,8 @@ def test_a_model_wrapper_kept_from_an_ended_generation_refuses_to_run():
             for mb in step.microbatches():
                 with mb:
                     step.backward(_loss(step, mb))
-    t._open()
-    t._leave_generation()
+    t.open()
+    t.leave()
     with pytest.raises(UsageError, match="fetch step.model every step"):
         kept(X)
     t.close()
@@ -112,7 +112,7 @@ def test_a_process_group_kept_from_an_ended_generation_is_refused():
         with step:
             for mb in step.microbatches():
                 step.backward(_loss(step, mb))
-    t._leave_generation()
+    t.leave()
     with pytest.raises(UsageError, match="fetch step.generation.tp_group / dp_group every step"):
         regroup.all_reduce(torch.ones(1), group=kept)
     t.close()

@@ -131,7 +131,7 @@ class MicroBatch:
     def __enter__(self) -> "MicroBatch":
         stack = contextlib.ExitStack()
         stack.enter_context(contract.seeded_rng(self.seed))
-        ddp = self._trainer._ddp if self._trainer is not None else None
+        ddp = self._trainer.membership.ddp if self._trainer is not None else None
         if ddp is not None and not self.last:
             stack.enter_context(ddp.no_sync())
         self._stack = stack
@@ -200,7 +200,7 @@ class Step:
         g = self.generation
         end = g.microbatch_begin + g.microbatch_count
         for j in range(g.microbatch_begin, end):
-            t._check_aborted(self)
+            t.check_aborted(self)
             yield MicroBatch(j, t.sampler.microbatch(self.number, j), self.number,
                              contract.microbatch_seed(t.config.seed, self.number, j), j == end - 1, t)
 
@@ -212,7 +212,7 @@ class Step:
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, after checking that the generation was not aborted. With the DDP
         wrapper, call it inside the micro-batch's ``with mb:`` block."""
-        self._trainer._check_aborted(self)
+        self._trainer.check_aborted(self)
         check_sum_loss(loss, self.number)
         loss.backward()
 
@@ -224,7 +224,7 @@ class Step:
         Raises:
             StepFailed: the collective failed (absorbed by the ``with`` block).
         """
-        self._trainer._reduce(self)
+        self._trainer.reduce(self)
 
     def commit(self) -> None:
         """Same as ``trainer.commit(step)``."""
@@ -255,7 +255,7 @@ class Step:
             return True
         if isinstance(exc, (NewStart, TrainingStopped, UsageError, ConfigError, AgentConnectionError, ProtocolError)):
             return False
-        if isinstance(exc, Exception) and (t._aborted() or is_communication_error(exc)):
-            self.failure = t._collective_failed(self, exc)
+        if isinstance(exc, Exception) and (t.membership.aborted() or is_communication_error(exc)):
+            self.failure = t.collective_failed(self, exc)
             return True
         return False

@@ -32,9 +32,9 @@ def handle_stop(t: Trainer, stop: Stop) -> None:
     """StopTraining: EXIT raises; DUMP writes a checkpoint and exits 0; LEAVE exits 0;
     STANDBY is handled where it arrives."""
     log.warning("regroup: StopTraining %s: %s", stop.mode.name, stop.reason)
-    if t._voted is not None:
-        t.state.restore(t._voted.snapshot)
-        t._voted = None
+    if t.voted is not None:
+        t.state.restore(t.voted.snapshot)
+        t.voted = None
     t.state.zero_grad()
     if stop.mode == StopMode.DUMP and t.committed_step >= 0:
         try:

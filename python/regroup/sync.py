@@ -89,11 +89,11 @@ def sync_state(t: Trainer, plan: Any, layout: Layout, groups: ProcessGroups) -> 
         RuntimeError: a collective failed (an abort, or a peer lost).
     """
     # Load the checkpoint this rank announced, if it still holds nothing newer.
-    if t._resume_from is not None and t.committed_step == t._resume_from.step == plan.committed_step:
-        t.state.load_state_dict(t.checkpointer.load(t._resume_from, layout.position))
+    if t.resume_from is not None and t.committed_step == t.resume_from.step == plan.committed_step:
+        t.state.load_state_dict(t.checkpointer.load(t.resume_from, layout.position))
     # Before the first commit every rank is at step -1, but only one that finished a state sync
     # holds the job's state; the others hold their own initialisation.
-    holds = t.committed_step == plan.committed_step and (plan.committed_step >= 0 or t._synced)
+    holds = t.committed_step == plan.committed_step and (plan.committed_step >= 0 or t.synced)
     if layout.world_size == 1:
         holders = [holds]
     else:
@@ -117,4 +117,4 @@ def sync_state(t: Trainer, plan: Any, layout: Layout, groups: ProcessGroups) -> 
                                      f"{plan.committed_step}")
             t.committed_step = got
             log.info("regroup: received the state of step %d from rank %d", got, src)
-    t._synced = True
+    t.synced = True

@@ -199,6 +199,58 @@ def check_ledger(path: Path, steps: int, dataset: int, micro_batch: int, microba
 
 
 # ---------------------------------------------------------------------------------------------
+# The drop-in: the unmodified DDP script, and what its ledger holds
+# ---------------------------------------------------------------------------------------------
+
+PLAIN_DDP = REPO / "examples" / "ddp_plain.py"
+
+
+def run_plain_ddp(args: Sequence[str], world: int, out: Path, ledger: Optional[Path] = None,
+                  timeout: float = 600) -> None:
+    """The unmodified DDP script (examples/ddp_plain.py) on ``world`` processes with torchrun's
+    environment and no Regroup: the drop-in's reference."""
+    port = free_port()
+    extra = ["--ledger", str(ledger)] if ledger else []
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        env.pop("REGROUP_AGENT_SOCKET", None)
+        procs.append(subprocess.Popen([PYTHON, str(PLAIN_DDP), *args, "--out", str(out), *extra], env=env,
+                                      stdout=subprocess.DEVNULL))
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert codes == [0] * world, f"the plain DDP script exited with {codes}"
+
+
+def committed_samples(path: Path) -> Dict[int, List[int]]:
+    """From a drop-in ledger (examples/example_ledger.py): step -> the samples of its
+    committed attempt, those of its highest generation's lines."""
+    by_step: Dict[int, Dict[tuple, List[int]]] = {}
+    for r in read_ledger(path):
+        by_step.setdefault(r["step"], {}).setdefault(tuple(r["g"]), []).extend(r["samples"])
+    return {s: sorted(set(gens[max(gens)])) for s, gens in by_step.items()}
+
+
+def check_dropin_ledger(path: Path, reference: Path, dataset: int, epochs: int) -> None:
+    """Asserts the drop-in committed the unmodified script's samples in every step (its ledger
+    ``reference``) and every sample exactly once in each of the ``epochs``."""
+    got, want = committed_samples(path), committed_samples(reference)
+    assert sorted(got) == sorted(want), f"committed steps {sorted(got)[:10]}... != the plain script's"
+    for s in want:
+        assert got[s] == want[s], f"step {s} used samples {got[s]}, the plain script {want[s]}"
+    steps_per_epoch = len(want) // epochs
+    for e in range(epochs):
+        seen = [i for s in range(e * steps_per_epoch, (e + 1) * steps_per_epoch) for i in got[s]]
+        assert sorted(seen) == list(range(dataset)), f"epoch {e}: a sample lost or repeated"
+
+
+# ---------------------------------------------------------------------------------------------
 # A scripted agent
 # ---------------------------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ regroup-agent (python/regroup/dropin_test.py counts them; python/README.md shows
     torchrun --nproc-per-node 4 examples/ddp_plain.py --epochs 2
 
 Both take the same flags: gradient accumulation under `no_sync`, clipping, a GradScaler (active
-with CUDA), a learning-rate scheduler stepped per step or per epoch, and a DDP communication hook.
+with CUDA, or on the CPU with --amp and torch 2.x), a learning-rate scheduler stepped per step or
+per epoch, and a DDP communication hook.
 """
 
 import argparse
@@ -28,12 +29,14 @@ import regroup  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--dataset", type=int, default=256, help="samples in the synthetic dataset")
 p.add_argument("--batch-size", type=int, default=8, help="samples per rank per batch")
 p.add_argument("--accum", type=int, default=1, help="batches per optimizer step (no_sync)")
 p.add_argument("--lr", type=float, default=0.05)
 p.add_argument("--clip", type=float, default=1.0)
 p.add_argument("--sched", choices=("step", "epoch"), default="step")
 p.add_argument("--comm-hook", action="store_true", help="register DDP's allreduce_hook")
+p.add_argument("--amp", action="store_true", help="a GradScaler on the CPU too (torch 2.x)")
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--ledger", default=None)
 p.add_argument("--out", default=None)
@@ -43,9 +46,9 @@ torch.set_default_dtype(torch.float64)
 regroup.init_process_group("gloo")
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(1)
-x = torch.randn(256, 16, generator=g)
+x = torch.randn(args.dataset, 16, generator=g)
 y = torch.tanh(x @ torch.randn(16, 4, generator=g))
-dataset = TensorDataset(x, y, torch.arange(256))
+dataset = TensorDataset(x, y, torch.arange(args.dataset))
 
 net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
 model = regroup.DDP(net, gradient_as_bucket_view=True)
@@ -53,7 +56,10 @@ if args.comm_hook:
     model.register_comm_hook(None, default_hooks.allreduce_hook)
 opt = regroup.optimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9))
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.8)
-scaler = torch.cuda.amp.GradScaler(enabled=torch.cuda.is_available())
+if args.amp:
+    scaler = torch.amp.GradScaler("cpu")
+else:
+    scaler = torch.cuda.amp.GradScaler(enabled=torch.cuda.is_available())
 sampler = DistributedSampler(dataset, shuffle=True, seed=7, drop_last=True)
 loader = regroup.DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 ledger = Ledger(args.ledger)

@@ -42,6 +42,8 @@ sys.path.insert(0, str(REPO / "python"))
 from regroup.testing import descendants, read_ledger, trainers_of, wait_for  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "train_mlp.py"
+DROPIN = REPO / "examples" / "ddp_regroup.py"     # the drop-in: a DDP script with five lines changed
+PLAIN = REPO / "examples" / "ddp_plain.py"        # the same script unchanged: the drop-in's reference
 SEED = REPO / "integration" / "seed"   # MindCluster's train_start.sh and manager.py
 SEED_MANAGER_PORT = 9601               # where MindCluster's manager listens, on rank 0's pod
 ACCELERATOR = "huawei.com/Ascend910"   # what each node advertises (volcano_loop.py)
@@ -92,7 +94,10 @@ def free_ports(address: str, n: int) -> List[int]:
 
 @dataclass
 class JobSpec:
-    """A training job of ``nodes`` pods of ``nproc`` ranks running examples/train_mlp.py."""
+    """A training job of ``nodes`` pods of ``nproc`` ranks running examples/train_mlp.py, or with
+    ``dropin`` examples/ddp_regroup.py (a DistributedDataParallel script adopted in five lines:
+    ``micro_batch`` is its per-rank batch, ``dataset`` its samples, and ``steps`` a whole number
+    of its epochs)."""
     name: str = "mlp"
     nodes: int = 2
     nproc: int = 2
@@ -121,6 +126,23 @@ class JobSpec:
     # spec.minAvailable every pod, as MindCluster's jobs have it (the scheduler lowers it to the
     # elastic minimum once the job runs), rather than the elastic minimum
     min_available_every_pod: bool = False
+    dropin: bool = False
+
+    @property
+    def script(self) -> Path:
+        return DROPIN if self.dropin else EXAMPLE
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """The drop-in's optimizer steps per epoch (its DistributedSampler's batches)."""
+        return (self.dataset // (self.nodes * self.nproc)) // self.micro_batch
+
+    def _dropin_args(self) -> List[str]:
+        if self.steps % self.steps_per_epoch:
+            raise ValueError(f"the drop-in trains whole epochs of {self.steps_per_epoch} steps: "
+                             f"{self.steps} steps is not a whole number of them")
+        return ["--dataset", str(self.dataset), "--batch-size", str(self.micro_batch),
+                "--epochs", str(self.steps // self.steps_per_epoch)]
 
     @property
     def data(self) -> Dict[str, int]:
@@ -138,6 +160,9 @@ class JobSpec:
                 "--optimizer", self.optimizer]
 
     def train_args(self, ledger: Path, out: Path) -> List[str]:
+        if self.dropin:
+            return [*self._dropin_args(), "--step-sleep", str(self.step_sleep), "--ledger", str(ledger),
+                    "--out", str(out), *self.extra_train]
         return [*self._data_args(), "--checksum-interval", "5", "--tp", str(self.tp),
                 "--step-sleep", str(self.step_sleep), "--ledger", str(ledger), "--out", str(out),
                 *(["--quiet"] if self.quiet else []),
@@ -146,7 +171,10 @@ class JobSpec:
                 *self.extra_train]
 
     def reference_args(self) -> List[str]:
-        """The uninterrupted single-process run whose final weights every run must equal."""
+        """The uninterrupted run whose final weights every run must equal: one plain process,
+        or for the drop-in the unmodified script on every rank of the full-size job."""
+        if self.dropin:
+            return [*self._dropin_args(), *self.extra_train]
         return [*self._data_args(), "--quiet"]
 
     def labels(self) -> Dict[str, str]:
@@ -180,7 +208,7 @@ class JobSpec:
                       "template": {"spec": {"containers": [self._seed_worker(ledger, out)]}}}]
         else:
             worker_cmd = ["regroup-agent", f"--nproc-per-node={self.nproc}", f"--nnodes={self.nodes}",
-                          str(EXAMPLE), *self.train_args(ledger, out)]
+                          str(self.script), *self.train_args(ledger, out)]
             tasks = [
                 {"name": "manager", "replicas": 1, "template": {"spec": {"containers": [
                     {"name": "manager", "command": ["regroup-manager", "--port=9601"],
@@ -216,7 +244,7 @@ class JobSpec:
                field_env("REGROUP_POD_UID", "metadata.uid"), field_env("REGROUP_POD_NAME", "metadata.name"),
                field_env("REGROUP_NODE_NAME", "spec.nodeName")]
         return {"name": "trainer",
-                "command": ["/bin/bash", str(SEED / "train_start.sh"), str(EXAMPLE), *self.train_args(ledger, out)],
+                "command": ["/bin/bash", str(SEED / "train_start.sh"), str(self.script), *self.train_args(ledger, out)],
                 "env": env,
                 # one NPU per process, as MindCluster's pods request them: how the scheduler's
                 # side learns the processes per pod

@@ -13,6 +13,7 @@ run's) and a PNG timeline of world size, throughput and faults. It exits 1 if a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import tempfile
@@ -144,15 +145,22 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=None, help="logs, ledger and the timeline go here")
     p.add_argument("--png", default=None, help="the timeline (default: WORKDIR/timeline.png)")
     p.add_argument("--quiet", action="store_true", help="no live lines, only the summary")
+    p.add_argument("--script", choices=("contract", "ddp"), default="contract",
+                   help="the trainer: examples/train_mlp.py (the step contract), or ddp: "
+                        "examples/ddp_regroup.py, a plain DDP script adopted in five lines")
     args = p.parse_args(argv)
     if args.nodes < 2:
         p.error("--nodes must be at least 2: a node is lost on purpose")
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="regroup-demo-"))
+    world = args.nodes * args.nproc
     job = JobSpec(nodes=args.nodes, nproc=args.nproc, steps=args.steps, step_sleep=args.step_sleep,
                   strategies="retry,recover-in-place,recover,elastic-training,dump,exit", prefer_elastic=True,
-                  dataset=64 * args.nodes * args.nproc, micro_batch=4, microbatches=2 * args.nodes * args.nproc,
-                  quiet=False)
+                  dataset=64 * world, micro_batch=4, microbatches=2 * world, quiet=False)
+    if args.script == "ddp":
+        # The drop-in's unit is a rank's batch of the full-size job: W micro-batches of 4 samples,
+        # 8 steps an epoch of 32 samples per rank.
+        job = dataclasses.replace(job, dropin=True, dataset=32 * world, microbatches=world)
     result = Result(0, "demo")
     print(f"regroup demo: {args.nodes} nodes x {args.nproc} ranks, {args.steps} steps; work in {workdir}")
     print("computing the uninterrupted run's final weights (once; cached) ...", flush=True)

@@ -27,9 +27,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster import EXAMPLE, PYTHON, REPO, Cluster, JobSpec  # noqa: E402
+from cluster import DROPIN, EXAMPLE, PLAIN, PYTHON, REPO, Cluster, JobSpec  # noqa: E402
 from volcano_loop import VolcanoLoop, volcano_unavailable  # noqa: E402
-from regroup.testing import check_ledger, read_ledger, relative_error, wait_for  # noqa: E402
+from regroup.testing import (check_dropin_ledger, check_ledger, read_ledger, relative_error,  # noqa: E402
+                             run_plain_ddp, wait_for)
 
 TOLERANCE = 1e-9
 CACHE = Path(os.environ.get("REGROUP_INTEGRATION_CACHE", Path(tempfile.gettempdir()) / "regroup-integration-cache"))
@@ -95,21 +96,29 @@ def _ms(v: Optional[int]) -> str:
 
 
 def reference_weights(job: JobSpec) -> Path:
-    """The final weights of the same training in one plain process, computed once and cached."""
+    """The final weights of the same training without faults, computed once and cached: one
+    plain process, or for the drop-in the unmodified DDP script on the full-size job's ranks
+    (its ledger beside them: ``.ledger``)."""
     args = job.reference_args()
-    key = hashlib.sha256(json.dumps([args, PYTHON, _source_digest()]).encode()).hexdigest()[:16]
+    world = job.nodes * job.nproc
+    key = hashlib.sha256(json.dumps([args, PYTHON, job.dropin, world, _source_digest()]).encode()).hexdigest()[:16]
     path = CACHE / f"reference-{key}.pt"
     if not path.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        subprocess.run([PYTHON, str(EXAMPLE), *args, "--out", str(tmp)], check=True, timeout=600,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if job.dropin:
+            ledger = path.with_suffix(".ledger")
+            ledger.unlink(missing_ok=True)
+            run_plain_ddp(args, world, tmp, ledger=ledger)
+        else:
+            subprocess.run([PYTHON, str(EXAMPLE), *args, "--out", str(tmp)], check=True, timeout=600,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
         tmp.rename(path)
     return path
 
 
 def _source_digest() -> str:
-    h = hashlib.sha256(EXAMPLE.read_bytes())
+    h = hashlib.sha256(EXAMPLE.read_bytes() + DROPIN.read_bytes() + PLAIN.read_bytes())
     for f in sorted((REPO / "python" / "regroup").glob("*.py")):
         h.update(f.read_bytes())
     return h.hexdigest()
@@ -148,9 +157,15 @@ def check_training(c: Cluster, result: Result, expect_done: bool = True) -> None
         else:
             result.promise("final weights equal the uninterrupted run's", False, "no final weights written")
     try:
-        check_ledger(c.ledger, c.last_step() + 1, **job.data)
-        result.promise("every sample exactly once per epoch", True,
-                       f"{c.last_step() + 1} steps x {job.micro_batch * job.microbatches} samples")
+        if job.dropin:
+            check_dropin_ledger(c.ledger, reference_weights(job).with_suffix(".ledger"), job.dataset,
+                                job.steps // job.steps_per_epoch)
+            result.promise("every sample exactly once per epoch", True,
+                           f"{c.last_step() + 1} steps, each with the unmodified script's samples")
+        else:
+            check_ledger(c.ledger, c.last_step() + 1, **job.data)
+            result.promise("every sample exactly once per epoch", True,
+                           f"{c.last_step() + 1} steps x {job.micro_batch * job.microbatches} samples")
     except AssertionError as e:
         result.promise("every sample exactly once per epoch", False, str(e))
 

@@ -115,7 +115,6 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
                                  ? options.heartbeat_interval_ms
                                  : static_cast<uint32_t>(config_.heartbeat_interval_ms)),
       agents_(static_cast<size_t>(spec_.pods)),
-      rank_of_(static_cast<size_t>(spec_.pods)),
       generation_uids_(static_cast<size_t>(spec_.pods)),
       starts_(static_cast<size_t>(spec_.pods)) {
   if (options_.record) {
@@ -273,9 +272,9 @@ void JobControl::Event(int64_t now, const std::string& kind, const std::string& 
   while (events_.size() > options_.event_log) events_.pop_front();
 }
 
-void JobControl::Send(int64_t node_rank, v1::ManagerMessage message, bool close) {
+void JobControl::Send(int64_t pod, v1::ManagerMessage message, bool close) {
   *message.mutable_header() = MakeHeader();
-  outgoing_.push_back({node_rank, std::move(message), close});
+  outgoing_.push_back({pod, std::move(message), close});
 }
 
 std::vector<JobControl::Outgoing> JobControl::TakeOutgoing() {
@@ -284,10 +283,10 @@ std::vector<JobControl::Outgoing> JobControl::TakeOutgoing() {
   return out;
 }
 
-JobControl::Agent* JobControl::AgentOf(uint64_t stream, int64_t* node_rank) {
-  auto it = stream_node_.find(stream);
-  if (it == stream_node_.end()) return nullptr;
-  *node_rank = it->second;
+JobControl::Agent* JobControl::AgentOf(uint64_t stream, int64_t* pod) {
+  auto it = stream_pod_.find(stream);
+  if (it == stream_pod_.end()) return nullptr;
+  *pod = it->second;
   return &agents_[static_cast<size_t>(it->second)];
 }
 
@@ -314,8 +313,8 @@ bool JobControl::ReplicaReady(int64_t replica) const {
   return true;
 }
 
-bool JobControl::Available(int64_t node) const {
-  const Agent& a = agents_[static_cast<size_t>(node)];
+bool JobControl::PodReady(int64_t pod) const {
+  const Agent& a = agents_[static_cast<size_t>(pod)];
   if (!a.usable() || !a.restarting.empty()) return false;
   // Every process must be alive and have said hello to its agent (not STARTING): a generation
   // formed before would leave the survivors waiting in its rendezvous.
@@ -349,28 +348,28 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
                            " processes but job " + spec_.id + " has " +
                            std::to_string(spec_.processes_per_pod) + " per pod");
   REGROUP_RETURN_IF_ERROR(CheckRanks(reg.ranks(), reg.nproc()));
-  int64_t node = reg.node_rank();
-  if (node < 0) {
+  int64_t pod = reg.node_rank();
+  if (pod < 0) {
     // Assign the first free node rank: never registered, or lost.
-    for (size_t n = 0; n < agents_.size() && node < 0; ++n)
+    for (size_t n = 0; n < agents_.size() && pod < 0; ++n)
       if (!agents_[n].connected &&
           (agents_[n].pod_uid.empty() || agents_[n].state == AgentState::kLost))
-        node = static_cast<int64_t>(n);
-    if (node < 0) return FailedPrecondition("every node rank of job " + spec_.id + " is taken");
+        pod = static_cast<int64_t>(n);
+    if (pod < 0) return FailedPrecondition("every node rank of job " + spec_.id + " is taken");
   }
-  if (node >= spec_.pods)
-    return InvalidArgument("node rank " + std::to_string(node) + " is out of range: job " +
+  if (pod >= spec_.pods)
+    return InvalidArgument("node rank " + std::to_string(pod) + " is out of range: job " +
                            spec_.id + " has " + std::to_string(spec_.pods) + " pods");
-  Agent& a = agents_[static_cast<size_t>(node)];
+  Agent& a = agents_[static_cast<size_t>(pod)];
   // A pod declared lost holds its node rank no longer, even while its fenced stream ends.
   if (a.connected && a.state != AgentState::kLost && a.pod_uid != reg.pod_uid())
-    return FailedPrecondition("node rank " + std::to_string(node) + " is held by pod " +
+    return FailedPrecondition("node rank " + std::to_string(pod) + " is held by pod " +
                               a.pod_uid + "; pod " + reg.pod_uid() + " cannot take it");
   const bool replacement =
       !a.pod_uid.empty() && a.pod_uid != reg.pod_uid();
   // The same pod on a new stream (a connection reset) before it was declared lost, in the
   // running generation and epoch: it resumes its session, and the generation goes on.
-  const bool in_generation = !GenerationRanks(node).empty();
+  const bool in_generation = !running_.RanksOf(pod).empty();
   const bool resumable = !replacement && a.pod_uid == reg.pod_uid() &&
                          a.state == AgentState::kActive && state_ != State::kJoining &&
                          state_ != State::kStopped && header.epoch() == options_.epoch &&
@@ -380,7 +379,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   // up for good. The pod is lost to the generation, as if its grace had ended, and comes back as
   // its own replacement (simulation seeds 872 and 10434).
   if (resumable && reg.left_generation()) {
-    LoseSilentPod(node,
+    LoseSilentPod(pod,
                   "pod " + reg.pod_uid() + " paused its trainers before its session resumed",
                   now);
     return FailedPrecondition("pod " + reg.pod_uid() +
@@ -394,12 +393,12 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   // echo of this loss, not a second fault of their own.
   if (replacement && a.state == AgentState::kActive && in_generation &&
       state_ != State::kJoining && state_ != State::kStopped)
-    LoseSilentPod(node,
+    LoseSilentPod(pod,
                   "pod " + reg.pod_uid() + " registered to replace pod " + a.pod_uid +
                       " before its session resumed",
                   now);
   if (replacement && a.state != AgentState::kLost) Forget(a.pod_uid);
-  if (a.connected) stream_node_.erase(a.stream);  // the same pod on a new stream
+  if (a.connected) stream_pod_.erase(a.stream);  // the same pod on a new stream
   // A pod readmitted (a new incarnation of its uid) keeps the processes it had: one declared
   // hung is still that process (simulation seed 325: readmitted frozen, it hung the same step
   // again until the job stopped on a poison step).
@@ -444,10 +443,10 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   a.state = resumed                   ? AgentState::kActive
             : state_ == State::kJoining ? AgentState::kRegistered
                                         : AgentState::kStandby;
-  stream_node_[stream] = node;
+  stream_pod_[stream] = pod;
   if (join_started_ms_ < 0) join_started_ms_ = now;
 
-  decisions_->PodRunning(node, a.pod_uid, a.node_name, now);
+  decisions_->PodRunning(pod, a.pod_uid, a.node_name, now);
   // Once the decision maker knows pods lost (a generation ran, or the join window closed with
   // pods missing), a pod that registers anew is the replacement it waits for.
   // During a job restart too: the decision maker resumes once every pod came back (a restarted
@@ -459,38 +458,38 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   const bool joining_remote = state_ == State::kJoining && decisions_->ReplacesPods();
   if (!resumed && (replacement || job_restarting_ || joining_remote ||
                    (state_ != State::kJoining && (generation_ > 0 || missing_reported_))))
-    decisions_->ReplacementRegistered(node, a.pod_uid, now);
+    decisions_->ReplacementRegistered(pod, a.pod_uid, now);
   Event(now, resumed ? "resume" : "register",
         "pod " + a.pod_uid + (resumed ? " resumed its session" : " registered") +
-            " as node rank " + std::to_string(node) +
+            " as node rank " + std::to_string(pod) +
             (a.node_name.empty() ? "" : " on " + a.node_name) +
             (replacement ? " (a replacement)" : ""));
 
   v1::ManagerMessage m;
   auto* w = m.mutable_welcome();
-  w->set_node_rank(static_cast<uint32_t>(node));
+  w->set_node_rank(static_cast<uint32_t>(pod));
   w->set_epoch(options_.epoch);
   w->set_generation(generation_);
   w->set_heartbeat_interval_ms(heartbeat_interval_ms_);
   w->set_liveness_timeout_ms(static_cast<uint32_t>(LivenessMs()));
   w->set_resumed(resumed);
-  Send(node, std::move(m));
-  if (resumed) CatchUp(node);
+  Send(pod, std::move(m));
+  if (resumed) CatchUp(pod);
   for (uint32_t l : std::vector<uint32_t>(a.failed.begin(), a.failed.end()))
-    EarlierProcessDied(node, a.ranks[l], "died before this manager heard of it", now);
+    EarlierProcessDied(pod, a.ranks[l], "died before this manager heard of it", now);
   // A pod that was away when the job restart under way was decided (lost, its stream broken,
   // or never seen by this incarnation) comes back with processes that predate it: they were in
   // a generation, and none formed since. They restart too, so that the job resumes from the
   // checkpoint the restart goes back to, not from the newer state they hold.
-  RestartIfItPredatesTheJobRestart(node);
+  RestartIfItPredatesTheJobRestart(pod);
   // A pod that comes after the job stopped (a replacement started late) stops too.
-  if (stop_) Send(node, *stop_);
-  return node;
+  if (stop_) Send(pod, *stop_);
+  return pod;
 }
 
 Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int64_t now) {
-  int64_t node = -1;
-  Agent* agent = AgentOf(stream, &node);
+  int64_t pod = -1;
+  Agent* agent = AgentOf(stream, &pod);
   if (!agent) return FailedPrecondition("the stream has not registered: send Register first");
   const v1::Header& h = message.header();
   if (h.job_id() != spec_.id)
@@ -506,13 +505,13 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
   switch (message.body_case()) {
     case v1::AgentMessage::kHeartbeat:
       REGROUP_RETURN_IF_ERROR(CheckRanks(message.heartbeat().ranks(), agent->nproc));
-      OnHeartbeat(node, *agent, message.heartbeat(), now);
+      OnHeartbeat(pod, *agent, message.heartbeat(), now);
       return Status::Ok();
     case v1::AgentMessage::kProcessExit:
       if (message.process_exit().local_rank() >= agent->nproc)
         return InvalidArgument("local rank " + std::to_string(message.process_exit().local_rank()) +
                                " is out of range: the pod runs " + std::to_string(agent->nproc));
-      OnProcessExit(node, *agent, message.process_exit(), now);
+      OnProcessExit(pod, *agent, message.process_exit(), now);
       return Status::Ok();
     case v1::AgentMessage::kFault: {
       const auto& f = message.fault();
@@ -520,7 +519,7 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
       for (uint32_t l : f.local_ranks()) {
         if (l >= agent->nproc)
           return InvalidArgument("local rank " + std::to_string(l) + " is out of range");
-        if (int64_t r = RankOf(node, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
+        if (int64_t r = running_.RankOf(pod, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
       }
       if (state_ != State::kTraining) return Status::Ok();  // already handling a fault
       // A late report of a generation already replaced (its collective failed as it ended)
@@ -547,9 +546,9 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
       return Status::Ok();
     }
     case v1::AgentMessage::kVotes:
-      return OnVotes(node, *agent, message.votes(), now);
+      return OnVotes(pod, *agent, message.votes(), now);
     case v1::AgentMessage::kLeave:
-      OnLeave(node, *agent, message.leave(), now);
+      OnLeave(pod, *agent, message.leave(), now);
       return Status::Ok();
     case v1::AgentMessage::kAck:
       return Status::Ok();
@@ -560,8 +559,8 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
   }
 }
 
-void JobControl::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, int64_t now) {
-  (void)node;
+void JobControl::OnHeartbeat(int64_t pod, Agent& a, const v1::Heartbeat& hb, int64_t now) {
+  (void)pod;
   if (hb.free_port() || hb.free_ports_size() > 0) NoteFreePorts(a, hb);
   for (const auto& r : hb.ranks()) {
     if (r.local_rank() >= a.nproc) continue;
@@ -588,16 +587,16 @@ void JobControl::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, in
   }
 }
 
-void JobControl::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e, int64_t now) {
+void JobControl::OnProcessExit(int64_t pod, Agent& a, const v1::ProcessExit& e, int64_t now) {
   if (a.failed.count(e.local_rank())) return;  // sent again after a resumed session
   v1::LocalRank& r = a.ranks[e.local_rank()];
   r.set_alive(false);
   if (a.restarting.count(e.local_rank())) return;  // we asked for it
   if (state_ == State::kStopped) return;
-  const int64_t rank = RankOf(node, e.local_rank());
+  const int64_t rank = running_.RankOf(pod, e.local_rank());
   if (e.exit_code() == 0 && e.signal() == 0) {
     Event(now, "rank_done",
-          "rank " + std::to_string(rank) + " (pod " + std::to_string(node) + ") finished");
+          "rank " + std::to_string(rank) + " (pod " + std::to_string(pod) + ") finished");
     a.finished.insert(e.local_rank());
     if (EveryHolderFinished()) Finished(now);
     return;
@@ -607,27 +606,27 @@ void JobControl::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e,
   a.failed.insert(e.local_rank());
   if (rank < 0) {
     const int32_t known =
-        interim_ ? engine_rank_of_[static_cast<size_t>(node)][e.local_rank()] : -1;
+        interim_ ? known_.RankOf(pod, e.local_rank()) : -1;
     if (known >= 0) {
       // Restarted in place while the survivors continued, it died again before it rejoined: the
       // decision maker hears of it (it counts against the recovery budget); the survivors
       // train on.
-      Fault(v1::FAULT_KIND_PROCESS_EXIT, {node}, {}, e.step(),
+      Fault(v1::FAULT_KIND_PROCESS_EXIT, {pod}, {}, e.step(),
             "rank " + std::to_string(known) + " (restarted in place, not yet rejoined) " + why,
             now, {static_cast<uint32_t>(known)});
       return;
     }
-    if (EarlierProcessDied(node, r, why, now)) return;
-    Event(now, "standby_exit", "a standby process of pod " + std::to_string(node) + " exited (" +
+    if (EarlierProcessDied(pod, r, why, now)) return;
+    Event(now, "standby_exit", "a standby process of pod " + std::to_string(pod) + " exited (" +
                                    why + ")");
     return;
   }
   const std::string detail = "rank " + std::to_string(rank) + " " + why;
-  Fault(v1::FAULT_KIND_PROCESS_EXIT, {node}, {static_cast<uint32_t>(rank)}, e.step(), detail, now);
+  Fault(v1::FAULT_KIND_PROCESS_EXIT, {pod}, {static_cast<uint32_t>(rank)}, e.step(), detail, now);
   ContinueWithoutFailedRanks(detail, now);
 }
 
-Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64_t now) {
+Status JobControl::OnVotes(int64_t pod, Agent& a, const v1::Votes& votes, int64_t now) {
   (void)a;
   if (votes.generation() != generation_)
     return FailedPrecondition("the votes are for generation " +
@@ -642,16 +641,16 @@ Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
                               "; the step in flight is " + std::to_string(committed_step_ + 1));
   if (vote_step_ != votes.step()) {
     vote_step_ = votes.step();
-    voted_.assign(places_.size(), false);
-    checksums_.assign(places_.size(), 0);
+    voted_.assign(running_.size(), false);
+    checksums_.assign(running_.size(), 0);
     vote_ok_ = true;
   }
   for (int i = 0; i < votes.local_ranks_size(); ++i) {
     const uint32_t l = votes.local_ranks(i);
-    const int64_t rank = RankOf(node, l);
+    const int64_t rank = running_.RankOf(pod, l);
     if (rank < 0)
       return InvalidArgument("local rank " + std::to_string(l) + " of pod " +
-                             std::to_string(node) + " has no rank in generation " +
+                             std::to_string(pod) + " has no rank in generation " +
                              std::to_string(generation_));
     voted_[static_cast<size_t>(rank)] = true;
     if (i < votes.checksums_size()) checksums_[static_cast<size_t>(rank)] = votes.checksums(i);
@@ -673,9 +672,7 @@ Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64
     o->set_step(votes.step());
     o->set_commit(false);
     o->set_checksum_mismatch(mismatch);
-    std::set<int64_t> nodes;
-    for (const auto& p : places_) nodes.insert(p.node_rank);
-    for (int64_t n : nodes) Send(n, m);
+    for (int64_t n : running_.Pods()) Send(n, m);
     vote_step_ = -1;
     if (mismatch)
       Fault(v1::FAULT_KIND_CHECKSUM_MISMATCH, {}, {}, votes.step(),
@@ -722,15 +719,15 @@ void JobControl::CommitHeld(int64_t now) {
   held_step_ = -1;
   Event(now, "lease", "the lease holds again: step " + std::to_string(step) + " is committed");
   // The ranks waited for this manager: their time at the step counts from now.
-  for (const RankPlace& p : places_)
-    agents_[static_cast<size_t>(p.node_rank)].step_since_ms[p.local_rank] = now;
+  for (const RankPlace& p : running_.places())
+    agents_[static_cast<size_t>(p.pod)].step_since_ms[p.local_rank] = now;
   Commit(step, now);
 }
 
 void JobControl::Commit(int64_t step, int64_t now) {
   committed_step_ = step;
   committed_mark_ = {options_.epoch, generation_};
-  for (const auto& p : places_) restarted_since_commit_.erase({p.node_rank, p.local_rank});
+  for (const auto& p : running_.places()) restarted_since_commit_.erase({p.pod, p.local_rank});
   vote_step_ = -1;
   ++counters_.commits;
   v1::ManagerMessage m;
@@ -738,9 +735,7 @@ void JobControl::Commit(int64_t step, int64_t now) {
   o->set_generation(generation_);
   o->set_step(step);
   o->set_commit(true);
-  std::set<int64_t> nodes;
-  for (const auto& p : places_) nodes.insert(p.node_rank);
-  for (int64_t n : nodes) Send(n, m);
+  for (int64_t n : running_.Pods()) Send(n, m);
   if (last_commit_ms_ >= 0) {
     step_times_ms_.push_back(now - last_commit_ms_);
     while (step_times_ms_.size() > 31) step_times_ms_.pop_front();
@@ -784,42 +779,40 @@ void JobControl::Commit(int64_t step, int64_t now) {
 
 // A planned departure now: the pod stops (MODE_LEAVE), its uid is gone for good, and the
 // decision maker hears of the lost pod like any other.
-void JobControl::Depart(int64_t node, int64_t now) {
-  Agent& a = agents_[static_cast<size_t>(node)];
+void JobControl::Depart(int64_t pod, int64_t now) {
+  Agent& a = agents_[static_cast<size_t>(pod)];
   v1::ManagerMessage stop;
   stop.mutable_stop()->set_directive_id(++directive_id_);
   stop.mutable_stop()->set_mode(v1::StopTraining::MODE_LEAVE);
   stop.mutable_stop()->set_reason("planned departure: " + a.pod_uid);
-  Send(node, std::move(stop));
+  Send(pod, std::move(stop));
   a.state = AgentState::kLost;
   Forget(a.pod_uid);
   replace_uids_.insert(a.pod_uid);
   v1::FaultFacts f;
   f.set_kind(v1::FAULT_KIND_POD_LOST);
-  f.add_pods(static_cast<uint32_t>(node));
+  f.add_pods(static_cast<uint32_t>(pod));
   f.set_step(-1);
   f.set_detail("pod " + a.pod_uid + " left (planned departure)");
   ReportFault(f, now);
 }
 
-void JobControl::OnLeave(int64_t node, Agent& a, const v1::Leave& leave, int64_t now) {
+void JobControl::OnLeave(int64_t pod, Agent& a, const v1::Leave& leave, int64_t now) {
   Event(now, "leave", "pod " + a.pod_uid + " asks to leave: " + leave.reason());
-  bool in_generation = false;
-  for (const auto& p : places_) in_generation = in_generation || p.node_rank == node;
-  if (!in_generation || state_ != State::kTraining) {
-    Depart(node, now);
+  if (running_.RanksOf(pod).empty() || state_ != State::kTraining) {
+    Depart(pod, now);
     return;
   }
   a.state = AgentState::kLeaving;
-  leaving_.insert(node);
+  leaving_.insert(pod);
 }
 
 void JobControl::Disconnected(uint64_t stream, int64_t now) {
-  auto it = stream_node_.find(stream);
-  if (it == stream_node_.end()) return;
-  const int64_t node = it->second;
-  stream_node_.erase(it);
-  Agent& a = agents_[static_cast<size_t>(node)];
+  auto it = stream_pod_.find(stream);
+  if (it == stream_pod_.end()) return;
+  const int64_t pod = it->second;
+  stream_pod_.erase(it);
+  Agent& a = agents_[static_cast<size_t>(pod)];
   if (a.stream != stream) return;
   a.connected = false;
   if (a.state == AgentState::kLost || a.state == AgentState::kDone || state_ == State::kStopped)
@@ -837,7 +830,7 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
               " ms to resume its session");
     return;
   }
-  LoseSilentPod(node, "the stream of pod " + a.pod_uid + " broke (node lost or agent gone)", now);
+  LoseSilentPod(pod, "the stream of pod " + a.pod_uid + " broke (node lost or agent gone)", now);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -850,7 +843,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
                        const std::vector<uint32_t>& local_ranks) {
   if (pods.empty())
     for (uint32_t r : ranks)
-      if (r < places_.size()) pods.push_back(places_[r].node_rank);
+      if (r < running_.size()) pods.push_back(running_.places()[r].pod);
   std::sort(pods.begin(), pods.end());
   pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
   ++counters_.faults[FaultKindText(kind)];
@@ -871,7 +864,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   bool touches_generation =
       !ranks.empty() || (pods.empty() && known_ranks.empty() && local_ranks.empty());
   if (known_ranks.empty())
-    for (int64_t p : pods) touches_generation |= !GenerationRanks(p).empty();
+    for (int64_t p : pods) touches_generation |= !running_.RanksOf(p).empty();
   if (state_ == State::kTraining && touches_generation) {
     first_fault_ms_ = now;
     Abort(FaultKindText(kind) + ": " + detail, now);
@@ -883,8 +876,10 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
     // An interim generation's rank as the rank it holds in the generation the decision maker
     // knows (every interim rank holds one: the interim is a subset of it).
     int32_t known = static_cast<int32_t>(r);
-    if (interim_ && r < places_.size())
-      known = engine_rank_of_[static_cast<size_t>(places_[r].node_rank)][places_[r].local_rank];
+    if (interim_ && r < running_.size()) {
+      const RankPlace& p = running_.places()[r];
+      known = static_cast<int32_t>(known_.RankOf(p.pod, p.local_rank));
+    }
     if (known >= 0) f.add_ranks(static_cast<uint32_t>(known));
   }
   for (uint32_t r : known_ranks) f.add_ranks(r);
@@ -894,7 +889,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   ReportFault(f, now);
 }
 
-bool JobControl::EarlierProcessDied(int64_t node, const v1::LocalRank& rank,
+bool JobControl::EarlierProcessDied(int64_t pod, const v1::LocalRank& rank,
                                     const std::string& why, int64_t now) {
   // Only before this incarnation's first generation, and only for a process that was in one (it
   // may hold the trained state): the decision maker would otherwise count its rank as a holder
@@ -904,17 +899,17 @@ bool JobControl::EarlierProcessDied(int64_t node, const v1::LocalRank& rank,
   if (FormedAGeneration() || rank.generation() == 0 ||
       state_ == State::kStopped || job_restarting_ || restart_on_record_)
     return false;
-  if (!earlier_deaths_.insert({node, rank.pid()}).second) return true;
-  Fault(v1::FAULT_KIND_PROCESS_EXIT, {node}, {}, rank.step(),
-        "local rank " + std::to_string(rank.local_rank()) + " of pod " + std::to_string(node) +
+  if (!earlier_deaths_.insert({pod, rank.pid()}).second) return true;
+  Fault(v1::FAULT_KIND_PROCESS_EXIT, {pod}, {}, rank.step(),
+        "local rank " + std::to_string(rank.local_rank()) + " of pod " + std::to_string(pod) +
             " (in generation " + std::to_string(rank.generation()) + " of an earlier manager) " +
             why,
         now, {}, {rank.local_rank()});
   return true;
 }
 
-void JobControl::Fence(int64_t node, const std::string& reason, bool readmit) {
-  Agent& a = agents_[static_cast<size_t>(node)];
+void JobControl::Fence(int64_t pod, const std::string& reason, bool readmit) {
+  Agent& a = agents_[static_cast<size_t>(pod)];
   a.state = AgentState::kLost;
   Forget(a.pod_uid);
   if (!readmit && !a.pod_uid.empty()) replace_uids_.insert(a.pod_uid);
@@ -922,50 +917,50 @@ void JobControl::Fence(int64_t node, const std::string& reason, bool readmit) {
   // once, so that it stops its trainers or comes back as its own replacement instead of waiting
   // in limbo, and end the stream.
   if (a.connected)
-    Send(node, MakeRefusal("pod " + a.pod_uid + " was declared lost: " + reason, true, readmit),
+    Send(pod, MakeRefusal("pod " + a.pod_uid + " was declared lost: " + reason, true, readmit),
          true);
 }
 
-void JobControl::RestartRanks(int64_t node, const std::vector<uint32_t>& locals,
+void JobControl::RestartRanks(int64_t pod, const std::vector<uint32_t>& locals,
                               const std::string& reason) {
-  Agent& a = agents_[static_cast<size_t>(node)];
+  Agent& a = agents_[static_cast<size_t>(pod)];
   v1::ManagerMessage m;
   m.mutable_restart()->set_directive_id(++directive_id_);
   for (uint32_t l : locals) {
     m.mutable_restart()->add_local_ranks(l);
-    restarted_since_commit_.insert({node, l});
+    restarted_since_commit_.insert({pod, l});
     a.restarting.insert(l);
     a.failed.erase(l);
     a.hung.erase(l);
     a.finished.erase(l);
   }
   m.mutable_restart()->set_reason(reason);
-  Send(node, std::move(m));
+  Send(pod, std::move(m));
 }
 
-void JobControl::RestartIfItPredatesTheJobRestart(int64_t node) {
-  const Agent& a = agents_[static_cast<size_t>(node)];
+void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
+  const Agent& a = agents_[static_cast<size_t>(pod)];
   // A process restarted for the job reports no generation (or is not alive yet) until the next
   // one forms; one that reports a generation never got the restart (sim seed 26796: the restart
   // went out on a stream that its cut link had already broken).
   if (job_restarting_ && !a.pod_uid.empty() && a.connected && a.state != AgentState::kLost &&
       std::any_of(a.ranks.begin(), a.ranks.end(),
                   [](const auto& r) { return r.alive() && r.generation() > 0; }))
-    RestartForJob(node, "the job restarts from the newest checkpoint, and this pod's processes "
+    RestartForJob(pod, "the job restarts from the newest checkpoint, and this pod's processes "
                         "predate the restart (it was away when it was decided)");
 }
 
-void JobControl::RestartForJob(int64_t node, const std::string& reason) {
-  const Agent& a = agents_[static_cast<size_t>(node)];
+void JobControl::RestartForJob(int64_t pod, const std::string& reason) {
+  const Agent& a = agents_[static_cast<size_t>(pod)];
   std::vector<uint32_t> locals(a.nproc);
   std::iota(locals.begin(), locals.end(), 0u);
-  RestartRanks(node, locals, reason);
+  RestartRanks(pod, locals, reason);
 }
 
 void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
   // The directive's own restarts first.
-  for (auto& [node, locals] : RanksToRestart(d))
-    if (agents_[static_cast<size_t>(node)].connected) RestartRanks(node, locals, d.reason);
+  for (auto& [pod, locals] : RanksToRestart(d))
+    if (agents_[static_cast<size_t>(pod)].connected) RestartRanks(pod, locals, d.reason);
   // While the job restarts, every process restarts anyway: one that failed (or that a pod
   // readmitted for the restart reported down) is restarted too, never a reason to replace the pod.
   const bool in_place = config_.allows(Strategy::kRecoverInPlace) || job_restarting_;
@@ -990,23 +985,23 @@ void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
 
 std::map<int64_t, std::vector<uint32_t>> JobControl::RanksToRestart(
     const Directive& d, bool skip_restarted_early) const {
-  std::map<int64_t, std::vector<uint32_t>> by_node;
+  std::map<int64_t, std::vector<uint32_t>> by_pod;
   for (int64_t rank : d.restart_ranks) {
-    if (rank < 0 || static_cast<size_t>(rank) >= engine_places_.size()) continue;
-    const RankPlace& p = engine_places_[static_cast<size_t>(rank)];
-    if (skip_restarted_early && restarted_early_.count({p.node_rank, p.local_rank}) &&
-        !agents_[static_cast<size_t>(p.node_rank)].failed.count(p.local_rank))
+    if (rank < 0 || static_cast<size_t>(rank) >= known_.size()) continue;
+    const RankPlace& p = known_.places()[static_cast<size_t>(rank)];
+    if (skip_restarted_early && restarted_early_.count({p.pod, p.local_rank}) &&
+        !agents_[static_cast<size_t>(p.pod)].failed.count(p.local_rank))
       continue;
-    by_node[p.node_rank].push_back(p.local_rank);
+    by_pod[p.pod].push_back(p.local_rank);
   }
-  return by_node;
+  return by_pod;
 }
 
 Directive JobControl::Rejoin(const std::string& reason) const {
   Directive d;
   d.kind = REGROUP_DIRECTIVE_RESTART_IN_PLACE;
   d.strategy = "recover-in-place";
-  d.keep_replicas = engine_replicas_;
+  d.keep_replicas = known_.replicas();
   d.reason = reason;
   return d;
 }
@@ -1029,12 +1024,12 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
     return false;
   }
   std::vector<int64_t> keep;
-  for (int64_t r : replicas_)
+  for (int64_t r : running_.replicas())
     if (ReplicaReady(r)) keep.push_back(r);
   const auto dp = static_cast<int64_t>(keep.size());
   const int64_t micro_total =
       config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size : 0;
-  if (keep.empty() || keep.size() == replicas_.size() || dp < config_.min_data_parallel ||
+  if (keep.empty() || keep.size() == running_.replicas().size() || dp < config_.min_data_parallel ||
       (config_.even_split && micro_total > 0 && micro_total % dp != 0))
     return false;
   // The survivors must hold every shard of the state between them (a rank restarted in place
@@ -1046,24 +1041,24 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
     return false;
   }
   // Every dead process must be restartable here: its agent connected and in the job.
-  std::vector<int64_t> restart_nodes;
+  std::vector<int64_t> restart_pods;
   for (size_t n = 0; n < agents_.size(); ++n) {
     const Agent& a = agents_[n];
     if (a.failed.empty()) continue;
     if (!a.usable()) return false;
-    restart_nodes.push_back(static_cast<int64_t>(n));
+    restart_pods.push_back(static_cast<int64_t>(n));
   }
-  if (restart_nodes.empty()) return false;
+  if (restart_pods.empty()) return false;
   std::vector<int64_t> left;
-  for (int64_t r : replicas_)
+  for (int64_t r : running_.replicas())
     if (std::find(keep.begin(), keep.end(), r) == keep.end()) left.push_back(r);
   std::string restarted;
-  for (int64_t n : restart_nodes) {
+  for (int64_t n : restart_pods) {
     Agent& a = agents_[static_cast<size_t>(n)];
     std::vector<uint32_t> locals(a.failed.begin(), a.failed.end());
     for (uint32_t l : locals) {
       restarted_early_.insert({n, l});
-      restarted += (restarted.empty() ? "" : ", ") + std::to_string(engine_rank_of_[n][l]);
+      restarted += (restarted.empty() ? "" : ", ") + std::to_string(known_.RankOf(n, l));
     }
     RestartRanks(n, locals, "recover-in-place at once: " + reason);
   }
@@ -1071,7 +1066,7 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
         "ranks " + restarted + " restart in place; replicas " + Join(left) +
             " leave until they are back, the other " + std::to_string(dp) +
             " train on (survivors continued)");
-  // The generation to come back to is the one the decision maker knows (replicas_ may already
+  // The generation to come back to is the one the decision maker knows (the running one may already
   // be an interim one).
   Directive rejoin = Rejoin("ranks " + restarted + " restarted in place rejoin (" + reason + ")");
   if (!FormGeneration(keep, {}, "survivors continue while ranks " + restarted +
@@ -1098,7 +1093,7 @@ void JobControl::CheckPendingWait(int64_t now) {
   std::vector<int64_t> waiting;
   for (int64_t r : pending_->keep_replicas)
     for (int64_t p : layout_.PodsOfReplica(r))
-      if (!Available(p)) waiting.push_back(p);
+      if (!PodReady(p)) waiting.push_back(p);
   if (waiting.empty() && state_ != State::kAborted) {
     // Nobody to blame: the directive waits for no pod this incarnation does not have (a loss of
     // no pod would abort the generation and give the decision maker nothing to decide).
@@ -1117,27 +1112,27 @@ void JobControl::CheckPendingWait(int64_t now) {
   pending_since_ms_ = -1;
   std::vector<uint32_t> ranks;
   for (int64_t p : waiting)
-    for (uint32_t r : GenerationRanks(p)) ranks.push_back(r);
+    for (uint32_t r : running_.RanksOf(p)) ranks.push_back(r);
   Fault(v1::FAULT_KIND_POD_LOST, waiting, ranks, -1, reason, now);
 }
 
-void JobControl::CatchUp(int64_t node) {
-  const Agent& a = agents_[static_cast<size_t>(node)];
+void JobControl::CatchUp(int64_t pod) {
+  const Agent& a = agents_[static_cast<size_t>(pod)];
   if (state_ == State::kAborted) {
-    SendAbort(node);
+    SendAbort(pod);
     return;
   }
   bool behind = false, missed_commit = false;
   for (uint32_t l = 0; l < a.nproc; ++l) {
-    if (RankOf(node, l) < 0) continue;
+    if (running_.RankOf(pod, l) < 0) continue;
     behind |= a.ranks[l].generation() < generation_;
     missed_commit |= a.ranks[l].heard_commit_step() < committed_step_;
   }
-  if (behind && starts_[static_cast<size_t>(node)]) {
+  if (behind && starts_[static_cast<size_t>(pod)]) {
     // The generation it was in was aborted and replaced while it was away: the abort first, so
     // that its ranks leave that generation's collectives at once.
-    SendAbort(node);
-    Send(node, *starts_[static_cast<size_t>(node)]);
+    SendAbort(pod);
+    Send(pod, *starts_[static_cast<size_t>(pod)]);
   }
   if (missed_commit && committed_step_ >= 0) {
     v1::ManagerMessage m;
@@ -1149,7 +1144,7 @@ void JobControl::CatchUp(int64_t node) {
     o->set_generation(committed_mark_.first == options_.epoch ? committed_mark_.second : 0);
     o->set_step(committed_step_);
     o->set_commit(true);
-    Send(node, std::move(m));
+    Send(pod, std::move(m));
   }
 }
 
@@ -1187,10 +1182,10 @@ uint32_t JobControl::TakeStorePort(Agent& host) {
   return port;
 }
 
-void JobControl::SendAbort(int64_t node) {
+void JobControl::SendAbort(int64_t pod) {
   if (!abort_) return;
-  Send(node, *abort_);
-  agents_[static_cast<size_t>(node)].aborted_through = abort_->abort().generation();
+  Send(pod, *abort_);
+  agents_[static_cast<size_t>(pod)].aborted_through = abort_->abort().generation();
 }
 
 void JobControl::Abort(const std::string& reason, int64_t now) {
@@ -1205,9 +1200,7 @@ void JobControl::Abort(const std::string& reason, int64_t now) {
   a->set_generation(generation_);
   a->set_committed_step(committed_step_);
   a->set_reason(reason);
-  std::set<int64_t> nodes;
-  for (const auto& p : places_) nodes.insert(p.node_rank);
-  for (int64_t n : nodes) {
+  for (int64_t n : running_.Pods()) {
     Agent& agent = agents_[static_cast<size_t>(n)];
     if (!agent.connected) continue;
     Send(n, m);
@@ -1234,8 +1227,8 @@ std::pair<uint64_t, uint64_t> JobControl::HeardCommitMark(int64_t step) const {
   return mark;
 }
 
-bool JobControl::HoldsCommittedState(int64_t node, uint32_t local) const {
-  const Agent& a = agents_[static_cast<size_t>(node)];
+bool JobControl::HoldsCommittedState(int64_t pod, uint32_t local) const {
+  const Agent& a = agents_[static_cast<size_t>(pod)];
   if (local >= a.ranks.size() || a.restarting.count(local)) return false;
   const v1::LocalRank& r = a.ranks[local];
   if (std::max(r.committed_step(), r.heard_commit_step()) >= committed_step_) return true;
@@ -1251,14 +1244,13 @@ bool JobControl::HoldsCommittedState(int64_t node, uint32_t local) const {
   // generation committed the step (it voted for it) or resumed after it with this rank holding
   // it, unless its pod was replaced or its process restarted since (sim seed 3120: a rank
   // restarted in place was kept as a holder of its replica's shard).
-  const auto& ranks_here = rank_of_[static_cast<size_t>(node)];  // empty before a generation
-  const int32_t g = local < ranks_here.size() ? ranks_here[local] : -1;
-  if (g < 0 || static_cast<size_t>(g) >= places_.size() ||
-      generation_uids_[static_cast<size_t>(node)] != a.pod_uid ||
-      restarted_since_commit_.count({node, local}))
+  const int64_t g = running_.RankOf(pod, local);
+  if (g < 0 || static_cast<size_t>(g) >= running_.size() ||
+      generation_uids_[static_cast<size_t>(pod)] != a.pod_uid ||
+      restarted_since_commit_.count({pod, local}))
     return false;
   return committed_mark_ == std::make_pair(options_.epoch, generation_) ||
-         !places_[static_cast<size_t>(g)].needs_state;
+         !running_.places()[static_cast<size_t>(g)].needs_state;
 }
 
 std::vector<int64_t> JobControl::PositionsUnheld(const std::vector<int64_t>& replicas) const {
@@ -1360,21 +1352,12 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   given_up_.clear();
   earlier_deaths_.clear();
   state_lost_step_ = -2;
-  replicas_ = replicas;
   for (size_t n = 0; n < agents_.size(); ++n) generation_uids_[n] = agents_[n].pod_uid;
-  const int64_t per_replica = layout_.replica_ranks();
-  const int64_t ppp = spec_.processes_per_pod;
-  places_.clear();
-  for (auto& locals : rank_of_) locals.assign(static_cast<size_t>(ppp), -1);
-  for (size_t k = 0; k < replicas.size(); ++k)
-    for (int64_t local = 0; local < per_replica; ++local) {
-      const int64_t global = replicas[k] * per_replica + local;
-      rank_of_[static_cast<size_t>(global / ppp)][static_cast<size_t>(global % ppp)] =
-          static_cast<int32_t>(places_.size());
-      const auto at = static_cast<uint32_t>(global % ppp);
-      places_.push_back({global / ppp, at, static_cast<uint32_t>(k),
-                         !holders.count({global / ppp, at})});
-    }
+  running_ = RankLayout::Of(replicas, layout_.replica_ranks(), spec_.pods, spec_.processes_per_pod,
+                            [&](int64_t pod, uint32_t local) {
+                              return holders.count({pod, local}) > 0;
+                            });
+  const std::vector<RankPlace>& places = running_.places();
   const int64_t micro_total =
       config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size : 0;
   microbatches_ = !micro.empty() ? micro
@@ -1389,15 +1372,14 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   // from a census over their new group (python/regroup/sync.py); only they know what they hold
   // once their votes are settled. The plan names the step they resume after.
 
-  const Agent& host = agents_[static_cast<size_t>(places_[0].node_rank)];  // of the store
-  std::set<int64_t> training_nodes;
-  for (const auto& p : places_) training_nodes.insert(p.node_rank);
-  generation_agents_ = static_cast<uint32_t>(training_nodes.size());
+  const Agent& host = agents_[static_cast<size_t>(places[0].pod)];  // of the store
+  const std::set<int64_t> training_pods = running_.Pods();
+  generation_agents_ = static_cast<uint32_t>(training_pods.size());
   record_.leader_epoch = options_.epoch;
   record_.generation = generation_;
   record_.restarting = false;
   record_.members.clear();
-  for (int64_t n : training_nodes)
+  for (int64_t n : training_pods)
     record_.members.push_back({n, agents_[static_cast<size_t>(n)].pod_uid});
   record_changed_ = true;
   previous_members_.clear();  // this generation is the one on record now
@@ -1405,12 +1387,12 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   v1::GenerationPlan plan;
   plan.set_epoch(options_.epoch);
   plan.set_generation(generation_);
-  plan.set_world_size(static_cast<uint32_t>(places_.size()));
+  plan.set_world_size(static_cast<uint32_t>(places.size()));
   plan.set_tensor_parallel(static_cast<uint32_t>(config_.tensor_parallel));
   plan.set_pipeline_parallel(static_cast<uint32_t>(config_.pipeline_parallel));
   plan.set_data_parallel(static_cast<uint32_t>(replicas.size()));
   plan.set_store_host(host.host);
-  plan.set_store_port(TakeStorePort(agents_[static_cast<size_t>(places_[0].node_rank)]));
+  plan.set_store_port(TakeStorePort(agents_[static_cast<size_t>(places[0].pod)]));
   plan.set_committed_step(committed_step_);
   plan.set_committed_epoch(committed_mark_.first);
   plan.set_committed_generation(committed_mark_.second);
@@ -1423,7 +1405,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     Agent& a = agents_[n];
     // Every pod that trains or stands by, including one whose process restarts in place (its
     // other ranks train, or wait for the rejoin as standbys).
-    if (!Available(static_cast<int64_t>(n)) && !training_nodes.count(static_cast<int64_t>(n)) &&
+    if (!PodReady(static_cast<int64_t>(n)) && !training_pods.count(static_cast<int64_t>(n)) &&
         !(a.usable() && !a.restarting.empty()))
       continue;
     // A pod whose ranks may still be in an earlier generation (it was away when that one's
@@ -1437,18 +1419,18 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     auto* start = m.mutable_start();
     start->set_directive_id(id);
     *start->mutable_plan() = plan;
-    for (size_t g = 0; g < places_.size(); ++g) {
-      if (places_[g].node_rank != static_cast<int64_t>(n)) continue;
+    for (size_t g = 0; g < places.size(); ++g) {
+      if (places[g].pod != static_cast<int64_t>(n)) continue;
       auto* ra = start->mutable_plan()->add_ranks();
-      ra->set_local_rank(places_[g].local_rank);
+      ra->set_local_rank(places[g].local_rank);
       ra->set_rank(static_cast<uint32_t>(g));
-      ra->set_replica(places_[g].replica);
+      ra->set_replica(places[g].replica);
       if (!microbatches_.empty()) {
-        ra->set_microbatch_begin(static_cast<uint64_t>(begin[places_[g].replica]));
-        ra->set_microbatch_count(static_cast<uint64_t>(microbatches_[places_[g].replica]));
+        ra->set_microbatch_begin(static_cast<uint64_t>(begin[places[g].replica]));
+        ra->set_microbatch_count(static_cast<uint64_t>(microbatches_[places[g].replica]));
       }
     }
-    a.state = training_nodes.count(static_cast<int64_t>(n)) ? AgentState::kActive
+    a.state = training_pods.count(static_cast<int64_t>(n)) ? AgentState::kActive
                                                              : AgentState::kStandby;
     for (auto& since : a.step_since_ms) since = now;
     starts_[n] = m;
@@ -1459,13 +1441,11 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   last_commit_ms_ = -1;
   interim_ = interim;
   if (!interim) {
-    engine_replicas_ = replicas_;
-    engine_places_ = places_;
-    engine_rank_of_ = rank_of_;
+    known_ = running_;
   }
   Event(now, "generation",
         "generation (" + std::to_string(options_.epoch) + ", " + std::to_string(generation_) +
-            "): " + std::to_string(places_.size()) + " ranks, dp " +
+            "): " + std::to_string(places.size()) + " ranks, dp " +
             std::to_string(replicas.size()) + ", resuming after step " +
             std::to_string(committed_step_) + "; " + reason);
   decisions_->Progress(options_.epoch, generation_, committed_step_, world_size(), now);
@@ -1525,7 +1505,8 @@ void JobControl::Apply(const Directive& d, int64_t now) {
       }
       // An interim generation is retried as it was, and its restarted ranks still rejoin.
       const bool interim = interim_;
-      FormGeneration(replicas_, microbatches_, d.reason, now, interim);
+      const std::vector<int64_t> replicas = running_.replicas();
+      FormGeneration(replicas, microbatches_, d.reason, now, interim);
       if (interim) pending_ = Rejoin("ranks restarted in place rejoin");
       return;
     }
@@ -1540,8 +1521,8 @@ void JobControl::Apply(const Directive& d, int64_t now) {
         std::vector<int64_t> kept;
         for (auto it = restart.begin(); it != restart.end();) {
           std::erase_if(it->second, [&](uint32_t l) {
-            if (RankOf(it->first, l) < 0) return false;
-            kept.push_back(RankOf(it->first, l));
+            if (running_.RankOf(it->first, l) < 0) return false;
+            kept.push_back(running_.RankOf(it->first, l));
             return true;
           });
           it = it->second.empty() ? restart.erase(it) : std::next(it);
@@ -1555,12 +1536,12 @@ void JobControl::Apply(const Directive& d, int64_t now) {
         BeforeTheFirstGeneration(d, now);
         return;
       }
-      for (auto& [node, locals] : restart) RestartRanks(node, locals, d.reason);
+      for (auto& [pod, locals] : restart) RestartRanks(pod, locals, d.reason);
       // Wait for them (at a step boundary while training), unless they were all restarted at
       // once and have rejoined already.
       if (!restart.empty() || interim_ || state_ != State::kTraining) {
         pending_ = d;
-        pending_->keep_replicas = engine_replicas_;
+        pending_->keep_replicas = known_.replicas();
       }
       return;
     }
@@ -1687,19 +1668,19 @@ int64_t JobControl::HangTimeoutMs() const {
 // left to send it, so training is over once every holder finished.
 bool JobControl::HolderFinished() const {
   const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
-  return std::any_of(places_.begin(), places_.end(), [&](const RankPlace& p) {
-    const Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+  return std::any_of(running_.places().begin(), running_.places().end(), [&](const RankPlace& p) {
+    const Agent& a = agents_[static_cast<size_t>(p.pod)];
     return (committed_here || !p.needs_state) && !a.ranks[p.local_rank].alive() &&
            a.finished.count(p.local_rank);
   });
 }
 
-bool JobControl::EveryHolderFinished(int64_t gone_node) const {
+bool JobControl::EveryHolderFinished(int64_t gone_pod) const {
   const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
-  return HolderFinished() && std::none_of(places_.begin(), places_.end(), [&](const RankPlace& p) {
-           const Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+  return HolderFinished() && std::none_of(running_.places().begin(), running_.places().end(), [&](const RankPlace& p) {
+           const Agent& a = agents_[static_cast<size_t>(p.pod)];
            return (committed_here || !p.needs_state) && a.ranks[p.local_rank].alive() &&
-                  p.node_rank != gone_node;
+                  p.pod != gone_pod;
          });
 }
 
@@ -1710,37 +1691,35 @@ void JobControl::Finished(int64_t now) {
   Event(now, "done", "training finished at step " + std::to_string(committed_step_));
 }
 
-void JobControl::LoseSilentPod(int64_t node, const std::string& why, int64_t now) {
-  const std::string& uid = agents_[static_cast<size_t>(node)].pod_uid;
+void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now) {
+  const std::string& uid = agents_[static_cast<size_t>(pod)].pod_uid;
   if (given_up_.count(uid)) {
     // The decision maker gave this incarnation up for the job's restart (the scheduler replaces
     // it): its end is no news, and reported it would read as the loss of its replacement.
     Event(now, "fence", "pod " + uid + ", given up for the job's restart, is gone: " + why);
-    Fence(node, why);
+    Fence(pod, why);
     return;
   }
   // Neither a pod whose ranks all finished training nor one lost once every other holder of the
   // trained state finished (cut off during the last step, say) is a fault to recover from: the
   // first leaves nothing undone, the second ends the training (simulation seed 283).
   if (state_ == State::kTraining) {
-    const Agent& a = agents_[static_cast<size_t>(node)];
-    const std::vector<int32_t>& held = rank_of_[static_cast<size_t>(node)];
-    bool ranks_finished = std::any_of(held.begin(), held.end(), [](int32_t r) { return r >= 0; });
-    for (size_t l = 0; l < held.size(); ++l)
-      ranks_finished =
-          ranks_finished && (held[l] < 0 || a.finished.count(static_cast<uint32_t>(l)) > 0);
-    const bool over = EveryHolderFinished(node);
+    const Agent& a = agents_[static_cast<size_t>(pod)];
+    bool ranks_finished = !running_.RanksOf(pod).empty();
+    for (uint32_t l = 0; l < a.nproc; ++l)
+      ranks_finished = ranks_finished && (running_.RankOf(pod, l) < 0 || a.finished.count(l) > 0);
+    const bool over = EveryHolderFinished(pod);
     if (ranks_finished || over) {
       Event(now, "fence",
             "pod " + uid + (over ? " is gone as training finished: " : ", whose ranks finished "
                                                                        "training, is gone: ") +
                 why);
-      Fence(node, why);
+      Fence(pod, why);
       if (over) Finished(now);
       return;
     }
   }
-  Fault(v1::FAULT_KIND_POD_LOST, {node}, GenerationRanks(node), -1, why, now);
+  Fault(v1::FAULT_KIND_POD_LOST, {pod}, running_.RanksOf(pod), -1, why, now);
 }
 
 void JobControl::DetectFailures(int64_t now) {
@@ -1768,9 +1747,9 @@ void JobControl::DetectFailures(int64_t now) {
   // A stalled generation is blamed on a rank that never entered it first (it is still in an
   // older generation, or never took the start): the ranks waiting for it in the rendezvous or a
   // collective are its victims, and restarting one of them would stall the next generation too.
-  for (size_t g = 0; g < places_.size() && state_ == State::kTraining; ++g) {
-    const RankPlace& p = places_[g];
-    Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+  for (size_t g = 0; g < running_.size() && state_ == State::kTraining; ++g) {
+    const RankPlace& p = running_.places()[g];
+    Agent& a = agents_[static_cast<size_t>(p.pod)];
     const v1::LocalRank& lr = a.ranks[p.local_rank];
     if (!lr.alive() || lr.phase() == v1::PHASE_DONE || lr.generation() >= generation_ ||
         now - a.step_since_ms[p.local_rank] <= hang)
@@ -1786,9 +1765,9 @@ void JobControl::DetectFailures(int64_t now) {
   }
   if (state_ != State::kTraining) return;
   std::optional<size_t> paused, stuck;  // the first rank over the hang timeout of each kind
-  for (size_t g = 0; g < places_.size(); ++g) {
-    const RankPlace& p = places_[g];
-    Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+  for (size_t g = 0; g < running_.size(); ++g) {
+    const RankPlace& p = running_.places()[g];
+    Agent& a = agents_[static_cast<size_t>(p.pod)];
     const v1::LocalRank& lr = a.ranks[p.local_rank];
     if (!lr.alive() || lr.phase() == v1::PHASE_DONE) continue;
     // A process still starting (importing, loading) has not said hello yet: it gets the hang
@@ -1824,8 +1803,8 @@ void JobControl::DetectFailures(int64_t now) {
   }
   if (!paused && !stuck) return;
   const size_t g = paused ? *paused : *stuck;
-  const RankPlace& p = places_[g];
-  const Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+  const RankPlace& p = running_.places()[g];
+  const Agent& a = agents_[static_cast<size_t>(p.pod)];
   const v1::LocalRank& lr = a.ranks[p.local_rank];
   Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
         "rank " + std::to_string(g) + " has been at step " + std::to_string(lr.step()) +
@@ -1894,7 +1873,7 @@ void JobControl::TryFirstGeneration(int64_t now) {
     Agent& a = agents_[n];
     if (a.restarting.empty()) a.restart_ms = -1;
     else if (a.restart_ms < 0) a.restart_ms = now;
-    if (Available(static_cast<int64_t>(n))) continue;
+    if (PodReady(static_cast<int64_t>(n))) continue;
     if (a.usable() && !a.restarting.empty() &&
         now - a.restart_ms < HangTimeoutMs())
       restarting = true;
@@ -1915,7 +1894,7 @@ void JobControl::TryFirstGeneration(int64_t now) {
   missing_reported_ = true;
   std::string why;
   std::vector<bool> available(agents_.size());
-  for (size_t n = 0; n < agents_.size(); ++n) available[n] = Available(static_cast<int64_t>(n));
+  for (size_t n = 0; n < agents_.size(); ++n) available[n] = PodReady(static_cast<int64_t>(n));
   if (!PlanGeneration(config_, layout_, available, &why))
     Event(now, "error", "the join window closed with node ranks " + Join(missing) +
                             " missing: " + why + "; waiting for them");
@@ -1972,7 +1951,7 @@ void JobControl::Tick(int64_t now) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The decision wait (DESIGN.md, "Who decides what"): with a coordinator the manager never makes
+// The decision wait (docs/design.md, "Who decides what"): with a coordinator the manager never makes
 // a scheduling decision itself. While the coordinator is unreachable and survivors wait for a
 // decision (a generation aborted, no directive being carried out), they stay paused until it
 // returns or MINDIO_WAIT_MINDX_TIME runs out; then the ladder's last steps: dump if the job
@@ -2021,7 +2000,7 @@ v1::GetStatusResponse JobControl::StatusReport() const {
   s.set_epoch(options_.epoch);
   s.set_generation(generation_);
   s.set_world_size(world_size());
-  s.set_data_parallel(static_cast<uint32_t>(replicas_.size()));
+  s.set_data_parallel(static_cast<uint32_t>(running_.replicas().size()));
   s.set_committed_step(committed_step_);
   static const char* kStates[] = {"joining", "training", "aborted", "stopped"};
   s.set_phase(kStates[static_cast<int>(state_)]);
@@ -2038,8 +2017,8 @@ v1::GetStatusResponse JobControl::StatusReport() const {
     ns->set_node_name(a.node_name);
     ns->set_pod_uid(a.pod_uid);
     ns->set_state(a.pod_uid.empty() ? "missing" : kAgentStates[static_cast<int>(a.state)]);
-    for (size_t g = 0; g < places_.size(); ++g)
-      if (places_[g].node_rank == static_cast<int64_t>(n)) ns->add_ranks(static_cast<uint32_t>(g));
+    for (size_t g = 0; g < running_.size(); ++g)
+      if (running_.places()[g].pod == static_cast<int64_t>(n)) ns->add_ranks(static_cast<uint32_t>(g));
     ns->set_liveness_timeout_ms(ms(a.silence.TimeoutMs(liveness, now)));
     ns->set_silence_peak_ms(ms(a.silence.PeakMs(now)));
     for (const SilenceBound& r : a.rank_silence) {

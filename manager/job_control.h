@@ -3,9 +3,9 @@
 // (service.h) feeds it agent messages and drains what it has to send; tests drive it directly
 // with thousands of simulated agents.
 //
-// Who decides what (DESIGN.md): the job control carries out directives; the scheduling decisions
-// (wait, scale in or out, dump, exit) come from a Decisions source: the engine embedded in the
-// manager (standalone) or the coordinator in the scheduler.
+// Who decides what (docs/design.md): the job control carries out directives; the scheduling
+// decisions (wait, scale in or out, dump, exit) come from a Decisions source: the engine embedded
+// in the manager (standalone) or the coordinator in the scheduler.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,7 @@
 #include "plugin/sizing.h"
 #include "common/status.h"
 #include "manager/job_record.h"
+#include "manager/rank_layout.h"
 #include "manager/silence_bound.h"
 #include "regroup/v1/wire.pb.h"
 
@@ -101,19 +102,11 @@ struct JobControlOptions {
   std::function<const std::optional<JobRecord>&()> stored_record;
 };
 
-// A rank's place: which agent (node rank) and which of its processes.
-struct RankPlace {
-  int64_t node_rank = -1;
-  uint32_t local_rank = 0;
-  uint32_t replica = 0;  // in the generation
-  bool needs_state = false;  // it joined without the committed state: a peer sends it
-};
-
 class JobControl {
  public:
-  // One message for one agent (by node rank).
+  // One message for one agent.
   struct Outgoing {
-    int64_t node_rank;
+    int64_t node_rank;  // the pod's index (its agent's node rank)
     v1::ManagerMessage message;
     bool close = false;  // end that agent's stream after this message
   };
@@ -158,7 +151,7 @@ class JobControl {
   bool training() const { return state_ == State::kTraining; }
   // The stop this incarnation sent (the job's end, or only its own), if it stopped.
   const v1::StopTraining* stopped() const { return stop_ ? &stop_->stop() : nullptr; }
-  uint32_t world_size() const { return static_cast<uint32_t>(places_.size()); }
+  uint32_t world_size() const { return static_cast<uint32_t>(running_.size()); }
   const JobSpec& spec() const { return spec_; }
   uint32_t heartbeat_interval_ms() const { return heartbeat_interval_ms_; }
   // The event log: the newest JobControlOptions::event_log events, and how many were ever logged.
@@ -213,19 +206,19 @@ class JobControl {
   };
 
   void Event(int64_t now, const std::string& kind, const std::string& message);
-  void Send(int64_t node_rank, v1::ManagerMessage message, bool close = false);
+  void Send(int64_t pod, v1::ManagerMessage message, bool close = false);
   v1::Header MakeHeader() const;
-  Agent* AgentOf(uint64_t stream, int64_t* node_rank);
+  Agent* AgentOf(uint64_t stream, int64_t* pod);
 
-  void OnHeartbeat(int64_t node, Agent& agent, const v1::Heartbeat& hb, int64_t now);
-  void OnProcessExit(int64_t node, Agent& agent, const v1::ProcessExit& exit, int64_t now);
-  Status OnVotes(int64_t node, Agent& agent, const v1::Votes& votes, int64_t now);
-  void OnLeave(int64_t node, Agent& agent, const v1::Leave& leave, int64_t now);
-  void Depart(int64_t node, int64_t now);
+  void OnHeartbeat(int64_t pod, Agent& agent, const v1::Heartbeat& hb, int64_t now);
+  void OnProcessExit(int64_t pod, Agent& agent, const v1::ProcessExit& exit, int64_t now);
+  Status OnVotes(int64_t pod, Agent& agent, const v1::Votes& votes, int64_t now);
+  void OnLeave(int64_t pod, Agent& agent, const v1::Leave& leave, int64_t now);
+  void Depart(int64_t pod, int64_t now);
 
   // A fault: abort the generation at once and tell the decision maker. `ranks` are of the
   // running generation; the decision maker hears them as ranks of the generation it knows (see
-  // engine_rank_of_), plus `known_ranks` already in that frame (ranks outside the running one),
+  // known_), plus `known_ranks` already in that frame (ranks outside the running one),
   // plus the ranks it numbers `local_ranks` of the one pod in `pods` (FaultFacts.local_ranks).
   void Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
              int64_t step, const std::string& detail, int64_t now,
@@ -234,7 +227,7 @@ class JobControl {
   // A process of an earlier incarnation's generation died, and this incarnation has formed no
   // generation yet (a manager restart in between): a fault the decision maker hears by local
   // rank, once per process. False when it is not such a process (nothing is reported).
-  bool EarlierProcessDied(int64_t node, const v1::LocalRank& rank, const std::string& why,
+  bool EarlierProcessDied(int64_t pod, const v1::LocalRank& rank, const std::string& why,
                           int64_t now);
   // The survivors continue (regroup.io/survivors-continue): a process of the generation just
   // aborted died; its replicas leave, its processes restart in place at once, and the other
@@ -260,9 +253,9 @@ class JobControl {
   // Whether one of the last kRecentStorePorts stores was at host:port.
   bool RecentStore(const std::string& host, uint32_t port) const;
   // The latest abort (abort_) to one pod, again: it was away when it went out.
-  void SendAbort(int64_t node);
+  void SendAbort(int64_t pod);
   // A pod that resumed its session: what it missed while its stream was down, sent again.
-  void CatchUp(int64_t node);
+  void CatchUp(int64_t pod);
   // A pod uid that must never take part again (lost, left or replaced), kept on record too.
   void Forget(const std::string& uid);
   // The (epoch, generation) that the ranks which heard `step` commit say committed it.
@@ -271,15 +264,15 @@ class JobControl {
   bool MajorityBack(int64_t now);
   // Declares a pod lost: its uid is fenced for good, and a connected agent is told so at once.
   // `readmit`: it may come back as its own replacement (lost for silence or a broken stream).
-  void Fence(int64_t node, const std::string& reason, bool readmit = true);
+  void Fence(int64_t pod, const std::string& reason, bool readmit = true);
   // Asks an agent to restart these local ranks in place.
-  void RestartRanks(int64_t node, const std::vector<uint32_t>& locals, const std::string& reason);
-  // Every process of `node`, for the job restart under way.
-  void RestartForJob(int64_t node, const std::string& reason);
+  void RestartRanks(int64_t pod, const std::vector<uint32_t>& locals, const std::string& reason);
+  // Every process of `pod`, for the job restart under way.
+  void RestartForJob(int64_t pod, const std::string& reason);
   // During a job restart, a pod whose processes were in a generation (none formed since the
   // restart) restarts them: it was away when the restart was decided, or reached another
   // incarnation.
-  void RestartIfItPredatesTheJobRestart(int64_t node);
+  void RestartIfItPredatesTheJobRestart(int64_t pod);
   // Pods whose processes failed (exited, or hung) and that no directive restarts: restarted in
   // place when the job allows it, else fenced, so that no generation waits for them and their
   // slots can be refilled.
@@ -313,13 +306,13 @@ class JobControl {
   void TryFirstGeneration(int64_t now);
   void DetectFailures(int64_t now);
   // Declares a pod lost that fell silent or whose stream broke (it may come back: readmit).
-  void LoseSilentPod(int64_t node, const std::string& why, int64_t now);
+  void LoseSilentPod(int64_t pod, const std::string& why, int64_t now);
   // A rank of the generation holding the trained state finished training (exited 0): its last
   // step is committed.
   bool HolderFinished() const;
   // Training is over: a rank of the generation holding the trained state finished it, and every
-  // other such rank has finished too, or is on `gone_node` (a pod lost just now; -1: none).
-  bool EveryHolderFinished(int64_t gone_node = -1) const;
+  // other such rank has finished too, or is on `gone_pod` (a pod lost just now; -1: none).
+  bool EveryHolderFinished(int64_t gone_pod = -1) const;
   // The highest step committed here or heard committed by a pod not lost.
   int64_t HighestCommitHeard() const;
   // This incarnation formed a generation (its generation is the one on record). Until it does,
@@ -334,7 +327,7 @@ class JobControl {
   // holding the one before), or voted for the step in the generation that committed it; or it is
   // a rank of this incarnation's running generation that committed the step or resumed after it
   // holding it, its process not restarted since.
-  bool HoldsCommittedState(int64_t node, uint32_t local) const;
+  bool HoldsCommittedState(int64_t pod, uint32_t local) const;
   // The positions of a replica at which no rank of `replicas` holds that state (none before the
   // first commit).
   std::vector<int64_t> PositionsUnheld(const std::vector<int64_t>& replicas) const;
@@ -349,8 +342,9 @@ class JobControl {
   bool BeatsAgain(const Agent& a, uint32_t local, int64_t now) const;
   int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }
   int64_t MedianStepMs() const;
-  bool Available(int64_t node) const;
-  // Every pod of these replicas is Available.
+  // Every process of the pod is alive, has said hello to its agent and is not restarting.
+  bool PodReady(int64_t pod) const;
+  // Every rank of these replicas is ready (ReplicaReady).
   bool Ready(const std::vector<int64_t>& replicas) const;
   // With a coordinator: the decision wait while it is unreachable (see job_control.cc).
   void CheckDecisionWait(int64_t now);
@@ -364,7 +358,7 @@ class JobControl {
 
   State state_ = State::kJoining;
   std::vector<Agent> agents_;                  // by node rank
-  std::map<uint64_t, int64_t> stream_node_;    // stream -> node rank
+  std::map<uint64_t, int64_t> stream_pod_;    // stream -> node rank
   std::set<std::string> lost_uids_;            // pods that were lost: zombies if they return
   std::set<std::string> replace_uids_;         // of those, the ones that must be replaced
   JobRecord record_;
@@ -377,35 +371,20 @@ class JobControl {
 
   uint64_t generation_ = 0;                    // n of (epoch, n)
   uint64_t directive_id_ = 0;
-  std::vector<int64_t> replicas_;              // the generation's replicas (original indices)
-  std::vector<RankPlace> places_;              // by global rank
-  std::vector<std::vector<int32_t>> rank_of_;  // [node rank][local rank] -> global rank or -1
-  int64_t RankOf(int64_t node, uint32_t local) const {
-    const auto& locals = rank_of_[static_cast<size_t>(node)];
-    return local < locals.size() ? locals[local] : -1;
-  }
-  // The global ranks pod `node` holds in the running generation (none: a standby or a spare).
-  std::vector<uint32_t> GenerationRanks(int64_t node) const {
-    std::vector<uint32_t> ranks;
-    for (int32_t r : rank_of_[static_cast<size_t>(node)])
-      if (r >= 0) ranks.push_back(static_cast<uint32_t>(r));
-    return ranks;
-  }
+  RankLayout running_;  // the running generation's ranks (the last one formed)
   // The generation the decision maker knows: the last one not formed as interim. Its ranks are
   // the ones faults name and directives restart.
-  std::vector<int64_t> engine_replicas_;
-  std::vector<RankPlace> engine_places_;
-  std::vector<std::vector<int32_t>> engine_rank_of_;
+  RankLayout known_;
   bool interim_ = false;  // the running generation is interim (survivors continued)
   bool job_restarting_ = false;  // RESTART_JOB applied, no generation formed since
   bool restart_on_record_ = false;  // ... by another incarnation: it is on the durable record
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
-  std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (node, local) restarted at once
-  std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (node, pid) EarlierProcessDied told
+  std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (pod, local) restarted at once
+  std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (pod, pid) EarlierProcessDied told
   int64_t state_lost_step_ = -2;  // the committed step whose state_lost the decision maker heard
-  // (node, local) whose process restarted since the last commit: it holds no vote of its own.
+  // (pod, local) whose process restarted since the last commit: it holds no vote of its own.
   std::set<std::pair<int64_t, uint32_t>> restarted_since_commit_;
-  std::vector<std::string> generation_uids_;  // by node: the pod in the running generation
+  std::vector<std::string> generation_uids_;  // by pod: the pod in the running generation
   std::vector<int64_t> microbatches_;
   int64_t committed_step_ = -1;
   uint32_t generation_agents_ = 0;
@@ -429,7 +408,7 @@ class JobControl {
   // ranks hold it until they leave), nor taken from a report that predates its bind.
   std::deque<std::pair<std::string, uint32_t>> store_ports_;
   std::optional<v1::ManagerMessage> abort_;    // the AbortGeneration of the running generation
-  std::vector<std::optional<v1::ManagerMessage>> starts_;  // [node] its StartGeneration
+  std::vector<std::optional<v1::ManagerMessage>> starts_;  // [pod] its StartGeneration
   std::set<int64_t> leaving_;                  // agents that asked to leave (SIGTERM)
   int64_t abort_ms_ = -1;                      // when the running generation was aborted
   int64_t last_tick_ms_ = -1;                  // the previous Tick (a stall is not the pods')

@@ -16,39 +16,9 @@ namespace {
 
 std::string FaultKindText(v1::FaultKind kind) { return std::string(EngineFaultKind(kind)); }
 
-// Steps beyond this are refused: no job runs 10^15 steps, and arithmetic on them stays safe.
-constexpr int64_t kMaxStep = 1'000'000'000'000'000;
-
-// Store ports: how many of an agent's reported free ports are kept (an agent reports 4), and how
-// many of the latest stores' ports are never given out again.
-constexpr size_t kMaxFreePorts = 16;
-constexpr size_t kRecentStorePorts = 64;
 // How often a running incarnation looks at the stored record besides before every commit (a
 // stat of the file; a read only when it changed).
 constexpr int64_t kRecordLookMs = 1000;
-
-// A rank's state as an agent reports it: steps within [-1, kMaxStep] and a local rank the pod
-// has. The error names what is wrong.
-Status CheckRanks(const google::protobuf::RepeatedPtrField<v1::LocalRank>& ranks, uint32_t nproc) {
-  for (const auto& r : ranks) {
-    if (r.local_rank() >= nproc)
-      return InvalidArgument("local rank " + std::to_string(r.local_rank()) +
-                             " is out of range: the pod runs " + std::to_string(nproc));
-    for (int64_t step : {r.step(), r.committed_step(), r.heard_commit_step()})
-      if (step < -1 || step > kMaxStep)
-        return InvalidArgument("local rank " + std::to_string(r.local_rank()) + " reports step " +
-                               std::to_string(step) + ", outside -1 to " +
-                               std::to_string(kMaxStep));
-  }
-  return Status::Ok();
-}
-
-// Said of a silence bound longer than the liveness timeout (silence_bound.h).
-std::string Stretched(int64_t bound, int64_t liveness) {
-  if (bound <= liveness) return "";
-  return "; its timeout was " + std::to_string(bound) +
-         " ms, stretched from the liveness timeout for beats that lately came late";
-}
 
 std::string Join(const std::vector<int64_t>& items) {
   std::string out;
@@ -114,7 +84,7 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
       heartbeat_interval_ms_(options.heartbeat_interval_ms
                                  ? options.heartbeat_interval_ms
                                  : static_cast<uint32_t>(config_.heartbeat_interval_ms)),
-      agents_(static_cast<size_t>(spec_.pods)),
+      pods_(spec_.pods, LivenessMs()),
       generation_uids_(static_cast<size_t>(spec_.pods)),
       starts_(static_cast<size_t>(spec_.pods)) {
   if (options_.record) {
@@ -148,6 +118,7 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
 std::optional<JobRecord> JobControl::TakeRecord() {
   if (!record_changed_ || superseded_) return std::nullopt;
   record_changed_ = false;
+  record_.lost = pods_.lost();
   return record_;
 }
 
@@ -218,21 +189,14 @@ bool JobControl::LookAtRecord(int64_t now) {
           "a job restart is on record: pods whose processes predate it restart them");
     job_restarting_ = restart_on_record_ = true;
     record_.restarting = true;
-    for (size_t n = 0; n < agents_.size(); ++n)
+    for (size_t n = 0; n < pods_.size(); ++n)
       RestartIfItPredatesTheJobRestart(static_cast<int64_t>(n));
   }
   return false;
 }
 
 void JobControl::Forget(const std::string& uid) {
-  if (uid.empty() || !lost_uids_.insert(uid).second) return;
-  record_.lost.push_back(uid);
-  if (record_.lost.size() > JobRecord::kMaxLost) {
-    lost_uids_.erase(record_.lost.front());
-    replace_uids_.erase(record_.lost.front());
-    record_.lost.erase(record_.lost.begin());
-  }
-  record_changed_ = true;
+  if (pods_.Forget(uid)) record_changed_ = true;
 }
 
 v1::Header ManagerHeader(const std::string& job_id, uint64_t epoch, uint64_t generation) {
@@ -283,13 +247,6 @@ std::vector<JobControl::Outgoing> JobControl::TakeOutgoing() {
   return out;
 }
 
-JobControl::Agent* JobControl::AgentOf(uint64_t stream, int64_t* pod) {
-  auto it = stream_pod_.find(stream);
-  if (it == stream_pod_.end()) return nullptr;
-  *pod = it->second;
-  return &agents_[static_cast<size_t>(it->second)];
-}
-
 bool JobControl::Ready(const std::vector<int64_t>& replicas) const {
   for (int64_t r : replicas)
     if (!ReplicaReady(r)) return false;
@@ -301,7 +258,7 @@ bool JobControl::ReplicaReady(int64_t replica) const {
   const int64_t ppp = spec_.processes_per_pod;
   for (int64_t local = 0; local < per_replica; ++local) {
     const int64_t global = replica * per_replica + local;
-    const Agent& a = agents_[static_cast<size_t>(global / ppp)];
+    const Agent& a = pods_[global / ppp];
     const auto l = static_cast<uint32_t>(global % ppp);
     if (!a.usable() || a.restarting.count(l) || a.ranks.size() != a.nproc) return false;
     // Alive and said hello to its agent (not STARTING): a generation formed before would leave
@@ -314,7 +271,7 @@ bool JobControl::ReplicaReady(int64_t replica) const {
 }
 
 bool JobControl::PodReady(int64_t pod) const {
-  const Agent& a = agents_[static_cast<size_t>(pod)];
+  const Agent& a = pods_[pod];
   if (!a.usable() || !a.restarting.empty()) return false;
   // Every process must be alive and have said hello to its agent (not STARTING): a generation
   // formed before would leave the survivors waiting in its rendezvous.
@@ -324,8 +281,8 @@ bool JobControl::PodReady(int64_t pod) const {
   return a.ranks.size() == a.nproc;
 }
 
-StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header,
-                                       const v1::Register& reg, int64_t now) {
+StatusOr<int64_t> JobControl::Admissible(const v1::Header& header,
+                                         const v1::Register& reg) const {
   if (header.job_id() != spec_.id)
     return NotFound("this manager serves job " + spec_.id + ", not " + header.job_id());
   if (header.epoch() > options_.epoch)
@@ -337,7 +294,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   if (header.sender() != reg.pod_uid())
     return InvalidArgument("the header's sender " + header.sender() +
                            " is not the registering pod " + reg.pod_uid());
-  if (lost_uids_.count(reg.pod_uid()))
+  if (pods_.IsFenced(reg.pod_uid()))
     return FailedPrecondition(
         "pod " + reg.pod_uid() + " was declared lost (a zombie); " +
         (MayReadmit(reg.pod_uid())
@@ -351,20 +308,26 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   int64_t pod = reg.node_rank();
   if (pod < 0) {
     // Assign the first free node rank: never registered, or lost.
-    for (size_t n = 0; n < agents_.size() && pod < 0; ++n)
-      if (!agents_[n].connected &&
-          (agents_[n].pod_uid.empty() || agents_[n].state == AgentState::kLost))
-        pod = static_cast<int64_t>(n);
+    pod = pods_.FreeIndex();
     if (pod < 0) return FailedPrecondition("every node rank of job " + spec_.id + " is taken");
   }
   if (pod >= spec_.pods)
     return InvalidArgument("node rank " + std::to_string(pod) + " is out of range: job " +
                            spec_.id + " has " + std::to_string(spec_.pods) + " pods");
-  Agent& a = agents_[static_cast<size_t>(pod)];
+  const Agent& a = pods_[pod];
   // A pod declared lost holds its node rank no longer, even while its fenced stream ends.
   if (a.connected && a.state != AgentState::kLost && a.pod_uid != reg.pod_uid())
     return FailedPrecondition("node rank " + std::to_string(pod) + " is held by pod " +
                               a.pod_uid + "; pod " + reg.pod_uid() + " cannot take it");
+  return pod;
+}
+
+StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header,
+                                       const v1::Register& reg, int64_t now) {
+  StatusOr<int64_t> admissible = Admissible(header, reg);
+  if (!admissible.ok()) return admissible;
+  const int64_t pod = *admissible;
+  const Agent& a = pods_[pod];
   const bool replacement =
       !a.pod_uid.empty() && a.pod_uid != reg.pod_uid();
   // The same pod on a new stream (a connection reset) before it was declared lost, in the
@@ -377,7 +340,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   // ...unless its agent paused its trainers meanwhile (its stream was down longer for it than
   // for this manager): they leave the generation at their next step boundary, and would hold it
   // up for good. The pod is lost to the generation, as if its grace had ended, and comes back as
-  // its own replacement (simulation seeds 872 and 10434).
+  // its own replacement.
   if (resumable && reg.left_generation()) {
     LoseSilentPod(pod,
                   "pod " + reg.pod_uid() + " paused its trainers before its session resumed",
@@ -398,54 +361,18 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
                       " before its session resumed",
                   now);
   if (replacement && a.state != AgentState::kLost) Forget(a.pod_uid);
-  if (a.connected) stream_pod_.erase(a.stream);  // the same pod on a new stream
-  // A pod readmitted (a new incarnation of its uid) keeps the processes it had: one declared
-  // hung is still that process (simulation seed 325: readmitted frozen, it hung the same step
-  // again until the job stopped on a poison step).
-  if (PodOfUid(a.pod_uid) != PodOfUid(reg.pod_uid())) a.hung.clear();
-
-  // A new pod starts with the configured timeout; a session resumed keeps what its beats taught.
-  if (a.pod_uid != reg.pod_uid() || a.nproc != reg.nproc()) {
-    a.silence.Reset();
-    a.rank_silence.assign(reg.nproc(), SilenceBound());
-  }
-  a.stream = stream;
-  a.connected = true;
-  a.pod_uid = reg.pod_uid();
-  a.pod_name = reg.pod_name();
-  a.node_name = reg.node_name();
-  a.host = reg.host();
-  a.nproc = reg.nproc();
-  NoteFreePorts(a, reg);
-  a.last_seen_ms = now;
-  a.last_generation_agents = reg.last_generation_agents();
-  a.restarting.clear();
-  a.ranks.assign(a.nproc, v1::LocalRank());
-  a.step_since_ms.assign(a.nproc, now);
-  for (uint32_t l = 0; l < a.nproc; ++l) {
-    a.ranks[l].set_local_rank(l);
-    a.ranks[l].set_alive(true);
-    a.ranks[l].set_committed_step(-1);
-    a.ranks[l].set_heard_commit_step(-1);
-  }
-  a.failed.clear();
-  a.finished.clear();
-  for (const auto& r : reg.ranks()) {
-    if (r.local_rank() >= a.nproc) continue;
-    a.ranks[r.local_rank()] = r;
-    // A process that died before this manager heard of it (a manager restart in between).
-    if (!r.alive() && r.phase() != v1::PHASE_DONE && r.pid() > 0) a.failed.insert(r.local_rank());
-    if (!r.alive() && r.phase() == v1::PHASE_DONE) a.finished.insert(r.local_rank());
-  }
-  for (auto it = a.hung.begin(); it != a.hung.end();) {
-    it = a.ranks[it->first].alive() && !BeatsAgain(a, it->first, now) ? std::next(it) : a.hung.erase(it);
-  }
-  a.state = resumed                   ? AgentState::kActive
-            : state_ == State::kJoining ? AgentState::kRegistered
-                                        : AgentState::kStandby;
-  stream_pod_[stream] = pod;
+  pods_.Admit(pod, stream, reg,
+              resumed                     ? AgentState::kActive
+              : state_ == State::kJoining ? AgentState::kRegistered
+                                          : AgentState::kStandby,
+              now);
   if (join_started_ms_ < 0) join_started_ms_ = now;
+  Registered(pod, resumed, replacement, now);
+  return pod;
+}
 
+void JobControl::Registered(int64_t pod, bool resumed, bool replacement, int64_t now) {
+  const Agent& a = pods_[pod];
   decisions_->PodRunning(pod, a.pod_uid, a.node_name, now);
   // Once the decision maker knows pods lost (a generation ran, or the join window closed with
   // pods missing), a pod that registers anew is the replacement it waits for.
@@ -453,8 +380,8 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   // manager's first pods included, before any generation or join window of its own).
   // A decision maker beside the scheduler may be waiting for replacements that an incarnation
   // still joining knows nothing of (a restart decided for an earlier one, whose directive this
-  // one takes as seen: simulation seed 173 with a coordinator): every pod that joins is
-  // reported; one the engine does not wait for changes nothing there.
+  // one takes as seen): every pod that joins is reported; one the engine does not wait for
+  // changes nothing there.
   const bool joining_remote = state_ == State::kJoining && decisions_->ReplacesPods();
   if (!resumed && (replacement || job_restarting_ || joining_remote ||
                    (state_ != State::kJoining && (generation_ > 0 || missing_reported_))))
@@ -484,13 +411,12 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   RestartIfItPredatesTheJobRestart(pod);
   // A pod that comes after the job stopped (a replacement started late) stops too.
   if (stop_) Send(pod, *stop_);
-  return pod;
 }
 
 Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int64_t now) {
-  int64_t pod = -1;
-  Agent* agent = AgentOf(stream, &pod);
-  if (!agent) return FailedPrecondition("the stream has not registered: send Register first");
+  const int64_t pod = pods_.PodOf(stream);
+  if (pod < 0) return FailedPrecondition("the stream has not registered: send Register first");
+  const Agent* agent = &pods_[pod];
   const v1::Header& h = message.header();
   if (h.job_id() != spec_.id)
     return InvalidArgument("the message is for job " + h.job_id() + ", not " + spec_.id);
@@ -500,18 +426,17 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
   if (h.epoch() != options_.epoch)
     return FailedPrecondition("epoch " + std::to_string(h.epoch()) + " is not this manager's " +
                               std::to_string(options_.epoch));
-  agent->silence.Ended(now - agent->last_seen_ms, now);
-  agent->last_seen_ms = now;
+  pods_.Heard(pod, now);
   switch (message.body_case()) {
     case v1::AgentMessage::kHeartbeat:
       REGROUP_RETURN_IF_ERROR(CheckRanks(message.heartbeat().ranks(), agent->nproc));
-      OnHeartbeat(pod, *agent, message.heartbeat(), now);
+      pods_.Heartbeat(pod, message.heartbeat(), now);
       return Status::Ok();
     case v1::AgentMessage::kProcessExit:
       if (message.process_exit().local_rank() >= agent->nproc)
         return InvalidArgument("local rank " + std::to_string(message.process_exit().local_rank()) +
                                " is out of range: the pod runs " + std::to_string(agent->nproc));
-      OnProcessExit(pod, *agent, message.process_exit(), now);
+      OnProcessExit(pod, message.process_exit(), now);
       return Status::Ok();
     case v1::AgentMessage::kFault: {
       const auto& f = message.fault();
@@ -534,10 +459,10 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
       // A collective failed while a pod of the generation has no stream: that pod is gone (its
       // peers lost their connections to it), not merely reconnecting. Declared lost at once,
       // so the decision sees the lost pod, not only a failed collective.
-      for (size_t n = 0; n < agents_.size(); ++n)
-        if (agents_[n].state == AgentState::kActive && !agents_[n].connected)
+      for (size_t n = 0; n < pods_.size(); ++n)
+        if (pods_[static_cast<int64_t>(n)].state == AgentState::kActive && !pods_[static_cast<int64_t>(n)].connected)
           LoseSilentPod(static_cast<int64_t>(n),
-                        "the stream of pod " + agents_[n].pod_uid +
+                        "the stream of pod " + pods_[static_cast<int64_t>(n)].pod_uid +
                             " broke and its peers' collectives failed",
                         now);
       // No kind, or one this manager does not know (a newer agent): a failed collective.
@@ -546,9 +471,9 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
       return Status::Ok();
     }
     case v1::AgentMessage::kVotes:
-      return OnVotes(pod, *agent, message.votes(), now);
+      return OnVotes(pod, message.votes(), now);
     case v1::AgentMessage::kLeave:
-      OnLeave(pod, *agent, message.leave(), now);
+      OnLeave(pod, message.leave(), now);
       return Status::Ok();
     case v1::AgentMessage::kAck:
       return Status::Ok();
@@ -559,51 +484,24 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
   }
 }
 
-void JobControl::OnHeartbeat(int64_t pod, Agent& a, const v1::Heartbeat& hb, int64_t now) {
-  (void)pod;
-  if (hb.free_port() || hb.free_ports_size() > 0) NoteFreePorts(a, hb);
-  for (const auto& r : hb.ranks()) {
-    if (r.local_rank() >= a.nproc) continue;
-    v1::LocalRank& mine = a.ranks[r.local_rank()];
-    if (r.step() != mine.step()) a.step_since_ms[r.local_rank()] = now;
-    // A trainer's silence ended when its beat age went down: as long as the age last reported.
-    // Not while it started (importing torch, seconds, is not a late beat).
-    SilenceBound& silence = a.rank_silence[r.local_rank()];
-    const bool started =
-        mine.phase() != v1::PHASE_STARTING && mine.phase() != v1::PHASE_UNSPECIFIED;
-    if (r.pid() != mine.pid())
-      silence.Reset();  // another process
-    else if (started && r.beat_age_ms() < mine.beat_age_ms())
-      silence.Ended(mine.beat_age_ms(), now);
-    const bool was_restarting = a.restarting.count(r.local_rank()) > 0;
-    mine = r;
-    // A frozen process that beats again (another one, or the same resumed) is not hung.
-    if (a.hung.count(r.local_rank()) && BeatsAgain(a, r.local_rank(), now))
-      a.hung.erase(r.local_rank());
-    // A process restarted in place is back once it is alive and has said hello (fresh).
-    if (was_restarting && r.alive() && r.pid() > 0 && r.generation() == 0 &&
-        r.phase() != v1::PHASE_STARTING && r.phase() != v1::PHASE_UNSPECIFIED)
-      a.restarting.erase(r.local_rank());
-  }
-}
-
-void JobControl::OnProcessExit(int64_t pod, Agent& a, const v1::ProcessExit& e, int64_t now) {
+void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t now) {
+  const Agent& a = pods_[pod];
   if (a.failed.count(e.local_rank())) return;  // sent again after a resumed session
-  v1::LocalRank& r = a.ranks[e.local_rank()];
-  r.set_alive(false);
+  pods_.Died(pod, e.local_rank());
+  const v1::LocalRank& r = a.ranks[e.local_rank()];
   if (a.restarting.count(e.local_rank())) return;  // we asked for it
   if (state_ == State::kStopped) return;
   const int64_t rank = running_.RankOf(pod, e.local_rank());
   if (e.exit_code() == 0 && e.signal() == 0) {
     Event(now, "rank_done",
           "rank " + std::to_string(rank) + " (pod " + std::to_string(pod) + ") finished");
-    a.finished.insert(e.local_rank());
+    pods_.Exited(pod, e.local_rank(), /*clean=*/true);
     if (EveryHolderFinished()) Finished(now);
     return;
   }
   const std::string why = e.signal() ? "killed by signal " + std::to_string(e.signal())
                                      : "exit code " + std::to_string(e.exit_code());
-  a.failed.insert(e.local_rank());
+  pods_.Exited(pod, e.local_rank(), /*clean=*/false);
   if (rank < 0) {
     const int32_t known =
         interim_ ? known_.RankOf(pod, e.local_rank()) : -1;
@@ -626,8 +524,7 @@ void JobControl::OnProcessExit(int64_t pod, Agent& a, const v1::ProcessExit& e, 
   ContinueWithoutFailedRanks(detail, now);
 }
 
-Status JobControl::OnVotes(int64_t pod, Agent& a, const v1::Votes& votes, int64_t now) {
-  (void)a;
+Status JobControl::OnVotes(int64_t pod, const v1::Votes& votes, int64_t now) {
   if (votes.generation() != generation_)
     return FailedPrecondition("the votes are for generation " +
                               std::to_string(votes.generation()) + "; the current one is " +
@@ -720,7 +617,7 @@ void JobControl::CommitHeld(int64_t now) {
   Event(now, "lease", "the lease holds again: step " + std::to_string(step) + " is committed");
   // The ranks waited for this manager: their time at the step counts from now.
   for (const RankPlace& p : running_.places())
-    agents_[static_cast<size_t>(p.pod)].step_since_ms[p.local_rank] = now;
+    pods_.StepClockFrom(p.pod, p.local_rank, now);
   Commit(step, now);
 }
 
@@ -780,15 +677,15 @@ void JobControl::Commit(int64_t step, int64_t now) {
 // A planned departure now: the pod stops (MODE_LEAVE), its uid is gone for good, and the
 // decision maker hears of the lost pod like any other.
 void JobControl::Depart(int64_t pod, int64_t now) {
-  Agent& a = agents_[static_cast<size_t>(pod)];
+  const Agent& a = pods_[pod];
   v1::ManagerMessage stop;
   stop.mutable_stop()->set_directive_id(++directive_id_);
   stop.mutable_stop()->set_mode(v1::StopTraining::MODE_LEAVE);
   stop.mutable_stop()->set_reason("planned departure: " + a.pod_uid);
   Send(pod, std::move(stop));
-  a.state = AgentState::kLost;
+  pods_.SetState(pod, AgentState::kLost);
   Forget(a.pod_uid);
-  replace_uids_.insert(a.pod_uid);
+  pods_.MustReplace(a.pod_uid);
   v1::FaultFacts f;
   f.set_kind(v1::FAULT_KIND_POD_LOST);
   f.add_pods(static_cast<uint32_t>(pod));
@@ -797,24 +694,21 @@ void JobControl::Depart(int64_t pod, int64_t now) {
   ReportFault(f, now);
 }
 
-void JobControl::OnLeave(int64_t pod, Agent& a, const v1::Leave& leave, int64_t now) {
-  Event(now, "leave", "pod " + a.pod_uid + " asks to leave: " + leave.reason());
+void JobControl::OnLeave(int64_t pod, const v1::Leave& leave, int64_t now) {
+  Event(now, "leave", "pod " + pods_[pod].pod_uid + " asks to leave: " + leave.reason());
   if (running_.RanksOf(pod).empty() || state_ != State::kTraining) {
     Depart(pod, now);
     return;
   }
-  a.state = AgentState::kLeaving;
+  pods_.SetState(pod, AgentState::kLeaving);
   leaving_.insert(pod);
 }
 
 void JobControl::Disconnected(uint64_t stream, int64_t now) {
-  auto it = stream_pod_.find(stream);
-  if (it == stream_pod_.end()) return;
-  const int64_t pod = it->second;
-  stream_pod_.erase(it);
-  Agent& a = agents_[static_cast<size_t>(pod)];
-  if (a.stream != stream) return;
-  a.connected = false;
+  const std::optional<int64_t> gone = pods_.Disconnect(stream);
+  if (!gone) return;
+  const int64_t pod = *gone;
+  const Agent& a = pods_[pod];
   if (a.state == AgentState::kLost || a.state == AgentState::kDone || state_ == State::kStopped)
     return;
   if (state_ == State::kJoining) {
@@ -909,10 +803,10 @@ bool JobControl::EarlierProcessDied(int64_t pod, const v1::LocalRank& rank,
 }
 
 void JobControl::Fence(int64_t pod, const std::string& reason, bool readmit) {
-  Agent& a = agents_[static_cast<size_t>(pod)];
-  a.state = AgentState::kLost;
+  const Agent& a = pods_[pod];
+  pods_.SetState(pod, AgentState::kLost);
   Forget(a.pod_uid);
-  if (!readmit && !a.pod_uid.empty()) replace_uids_.insert(a.pod_uid);
+  if (!readmit && !a.pod_uid.empty()) pods_.MustReplace(a.pod_uid);
   // Declared lost while its stream is still open (a paused or partitioned agent): tell it at
   // once, so that it stops its trainers or comes back as its own replacement instead of waiting
   // in limbo, and end the stream.
@@ -923,23 +817,19 @@ void JobControl::Fence(int64_t pod, const std::string& reason, bool readmit) {
 
 void JobControl::RestartRanks(int64_t pod, const std::vector<uint32_t>& locals,
                               const std::string& reason) {
-  Agent& a = agents_[static_cast<size_t>(pod)];
   v1::ManagerMessage m;
   m.mutable_restart()->set_directive_id(++directive_id_);
   for (uint32_t l : locals) {
     m.mutable_restart()->add_local_ranks(l);
     restarted_since_commit_.insert({pod, l});
-    a.restarting.insert(l);
-    a.failed.erase(l);
-    a.hung.erase(l);
-    a.finished.erase(l);
   }
+  pods_.Restarting(pod, locals);
   m.mutable_restart()->set_reason(reason);
   Send(pod, std::move(m));
 }
 
 void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
-  const Agent& a = agents_[static_cast<size_t>(pod)];
+  const Agent& a = pods_[pod];
   // A process restarted for the job reports no generation (or is not alive yet) until the next
   // one forms; one that reports a generation never got the restart (sim seed 26796: the restart
   // went out on a stream that its cut link had already broken).
@@ -951,7 +841,7 @@ void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
 }
 
 void JobControl::RestartForJob(int64_t pod, const std::string& reason) {
-  const Agent& a = agents_[static_cast<size_t>(pod)];
+  const Agent& a = pods_[pod];
   std::vector<uint32_t> locals(a.nproc);
   std::iota(locals.begin(), locals.end(), 0u);
   RestartRanks(pod, locals, reason);
@@ -960,12 +850,12 @@ void JobControl::RestartForJob(int64_t pod, const std::string& reason) {
 void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
   // The directive's own restarts first.
   for (auto& [pod, locals] : RanksToRestart(d))
-    if (agents_[static_cast<size_t>(pod)].connected) RestartRanks(pod, locals, d.reason);
+    if (pods_[pod].connected) RestartRanks(pod, locals, d.reason);
   // While the job restarts, every process restarts anyway: one that failed (or that a pod
   // readmitted for the restart reported down) is restarted too, never a reason to replace the pod.
   const bool in_place = config_.allows(Strategy::kRecoverInPlace) || job_restarting_;
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    Agent& a = agents_[n];
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
     std::set<uint32_t> failed = a.failed;
     for (const auto& [local, pid] : a.hung) failed.insert(local);
     if (failed.empty() || !a.connected || a.state == AgentState::kLost) continue;
@@ -990,7 +880,7 @@ std::map<int64_t, std::vector<uint32_t>> JobControl::RanksToRestart(
     if (rank < 0 || static_cast<size_t>(rank) >= known_.size()) continue;
     const RankPlace& p = known_.places()[static_cast<size_t>(rank)];
     if (skip_restarted_early && restarted_early_.count({p.pod, p.local_rank}) &&
-        !agents_[static_cast<size_t>(p.pod)].failed.count(p.local_rank))
+        !pods_[p.pod].failed.count(p.local_rank))
       continue;
     by_pod[p.pod].push_back(p.local_rank);
   }
@@ -1042,8 +932,8 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
   }
   // Every dead process must be restartable here: its agent connected and in the job.
   std::vector<int64_t> restart_pods;
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    const Agent& a = agents_[n];
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
     if (a.failed.empty()) continue;
     if (!a.usable()) return false;
     restart_pods.push_back(static_cast<int64_t>(n));
@@ -1054,7 +944,7 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
     if (std::find(keep.begin(), keep.end(), r) == keep.end()) left.push_back(r);
   std::string restarted;
   for (int64_t n : restart_pods) {
-    Agent& a = agents_[static_cast<size_t>(n)];
+    const Agent& a = pods_[n];
     std::vector<uint32_t> locals(a.failed.begin(), a.failed.end());
     for (uint32_t l : locals) {
       restarted_early_.insert({n, l});
@@ -1117,7 +1007,7 @@ void JobControl::CheckPendingWait(int64_t now) {
 }
 
 void JobControl::CatchUp(int64_t pod) {
-  const Agent& a = agents_[static_cast<size_t>(pod)];
+  const Agent& a = pods_[pod];
   if (state_ == State::kAborted) {
     SendAbort(pod);
     return;
@@ -1148,44 +1038,10 @@ void JobControl::CatchUp(int64_t pod) {
   }
 }
 
-template <typename Message>
-void JobControl::NoteFreePorts(Agent& a, const Message& report) {
-  a.free_ports.clear();
-  auto note = [&](uint32_t port) {
-    if (port != 0 && port <= 65535 && !RecentStore(a.host, port) &&
-        a.free_ports.size() < kMaxFreePorts &&
-        std::find(a.free_ports.begin(), a.free_ports.end(), port) == a.free_ports.end())
-      a.free_ports.push_back(port);
-  };
-  for (uint32_t port : report.free_ports()) note(port);
-  if (report.free_ports_size() == 0) note(report.free_port());  // an agent before free_ports
-}
-
-bool JobControl::RecentStore(const std::string& host, uint32_t port) const {
-  return std::find(store_ports_.begin(), store_ports_.end(), std::make_pair(host, port)) !=
-         store_ports_.end();
-}
-
-uint32_t JobControl::TakeStorePort(Agent& host) {
-  uint32_t port = 0;
-  if (!host.free_ports.empty()) {
-    port = host.free_ports.front();
-    host.free_ports.erase(host.free_ports.begin());
-  } else {
-    // None reported free since the last store took one: a port of the torchrun convention's
-    // range (29500), by generation, that no recent store holds.
-    port = 29500 + static_cast<uint32_t>(generation_ % 1000);
-    while (RecentStore(host.host, port)) port = 29500 + (port - 29500 + 1) % 1000;
-  }
-  store_ports_.emplace_back(host.host, port);
-  while (store_ports_.size() > kRecentStorePorts) store_ports_.pop_front();
-  return port;
-}
-
 void JobControl::SendAbort(int64_t pod) {
   if (!abort_) return;
   Send(pod, *abort_);
-  agents_[static_cast<size_t>(pod)].aborted_through = abort_->abort().generation();
+  pods_.AbortedThrough(pod, abort_->abort().generation());
 }
 
 void JobControl::Abort(const std::string& reason, int64_t now) {
@@ -1201,10 +1057,9 @@ void JobControl::Abort(const std::string& reason, int64_t now) {
   a->set_committed_step(committed_step_);
   a->set_reason(reason);
   for (int64_t n : running_.Pods()) {
-    Agent& agent = agents_[static_cast<size_t>(n)];
-    if (!agent.connected) continue;
+    if (!pods_[static_cast<int64_t>(n)].connected) continue;
     Send(n, m);
-    agent.aborted_through = generation_;
+    pods_.AbortedThrough(n, generation_);
   }
   abort_ = m;
   Event(now, "abort", "generation " + std::to_string(generation_) + " aborted: " + reason);
@@ -1214,7 +1069,7 @@ void JobControl::Abort(const std::string& reason, int64_t now) {
 // says, or when they disagree (one of them holds a stale mark: no rank may then trust its vote).
 std::pair<uint64_t, uint64_t> JobControl::HeardCommitMark(int64_t step) const {
   std::pair<uint64_t, uint64_t> mark{0, 0};
-  for (const Agent& a : agents_) {
+  for (const Agent& a : pods_.all()) {
     if (a.state == AgentState::kLost || a.pod_uid.empty()) continue;
     for (const auto& lr : a.ranks) {
       if (lr.heard_commit_step() != step) continue;
@@ -1228,7 +1083,7 @@ std::pair<uint64_t, uint64_t> JobControl::HeardCommitMark(int64_t step) const {
 }
 
 bool JobControl::HoldsCommittedState(int64_t pod, uint32_t local) const {
-  const Agent& a = agents_[static_cast<size_t>(pod)];
+  const Agent& a = pods_[pod];
   if (local >= a.ranks.size() || a.restarting.count(local)) return false;
   const v1::LocalRank& r = a.ranks[local];
   if (std::max(r.committed_step(), r.heard_commit_step()) >= committed_step_) return true;
@@ -1281,7 +1136,7 @@ void JobControl::ReportFault(const v1::FaultFacts& fault, int64_t now) {
 
 int64_t JobControl::HighestCommitHeard() const {
   int64_t heard = committed_step_;
-  for (const Agent& a : agents_)
+  for (const Agent& a : pods_.all())
     if (a.state != AgentState::kLost && !a.pod_uid.empty())
       for (const auto& lr : a.ranks)
         heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
@@ -1337,13 +1192,13 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     }
   // Who holds the committed state (HoldsCommittedState), as of the generation that committed it.
   std::set<std::pair<int64_t, uint32_t>> holders;
-  for (size_t n = 0; n < agents_.size(); ++n)
-    for (uint32_t l = 0; l < agents_[n].ranks.size(); ++l)
+  for (size_t n = 0; n < pods_.size(); ++n)
+    for (uint32_t l = 0; l < pods_[static_cast<int64_t>(n)].ranks.size(); ++l)
       if (HoldsCommittedState(static_cast<int64_t>(n), l)) holders.insert({n, l});
 
   // Numbered past every generation an agent reports (a restarted manager's agents come from
   // another epoch's generations): a late report of an old one is then always older than this.
-  for (const Agent& a : agents_)
+  for (const Agent& a : pods_.all())
     for (const auto& lr : a.ranks)
       if (lr.generation() <= kMaxGeneration) generation_ = std::max(generation_, lr.generation());
   ++generation_;
@@ -1352,7 +1207,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   given_up_.clear();
   earlier_deaths_.clear();
   state_lost_step_ = -2;
-  for (size_t n = 0; n < agents_.size(); ++n) generation_uids_[n] = agents_[n].pod_uid;
+  for (size_t n = 0; n < pods_.size(); ++n) generation_uids_[n] = pods_[static_cast<int64_t>(n)].pod_uid;
   running_ = RankLayout::Of(replicas, layout_.replica_ranks(), spec_.pods, spec_.processes_per_pod,
                             [&](int64_t pod, uint32_t local) {
                               return holders.count({pod, local}) > 0;
@@ -1372,7 +1227,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   // from a census over their new group (python/regroup/sync.py); only they know what they hold
   // once their votes are settled. The plan names the step they resume after.
 
-  const Agent& host = agents_[static_cast<size_t>(places[0].pod)];  // of the store
+  const Agent& host = pods_[places[0].pod];  // of the store
   const std::set<int64_t> training_pods = running_.Pods();
   generation_agents_ = static_cast<uint32_t>(training_pods.size());
   record_.leader_epoch = options_.epoch;
@@ -1380,7 +1235,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   record_.restarting = false;
   record_.members.clear();
   for (int64_t n : training_pods)
-    record_.members.push_back({n, agents_[static_cast<size_t>(n)].pod_uid});
+    record_.members.push_back({n, pods_[n].pod_uid});
   record_changed_ = true;
   previous_members_.clear();  // this generation is the one on record now
 
@@ -1392,7 +1247,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   plan.set_pipeline_parallel(static_cast<uint32_t>(config_.pipeline_parallel));
   plan.set_data_parallel(static_cast<uint32_t>(replicas.size()));
   plan.set_store_host(host.host);
-  plan.set_store_port(TakeStorePort(agents_[static_cast<size_t>(places[0].pod)]));
+  plan.set_store_port(pods_.TakeStorePort(places[0].pod, generation_));
   plan.set_committed_step(committed_step_);
   plan.set_committed_epoch(committed_mark_.first);
   plan.set_committed_generation(committed_mark_.second);
@@ -1401,8 +1256,8 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   plan.set_agents(generation_agents_);
 
   const uint64_t id = ++directive_id_;
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    Agent& a = agents_[n];
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
     // Every pod that trains or stands by, including one whose process restarts in place (its
     // other ranks train, or wait for the rejoin as standbys).
     if (!PodReady(static_cast<int64_t>(n)) && !training_pods.count(static_cast<int64_t>(n)) &&
@@ -1430,9 +1285,10 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
         ra->set_microbatch_count(static_cast<uint64_t>(microbatches_[places[g].replica]));
       }
     }
-    a.state = training_pods.count(static_cast<int64_t>(n)) ? AgentState::kActive
-                                                             : AgentState::kStandby;
-    for (auto& since : a.step_since_ms) since = now;
+    pods_.SetState(static_cast<int64_t>(n), training_pods.count(static_cast<int64_t>(n))
+                                                ? AgentState::kActive
+                                                : AgentState::kStandby);
+    pods_.StepClockFrom(static_cast<int64_t>(n), now);
     starts_[n] = m;
     Send(static_cast<int64_t>(n), std::move(m));
   }
@@ -1459,8 +1315,8 @@ void JobControl::StopAll(v1::StopTraining::Mode mode, const std::string& reason,
   m.mutable_stop()->set_mode(mode);
   m.mutable_stop()->set_reason(reason);
   m.mutable_stop()->set_incarnation_only(scope == StopScope::kIncarnation);
-  for (size_t n = 0; n < agents_.size(); ++n)
-    if (agents_[n].connected) Send(static_cast<int64_t>(n), m);
+  for (size_t n = 0; n < pods_.size(); ++n)
+    if (pods_[static_cast<int64_t>(n)].connected) Send(static_cast<int64_t>(n), m);
   stop_ = m;
   state_ = State::kStopped;
   if (scope == StopScope::kJob) {
@@ -1576,8 +1432,8 @@ void JobControl::Apply(const Directive& d, int64_t now) {
 // waiting after its join window restarted nothing, waited for no replica, and hung.)
 void JobControl::BeforeTheFirstGeneration(const Directive& d, int64_t now) {
   std::string what;  // "pod 1 local ranks [1], ..."
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    const Agent& a = agents_[n];
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
     if (!a.usable()) continue;
     std::vector<uint32_t> dead;
     for (uint32_t l = 0; l < a.ranks.size(); ++l)
@@ -1612,8 +1468,8 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
   committed_step_ = -1;
   committed_mark_ = {0, 0};
   std::vector<std::string> restarted;
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    Agent& a = agents_[n];
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
     if (!a.usable()) continue;
     RestartForJob(static_cast<int64_t>(n), d.reason);
     restarted.push_back(a.pod_uid);
@@ -1632,7 +1488,7 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
   // ends (evicted, or replaced before their broken streams resumed) are this restart, no fault.
   given_up_.clear();
   if (every_pod && decisions_->ReplacesPods())
-    for (const Agent& a : agents_)
+    for (const Agent& a : pods_.all())
       if (!a.pod_uid.empty()) given_up_.insert(a.pod_uid);
   Event(now, d.strategy == "pod-rescheduling" ? "pod_rescheduling" : "job_rescheduling",
         "every process restarts from the newest checkpoint: " +
@@ -1653,12 +1509,6 @@ int64_t JobControl::MedianStepMs() const {
   return t[t.size() / 2];
 }
 
-bool JobControl::BeatsAgain(const Agent& a, uint32_t local, int64_t now) const {
-  const v1::LocalRank& r = a.ranks[local];
-  return r.pid() != a.hung.at(local) ||
-         static_cast<int64_t>(r.beat_age_ms()) <= a.rank_silence[local].TimeoutMs(LivenessMs(), now);
-}
-
 int64_t JobControl::HangTimeoutMs() const {
   return std::max(config_.hang_timeout_min_s * 1000, config_.hang_step_factor * MedianStepMs());
 }
@@ -1669,7 +1519,7 @@ int64_t JobControl::HangTimeoutMs() const {
 bool JobControl::HolderFinished() const {
   const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
   return std::any_of(running_.places().begin(), running_.places().end(), [&](const RankPlace& p) {
-    const Agent& a = agents_[static_cast<size_t>(p.pod)];
+    const Agent& a = pods_[p.pod];
     return (committed_here || !p.needs_state) && !a.ranks[p.local_rank].alive() &&
            a.finished.count(p.local_rank);
   });
@@ -1678,7 +1528,7 @@ bool JobControl::HolderFinished() const {
 bool JobControl::EveryHolderFinished(int64_t gone_pod) const {
   const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
   return HolderFinished() && std::none_of(running_.places().begin(), running_.places().end(), [&](const RankPlace& p) {
-           const Agent& a = agents_[static_cast<size_t>(p.pod)];
+           const Agent& a = pods_[p.pod];
            return (committed_here || !p.needs_state) && a.ranks[p.local_rank].alive() &&
                   p.pod != gone_pod;
          });
@@ -1692,7 +1542,7 @@ void JobControl::Finished(int64_t now) {
 }
 
 void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now) {
-  const std::string& uid = agents_[static_cast<size_t>(pod)].pod_uid;
+  const std::string& uid = pods_[pod].pod_uid;
   if (given_up_.count(uid)) {
     // The decision maker gave this incarnation up for the job's restart (the scheduler replaces
     // it): its end is no news, and reported it would read as the loss of its replacement.
@@ -1704,7 +1554,7 @@ void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now)
   // trained state finished (cut off during the last step, say) is a fault to recover from: the
   // first leaves nothing undone, the second ends the training (simulation seed 283).
   if (state_ == State::kTraining) {
-    const Agent& a = agents_[static_cast<size_t>(pod)];
+    const Agent& a = pods_[pod];
     bool ranks_finished = !running_.RanksOf(pod).empty();
     for (uint32_t l = 0; l < a.nproc; ++l)
       ranks_finished = ranks_finished && (running_.RankOf(pod, l) < 0 || a.finished.count(l) > 0);
@@ -1724,94 +1574,15 @@ void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now)
 
 void JobControl::DetectFailures(int64_t now) {
   // Silent pods, while training and while a recovery waits, the first generation's included (a
-  // pod that dies then must not hold its node rank against its replacement until TCP gives up):
-  // active ones, and connected standbys and registered pods (a broken stream of theirs is a
-  // fault at once, see Disconnected).
-  const int64_t liveness = LivenessMs();
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    Agent& a = agents_[n];
-    const bool waiting = a.state == AgentState::kStandby || a.state == AgentState::kRegistered;
-    if (a.state != AgentState::kActive && !(waiting && a.connected)) continue;
-    const int64_t bound = a.silence.TimeoutMs(liveness, now);
-    if (now - a.last_seen_ms > bound) {
-      LoseSilentPod(static_cast<int64_t>(n),
-                    (a.connected ? "no heartbeat from pod " + a.pod_uid + " for "
-                                 : "the stream of pod " + a.pod_uid +
-                                       " broke and its session was not resumed within ") +
-                        std::to_string(now - a.last_seen_ms) + " ms" + Stretched(bound, liveness),
-                    now);
-      return;
-    }
-  }
-  const int64_t hang = HangTimeoutMs();
-  // A stalled generation is blamed on a rank that never entered it first (it is still in an
-  // older generation, or never took the start): the ranks waiting for it in the rendezvous or a
-  // collective are its victims, and restarting one of them would stall the next generation too.
-  for (size_t g = 0; g < running_.size() && state_ == State::kTraining; ++g) {
-    const RankPlace& p = running_.places()[g];
-    Agent& a = agents_[static_cast<size_t>(p.pod)];
-    const v1::LocalRank& lr = a.ranks[p.local_rank];
-    if (!lr.alive() || lr.phase() == v1::PHASE_DONE || lr.generation() >= generation_ ||
-        now - a.step_since_ms[p.local_rank] <= hang)
-      continue;
-    Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
-          "rank " + std::to_string(g) + " never entered generation " +
-              std::to_string(generation_) + " (it is in generation " +
-              std::to_string(lr.generation()) + ", at step " + std::to_string(lr.step()) +
-              " for " + std::to_string(now - a.step_since_ms[p.local_rank]) +
-              " ms) and holds it up (hang timeout " + std::to_string(hang) + " ms)",
-          now);
+  // pod that dies then must not hold its node rank against its replacement until TCP gives up).
+  if (auto silent = pods_.FirstSilent(now)) {
+    LoseSilentPod(silent->index, silent->why, now);
     return;
   }
   if (state_ != State::kTraining) return;
-  std::optional<size_t> paused, stuck;  // the first rank over the hang timeout of each kind
-  for (size_t g = 0; g < running_.size(); ++g) {
-    const RankPlace& p = running_.places()[g];
-    Agent& a = agents_[static_cast<size_t>(p.pod)];
-    const v1::LocalRank& lr = a.ranks[p.local_rank];
-    if (!lr.alive() || lr.phase() == v1::PHASE_DONE) continue;
-    // A process still starting (importing, loading) has not said hello yet: it gets the hang
-    // timeout, not the liveness one.
-    const bool starting =
-        lr.phase() == v1::PHASE_STARTING || lr.phase() == v1::PHASE_UNSPECIFIED;
-    const int64_t bound = a.rank_silence[p.local_rank].TimeoutMs(liveness, now);
-    // A process that ran lately (its CPU time grew within the bound, as its agent read it) is
-    // not frozen, only late: starved on an overloaded machine, or its heartbeat thread waiting
-    // for the interpreter's lock. Its bound is the hang timeout, as a step's is. (A stopped or
-    // deadlocked process runs nothing: its bound stays the liveness one.)
-    const bool ran = lr.has_cpu_idle_ms() && lr.cpu_idle_ms() <= bound;
-    if (lr.beat_age_ms() > (starting || ran ? hang : bound)) {
-      a.hung[p.local_rank] = lr.pid();  // frozen: a failed process until it beats again
-      Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
-            "rank " + std::to_string(g) + " sent no heartbeat for " +
-                std::to_string(lr.beat_age_ms()) + " ms (" +
-                (ran ? "running, past the hang timeout"
-                     : "frozen process" + (starting ? "" : Stretched(bound, liveness))) +
-                ")",
-            now);
-      return;
-    }
-    // A rank of the running generation that waits for a generation (PAUSED: its agent paused
-    // it, or it missed its start) has left this one: past the hang timeout it is the rank that
-    // holds the generation up, before any rank waiting for it (simulation seeds 872, 10434: a
-    // generation whose ranks were all paused waited for good).
-    // (Not while the step they voted for waits for the lease: the wait is this manager's.)
-    if (held_step_ < 0 && now - a.step_since_ms[p.local_rank] > hang) {
-      std::optional<size_t>& first = lr.phase() == v1::PHASE_PAUSED ? paused : stuck;
-      if (!first) first = g;
-    }
-  }
-  if (!paused && !stuck) return;
-  const size_t g = paused ? *paused : *stuck;
-  const RankPlace& p = running_.places()[g];
-  const Agent& a = agents_[static_cast<size_t>(p.pod)];
-  const v1::LocalRank& lr = a.ranks[p.local_rank];
-  Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
-        "rank " + std::to_string(g) + " has been at step " + std::to_string(lr.step()) +
-            (paused ? ", paused (out of the generation)," : "") + " for " +
-            std::to_string(now - a.step_since_ms[p.local_rank]) + " ms (hang timeout " +
-            std::to_string(hang) + " ms)",
-        now);
+  if (auto hang = pods_.FirstHang(running_, generation_, HangTimeoutMs(), held_step_ >= 0, now))
+    Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(hang->index)}, hang->step, hang->why,
+          now);
 }
 
 // After a manager restart, only a majority of the last generation may form a new one, so two
@@ -1826,13 +1597,13 @@ bool JobControl::MajorityBack(int64_t now) {
     needed_of = static_cast<uint32_t>(previous_members_.size());
     for (const auto& m : previous_members_) {
       if (m.node_rank < 0 || m.node_rank >= spec_.pods) continue;
-      const Agent& a = agents_[static_cast<size_t>(m.node_rank)];
+      const Agent& a = pods_[m.node_rank];
       // The member, or the member's pod readmitted under a new incarnation of its uid.
       back += a.connected && a.state != AgentState::kLost &&
               PodOfUid(a.pod_uid) == PodOfUid(m.uid);
     }
   } else {
-    for (const Agent& a : agents_) {
+    for (const Agent& a : pods_.all()) {
       needed_of = std::max(needed_of, a.last_generation_agents);
       // One with a failed process is still with this manager, not with another one.
       back += a.connected && a.state != AgentState::kLost;
@@ -1869,10 +1640,9 @@ void JobControl::TryFirstGeneration(int64_t now) {
   // dies as it restarts: seed 21279), it is missing like any other.
   std::vector<int64_t> missing;
   bool restarting = false;
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    Agent& a = agents_[n];
-    if (a.restarting.empty()) a.restart_ms = -1;
-    else if (a.restart_ms < 0) a.restart_ms = now;
+  pods_.NoteRestartsSeen(now);
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
     if (PodReady(static_cast<int64_t>(n))) continue;
     if (a.usable() && !a.restarting.empty() &&
         now - a.restart_ms < HangTimeoutMs())
@@ -1887,14 +1657,14 @@ void JobControl::TryFirstGeneration(int64_t now) {
   for (int64_t r = 0; r < layout_.replicas(); ++r) all.push_back(r);
   if (missing.empty()) {
     if (!restarting)
-      FormGeneration(all, {}, "all " + std::to_string(agents_.size()) + " pods registered", now);
+      FormGeneration(all, {}, "all " + std::to_string(pods_.size()) + " pods registered", now);
     return;
   }
   if (missing_reported_) return;
   missing_reported_ = true;
   std::string why;
-  std::vector<bool> available(agents_.size());
-  for (size_t n = 0; n < agents_.size(); ++n) available[n] = PodReady(static_cast<int64_t>(n));
+  std::vector<bool> available(pods_.size());
+  for (size_t n = 0; n < pods_.size(); ++n) available[n] = PodReady(static_cast<int64_t>(n));
   if (!PlanGeneration(config_, layout_, available, &why))
     Event(now, "error", "the join window closed with node ranks " + Join(missing) +
                             " missing: " + why + "; waiting for them");
@@ -1915,10 +1685,7 @@ void JobControl::Tick(int64_t now) {
   // in its sockets. That time is not counted against any pod (it delays detection by as much).
   if (last_tick_ms_ >= 0 && now - last_tick_ms_ > LivenessMs() / 2) {
     const int64_t stall = now - last_tick_ms_;
-    for (Agent& a : agents_) {
-      a.last_seen_ms += stall;
-      for (int64_t& since : a.step_since_ms) since += stall;
-    }
+    pods_.ForgiveStall(stall);
     ++counters_.manager_stalls;
     Event(now, "manager_stall",
           "this manager ran nothing for " + std::to_string(stall) +
@@ -2010,8 +1777,8 @@ v1::GetStatusResponse JobControl::StatusReport() const {
   auto ms = [](int64_t v) {
     return static_cast<uint32_t>(std::clamp<int64_t>(v, 0, UINT32_MAX));
   };
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    const Agent& a = agents_[n];
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
     auto* ns = s.add_nodes();
     ns->set_node_rank(static_cast<uint32_t>(n));
     ns->set_node_name(a.node_name);

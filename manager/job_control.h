@@ -23,8 +23,8 @@
 #include "plugin/sizing.h"
 #include "common/status.h"
 #include "manager/job_record.h"
+#include "manager/pods.h"
 #include "manager/rank_layout.h"
-#include "manager/silence_bound.h"
 #include "regroup/v1/wire.pb.h"
 
 namespace regroup::manager {
@@ -139,10 +139,10 @@ class JobControl {
   // was declared lost and must stop.
   v1::ManagerMessage MakeRefusal(const std::string& reason, bool fenced = false,
                                  bool readmit = false) const;
-  bool IsFenced(const std::string& pod_uid) const { return lost_uids_.count(pod_uid) > 0; }
+  bool IsFenced(const std::string& pod_uid) const { return pods_.IsFenced(pod_uid); }
   // A fenced pod that may come back as its own replacement (see Refusal.readmit).
   bool MayReadmit(const std::string& pod_uid) const {
-    return IsFenced(pod_uid) && !replace_uids_.count(pod_uid);
+    return IsFenced(pod_uid) && !pods_.MustBeReplaced(pod_uid);
   }
 
   uint64_t epoch() const { return options_.epoch; }
@@ -172,48 +172,18 @@ class JobControl {
 
  private:
   enum class State { kJoining, kTraining, kAborted, kStopped };
-  enum class AgentState { kRegistered, kActive, kStandby, kLost, kLeaving, kDone };
-
-  struct Agent {
-    uint64_t stream = 0;
-    bool connected = false;
-    std::string pod_uid;
-    std::string pod_name;
-    std::string node_name;
-    std::string host;
-    uint32_t nproc = 0;
-    std::vector<uint32_t> free_ports;       // free on `host` as last reported, none given out
-    AgentState state = AgentState::kRegistered;
-    // Connected, and neither lost, leaving nor done: it can be told to run processes.
-    bool usable() const {
-      return connected && state != AgentState::kLost && state != AgentState::kLeaving &&
-             state != AgentState::kDone;
-    }
-    int64_t last_seen_ms = 0;
-    SilenceBound silence;                   // how long its silence may last (its beats' past)
-    std::vector<v1::LocalRank> ranks;       // as last reported, by local rank
-    std::vector<SilenceBound> rank_silence; // each trainer's, from the beat ages reported
-    std::vector<int64_t> step_since_ms;     // when each local rank's step last changed
-    std::set<uint32_t> restarting;          // local ranks restarted in place, not back yet
-    int64_t restart_ms = -1;                // since when `restarting` is seen before a generation
-    std::set<uint32_t> failed;              // local ranks that exited with an error, not restarted
-    // Local ranks declared hung (a HANG fault), by the pid of the process that hung, until it is
-    // restarted: a frozen process is a failed one that has not exited (it may never).
-    std::map<uint32_t, int32_t> hung;
-    std::set<uint32_t> finished;            // local ranks that finished training (exit 0)
-    uint32_t last_generation_agents = 0;
-    uint64_t aborted_through = 0;           // the latest generation whose abort it was sent
-  };
-
+  // The pod index a registration may take, or why it may not.
+  StatusOr<int64_t> Admissible(const v1::Header& header, const v1::Register& reg) const;
+  // A pod registered (or resumed its session): the decision maker hears of it, the pod is
+  // welcomed and told what it missed.
+  void Registered(int64_t pod, bool resumed, bool replacement, int64_t now);
   void Event(int64_t now, const std::string& kind, const std::string& message);
   void Send(int64_t pod, v1::ManagerMessage message, bool close = false);
   v1::Header MakeHeader() const;
-  Agent* AgentOf(uint64_t stream, int64_t* pod);
 
-  void OnHeartbeat(int64_t pod, Agent& agent, const v1::Heartbeat& hb, int64_t now);
-  void OnProcessExit(int64_t pod, Agent& agent, const v1::ProcessExit& exit, int64_t now);
-  Status OnVotes(int64_t pod, Agent& agent, const v1::Votes& votes, int64_t now);
-  void OnLeave(int64_t pod, Agent& agent, const v1::Leave& leave, int64_t now);
+  void OnProcessExit(int64_t pod, const v1::ProcessExit& exit, int64_t now);
+  Status OnVotes(int64_t pod, const v1::Votes& votes, int64_t now);
+  void OnLeave(int64_t pod, const v1::Leave& leave, int64_t now);
   void Depart(int64_t pod, int64_t now);
 
   // A fault: abort the generation at once and tell the decision maker. `ranks` are of the
@@ -245,13 +215,6 @@ class JobControl {
   // restarting.
   bool ReplicaReady(int64_t replica) const;
   void Abort(const std::string& reason, int64_t now);
-  // A pod's report of its free ports, less the ports of recent stores.
-  template <typename Message>
-  void NoteFreePorts(Agent& agent, const Message& report);
-  // The store port of the next generation, hosted by `host`.
-  uint32_t TakeStorePort(Agent& host);
-  // Whether one of the last kRecentStorePorts stores was at host:port.
-  bool RecentStore(const std::string& host, uint32_t port) const;
   // The latest abort (abort_) to one pod, again: it was away when it went out.
   void SendAbort(int64_t pod);
   // A pod that resumed its session: what it missed while its stream was down, sent again.
@@ -337,9 +300,6 @@ class JobControl {
   // generation is over.
   void CommitHeld(int64_t now);
   int64_t HangTimeoutMs() const;
-  // Whether the process of `local` marked hung beats again (its beat age within its bound), or
-  // is another process.
-  bool BeatsAgain(const Agent& a, uint32_t local, int64_t now) const;
   int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }
   int64_t MedianStepMs() const;
   // Every process of the pod is alive, has said hello to its agent and is not restarting.
@@ -357,10 +317,7 @@ class JobControl {
   uint32_t heartbeat_interval_ms_;
 
   State state_ = State::kJoining;
-  std::vector<Agent> agents_;                  // by node rank
-  std::map<uint64_t, int64_t> stream_pod_;    // stream -> node rank
-  std::set<std::string> lost_uids_;            // pods that were lost: zombies if they return
-  std::set<std::string> replace_uids_;         // of those, the ones that must be replaced
+  Pods pods_;  // registration and liveness
   JobRecord record_;
   bool record_changed_ = true;
   bool superseded_ = false;
@@ -404,9 +361,6 @@ class JobControl {
   int64_t pending_since_ms_ = -1;
   std::optional<v1::ManagerMessage> stop_;     // the StopTraining that ended the job or this
                                                // incarnation
-  // (host, port) of the latest generations' stores: never given again while one may be up (its
-  // ranks hold it until they leave), nor taken from a report that predates its bind.
-  std::deque<std::pair<std::string, uint32_t>> store_ports_;
   std::optional<v1::ManagerMessage> abort_;    // the AbortGeneration of the running generation
   std::vector<std::optional<v1::ManagerMessage>> starts_;  // [pod] its StartGeneration
   std::set<int64_t> leaving_;                  // agents that asked to leave (SIGTERM)

@@ -531,101 +531,74 @@ Status JobControl::OnVotes(int64_t pod, const v1::Votes& votes, int64_t now) {
                               std::to_string(generation_));
   if (state_ != State::kTraining)
     return FailedPrecondition("the generation was aborted; the step is not voted on");
-  if (votes.step() >= 0 && votes.step() <= committed_step_)
-    return Status::Ok();  // sent again after a resumed session: the step is committed
-  if (votes.step() < 0 || votes.step() != committed_step_ + 1)
-    return FailedPrecondition("the votes are for step " + std::to_string(votes.step()) +
-                              "; the step in flight is " + std::to_string(committed_step_ + 1));
-  if (vote_step_ != votes.step()) {
-    vote_step_ = votes.step();
-    voted_.assign(running_.size(), false);
-    checksums_.assign(running_.size(), 0);
-    vote_ok_ = true;
-  }
-  for (int i = 0; i < votes.local_ranks_size(); ++i) {
-    const uint32_t l = votes.local_ranks(i);
-    const int64_t rank = running_.RankOf(pod, l);
-    if (rank < 0)
-      return InvalidArgument("local rank " + std::to_string(l) + " of pod " +
-                             std::to_string(pod) + " has no rank in generation " +
-                             std::to_string(generation_));
-    voted_[static_cast<size_t>(rank)] = true;
-    if (i < votes.checksums_size()) checksums_[static_cast<size_t>(rank)] = votes.checksums(i);
-  }
-  vote_ok_ = vote_ok_ && votes.ok();
-  if (std::find(voted_.begin(), voted_.end(), false) != voted_.end()) return Status::Ok();
-
-  // Every rank voted. Replicas must agree on their parameters where a checksum was taken.
-  const int64_t per_replica = layout_.replica_ranks();
-  bool mismatch = false;
-  for (size_t r = per_replica; r < checksums_.size() && !mismatch; ++r) {
-    const uint64_t first = checksums_[r % per_replica];
-    mismatch = checksums_[r] != 0 && first != 0 && checksums_[r] != first;
-  }
-  if (!vote_ok_ || mismatch) {
-    v1::ManagerMessage m;
-    auto* o = m.mutable_outcome();
-    o->set_generation(generation_);
-    o->set_step(votes.step());
-    o->set_commit(false);
-    o->set_checksum_mismatch(mismatch);
-    for (int64_t n : running_.Pods()) Send(n, m);
-    vote_step_ = -1;
-    if (mismatch)
-      Fault(v1::FAULT_KIND_CHECKSUM_MISMATCH, {}, {}, votes.step(),
-            "replicas disagree on their parameters at step " + std::to_string(votes.step()), now);
-    return Status::Ok();
+  StatusOr<StepCommit::Ballot> ballot =
+      commit_.Vote(pod, votes, running_, layout_.replica_ranks(), generation_);
+  if (!ballot.ok()) return ballot.status();
+  switch (*ballot) {
+    case StepCommit::Ballot::kOpen:
+      return Status::Ok();
+    case StepCommit::Ballot::kRejected:
+    case StepCommit::Ballot::kMismatch:
+      Reject(votes.step(), *ballot == StepCommit::Ballot::kMismatch, now);
+      return Status::Ok();
+    case StepCommit::Ballot::kPassed:
+      break;
   }
   // At most one incarnation commits steps: a newer one that formed a generation since (a second
   // manager of the job, standalone) fences this one before its next commit, not at its next
   // write of the record.
   if (StopsCommitting(now, /*record=*/true)) {
-    vote_step_ = -1;
+    commit_.DropVote();
     return Status::Ok();
   }
   // With a coordinator, a commit needs its lease: cut off from it, this manager may have been
   // replaced without hearing so, and the newer one may commit this very step. The ranks keep
   // their vote until the lease is back (the step is committed then) or the generation is over.
   if (const std::string why = decisions_->WhyNoCommit(); !why.empty()) {
-    if (held_step_ != votes.step() || held_generation_ != generation_)
+    if (commit_.Hold(votes.step(), generation_))
       Event(now, "wait",
             "step " + std::to_string(votes.step()) +
                 " is voted for; it is committed once this manager holds a lease again: " + why);
-    held_step_ = votes.step();
-    held_generation_ = generation_;
     return Status::Ok();
   }
   Commit(votes.step(), now);
   return Status::Ok();
 }
 
+void JobControl::Reject(int64_t step, bool mismatch, int64_t now) {
+  v1::ManagerMessage m;
+  auto* o = m.mutable_outcome();
+  o->set_generation(generation_);
+  o->set_step(step);
+  o->set_commit(false);
+  o->set_checksum_mismatch(mismatch);
+  for (int64_t n : running_.Pods()) Send(n, m);
+  commit_.DropVote();
+  if (mismatch)
+    Fault(v1::FAULT_KIND_CHECKSUM_MISMATCH, {}, {}, step,
+          "replicas disagree on their parameters at step " + std::to_string(step), now);
+}
+
 void JobControl::CommitHeld(int64_t now) {
-  if (held_step_ < 0) return;
-  if (state_ != State::kTraining || held_generation_ != generation_ || vote_step_ != held_step_) {
-    held_step_ = -1;
-    return;
-  }
-  if (!decisions_->WhyNoCommit().empty()) return;
+  const std::optional<int64_t> held = commit_.Held(state_ == State::kTraining, generation_);
+  if (!held || !decisions_->WhyNoCommit().empty()) return;
   // As before every commit: a look at the record (a newer incarnation may have formed meanwhile).
   if (StopsCommitting(now, /*record=*/true)) {
-    held_step_ = -1;
-    vote_step_ = -1;
+    commit_.ReleaseHold();
+    commit_.DropVote();
     return;
   }
-  const int64_t step = held_step_;
-  held_step_ = -1;
+  const int64_t step = *held;
+  commit_.ReleaseHold();
   Event(now, "lease", "the lease holds again: step " + std::to_string(step) + " is committed");
   // The ranks waited for this manager: their time at the step counts from now.
-  for (const RankPlace& p : running_.places())
-    pods_.StepClockFrom(p.pod, p.local_rank, now);
+  for (const RankPlace& p : running_.places()) pods_.StepClockFrom(p.pod, p.local_rank, now);
   Commit(step, now);
 }
 
 void JobControl::Commit(int64_t step, int64_t now) {
-  committed_step_ = step;
-  committed_mark_ = {options_.epoch, generation_};
-  for (const auto& p : running_.places()) restarted_since_commit_.erase({p.pod, p.local_rank});
-  vote_step_ = -1;
+  if (commit_.Committed(step, {options_.epoch, generation_}, running_, now))
+    counters_.step_seconds = static_cast<double>(commit_.MedianStepMs()) / 1000.0;
   ++counters_.commits;
   v1::ManagerMessage m;
   auto* o = m.mutable_outcome();
@@ -633,19 +606,13 @@ void JobControl::Commit(int64_t step, int64_t now) {
   o->set_step(step);
   o->set_commit(true);
   for (int64_t n : running_.Pods()) Send(n, m);
-  if (last_commit_ms_ >= 0) {
-    step_times_ms_.push_back(now - last_commit_ms_);
-    while (step_times_ms_.size() > 31) step_times_ms_.pop_front();
-    counters_.step_seconds = static_cast<double>(MedianStepMs()) / 1000.0;
-  }
-  last_commit_ms_ = now;
   if (abort_ms_ >= 0) {
     counters_.last_recovery_ms = static_cast<double>(now - abort_ms_);
     Event(now, "resumed",
           "first step committed " + std::to_string(now - abort_ms_) + " ms after the abort");
     abort_ms_ = -1;
   }
-  decisions_->Progress(options_.epoch, generation_, committed_step_, world_size(), now);
+  decisions_->Progress(options_.epoch, generation_, commit_.step(), world_size(), now);
 
   // Work that waits for a step boundary.
   if (!leaving_.empty()) {
@@ -821,7 +788,7 @@ void JobControl::RestartRanks(int64_t pod, const std::vector<uint32_t>& locals,
   m.mutable_restart()->set_directive_id(++directive_id_);
   for (uint32_t l : locals) {
     m.mutable_restart()->add_local_ranks(l);
-    restarted_since_commit_.insert({pod, l});
+    commit_.Restarted(pod, l);
   }
   pods_.Restarting(pod, locals);
   m.mutable_restart()->set_reason(reason);
@@ -907,9 +874,9 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
   // A step that failed again before any commit may be poison (a sample that kills whoever trains
   // it): continuing past it would hand it to the next survivor, until no rank holds the committed
   // state. The survivors keep it and wait for the decision maker (its poison-step guard).
-  if (continued_after_step_ == committed_step_) {
+  if (continued_after_step_ == commit_.step()) {
     Event(now, "wait",
-          "step " + std::to_string(committed_step_ + 1) + " failed again before any commit (" +
+          "step " + std::to_string(commit_.step() + 1) + " failed again before any commit (" +
               reason + "): the survivors keep their state and wait for the decision maker");
     return false;
   }
@@ -965,7 +932,7 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
     return false;
   pending_ = std::move(rejoin);
   pending_since_ms_ = -1;
-  continued_after_step_ = committed_step_;
+  continued_after_step_ = commit_.step();
   return true;
 }
 
@@ -1016,7 +983,7 @@ void JobControl::CatchUp(int64_t pod) {
   for (uint32_t l = 0; l < a.nproc; ++l) {
     if (running_.RankOf(pod, l) < 0) continue;
     behind |= a.ranks[l].generation() < generation_;
-    missed_commit |= a.ranks[l].heard_commit_step() < committed_step_;
+    missed_commit |= a.ranks[l].heard_commit_step() < commit_.step();
   }
   if (behind && starts_[static_cast<size_t>(pod)]) {
     // The generation it was in was aborted and replaced while it was away: the abort first, so
@@ -1024,15 +991,15 @@ void JobControl::CatchUp(int64_t pod) {
     SendAbort(pod);
     Send(pod, *starts_[static_cast<size_t>(pod)]);
   }
-  if (missed_commit && committed_step_ >= 0) {
+  if (missed_commit && commit_.step() >= 0) {
     v1::ManagerMessage m;
     auto* o = m.mutable_outcome();
     // Stamped with the generation that committed it, which the agent notes as the committer
     // (a restarted manager's first plan names it); 0, "not known", when an older incarnation
     // did. Not the running generation: that one may not have committed it (simulation seed
     // 14130: a pod readmitted as the next generation formed was told it had).
-    o->set_generation(committed_mark_.first == options_.epoch ? committed_mark_.second : 0);
-    o->set_step(committed_step_);
+    o->set_generation(commit_.mark().first == options_.epoch ? commit_.mark().second : 0);
+    o->set_step(commit_.step());
     o->set_commit(true);
     Send(pod, std::move(m));
   }
@@ -1048,13 +1015,13 @@ void JobControl::Abort(const std::string& reason, int64_t now) {
   if (state_ != State::kTraining) return;
   state_ = State::kAborted;
   abort_ms_ = now;
-  vote_step_ = -1;
+  commit_.DropVote();
   v1::ManagerMessage m;
   auto* a = m.mutable_abort();
   a->set_directive_id(++directive_id_);
   a->set_epoch(options_.epoch);
   a->set_generation(generation_);
-  a->set_committed_step(committed_step_);
+  a->set_committed_step(commit_.step());
   a->set_reason(reason);
   for (int64_t n : running_.Pods()) {
     if (!pods_[static_cast<int64_t>(n)].connected) continue;
@@ -1065,52 +1032,16 @@ void JobControl::Abort(const std::string& reason, int64_t now) {
   Event(now, "abort", "generation " + std::to_string(generation_) + " aborted: " + reason);
 }
 
-// The generation that committed `step`, as the ranks that heard its commit say; (0, 0) when none
-// says, or when they disagree (one of them holds a stale mark: no rank may then trust its vote).
-std::pair<uint64_t, uint64_t> JobControl::HeardCommitMark(int64_t step) const {
-  std::pair<uint64_t, uint64_t> mark{0, 0};
-  for (const Agent& a : pods_.all()) {
-    if (a.state == AgentState::kLost || a.pod_uid.empty()) continue;
-    for (const auto& lr : a.ranks) {
-      if (lr.heard_commit_step() != step) continue;
-      const std::pair<uint64_t, uint64_t> said{lr.heard_commit_epoch(), lr.heard_commit_generation()};
-      if (said == std::pair<uint64_t, uint64_t>{0, 0}) continue;
-      if (mark != std::pair<uint64_t, uint64_t>{0, 0} && mark != said) return {0, 0};
-      mark = said;
-    }
-  }
-  return mark;
-}
-
 bool JobControl::HoldsCommittedState(int64_t pod, uint32_t local) const {
   const Agent& a = pods_[pod];
-  if (local >= a.ranks.size() || a.restarting.count(local)) return false;
-  const v1::LocalRank& r = a.ranks[local];
-  if (std::max(r.committed_step(), r.heard_commit_step()) >= committed_step_) return true;
-  // It voted for the step, and has not heard the outcome: it applies the step from its vote if
-  // the generation it voted in committed it (or nobody knows which did), as the trainer does
-  // (python/regroup/forming.py). What a restarted manager knows of the votes before it.
-  const std::pair<uint64_t, uint64_t> voted_in{r.voted_epoch(), r.voted_generation()};
-  if (voted_in.second != 0 && r.voted_step() == committed_step_ &&
-      r.committed_step() + 1 == committed_step_ &&
-      (committed_mark_ == std::pair<uint64_t, uint64_t>{0, 0} || committed_mark_ == voted_in))
-    return true;
-  // Its reports may be a heartbeat late. A rank of the running generation holds it if that
-  // generation committed the step (it voted for it) or resumed after it with this rank holding
-  // it, unless its pod was replaced or its process restarted since (sim seed 3120: a rank
-  // restarted in place was kept as a holder of its replica's shard).
-  const int64_t g = running_.RankOf(pod, local);
-  if (g < 0 || static_cast<size_t>(g) >= running_.size() ||
-      generation_uids_[static_cast<size_t>(pod)] != a.pod_uid ||
-      restarted_since_commit_.count({pod, local}))
-    return false;
-  return committed_mark_ == std::make_pair(options_.epoch, generation_) ||
-         !running_.places()[static_cast<size_t>(g)].needs_state;
+  return commit_.Holds(pod, local, a, running_,
+                       generation_uids_[static_cast<size_t>(pod)] == a.pod_uid,
+                       {options_.epoch, generation_});
 }
 
 std::vector<int64_t> JobControl::PositionsUnheld(const std::vector<int64_t>& replicas) const {
   std::vector<int64_t> out;
-  if (committed_step_ < 0) return out;  // before the first commit there is no state to hold
+  if (commit_.step() < 0) return out;  // before the first commit there is no state to hold
   const int64_t size = layout_.replica_ranks();
   const int64_t ppp = spec_.processes_per_pod;
   for (int64_t position = 0; position < size; ++position) {
@@ -1130,17 +1061,8 @@ void JobControl::ReportFault(const v1::FaultFacts& fault, int64_t now) {
   // anything for one that need not keep any state (sim seeds 16473, 17333 resumed "with the
   // survivors' state" a shard only a lost pod held).
   if (!FormedAGeneration())
-    decisions_->Progress(options_.epoch, generation_, HighestCommitHeard(), 0, now);
+    decisions_->Progress(options_.epoch, generation_, commit_.HighestHeard(pods_), 0, now);
   decisions_->Fault(fault, now);
-}
-
-int64_t JobControl::HighestCommitHeard() const {
-  int64_t heard = committed_step_;
-  for (const Agent& a : pods_.all())
-    if (a.state != AgentState::kLost && !a.pod_uid.empty())
-      for (const auto& lr : a.ranks)
-        heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
-  return heard;
 }
 
 bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
@@ -1168,11 +1090,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   // The step to resume from: the highest any survivor committed, or heard commit for, kept or
   // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
   // it in the generation that committed it, and apply it from their vote).
-  const int64_t heard = HighestCommitHeard();
-  if (heard > committed_step_) {  // committed by a generation this incarnation did not run
-    committed_step_ = heard;
-    committed_mark_ = HeardCommitMark(heard);
-  }
+  commit_.CatchUp(pods_);  // committed by a generation this incarnation did not run
   // At some position of a replica no rank of it would hold the state it resumes from (the
   // trainers' census would fail: python/regroup/sync.py). Only a checkpoint has it: the decision
   // maker hears so, once a step, and nothing is formed (sim seeds 5519, 8780, 29712: its own
@@ -1180,10 +1098,10 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   // restart resumes from the checkpoint anyway.
   if (!job_restarting_ && !restart_on_record_)
     if (const auto unheld = PositionsUnheld(replicas); !unheld.empty()) {
-      if (state_lost_step_ != committed_step_) {
-        state_lost_step_ = committed_step_;
+      if (state_lost_step_ != commit_.step()) {
+        state_lost_step_ = commit_.step();
         const std::string why = "no rank of the next generation holds the state of step " +
-                                std::to_string(committed_step_) + " at replica position" +
+                                std::to_string(commit_.step()) + " at replica position" +
                                 (unheld.size() > 1 ? "s " : " ") + Join(unheld);
         Event(now, "wait", "generation not formed: " + why);
         Fault(v1::FAULT_KIND_STATE_LOST, {}, {}, -1, why, now);
@@ -1248,9 +1166,9 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   plan.set_data_parallel(static_cast<uint32_t>(replicas.size()));
   plan.set_store_host(host.host);
   plan.set_store_port(pods_.TakeStorePort(places[0].pod, generation_));
-  plan.set_committed_step(committed_step_);
-  plan.set_committed_epoch(committed_mark_.first);
-  plan.set_committed_generation(committed_mark_.second);
+  plan.set_committed_step(commit_.step());
+  plan.set_committed_epoch(commit_.mark().first);
+  plan.set_committed_generation(commit_.mark().second);
   plan.set_microbatches_per_step(static_cast<uint64_t>(micro_total));
   plan.set_reason(reason);
   plan.set_agents(generation_agents_);
@@ -1293,8 +1211,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     Send(static_cast<int64_t>(n), std::move(m));
   }
   state_ = State::kTraining;
-  vote_step_ = -1;
-  last_commit_ms_ = -1;
+  commit_.NewGeneration();
   interim_ = interim;
   if (!interim) {
     known_ = running_;
@@ -1303,8 +1220,8 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
         "generation (" + std::to_string(options_.epoch) + ", " + std::to_string(generation_) +
             "): " + std::to_string(places.size()) + " ranks, dp " +
             std::to_string(replicas.size()) + ", resuming after step " +
-            std::to_string(committed_step_) + "; " + reason);
-  decisions_->Progress(options_.epoch, generation_, committed_step_, world_size(), now);
+            std::to_string(commit_.step()) + "; " + reason);
+  decisions_->Progress(options_.epoch, generation_, commit_.step(), world_size(), now);
   return true;
 }
 
@@ -1465,8 +1382,7 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
   record_.restarting = true;
   record_changed_ = true;
   const bool every_pod = d.strategy != "pod-rescheduling";
-  committed_step_ = -1;
-  committed_mark_ = {0, 0};
+  commit_.Forget();
   std::vector<std::string> restarted;
   for (size_t n = 0; n < pods_.size(); ++n) {
     const Agent& a = pods_[static_cast<int64_t>(n)];
@@ -1502,22 +1418,16 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
 // Time
 // ---------------------------------------------------------------------------------------------
 
-int64_t JobControl::MedianStepMs() const {
-  if (step_times_ms_.empty()) return 0;
-  std::vector<int64_t> t(step_times_ms_.begin(), step_times_ms_.end());
-  std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
-  return t[t.size() / 2];
-}
-
 int64_t JobControl::HangTimeoutMs() const {
-  return std::max(config_.hang_timeout_min_s * 1000, config_.hang_step_factor * MedianStepMs());
+  return std::max(config_.hang_timeout_min_s * 1000,
+                  config_.hang_step_factor * commit_.MedianStepMs());
 }
 
 // A rank holds the trained state once the generation committed a step, or if it joined holding
 // it; one that joined without it (a replica rejoining at the last step's boundary) has nobody
 // left to send it, so training is over once every holder finished.
 bool JobControl::HolderFinished() const {
-  const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
+  const bool committed_here = commit_.mark() == std::make_pair(options_.epoch, generation_);
   return std::any_of(running_.places().begin(), running_.places().end(), [&](const RankPlace& p) {
     const Agent& a = pods_[p.pod];
     return (committed_here || !p.needs_state) && !a.ranks[p.local_rank].alive() &&
@@ -1526,7 +1436,7 @@ bool JobControl::HolderFinished() const {
 }
 
 bool JobControl::EveryHolderFinished(int64_t gone_pod) const {
-  const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
+  const bool committed_here = commit_.mark() == std::make_pair(options_.epoch, generation_);
   return HolderFinished() && std::none_of(running_.places().begin(), running_.places().end(), [&](const RankPlace& p) {
            const Agent& a = pods_[p.pod];
            return (committed_here || !p.needs_state) && a.ranks[p.local_rank].alive() &&
@@ -1537,8 +1447,8 @@ bool JobControl::EveryHolderFinished(int64_t gone_pod) const {
 void JobControl::Finished(int64_t now) {
   // Tell every agent, so each exits at once instead of waiting for an acknowledgement.
   StopAll(v1::StopTraining::MODE_LEAVE,
-          "training finished at step " + std::to_string(committed_step_), now);
-  Event(now, "done", "training finished at step " + std::to_string(committed_step_));
+          "training finished at step " + std::to_string(commit_.step()), now);
+  Event(now, "done", "training finished at step " + std::to_string(commit_.step()));
 }
 
 void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now) {
@@ -1580,7 +1490,7 @@ void JobControl::DetectFailures(int64_t now) {
     return;
   }
   if (state_ != State::kTraining) return;
-  if (auto hang = pods_.FirstHang(running_, generation_, HangTimeoutMs(), held_step_ >= 0, now))
+  if (auto hang = pods_.FirstHang(running_, generation_, HangTimeoutMs(), commit_.holding(), now))
     Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(hang->index)}, hang->step, hang->why,
           now);
 }
@@ -1768,7 +1678,7 @@ v1::GetStatusResponse JobControl::StatusReport() const {
   s.set_generation(generation_);
   s.set_world_size(world_size());
   s.set_data_parallel(static_cast<uint32_t>(running_.replicas().size()));
-  s.set_committed_step(committed_step_);
+  s.set_committed_step(commit_.step());
   static const char* kStates[] = {"joining", "training", "aborted", "stopped"};
   s.set_phase(kStates[static_cast<int>(state_)]);
   static const char* kAgentStates[] = {"registered", "active", "standby", "lost", "leaving", "done"};

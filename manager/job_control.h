@@ -25,6 +25,7 @@
 #include "manager/job_record.h"
 #include "manager/pods.h"
 #include "manager/rank_layout.h"
+#include "manager/step_commit.h"
 #include "regroup/v1/wire.pb.h"
 
 namespace regroup::manager {
@@ -147,7 +148,7 @@ class JobControl {
 
   uint64_t epoch() const { return options_.epoch; }
   uint64_t generation() const { return generation_; }
-  int64_t committed_step() const { return committed_step_; }
+  int64_t committed_step() const { return commit_.step(); }
   bool training() const { return state_ == State::kTraining; }
   // The stop this incarnation sent (the job's end, or only its own), if it stopped.
   const v1::StopTraining* stopped() const { return stop_ ? &stop_->stop() : nullptr; }
@@ -221,8 +222,6 @@ class JobControl {
   void CatchUp(int64_t pod);
   // A pod uid that must never take part again (lost, left or replaced), kept on record too.
   void Forget(const std::string& uid);
-  // The (epoch, generation) that the ranks which heard `step` commit say committed it.
-  std::pair<uint64_t, uint64_t> HeardCommitMark(int64_t step) const;
   // After a manager restart: whether a majority of the last generation on record is back.
   bool MajorityBack(int64_t now);
   // Declares a pod lost: its uid is fenced for good, and a connected agent is told so at once.
@@ -276,8 +275,6 @@ class JobControl {
   // Training is over: a rank of the generation holding the trained state finished it, and every
   // other such rank has finished too, or is on `gone_pod` (a pod lost just now; -1: none).
   bool EveryHolderFinished(int64_t gone_pod = -1) const;
-  // The highest step committed here or heard committed by a pod not lost.
-  int64_t HighestCommitHeard() const;
   // This incarnation formed a generation (its generation is the one on record). Until it does,
   // its decision maker (a restarted manager's is new) knows nothing it was not told.
   bool FormedAGeneration() const { return record_.leader_epoch == options_.epoch; }
@@ -285,23 +282,21 @@ class JobControl {
   void BeforeTheFirstGeneration(const Directive& d, int64_t now);
   // Tells the decision maker of a fault.
   void ReportFault(const v1::FaultFacts& fault, int64_t now);
-  // Whether a rank holds the state at committed_step_, as far as this manager knows: its
-  // reports say it applied or heard that commit (its agent counts a trainer computing a step as
-  // holding the one before), or voted for the step in the generation that committed it; or it is
-  // a rank of this incarnation's running generation that committed the step or resumed after it
-  // holding it, its process not restarted since.
+  // Whether a rank holds the state at the committed step (StepCommit::Holds).
   bool HoldsCommittedState(int64_t pod, uint32_t local) const;
   // The positions of a replica at which no rank of `replicas` holds that state (none before the
   // first commit).
   std::vector<int64_t> PositionsUnheld(const std::vector<int64_t>& replicas) const;
   void Finished(int64_t now);
   void Commit(int64_t step, int64_t now);
+  // Every rank voted on `step` and it is not committed: its ranks hear so; replicas that
+  // disagree on their parameters (`mismatch`) are a fault.
+  void Reject(int64_t step, bool mismatch, int64_t now);
   // Commits the step held for the lease once the lease holds again; drops it once its
   // generation is over.
   void CommitHeld(int64_t now);
   int64_t HangTimeoutMs() const;
   int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }
-  int64_t MedianStepMs() const;
   // Every process of the pod is alive, has said hello to its agent and is not restarting.
   bool PodReady(int64_t pod) const;
   // Every rank of these replicas is ready (ReplicaReady).
@@ -339,22 +334,10 @@ class JobControl {
   std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (pod, local) restarted at once
   std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (pod, pid) EarlierProcessDied told
   int64_t state_lost_step_ = -2;  // the committed step whose state_lost the decision maker heard
-  // (pod, local) whose process restarted since the last commit: it holds no vote of its own.
-  std::set<std::pair<int64_t, uint32_t>> restarted_since_commit_;
   std::vector<std::string> generation_uids_;  // by pod: the pod in the running generation
   std::vector<int64_t> microbatches_;
-  int64_t committed_step_ = -1;
   uint32_t generation_agents_ = 0;
-
-  // The vote of the step in flight.
-  int64_t vote_step_ = -1;
-  // A step every rank voted for whose commit waits for the decision maker's lease
-  // (Decisions::WhyNoCommit), in the generation it was voted in; -1: none.
-  int64_t held_step_ = -1;
-  uint64_t held_generation_ = 0;
-  std::vector<bool> voted_;
-  std::vector<uint64_t> checksums_;
-  bool vote_ok_ = true;
+  StepCommit commit_;  // the vote and the commit
 
   // Pending work.
   std::optional<Directive> pending_;           // waits for restarted ranks or a step boundary
@@ -367,14 +350,10 @@ class JobControl {
   int64_t abort_ms_ = -1;                      // when the running generation was aborted
   int64_t last_tick_ms_ = -1;                  // the previous Tick (a stall is not the pods')
   int64_t record_looked_ms_ = -1;              // the last look at the stored record (Tick)
-  // (epoch, generation) that committed committed_step_; (0, 0) when it was heard from agents.
-  std::pair<uint64_t, uint64_t> committed_mark_{0, 0};
   // The committed step when the survivors last continued past a failed process: the next step
   // failing again before a commit is not continued past (it may be poison).
   int64_t continued_after_step_ = -2;
   int64_t first_fault_ms_ = -1;
-  std::deque<int64_t> step_times_ms_;          // recent commit intervals
-  int64_t last_commit_ms_ = -1;
 
   // Since when survivors wait for a decision while the decision maker is unreachable; -1: not.
   int64_t decisions_unavailable_ms_ = -1;

@@ -84,7 +84,9 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
       heartbeat_interval_ms_(options.heartbeat_interval_ms
                                  ? options.heartbeat_interval_ms
                                  : static_cast<uint32_t>(config_.heartbeat_interval_ms)),
+      log_(options_.event_log),
       pods_(spec_.pods, LivenessMs()),
+      reconcile_(log_),
       generation_uids_(static_cast<size_t>(spec_.pods)),
       starts_(static_cast<size_t>(spec_.pods)) {
   if (options_.record) {
@@ -227,13 +229,7 @@ v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fence
 }
 
 void JobControl::Event(int64_t now, const std::string& kind, const std::string& message) {
-  v1::JobEvent e;
-  e.set_at_ms(now);
-  e.set_kind(kind);
-  e.set_message(message);
-  events_.push_back(std::move(e));
-  ++events_logged_;
-  while (events_.size() > options_.event_log) events_.pop_front();
+  log_.Add(now, kind, message);
 }
 
 void JobControl::Send(int64_t pod, v1::ManagerMessage message, bool close) {
@@ -258,27 +254,9 @@ bool JobControl::ReplicaReady(int64_t replica) const {
   const int64_t ppp = spec_.processes_per_pod;
   for (int64_t local = 0; local < per_replica; ++local) {
     const int64_t global = replica * per_replica + local;
-    const Agent& a = pods_[global / ppp];
-    const auto l = static_cast<uint32_t>(global % ppp);
-    if (!a.usable() || a.restarting.count(l) || a.ranks.size() != a.nproc) return false;
-    // Alive and said hello to its agent (not STARTING): a generation formed before would leave
-    // the survivors waiting in its rendezvous.
-    const v1::LocalRank& r = a.ranks[l];
-    if (!r.alive() || r.phase() == v1::PHASE_STARTING || r.phase() == v1::PHASE_UNSPECIFIED)
-      return false;
+    if (!pods_.RankReady(global / ppp, static_cast<uint32_t>(global % ppp))) return false;
   }
   return true;
-}
-
-bool JobControl::PodReady(int64_t pod) const {
-  const Agent& a = pods_[pod];
-  if (!a.usable() || !a.restarting.empty()) return false;
-  // Every process must be alive and have said hello to its agent (not STARTING): a generation
-  // formed before would leave the survivors waiting in its rendezvous.
-  for (const auto& r : a.ranks)
-    if (!r.alive() || r.phase() == v1::PHASE_STARTING || r.phase() == v1::PHASE_UNSPECIFIED)
-      return false;
-  return a.ranks.size() == a.nproc;
 }
 
 StatusOr<int64_t> JobControl::Admissible(const v1::Header& header,
@@ -504,7 +482,7 @@ void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t no
   pods_.Exited(pod, e.local_rank(), /*clean=*/false);
   if (rank < 0) {
     const int32_t known =
-        interim_ ? known_.RankOf(pod, e.local_rank()) : -1;
+        reconcile_.KnownRankWhileInterim(pod, e.local_rank());
     if (known >= 0) {
       // Restarted in place while the survivors continued, it died again before it rejoined: the
       // decision maker hears of it (it counts against the recovery budget); the survivors
@@ -625,19 +603,19 @@ void JobControl::Commit(int64_t step, int64_t now) {
   // A scale-out, or the return of ranks restarted while the survivors continued, waits for the
   // boundary and for every new rank to have said hello: survivors must not wait in the next
   // generation's rendezvous while new processes still start.
-  if (pending_ &&
-      (pending_->kind == REGROUP_DIRECTIVE_SCALE_OUT ||
-       pending_->kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE) &&
-      Ready(pending_->keep_replicas)) {
-    Directive d = *pending_;
-    pending_.reset();
+  const std::optional<Directive>& pending = reconcile_.pending();
+  if (pending &&
+      (pending->kind == REGROUP_DIRECTIVE_SCALE_OUT ||
+       pending->kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE) &&
+      Ready(pending->keep_replicas)) {
+    Directive d = *reconcile_.TakePending();
     Abort(d.kind == REGROUP_DIRECTIVE_SCALE_OUT
               ? "scaling out at the step boundary"
               : "ranks restarted in place rejoin at the step boundary",
           now);
     if (!FormGeneration(std::vector<int64_t>(d.keep_replicas.begin(), d.keep_replicas.end()),
                         d.microbatches, d.reason, now))
-      pending_ = d;
+      reconcile_.Await(d);
   }
 }
 
@@ -736,11 +714,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   for (uint32_t r : ranks) {
     // An interim generation's rank as the rank it holds in the generation the decision maker
     // knows (every interim rank holds one: the interim is a subset of it).
-    int32_t known = static_cast<int32_t>(r);
-    if (interim_ && r < running_.size()) {
-      const RankPlace& p = running_.places()[r];
-      known = static_cast<int32_t>(known_.RankOf(p.pod, p.local_rank));
-    }
+    const int64_t known = reconcile_.KnownRank(running_, r);
     if (known >= 0) f.add_ranks(static_cast<uint32_t>(known));
   }
   for (uint32_t r : known_ranks) f.add_ranks(r);
@@ -816,7 +790,7 @@ void JobControl::RestartForJob(int64_t pod, const std::string& reason) {
 
 void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
   // The directive's own restarts first.
-  for (auto& [pod, locals] : RanksToRestart(d))
+  for (auto& [pod, locals] : reconcile_.RanksToRestart(d, pods_))
     if (pods_[pod].connected) RestartRanks(pod, locals, d.reason);
   // While the job restarts, every process restarts anyway: one that failed (or that a pod
   // readmitted for the restart reported down) is restarted too, never a reason to replace the pod.
@@ -840,29 +814,6 @@ void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
   }
 }
 
-std::map<int64_t, std::vector<uint32_t>> JobControl::RanksToRestart(
-    const Directive& d, bool skip_restarted_early) const {
-  std::map<int64_t, std::vector<uint32_t>> by_pod;
-  for (int64_t rank : d.restart_ranks) {
-    if (rank < 0 || static_cast<size_t>(rank) >= known_.size()) continue;
-    const RankPlace& p = known_.places()[static_cast<size_t>(rank)];
-    if (skip_restarted_early && restarted_early_.count({p.pod, p.local_rank}) &&
-        !pods_[p.pod].failed.count(p.local_rank))
-      continue;
-    by_pod[p.pod].push_back(p.local_rank);
-  }
-  return by_pod;
-}
-
-Directive JobControl::Rejoin(const std::string& reason) const {
-  Directive d;
-  d.kind = REGROUP_DIRECTIVE_RESTART_IN_PLACE;
-  d.strategy = "recover-in-place";
-  d.keep_replicas = known_.replicas();
-  d.reason = reason;
-  return d;
-}
-
 bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t now) {
   if (!config_.survivors_continue || !config_.recovery_on() ||
       config_.process_recover_mode() != ProcessRecover::kOn ||
@@ -870,11 +821,12 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
       !decisions_->Available())
     return false;
   // Only over a plain abort or an earlier continuation: a directive in progress keeps its course.
-  if (pending_ && pending_->kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE) return false;
+  if (reconcile_.pending() && reconcile_.pending()->kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE)
+    return false;
   // A step that failed again before any commit may be poison (a sample that kills whoever trains
   // it): continuing past it would hand it to the next survivor, until no rank holds the committed
   // state. The survivors keep it and wait for the decision maker (its poison-step guard).
-  if (continued_after_step_ == commit_.step()) {
+  if (reconcile_.ContinuedAfter(commit_.step())) {
     Event(now, "wait",
           "step " + std::to_string(commit_.step() + 1) + " failed again before any commit (" +
               reason + "): the survivors keep their state and wait for the decision maker");
@@ -914,8 +866,8 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
     const Agent& a = pods_[n];
     std::vector<uint32_t> locals(a.failed.begin(), a.failed.end());
     for (uint32_t l : locals) {
-      restarted_early_.insert({n, l});
-      restarted += (restarted.empty() ? "" : ", ") + std::to_string(known_.RankOf(n, l));
+      reconcile_.RestartedEarly(n, l);
+      restarted += (restarted.empty() ? "" : ", ") + std::to_string(reconcile_.known().RankOf(n, l));
     }
     RestartRanks(n, locals, "recover-in-place at once: " + reason);
   }
@@ -925,52 +877,27 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
             " train on (survivors continued)");
   // The generation to come back to is the one the decision maker knows (the running one may already
   // be an interim one).
-  Directive rejoin = Rejoin("ranks " + restarted + " restarted in place rejoin (" + reason + ")");
+  Directive rejoin = reconcile_.Rejoin("ranks " + restarted + " restarted in place rejoin (" + reason + ")");
   if (!FormGeneration(keep, {}, "survivors continue while ranks " + restarted +
                                     " restart in place (" + reason + ")",
                       now, /*interim=*/true))
     return false;
-  pending_ = std::move(rejoin);
-  pending_since_ms_ = -1;
-  continued_after_step_ = commit_.step();
+  reconcile_.Continued(std::move(rejoin), commit_.step());
   return true;
 }
 
 void JobControl::CheckPendingWait(int64_t now) {
-  // While training, only the return of ranks restarted in place is bounded (the survivors
-  // train on meanwhile); a scale-out waits as long as it takes.
-  const bool rejoin = pending_ && pending_->kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE;
-  if (!pending_ || (state_ == State::kTraining && !rejoin) || state_ == State::kStopped) {
-    pending_since_ms_ = pending_ ? pending_since_ms_ : -1;
-    return;
-  }
-  if (pending_since_ms_ < 0) pending_since_ms_ = now;
-  const int64_t bound = HangTimeoutMs();
-  if (now - pending_since_ms_ <= bound) return;
-  std::vector<int64_t> waiting;
-  for (int64_t r : pending_->keep_replicas)
-    for (int64_t p : layout_.PodsOfReplica(r))
-      if (!PodReady(p)) waiting.push_back(p);
-  if (waiting.empty() && state_ != State::kAborted) {
-    // Nobody to blame: the directive waits for no pod this incarnation does not have (a loss of
-    // no pod would abort the generation and give the decision maker nothing to decide).
-    Event(now, "wait",
-          "the " + std::string(DirectiveKindName(pending_->kind)) +
-              " directive waited " + std::to_string(now - pending_since_ms_) +
-              " ms for no pod that is not available: it is over");
-    pending_.reset();
-    pending_since_ms_ = -1;
-    return;
-  }
-  const std::string reason = "pods " + Join(waiting) + " did not become available within " +
-                             std::to_string(bound) + " ms for the " +
-                             std::string(DirectiveKindName(pending_->kind)) + " directive";
-  pending_.reset();
-  pending_since_ms_ = -1;
+  const bool bounded =
+      reconcile_.WaitIsBounded(state_ == State::kTraining) && state_ != State::kStopped;
+  std::string reason;
+  const std::optional<std::vector<int64_t>> waiting = reconcile_.OverdueWait(
+      bounded, state_ == State::kAborted, bounded ? HangTimeoutMs() : 0, layout_, pods_, now,
+      &reason);
+  if (!waiting) return;
   std::vector<uint32_t> ranks;
-  for (int64_t p : waiting)
+  for (int64_t p : *waiting)
     for (uint32_t r : running_.RanksOf(p)) ranks.push_back(r);
-  Fault(v1::FAULT_KIND_POD_LOST, waiting, ranks, -1, reason, now);
+  Fault(v1::FAULT_KIND_POD_LOST, *waiting, ranks, -1, reason, now);
 }
 
 void JobControl::CatchUp(int64_t pod) {
@@ -1178,7 +1105,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     const Agent& a = pods_[static_cast<int64_t>(n)];
     // Every pod that trains or stands by, including one whose process restarts in place (its
     // other ranks train, or wait for the rejoin as standbys).
-    if (!PodReady(static_cast<int64_t>(n)) && !training_pods.count(static_cast<int64_t>(n)) &&
+    if (!pods_.Ready(static_cast<int64_t>(n)) && !training_pods.count(static_cast<int64_t>(n)) &&
         !(a.usable() && !a.restarting.empty()))
       continue;
     // A pod whose ranks may still be in an earlier generation (it was away when that one's
@@ -1212,10 +1139,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   }
   state_ = State::kTraining;
   commit_.NewGeneration();
-  interim_ = interim;
-  if (!interim) {
-    known_ = running_;
-  }
+  reconcile_.Formed(running_, interim);
   Event(now, "generation",
         "generation (" + std::to_string(options_.epoch) + ", " + std::to_string(generation_) +
             "): " + std::to_string(places.size()) + " ranks, dp " +
@@ -1259,8 +1183,7 @@ void JobControl::Apply(const Directive& d, int64_t now) {
     restart.kind = REGROUP_DIRECTIVE_RESTART_JOB;
     RestartJob(restart, now);
   }
-  if (d.kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE && d.kind != REGROUP_DIRECTIVE_RETRY)
-    restarted_early_.clear();  // a decision of another course: it owns every rank again
+  reconcile_.Decided(d.kind);
   if (d.kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE && d.kind != REGROUP_DIRECTIVE_DUMP &&
       d.kind != REGROUP_DIRECTIVE_EXIT && d.kind != REGROUP_DIRECTIVE_RESTART_JOB)
     SettleFailedPods(d, now);
@@ -1277,16 +1200,15 @@ void JobControl::Apply(const Directive& d, int64_t now) {
         return;
       }
       // An interim generation is retried as it was, and its restarted ranks still rejoin.
-      const bool interim = interim_;
+      const bool interim = reconcile_.interim();
       const std::vector<int64_t> replicas = running_.replicas();
       FormGeneration(replicas, microbatches_, d.reason, now, interim);
-      if (interim) pending_ = Rejoin("ranks restarted in place rejoin");
+      if (interim) reconcile_.Await(reconcile_.Rejoin("ranks restarted in place rejoin"));
       return;
     }
     case REGROUP_DIRECTIVE_RESTART_IN_PLACE: {
       // Ranks the manager restarted at once (the survivors continued) are not restarted again.
-      auto restart = RanksToRestart(d, /*skip_restarted_early=*/true);
-      restarted_early_.clear();  // this decision was about them
+      auto restart = reconcile_.RanksToRestart(d, pods_, /*skip_restarted_early=*/true);
       // A generation formed since the fault (its abort let a pending scale-out or rejoin form
       // one) and trains with these ranks: they are not restarted under it (simulation seed 872:
       // one was, and the generation then waited for its "rejoin" and lost it).
@@ -1312,21 +1234,19 @@ void JobControl::Apply(const Directive& d, int64_t now) {
       for (auto& [pod, locals] : restart) RestartRanks(pod, locals, d.reason);
       // Wait for them (at a step boundary while training), unless they were all restarted at
       // once and have rejoined already.
-      if (!restart.empty() || interim_ || state_ != State::kTraining) {
-        pending_ = d;
-        pending_->keep_replicas = known_.replicas();
-      }
+      if (!restart.empty() || reconcile_.interim() || state_ != State::kTraining)
+        reconcile_.AwaitKeeping(d, reconcile_.known().replicas());
       return;
     }
     case REGROUP_DIRECTIVE_SCALE_OUT:
       if (state_ == State::kTraining) {
-        pending_ = d;  // at the next step boundary
+        reconcile_.Await(d);  // at the next step boundary
         return;
       }
       [[fallthrough]];
     case REGROUP_DIRECTIVE_RESUME:
     case REGROUP_DIRECTIVE_SCALE_IN:
-      if (!FormGeneration(keep, d.microbatches, d.reason, now)) pending_ = d;
+      if (!FormGeneration(keep, d.microbatches, d.reason, now)) reconcile_.Await(d);
       return;
     case REGROUP_DIRECTIVE_DUMP:
       StopAll(v1::StopTraining::MODE_DUMP, d.reason, now);
@@ -1366,7 +1286,7 @@ void JobControl::BeforeTheFirstGeneration(const Directive& d, int64_t now) {
             (what.empty() ? std::string("no process of its pods") : what) +
             ", and its first generation starts every rank");
   if (state_ == State::kJoining) return;
-  pending_ = d;  // formed over the replicas it keeps once they are back (bounded by the wait)
+  reconcile_.Await(d);  // formed over the replicas it keeps once they are back (bounded wait)
 }
 
 bool JobControl::IsRescheduling(const std::string& strategy) {
@@ -1375,8 +1295,7 @@ bool JobControl::IsRescheduling(const std::string& strategy) {
 
 void JobControl::RestartJob(const Directive& d, int64_t now) {
   Abort(d.reason, now);
-  pending_.reset();  // the decision maker resumes the job once every pod is back
-  interim_ = false;
+  reconcile_.JobRestarts();
   job_restarting_ = true;
   restart_on_record_ = false;
   record_.restarting = true;
@@ -1553,7 +1472,7 @@ void JobControl::TryFirstGeneration(int64_t now) {
   pods_.NoteRestartsSeen(now);
   for (size_t n = 0; n < pods_.size(); ++n) {
     const Agent& a = pods_[static_cast<int64_t>(n)];
-    if (PodReady(static_cast<int64_t>(n))) continue;
+    if (pods_.Ready(static_cast<int64_t>(n))) continue;
     if (a.usable() && !a.restarting.empty() &&
         now - a.restart_ms < HangTimeoutMs())
       restarting = true;
@@ -1574,7 +1493,7 @@ void JobControl::TryFirstGeneration(int64_t now) {
   missing_reported_ = true;
   std::string why;
   std::vector<bool> available(pods_.size());
-  for (size_t n = 0; n < pods_.size(); ++n) available[n] = PodReady(static_cast<int64_t>(n));
+  for (size_t n = 0; n < pods_.size(); ++n) available[n] = pods_.Ready(static_cast<int64_t>(n));
   if (!PlanGeneration(config_, layout_, available, &why))
     Event(now, "error", "the join window closed with node ranks " + Join(missing) +
                             " missing: " + why + "; waiting for them");
@@ -1609,66 +1528,34 @@ void JobControl::Tick(int64_t now) {
   decisions_->Tick(now);
   while (auto d = decisions_->Poll()) {
     if (state_ == State::kStopped) break;
-    pending_.reset();
-    pending_since_ms_ = -1;
+    reconcile_.Drop();
     Apply(*d, now);
   }
   // Work waiting for restarted processes or pods to come back (a scale-out while training
   // waits for a step boundary instead: see Commit).
-  if (pending_ && state_ != State::kTraining && state_ != State::kStopped &&
-      Ready(pending_->keep_replicas)) {
-    Directive d = *pending_;
-    pending_.reset();
+  if (reconcile_.pending() && state_ != State::kTraining && state_ != State::kStopped &&
+      Ready(reconcile_.pending()->keep_replicas)) {
+    Directive d = *reconcile_.TakePending();
     if (!FormGeneration(std::vector<int64_t>(d.keep_replicas.begin(), d.keep_replicas.end()),
                         d.microbatches, d.reason, now))
-      pending_ = d;
+      reconcile_.Await(d);
   }
   CheckPendingWait(now);
   CheckDecisionWait(now);
 }
 
-// ---------------------------------------------------------------------------------------------
-// The decision wait (docs/design.md, "Who decides what"): with a coordinator the manager never makes
-// a scheduling decision itself. While the coordinator is unreachable and survivors wait for a
-// decision (a generation aborted, no directive being carried out), they stay paused until it
-// returns or MINDIO_WAIT_MINDX_TIME runs out; then the ladder's last steps: dump if the job
-// allows it, else exit. (The embedded engine is always available: this never applies to it.)
-// ---------------------------------------------------------------------------------------------
-
+// The decision wait (Reconciliation::DecisionWaitOver): once it is over, this incarnation stops,
+// dumping a checkpoint if the job allows it. Only this incarnation: cut off from the coordinator,
+// it cannot know that the job is over (a newer manager may lead it). Its pods exit, and come back
+// to whichever manager the coordinator serves.
 void JobControl::CheckDecisionWait(int64_t now) {
-  const bool waiting = state_ == State::kAborted && !pending_;
-  if (!waiting || decisions_->Available()) {
-    if (waiting && decisions_unavailable_ms_ >= 0)
-      Event(now, "decisions_available", "the coordinator is reachable again after " +
-                                            std::to_string(now - decisions_unavailable_ms_) +
-                                            " ms; survivors wait for its decision");
-    decisions_unavailable_ms_ = -1;
-    return;
-  }
-  const int64_t wait_ms = config_.mindio_wait_s * 1000;
-  if (decisions_unavailable_ms_ < 0) {
-    decisions_unavailable_ms_ = now;
-    Event(now, "decisions_unavailable",
-          "the coordinator is unreachable while survivors wait for a decision: they stay paused "
-          "for up to " + std::to_string(config_.mindio_wait_s) + " s (MINDIO_WAIT_MINDX_TIME)");
-    return;
-  }
-  if (now - decisions_unavailable_ms_ < wait_ms) return;
+  const bool waiting = state_ == State::kAborted && !reconcile_.pending();
   const bool dump = config_.allows(Strategy::kDump);
-  const std::string reason =
-      "no decision: the coordinator was unreachable for " +
-      std::to_string(now - decisions_unavailable_ms_) + " ms, past the decision wait of " +
-      std::to_string(config_.mindio_wait_s) + " s (MINDIO_WAIT_MINDX_TIME); " +
-      (dump ? "survivors dump a checkpoint and this incarnation stops"
-            : "this incarnation stops (dump is not allowed)");
-  Event(now, "decision_timeout", reason);
-  decisions_unavailable_ms_ = -1;
-  // Only this incarnation: cut off from the coordinator, it cannot know that the job is over (a
-  // newer manager may lead it: simulation seed 12848 with a coordinator, where its stop was taken
-  // for the job's end while the newer one trained on). Its pods exit, and come back to whichever
-  // manager the coordinator serves.
-  StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT, reason, now,
-          StopScope::kIncarnation);
+  std::string reason;
+  if (reconcile_.DecisionWaitOver(waiting, !waiting || decisions_->Available(),
+                                  config_.mindio_wait_s, dump, now, &reason))
+    StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT, reason, now,
+            StopScope::kIncarnation);
 }
 
 v1::GetStatusResponse JobControl::StatusReport() const {
@@ -1704,7 +1591,7 @@ v1::GetStatusResponse JobControl::StatusReport() const {
       ns->set_rank_silence_peak_ms(std::max(ns->rank_silence_peak_ms(), ms(r.PeakMs(now))));
     }
   }
-  for (const auto& e : events_) *s.add_events() = e;
+  for (const auto& e : log_.events()) *s.add_events() = e;
   return s;
 }
 

@@ -23,8 +23,10 @@
 #include "plugin/sizing.h"
 #include "common/status.h"
 #include "manager/job_record.h"
+#include "manager/event_log.h"
 #include "manager/pods.h"
 #include "manager/rank_layout.h"
+#include "manager/reconciliation.h"
 #include "manager/step_commit.h"
 #include "regroup/v1/wire.pb.h"
 
@@ -156,8 +158,8 @@ class JobControl {
   const JobSpec& spec() const { return spec_; }
   uint32_t heartbeat_interval_ms() const { return heartbeat_interval_ms_; }
   // The event log: the newest JobControlOptions::event_log events, and how many were ever logged.
-  const std::deque<v1::JobEvent>& events() const { return events_; }
-  uint64_t events_logged() const { return events_logged_; }
+  const std::deque<v1::JobEvent>& events() const { return log_.events(); }
+  uint64_t events_logged() const { return log_.logged(); }
 
   // Counters for metrics.
   struct Counters {
@@ -205,13 +207,6 @@ class JobControl {
   // replicas form the next generation now. The restarted ranks rejoin at a step boundary
   // (pending_). False when the job waits instead (dp 1, no replica left whole, the strategies).
   bool ContinueWithoutFailedRanks(const std::string& reason, int64_t now);
-  // The return of the ranks restarted in place: the generation the decision maker knows again.
-  Directive Rejoin(const std::string& reason) const;
-  // A directive's ranks to restart, by agent (node rank -> local ranks), mapped through the
-  // generation the decision maker knows; `skip_restarted_early`: not those the manager already
-  // restarted at once (unless they died again).
-  std::map<int64_t, std::vector<uint32_t>> RanksToRestart(const Directive& d,
-                                                          bool skip_restarted_early = false) const;
   // Every rank of replica r is up: its agent usable, the process alive, said hello, not
   // restarting.
   bool ReplicaReady(int64_t replica) const;
@@ -297,8 +292,6 @@ class JobControl {
   void CommitHeld(int64_t now);
   int64_t HangTimeoutMs() const;
   int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }
-  // Every process of the pod is alive, has said hello to its agent and is not restarting.
-  bool PodReady(int64_t pod) const;
   // Every rank of these replicas is ready (ReplicaReady).
   bool Ready(const std::vector<int64_t>& replicas) const;
   // With a coordinator: the decision wait while it is unreachable (see job_control.cc).
@@ -312,7 +305,9 @@ class JobControl {
   uint32_t heartbeat_interval_ms_;
 
   State state_ = State::kJoining;
+  EventLog log_;
   Pods pods_;  // registration and liveness
+  Reconciliation reconcile_;  // the decisions carried out, reconciled with what the manager did
   JobRecord record_;
   bool record_changed_ = true;
   bool superseded_ = false;
@@ -324,14 +319,9 @@ class JobControl {
   uint64_t generation_ = 0;                    // n of (epoch, n)
   uint64_t directive_id_ = 0;
   RankLayout running_;  // the running generation's ranks (the last one formed)
-  // The generation the decision maker knows: the last one not formed as interim. Its ranks are
-  // the ones faults name and directives restart.
-  RankLayout known_;
-  bool interim_ = false;  // the running generation is interim (survivors continued)
   bool job_restarting_ = false;  // RESTART_JOB applied, no generation formed since
   bool restart_on_record_ = false;  // ... by another incarnation: it is on the durable record
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
-  std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (pod, local) restarted at once
   std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (pod, pid) EarlierProcessDied told
   int64_t state_lost_step_ = -2;  // the committed step whose state_lost the decision maker heard
   std::vector<std::string> generation_uids_;  // by pod: the pod in the running generation
@@ -339,9 +329,6 @@ class JobControl {
   uint32_t generation_agents_ = 0;
   StepCommit commit_;  // the vote and the commit
 
-  // Pending work.
-  std::optional<Directive> pending_;           // waits for restarted ranks or a step boundary
-  int64_t pending_since_ms_ = -1;
   std::optional<v1::ManagerMessage> stop_;     // the StopTraining that ended the job or this
                                                // incarnation
   std::optional<v1::ManagerMessage> abort_;    // the AbortGeneration of the running generation
@@ -350,16 +337,8 @@ class JobControl {
   int64_t abort_ms_ = -1;                      // when the running generation was aborted
   int64_t last_tick_ms_ = -1;                  // the previous Tick (a stall is not the pods')
   int64_t record_looked_ms_ = -1;              // the last look at the stored record (Tick)
-  // The committed step when the survivors last continued past a failed process: the next step
-  // failing again before a commit is not continued past (it may be poison).
-  int64_t continued_after_step_ = -2;
   int64_t first_fault_ms_ = -1;
 
-  // Since when survivors wait for a decision while the decision maker is unreachable; -1: not.
-  int64_t decisions_unavailable_ms_ = -1;
-
-  std::deque<v1::JobEvent> events_;
-  uint64_t events_logged_ = 0;
   std::vector<Outgoing> outgoing_;
   Counters counters_;
 };

@@ -103,6 +103,20 @@ void Pods::Admit(int64_t pod, uint64_t stream, const v1::Register& reg, AgentSta
   stream_pod_[stream] = pod;
 }
 
+bool Pods::Ready(int64_t pod) const {
+  const Agent& a = agents_[static_cast<size_t>(pod)];
+  if (!a.usable() || !a.restarting.empty()) return false;
+  for (const auto& r : a.ranks)
+    if (!r.alive() || !Started(r)) return false;
+  return a.ranks.size() == a.nproc;
+}
+
+bool Pods::RankReady(int64_t pod, uint32_t local) const {
+  const Agent& a = agents_[static_cast<size_t>(pod)];
+  if (!a.usable() || a.restarting.count(local) || a.ranks.size() != a.nproc) return false;
+  return a.ranks[local].alive() && Started(a.ranks[local]);
+}
+
 void Pods::Heard(int64_t pod, int64_t now) {
   Agent& a = agents_[static_cast<size_t>(pod)];
   a.silence.Ended(now - a.last_seen_ms, now);

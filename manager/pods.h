@@ -94,6 +94,12 @@ class Pods {
   // The stream ended: the pod it belonged to, if it was that pod's current stream.
   std::optional<int64_t> Disconnect(uint64_t stream);
 
+  // Every process of the pod is alive, has said hello to its agent (a generation formed before
+  // would leave the survivors waiting in its rendezvous) and is not restarting.
+  bool Ready(int64_t pod) const;
+  // The same of one process.
+  bool RankReady(int64_t pod, uint32_t local) const;
+
   // --- What the job control changes ---
   void SetState(int64_t pod, AgentState state) { agents_[static_cast<size_t>(pod)].state = state; }
   // A process is reported dead.

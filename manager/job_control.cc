@@ -87,8 +87,7 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
       log_(options_.event_log),
       pods_(spec_.pods, LivenessMs()),
       reconcile_(log_),
-      generation_uids_(static_cast<size_t>(spec_.pods)),
-      starts_(static_cast<size_t>(spec_.pods)) {
+      generations_(spec_.pods, spec_.processes_per_pod, layout_.replica_ranks()) {
   if (options_.record) {
     const JobRecord& before = *options_.record;
     for (const auto& uid : before.lost) Forget(uid);
@@ -211,7 +210,7 @@ v1::Header ManagerHeader(const std::string& job_id, uint64_t epoch, uint64_t gen
 }
 
 v1::Header JobControl::MakeHeader() const {
-  return ManagerHeader(spec_.id, options_.epoch, generation_);
+  return ManagerHeader(spec_.id, options_.epoch, generation());
 }
 
 v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fenced,
@@ -221,7 +220,7 @@ v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fence
   v1::Refusal& r = *m.mutable_refusal();
   r.set_reason(reason);
   r.set_epoch(options_.epoch);
-  r.set_generation(generation_);
+  r.set_generation(generation());
   r.set_directive_id(directive_id_);
   r.set_fenced(fenced);
   r.set_readmit(fenced && readmit);
@@ -310,7 +309,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
       !a.pod_uid.empty() && a.pod_uid != reg.pod_uid();
   // The same pod on a new stream (a connection reset) before it was declared lost, in the
   // running generation and epoch: it resumes its session, and the generation goes on.
-  const bool in_generation = !running_.RanksOf(pod).empty();
+  const bool in_generation = !running().RanksOf(pod).empty();
   const bool resumable = !replacement && a.pod_uid == reg.pod_uid() &&
                          a.state == AgentState::kActive && state_ != State::kJoining &&
                          state_ != State::kStopped && header.epoch() == options_.epoch &&
@@ -325,7 +324,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
                   now);
     return FailedPrecondition("pod " + reg.pod_uid() +
                               " was declared lost: its trainers left generation " +
-                              std::to_string(generation_) + " before its session resumed");
+                              std::to_string(generation()) + " before its session resumed");
   }
   const bool resumed = resumable;
   // A replacement for a pod of the running generation that nothing declared lost yet (its broken
@@ -362,7 +361,7 @@ void JobControl::Registered(int64_t pod, bool resumed, bool replacement, int64_t
   // changes nothing there.
   const bool joining_remote = state_ == State::kJoining && decisions_->ReplacesPods();
   if (!resumed && (replacement || job_restarting_ || joining_remote ||
-                   (state_ != State::kJoining && (generation_ > 0 || missing_reported_))))
+                   (state_ != State::kJoining && (generation() > 0 || missing_reported_))))
     decisions_->ReplacementRegistered(pod, a.pod_uid, now);
   Event(now, resumed ? "resume" : "register",
         "pod " + a.pod_uid + (resumed ? " resumed its session" : " registered") +
@@ -374,7 +373,7 @@ void JobControl::Registered(int64_t pod, bool resumed, bool replacement, int64_t
   auto* w = m.mutable_welcome();
   w->set_node_rank(static_cast<uint32_t>(pod));
   w->set_epoch(options_.epoch);
-  w->set_generation(generation_);
+  w->set_generation(generation());
   w->set_heartbeat_interval_ms(heartbeat_interval_ms_);
   w->set_liveness_timeout_ms(static_cast<uint32_t>(LivenessMs()));
   w->set_resumed(resumed);
@@ -422,15 +421,15 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
       for (uint32_t l : f.local_ranks()) {
         if (l >= agent->nproc)
           return InvalidArgument("local rank " + std::to_string(l) + " is out of range");
-        if (int64_t r = running_.RankOf(pod, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
+        if (int64_t r = running().RankOf(pod, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
       }
       if (state_ != State::kTraining) return Status::Ok();  // already handling a fault
       // A late report of a generation already replaced (its collective failed as it ended)
       // says nothing about the one running now.
-      if (f.generation() != 0 && f.generation() < generation_) {
+      if (f.generation() != 0 && f.generation() < generation()) {
         Event(now, "stale_fault", "ignored a fault of generation " +
                                       std::to_string(f.generation()) + " (now " +
-                                      std::to_string(generation_) + "): " +
+                                      std::to_string(generation()) + "): " +
                                       BoundedText(f.detail(), 256));
         return Status::Ok();
       }
@@ -469,7 +468,7 @@ void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t no
   const v1::LocalRank& r = a.ranks[e.local_rank()];
   if (a.restarting.count(e.local_rank())) return;  // we asked for it
   if (state_ == State::kStopped) return;
-  const int64_t rank = running_.RankOf(pod, e.local_rank());
+  const int64_t rank = running().RankOf(pod, e.local_rank());
   if (e.exit_code() == 0 && e.signal() == 0) {
     Event(now, "rank_done",
           "rank " + std::to_string(rank) + " (pod " + std::to_string(pod) + ") finished");
@@ -503,14 +502,14 @@ void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t no
 }
 
 Status JobControl::OnVotes(int64_t pod, const v1::Votes& votes, int64_t now) {
-  if (votes.generation() != generation_)
+  if (votes.generation() != generation())
     return FailedPrecondition("the votes are for generation " +
                               std::to_string(votes.generation()) + "; the current one is " +
-                              std::to_string(generation_));
+                              std::to_string(generation()));
   if (state_ != State::kTraining)
     return FailedPrecondition("the generation was aborted; the step is not voted on");
   StatusOr<StepCommit::Ballot> ballot =
-      commit_.Vote(pod, votes, running_, layout_.replica_ranks(), generation_);
+      commit_.Vote(pod, votes, running(), layout_.replica_ranks(), generation());
   if (!ballot.ok()) return ballot.status();
   switch (*ballot) {
     case StepCommit::Ballot::kOpen:
@@ -533,7 +532,7 @@ Status JobControl::OnVotes(int64_t pod, const v1::Votes& votes, int64_t now) {
   // replaced without hearing so, and the newer one may commit this very step. The ranks keep
   // their vote until the lease is back (the step is committed then) or the generation is over.
   if (const std::string why = decisions_->WhyNoCommit(); !why.empty()) {
-    if (commit_.Hold(votes.step(), generation_))
+    if (commit_.Hold(votes.step(), generation()))
       Event(now, "wait",
             "step " + std::to_string(votes.step()) +
                 " is voted for; it is committed once this manager holds a lease again: " + why);
@@ -546,11 +545,11 @@ Status JobControl::OnVotes(int64_t pod, const v1::Votes& votes, int64_t now) {
 void JobControl::Reject(int64_t step, bool mismatch, int64_t now) {
   v1::ManagerMessage m;
   auto* o = m.mutable_outcome();
-  o->set_generation(generation_);
+  o->set_generation(generation());
   o->set_step(step);
   o->set_commit(false);
   o->set_checksum_mismatch(mismatch);
-  for (int64_t n : running_.Pods()) Send(n, m);
+  for (int64_t n : running().Pods()) Send(n, m);
   commit_.DropVote();
   if (mismatch)
     Fault(v1::FAULT_KIND_CHECKSUM_MISMATCH, {}, {}, step,
@@ -558,7 +557,7 @@ void JobControl::Reject(int64_t step, bool mismatch, int64_t now) {
 }
 
 void JobControl::CommitHeld(int64_t now) {
-  const std::optional<int64_t> held = commit_.Held(state_ == State::kTraining, generation_);
+  const std::optional<int64_t> held = commit_.Held(state_ == State::kTraining, generation());
   if (!held || !decisions_->WhyNoCommit().empty()) return;
   // As before every commit: a look at the record (a newer incarnation may have formed meanwhile).
   if (StopsCommitting(now, /*record=*/true)) {
@@ -570,27 +569,27 @@ void JobControl::CommitHeld(int64_t now) {
   commit_.ReleaseHold();
   Event(now, "lease", "the lease holds again: step " + std::to_string(step) + " is committed");
   // The ranks waited for this manager: their time at the step counts from now.
-  for (const RankPlace& p : running_.places()) pods_.StepClockFrom(p.pod, p.local_rank, now);
+  for (const RankPlace& p : running().places()) pods_.StepClockFrom(p.pod, p.local_rank, now);
   Commit(step, now);
 }
 
 void JobControl::Commit(int64_t step, int64_t now) {
-  if (commit_.Committed(step, {options_.epoch, generation_}, running_, now))
+  if (commit_.Committed(step, {options_.epoch, generation()}, running(), now))
     counters_.step_seconds = static_cast<double>(commit_.MedianStepMs()) / 1000.0;
   ++counters_.commits;
   v1::ManagerMessage m;
   auto* o = m.mutable_outcome();
-  o->set_generation(generation_);
+  o->set_generation(generation());
   o->set_step(step);
   o->set_commit(true);
-  for (int64_t n : running_.Pods()) Send(n, m);
+  for (int64_t n : running().Pods()) Send(n, m);
   if (abort_ms_ >= 0) {
     counters_.last_recovery_ms = static_cast<double>(now - abort_ms_);
     Event(now, "resumed",
           "first step committed " + std::to_string(now - abort_ms_) + " ms after the abort");
     abort_ms_ = -1;
   }
-  decisions_->Progress(options_.epoch, generation_, commit_.step(), world_size(), now);
+  decisions_->Progress(options_.epoch, generation(), commit_.step(), world_size(), now);
 
   // Work that waits for a step boundary.
   if (!leaving_.empty()) {
@@ -641,7 +640,7 @@ void JobControl::Depart(int64_t pod, int64_t now) {
 
 void JobControl::OnLeave(int64_t pod, const v1::Leave& leave, int64_t now) {
   Event(now, "leave", "pod " + pods_[pod].pod_uid + " asks to leave: " + leave.reason());
-  if (running_.RanksOf(pod).empty() || state_ != State::kTraining) {
+  if (running().RanksOf(pod).empty() || state_ != State::kTraining) {
     Depart(pod, now);
     return;
   }
@@ -682,7 +681,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
                        const std::vector<uint32_t>& local_ranks) {
   if (pods.empty())
     for (uint32_t r : ranks)
-      if (r < running_.size()) pods.push_back(running_.places()[r].pod);
+      if (r < running().size()) pods.push_back(running().places()[r].pod);
   std::sort(pods.begin(), pods.end());
   pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
   ++counters_.faults[FaultKindText(kind)];
@@ -692,8 +691,8 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   }
   // A holder of the trained state finished training: the last step is committed and nothing is
   // left to recover. A fault after it (a rank hung in its last step, a pod that finished and is
-  // gone while a recovery waits) ends the training (simulation seed 14929: a job restart
-  // waited for a pod that had finished).
+  // gone while a recovery waits) ends the training: no recovery may wait for a pod that
+  // finished.
   if (HolderFinished() && state_ != State::kStopped) {
     Finished(now);
     return;
@@ -703,7 +702,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   bool touches_generation =
       !ranks.empty() || (pods.empty() && known_ranks.empty() && local_ranks.empty());
   if (known_ranks.empty())
-    for (int64_t p : pods) touches_generation |= !running_.RanksOf(p).empty();
+    for (int64_t p : pods) touches_generation |= !running().RanksOf(p).empty();
   if (state_ == State::kTraining && touches_generation) {
     first_fault_ms_ = now;
     Abort(FaultKindText(kind) + ": " + detail, now);
@@ -714,7 +713,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   for (uint32_t r : ranks) {
     // An interim generation's rank as the rank it holds in the generation the decision maker
     // knows (every interim rank holds one: the interim is a subset of it).
-    const int64_t known = reconcile_.KnownRank(running_, r);
+    const int64_t known = reconcile_.KnownRank(running(), r);
     if (known >= 0) f.add_ranks(static_cast<uint32_t>(known));
   }
   for (uint32_t r : known_ranks) f.add_ranks(r);
@@ -728,9 +727,8 @@ bool JobControl::EarlierProcessDied(int64_t pod, const v1::LocalRank& rank,
                                     const std::string& why, int64_t now) {
   // Only before this incarnation's first generation, and only for a process that was in one (it
   // may hold the trained state): the decision maker would otherwise count its rank as a holder
-  // of its shard (simulation seed 5951: a second loss then left a shard with no holder, and the
-  // survivors were resumed "with their state"). A job restart under way restarts every process
-  // from the checkpoint anyway.
+  // of its shard, and resume survivors "with their state" that none of them holds. A job
+  // restart under way restarts every process from the checkpoint anyway.
   if (FormedAGeneration() || rank.generation() == 0 ||
       state_ == State::kStopped || job_restarting_ || restart_on_record_)
     return false;
@@ -772,8 +770,8 @@ void JobControl::RestartRanks(int64_t pod, const std::vector<uint32_t>& locals,
 void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
   const Agent& a = pods_[pod];
   // A process restarted for the job reports no generation (or is not alive yet) until the next
-  // one forms; one that reports a generation never got the restart (sim seed 26796: the restart
-  // went out on a stream that its cut link had already broken).
+  // one forms; one that reports a generation never got the restart (it went out on a stream
+  // that was already broken).
   if (job_restarting_ && !a.pod_uid.empty() && a.connected && a.state != AgentState::kLost &&
       std::any_of(a.ranks.begin(), a.ranks.end(),
                   [](const auto& r) { return r.alive() && r.generation() > 0; }))
@@ -833,12 +831,11 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
     return false;
   }
   std::vector<int64_t> keep;
-  for (int64_t r : running_.replicas())
+  for (int64_t r : running().replicas())
     if (ReplicaReady(r)) keep.push_back(r);
   const auto dp = static_cast<int64_t>(keep.size());
-  const int64_t micro_total =
-      config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size : 0;
-  if (keep.empty() || keep.size() == running_.replicas().size() || dp < config_.min_data_parallel ||
+  const int64_t micro_total = MicrobatchesPerStep();
+  if (keep.empty() || keep.size() == running().replicas().size() || dp < config_.min_data_parallel ||
       (config_.even_split && micro_total > 0 && micro_total % dp != 0))
     return false;
   // The survivors must hold every shard of the state between them (a rank restarted in place
@@ -859,7 +856,7 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
   }
   if (restart_pods.empty()) return false;
   std::vector<int64_t> left;
-  for (int64_t r : running_.replicas())
+  for (int64_t r : running().replicas())
     if (std::find(keep.begin(), keep.end(), r) == keep.end()) left.push_back(r);
   std::string restarted;
   for (int64_t n : restart_pods) {
@@ -896,7 +893,7 @@ void JobControl::CheckPendingWait(int64_t now) {
   if (!waiting) return;
   std::vector<uint32_t> ranks;
   for (int64_t p : *waiting)
-    for (uint32_t r : running_.RanksOf(p)) ranks.push_back(r);
+    for (uint32_t r : running().RanksOf(p)) ranks.push_back(r);
   Fault(v1::FAULT_KIND_POD_LOST, *waiting, ranks, -1, reason, now);
 }
 
@@ -908,23 +905,23 @@ void JobControl::CatchUp(int64_t pod) {
   }
   bool behind = false, missed_commit = false;
   for (uint32_t l = 0; l < a.nproc; ++l) {
-    if (running_.RankOf(pod, l) < 0) continue;
-    behind |= a.ranks[l].generation() < generation_;
+    if (running().RankOf(pod, l) < 0) continue;
+    behind |= a.ranks[l].generation() < generation();
     missed_commit |= a.ranks[l].heard_commit_step() < commit_.step();
   }
-  if (behind && starts_[static_cast<size_t>(pod)]) {
+  if (behind && generations_.start(pod)) {
     // The generation it was in was aborted and replaced while it was away: the abort first, so
     // that its ranks leave that generation's collectives at once.
     SendAbort(pod);
-    Send(pod, *starts_[static_cast<size_t>(pod)]);
+    Send(pod, *generations_.start(pod));
   }
   if (missed_commit && commit_.step() >= 0) {
     v1::ManagerMessage m;
     auto* o = m.mutable_outcome();
     // Stamped with the generation that committed it, which the agent notes as the committer
     // (a restarted manager's first plan names it); 0, "not known", when an older incarnation
-    // did. Not the running generation: that one may not have committed it (simulation seed
-    // 14130: a pod readmitted as the next generation formed was told it had).
+    // did. Not the running generation: that one may not have committed it (a pod readmitted as
+    // the next generation formed).
     o->set_generation(commit_.mark().first == options_.epoch ? commit_.mark().second : 0);
     o->set_step(commit_.step());
     o->set_commit(true);
@@ -947,23 +944,23 @@ void JobControl::Abort(const std::string& reason, int64_t now) {
   auto* a = m.mutable_abort();
   a->set_directive_id(++directive_id_);
   a->set_epoch(options_.epoch);
-  a->set_generation(generation_);
+  a->set_generation(generation());
   a->set_committed_step(commit_.step());
   a->set_reason(reason);
-  for (int64_t n : running_.Pods()) {
+  for (int64_t n : running().Pods()) {
     if (!pods_[static_cast<int64_t>(n)].connected) continue;
     Send(n, m);
-    pods_.AbortedThrough(n, generation_);
+    pods_.AbortedThrough(n, generation());
   }
   abort_ = m;
-  Event(now, "abort", "generation " + std::to_string(generation_) + " aborted: " + reason);
+  Event(now, "abort", "generation " + std::to_string(generation()) + " aborted: " + reason);
 }
 
 bool JobControl::HoldsCommittedState(int64_t pod, uint32_t local) const {
   const Agent& a = pods_[pod];
-  return commit_.Holds(pod, local, a, running_,
-                       generation_uids_[static_cast<size_t>(pod)] == a.pod_uid,
-                       {options_.epoch, generation_});
+  return commit_.Holds(pod, local, a, running(),
+                       generations_.Had(pod, a.pod_uid),
+                       {options_.epoch, generation()});
 }
 
 std::vector<int64_t> JobControl::PositionsUnheld(const std::vector<int64_t>& replicas) const {
@@ -985,23 +982,62 @@ std::vector<int64_t> JobControl::PositionsUnheld(const std::vector<int64_t>& rep
 void JobControl::ReportFault(const v1::FaultFacts& fault, int64_t now) {
   // Before this incarnation formed a generation, its decision maker (a restarted manager's is
   // new) hears first what the pods back have committed: it takes a job that has not committed
-  // anything for one that need not keep any state (sim seeds 16473, 17333 resumed "with the
-  // survivors' state" a shard only a lost pod held).
+  // anything for one that need not keep any state, and would resume "with the survivors'
+  // state" a shard only a lost pod held.
   if (!FormedAGeneration())
-    decisions_->Progress(options_.epoch, generation_, commit_.HighestHeard(pods_), 0, now);
+    decisions_->Progress(options_.epoch, generation(), commit_.HighestHeard(pods_), 0, now);
   decisions_->Fault(fault, now);
 }
 
 bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
                                 const std::vector<int64_t>& micro, const std::string& reason,
                                 int64_t now, bool interim) {
+  if (!MayForm(replicas, now)) return false;
+  // A generation still training is over: its ranks hear so before the next one starts (a rank
+  // still in its rendezvous waits there until its collective timeout otherwise).
+  Abort("superseded by the next generation: " + reason, now);
+  // The step to resume from: the highest any survivor committed, or heard commit for, kept or
+  // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
+  // it in the generation that committed it, and apply it from their vote).
+  commit_.CatchUp(pods_);  // committed by a generation this incarnation did not run
+  if (!StateHeld(replicas, now)) return false;
+  // Who holds the committed state (HoldsCommittedState), as of the generation that committed it.
+  std::set<std::pair<int64_t, uint32_t>> holders;
+  for (size_t n = 0; n < pods_.size(); ++n)
+    for (uint32_t l = 0; l < pods_[static_cast<int64_t>(n)].ranks.size(); ++l)
+      if (HoldsCommittedState(static_cast<int64_t>(n), l)) holders.insert({n, l});
+  generations_.Next(replicas, micro, MicrobatchesPerStep(), pods_,
+                    [&](int64_t pod, uint32_t local) { return holders.count({pod, local}) > 0; });
+  ++counters_.generations;
+  job_restarting_ = restart_on_record_ = false;
+  given_up_.clear();
+  earlier_deaths_.clear();
+  state_lost_step_ = -2;
+  RecordGeneration();
+  // No state-sync plan here: the ranks of the new generation choose who sends the state to whom
+  // from a census over their new group (python/regroup/sync.py); only they know what they hold
+  // once their votes are settled. The plan names the step they resume after.
+  SendStarts(Plan(reason), now);
+  state_ = State::kTraining;
+  commit_.NewGeneration();
+  reconcile_.Formed(running(), interim);
+  Event(now, "generation",
+        "generation (" + std::to_string(options_.epoch) + ", " + std::to_string(generation()) +
+            "): " + std::to_string(running().size()) + " ranks, dp " +
+            std::to_string(replicas.size()) + ", resuming after step " +
+            std::to_string(commit_.step()) + "; " + reason);
+  decisions_->Progress(options_.epoch, generation(), commit_.step(), world_size(), now);
+  return true;
+}
+
+bool JobControl::MayForm(const std::vector<int64_t>& replicas, int64_t now) {
   if (replicas.empty()) {
     Event(now, "wait", "generation not formed: no replica to form it from");
     return false;
   }
-  // What the record says now decides too (sim seed 21634: a second incarnation formed its first
-  // generation from a pod whose processes predated a job restart that the first had just put on
-  // record): fenced, it forms nothing; a job restart on record restarts such pods first.
+  // What the record says now decides too (a second incarnation may just have put a job restart
+  // on record): fenced, it forms nothing; a job restart on record restarts first the pods whose
+  // processes predate it.
   if (StopsCommitting(now, /*record=*/true)) return false;
   for (int64_t r : replicas)
     if (!ReplicaReady(r)) {
@@ -1010,103 +1046,71 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
                              Join(pods) + ") is not available yet");
       return false;
     }
-  // A generation still training is over: its ranks hear so before the next one starts (a rank
-  // still in its rendezvous waits there until its collective timeout otherwise).
-  Abort("superseded by the next generation: " + reason, now);
+  return true;
+}
 
-  // The step to resume from: the highest any survivor committed, or heard commit for, kept or
-  // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
-  // it in the generation that committed it, and apply it from their vote).
-  commit_.CatchUp(pods_);  // committed by a generation this incarnation did not run
-  // At some position of a replica no rank of it would hold the state it resumes from (the
-  // trainers' census would fail: python/regroup/sync.py). Only a checkpoint has it: the decision
-  // maker hears so, once a step, and nothing is formed (sim seeds 5519, 8780, 29712: its own
-  // knowledge was older, after a manager restart or survivors that trained on alone). A job
-  // restart resumes from the checkpoint anyway.
-  if (!job_restarting_ && !restart_on_record_)
-    if (const auto unheld = PositionsUnheld(replicas); !unheld.empty()) {
-      if (state_lost_step_ != commit_.step()) {
-        state_lost_step_ = commit_.step();
-        const std::string why = "no rank of the next generation holds the state of step " +
-                                std::to_string(commit_.step()) + " at replica position" +
-                                (unheld.size() > 1 ? "s " : " ") + Join(unheld);
-        Event(now, "wait", "generation not formed: " + why);
-        Fault(v1::FAULT_KIND_STATE_LOST, {}, {}, -1, why, now);
-      }
-      return false;
-    }
-  // Who holds the committed state (HoldsCommittedState), as of the generation that committed it.
-  std::set<std::pair<int64_t, uint32_t>> holders;
-  for (size_t n = 0; n < pods_.size(); ++n)
-    for (uint32_t l = 0; l < pods_[static_cast<int64_t>(n)].ranks.size(); ++l)
-      if (HoldsCommittedState(static_cast<int64_t>(n), l)) holders.insert({n, l});
+bool JobControl::StateHeld(const std::vector<int64_t>& replicas, int64_t now) {
+  // A job restart resumes from the checkpoint anyway.
+  if (job_restarting_ || restart_on_record_) return true;
+  const auto unheld = PositionsUnheld(replicas);
+  if (unheld.empty()) return true;
+  // Only a checkpoint has it (the trainers' census would fail: python/regroup/sync.py): the
+  // decision maker hears so, once a step, and nothing is formed.
+  if (state_lost_step_ != commit_.step()) {
+    state_lost_step_ = commit_.step();
+    const std::string why = "no rank of the next generation holds the state of step " +
+                            std::to_string(commit_.step()) + " at replica position" +
+                            (unheld.size() > 1 ? "s " : " ") + Join(unheld);
+    Event(now, "wait", "generation not formed: " + why);
+    Fault(v1::FAULT_KIND_STATE_LOST, {}, {}, -1, why, now);
+  }
+  return false;
+}
 
-  // Numbered past every generation an agent reports (a restarted manager's agents come from
-  // another epoch's generations): a late report of an old one is then always older than this.
-  for (const Agent& a : pods_.all())
-    for (const auto& lr : a.ranks)
-      if (lr.generation() <= kMaxGeneration) generation_ = std::max(generation_, lr.generation());
-  ++generation_;
-  ++counters_.generations;
-  job_restarting_ = restart_on_record_ = false;
-  given_up_.clear();
-  earlier_deaths_.clear();
-  state_lost_step_ = -2;
-  for (size_t n = 0; n < pods_.size(); ++n) generation_uids_[n] = pods_[static_cast<int64_t>(n)].pod_uid;
-  running_ = RankLayout::Of(replicas, layout_.replica_ranks(), spec_.pods, spec_.processes_per_pod,
-                            [&](int64_t pod, uint32_t local) {
-                              return holders.count({pod, local}) > 0;
-                            });
-  const std::vector<RankPlace>& places = running_.places();
-  const int64_t micro_total =
-      config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size : 0;
-  microbatches_ = !micro.empty() ? micro
-                  : micro_total > 0
-                      ? SpreadMicroBatches(micro_total, static_cast<int64_t>(replicas.size()))
-                      : std::vector<int64_t>();
-  std::vector<int64_t> begin(replicas.size(), 0);
-  for (size_t k = 1; k < microbatches_.size() && k < begin.size(); ++k)
-    begin[k] = begin[k - 1] + microbatches_[k - 1];
+int64_t JobControl::MicrobatchesPerStep() const {
+  return config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size
+                                       : 0;
+}
 
-  // No state-sync plan here: the ranks of the new generation choose who sends the state to whom
-  // from a census over their new group (python/regroup/sync.py); only they know what they hold
-  // once their votes are settled. The plan names the step they resume after.
-
-  const Agent& host = pods_[places[0].pod];  // of the store
-  const std::set<int64_t> training_pods = running_.Pods();
-  generation_agents_ = static_cast<uint32_t>(training_pods.size());
+void JobControl::RecordGeneration() {
   record_.leader_epoch = options_.epoch;
-  record_.generation = generation_;
+  record_.generation = generation();
   record_.restarting = false;
   record_.members.clear();
-  for (int64_t n : training_pods)
-    record_.members.push_back({n, pods_[n].pod_uid});
+  for (int64_t n : running().Pods()) record_.members.push_back({n, pods_[n].pod_uid});
   record_changed_ = true;
   previous_members_.clear();  // this generation is the one on record now
+}
 
+v1::GenerationPlan JobControl::Plan(const std::string& reason) {
+  const int64_t host = running().places()[0].pod;  // of the store
   v1::GenerationPlan plan;
   plan.set_epoch(options_.epoch);
-  plan.set_generation(generation_);
-  plan.set_world_size(static_cast<uint32_t>(places.size()));
+  plan.set_generation(generation());
+  plan.set_world_size(static_cast<uint32_t>(running().size()));
   plan.set_tensor_parallel(static_cast<uint32_t>(config_.tensor_parallel));
   plan.set_pipeline_parallel(static_cast<uint32_t>(config_.pipeline_parallel));
-  plan.set_data_parallel(static_cast<uint32_t>(replicas.size()));
-  plan.set_store_host(host.host);
-  plan.set_store_port(pods_.TakeStorePort(places[0].pod, generation_));
+  plan.set_data_parallel(static_cast<uint32_t>(running().replicas().size()));
+  plan.set_store_host(pods_[host].host);
+  plan.set_store_port(pods_.TakeStorePort(host, generation()));
   plan.set_committed_step(commit_.step());
   plan.set_committed_epoch(commit_.mark().first);
   plan.set_committed_generation(commit_.mark().second);
-  plan.set_microbatches_per_step(static_cast<uint64_t>(micro_total));
+  plan.set_microbatches_per_step(static_cast<uint64_t>(MicrobatchesPerStep()));
   plan.set_reason(reason);
-  plan.set_agents(generation_agents_);
+  plan.set_agents(static_cast<uint32_t>(running().Pods().size()));
+  return plan;
+}
 
+void JobControl::SendStarts(const v1::GenerationPlan& plan, int64_t now) {
+  const std::set<int64_t> training = running().Pods();
   const uint64_t id = ++directive_id_;
-  for (size_t n = 0; n < pods_.size(); ++n) {
-    const Agent& a = pods_[static_cast<int64_t>(n)];
+  for (size_t i = 0; i < pods_.size(); ++i) {
+    const auto n = static_cast<int64_t>(i);
+    const Agent& a = pods_[n];
     // Every pod that trains or stands by, including one whose process restarts in place (its
     // other ranks train, or wait for the rejoin as standbys).
-    if (!pods_.Ready(static_cast<int64_t>(n)) && !training_pods.count(static_cast<int64_t>(n)) &&
-        !(a.usable() && !a.restarting.empty()))
+    if (!pods_.Ready(n) && !training.count(n) && !(a.usable() && !a.restarting.empty()))
       continue;
     // A pod whose ranks may still be in an earlier generation (it was away when that one's
     // abort went out, or it is back under a new uid) hears the abort first: its ranks leave
@@ -1114,39 +1118,12 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     uint64_t in = 0;
     for (const auto& lr : a.ranks)
       if (lr.alive()) in = std::max(in, lr.generation());
-    if (in > a.aborted_through && in < generation_) SendAbort(static_cast<int64_t>(n));
-    v1::ManagerMessage m;
-    auto* start = m.mutable_start();
-    start->set_directive_id(id);
-    *start->mutable_plan() = plan;
-    for (size_t g = 0; g < places.size(); ++g) {
-      if (places[g].pod != static_cast<int64_t>(n)) continue;
-      auto* ra = start->mutable_plan()->add_ranks();
-      ra->set_local_rank(places[g].local_rank);
-      ra->set_rank(static_cast<uint32_t>(g));
-      ra->set_replica(places[g].replica);
-      if (!microbatches_.empty()) {
-        ra->set_microbatch_begin(static_cast<uint64_t>(begin[places[g].replica]));
-        ra->set_microbatch_count(static_cast<uint64_t>(microbatches_[places[g].replica]));
-      }
-    }
-    pods_.SetState(static_cast<int64_t>(n), training_pods.count(static_cast<int64_t>(n))
-                                                ? AgentState::kActive
-                                                : AgentState::kStandby);
-    pods_.StepClockFrom(static_cast<int64_t>(n), now);
-    starts_[n] = m;
-    Send(static_cast<int64_t>(n), std::move(m));
+    if (in > a.aborted_through && in < generation()) SendAbort(n);
+    v1::ManagerMessage m = generations_.Start(n, plan, id);
+    pods_.SetState(n, training.count(n) ? AgentState::kActive : AgentState::kStandby);
+    pods_.StepClockFrom(n, now);
+    Send(n, std::move(m));
   }
-  state_ = State::kTraining;
-  commit_.NewGeneration();
-  reconcile_.Formed(running_, interim);
-  Event(now, "generation",
-        "generation (" + std::to_string(options_.epoch) + ", " + std::to_string(generation_) +
-            "): " + std::to_string(places.size()) + " ranks, dp " +
-            std::to_string(replicas.size()) + ", resuming after step " +
-            std::to_string(commit_.step()) + "; " + reason);
-  decisions_->Progress(options_.epoch, generation_, commit_.step(), world_size(), now);
-  return true;
 }
 
 void JobControl::StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now,
@@ -1191,53 +1168,12 @@ void JobControl::Apply(const Directive& d, int64_t now) {
     case REGROUP_DIRECTIVE_CONTINUE:
     case REGROUP_DIRECTIVE_WAIT:
       return;  // survivors stay paused (aborted) until the next directive
-    case REGROUP_DIRECTIVE_RETRY: {
-      // A generation formed since the fault (its abort let a pending rejoin form one) already
-      // does the step again: another would cost a regroup and retry nothing more.
-      if (state_ == State::kTraining) {
-        Event(now, "retry", "generation " + std::to_string(generation_) +
-                                ", formed since the fault, does the step again");
-        return;
-      }
-      // An interim generation is retried as it was, and its restarted ranks still rejoin.
-      const bool interim = reconcile_.interim();
-      const std::vector<int64_t> replicas = running_.replicas();
-      FormGeneration(replicas, microbatches_, d.reason, now, interim);
-      if (interim) reconcile_.Await(reconcile_.Rejoin("ranks restarted in place rejoin"));
+    case REGROUP_DIRECTIVE_RETRY:
+      Retry(d, now);
       return;
-    }
-    case REGROUP_DIRECTIVE_RESTART_IN_PLACE: {
-      // Ranks the manager restarted at once (the survivors continued) are not restarted again.
-      auto restart = reconcile_.RanksToRestart(d, pods_, /*skip_restarted_early=*/true);
-      // A generation formed since the fault (its abort let a pending scale-out or rejoin form
-      // one) and trains with these ranks: they are not restarted under it (simulation seed 872:
-      // one was, and the generation then waited for its "rejoin" and lost it).
-      if (state_ == State::kTraining) {
-        std::vector<int64_t> kept;
-        for (auto it = restart.begin(); it != restart.end();) {
-          std::erase_if(it->second, [&](uint32_t l) {
-            if (running_.RankOf(it->first, l) < 0) return false;
-            kept.push_back(running_.RankOf(it->first, l));
-            return true;
-          });
-          it = it->second.empty() ? restart.erase(it) : std::next(it);
-        }
-        if (!kept.empty())
-          Event(now, "restart_in_place",
-                "ranks [" + Join(kept) + "] train in generation " + std::to_string(generation_) +
-                    ", formed since the fault: not restarted for it");
-      }
-      if (!FormedAGeneration()) {
-        BeforeTheFirstGeneration(d, now);
-        return;
-      }
-      for (auto& [pod, locals] : restart) RestartRanks(pod, locals, d.reason);
-      // Wait for them (at a step boundary while training), unless they were all restarted at
-      // once and have rejoined already.
-      if (!restart.empty() || reconcile_.interim() || state_ != State::kTraining)
-        reconcile_.AwaitKeeping(d, reconcile_.known().replicas());
+    case REGROUP_DIRECTIVE_RESTART_IN_PLACE:
+      RestartInPlace(d, now);
       return;
-    }
     case REGROUP_DIRECTIVE_SCALE_OUT:
       if (state_ == State::kTraining) {
         reconcile_.Await(d);  // at the next step boundary
@@ -1260,13 +1196,61 @@ void JobControl::Apply(const Directive& d, int64_t now) {
   }
 }
 
+void JobControl::Retry(const Directive& d, int64_t now) {
+  // A generation formed since the fault (its abort let a pending rejoin form one) already does
+  // the step again: another would cost a regroup and retry nothing more.
+  if (state_ == State::kTraining) {
+    Event(now, "retry", "generation " + std::to_string(generation()) +
+                            ", formed since the fault, does the step again");
+    return;
+  }
+  // An interim generation is retried as it was, and its restarted ranks still rejoin.
+  const bool interim = reconcile_.interim();
+  const std::vector<int64_t> replicas = running().replicas();
+  FormGeneration(replicas, generations_.microbatches(), d.reason, now, interim);
+  if (interim) reconcile_.Await(reconcile_.Rejoin("ranks restarted in place rejoin"));
+}
+
+void JobControl::RestartInPlace(const Directive& d, int64_t now) {
+  // Ranks the manager restarted at once (the survivors continued) are not restarted again.
+  auto restart = reconcile_.RanksToRestart(d, pods_, /*skip_restarted_early=*/true);
+  if (state_ == State::kTraining) KeepTheRunningGenerationsRanks(restart, now);
+  if (!FormedAGeneration()) {
+    BeforeTheFirstGeneration(d, now);
+    return;
+  }
+  for (auto& [pod, locals] : restart) RestartRanks(pod, locals, d.reason);
+  // Wait for them (at a step boundary while training), unless they were all restarted at once
+  // and have rejoined already.
+  if (!restart.empty() || reconcile_.interim() || state_ != State::kTraining)
+    reconcile_.AwaitKeeping(d, reconcile_.known().replicas());
+}
+
+// A generation formed since the fault (its abort let a pending scale-out or rejoin form one)
+// and trains with these ranks: they are not restarted under it (its rejoin would wait for them).
+void JobControl::KeepTheRunningGenerationsRanks(
+    std::map<int64_t, std::vector<uint32_t>>& restart, int64_t now) {
+  std::vector<int64_t> kept;
+  for (auto it = restart.begin(); it != restart.end();) {
+    std::erase_if(it->second, [&](uint32_t l) {
+      if (running().RankOf(it->first, l) < 0) return false;
+      kept.push_back(running().RankOf(it->first, l));
+      return true;
+    });
+    it = it->second.empty() ? restart.erase(it) : std::next(it);
+  }
+  if (!kept.empty())
+    Event(now, "restart_in_place",
+          "ranks [" + Join(kept) + "] train in generation " + std::to_string(generation()) +
+              ", formed since the fault: not restarted for it");
+}
+
 // The ranks a restart in place names are of a generation this incarnation never ran (an earlier
 // manager's; it formed none yet): their places are not its to map. It restarts the processes of
 // its pods that died (whose deaths it reported as an earlier generation's), and its first
 // generation starts every rank: the join's own, or, once its join window closed and it waits for
-// a decision, the one this decision keeps, formed once they are back. (Simulation seed 107 with
-// a coordinator: a joining manager waited for a "rejoin" until it timed out; seed 36747: one
-// waiting after its join window restarted nothing, waited for no replica, and hung.)
+// a decision, the one this decision keeps, formed once they are back. (Waiting for a "rejoin"
+// of replicas it never had would hang it.)
 void JobControl::BeforeTheFirstGeneration(const Directive& d, int64_t now) {
   std::string what;  // "pod 1 local ranks [1], ..."
   for (size_t n = 0; n < pods_.size(); ++n) {
@@ -1310,8 +1294,7 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
     restarted.push_back(a.pod_uid);
     // The decision maker resumes the job once every pod is back: a pod that registered with
     // this incarnation before the restart was decided (a restarted manager's first pods, while
-    // it joined) is back, and may be the replacement it waits for (simulation seed 164 with a
-    // coordinator: a new manager's pods registered as it joined, the restart waited for them).
+    // it joined) is back, and may be the replacement it waits for.
     decisions_->ReplacementRegistered(static_cast<int64_t>(n), a.pod_uid, now);
     // Job level, every pod is given up. Standalone nobody recreates them: each comes back as
     // its own replacement, a new incarnation, as a pod readmitted after its loss does. (Pod
@@ -1346,8 +1329,8 @@ int64_t JobControl::HangTimeoutMs() const {
 // it; one that joined without it (a replica rejoining at the last step's boundary) has nobody
 // left to send it, so training is over once every holder finished.
 bool JobControl::HolderFinished() const {
-  const bool committed_here = commit_.mark() == std::make_pair(options_.epoch, generation_);
-  return std::any_of(running_.places().begin(), running_.places().end(), [&](const RankPlace& p) {
+  const bool committed_here = commit_.mark() == std::make_pair(options_.epoch, generation());
+  return std::any_of(running().places().begin(), running().places().end(), [&](const RankPlace& p) {
     const Agent& a = pods_[p.pod];
     return (committed_here || !p.needs_state) && !a.ranks[p.local_rank].alive() &&
            a.finished.count(p.local_rank);
@@ -1355,8 +1338,8 @@ bool JobControl::HolderFinished() const {
 }
 
 bool JobControl::EveryHolderFinished(int64_t gone_pod) const {
-  const bool committed_here = commit_.mark() == std::make_pair(options_.epoch, generation_);
-  return HolderFinished() && std::none_of(running_.places().begin(), running_.places().end(), [&](const RankPlace& p) {
+  const bool committed_here = commit_.mark() == std::make_pair(options_.epoch, generation());
+  return HolderFinished() && std::none_of(running().places().begin(), running().places().end(), [&](const RankPlace& p) {
            const Agent& a = pods_[p.pod];
            return (committed_here || !p.needs_state) && a.ranks[p.local_rank].alive() &&
                   p.pod != gone_pod;
@@ -1381,12 +1364,12 @@ void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now)
   }
   // Neither a pod whose ranks all finished training nor one lost once every other holder of the
   // trained state finished (cut off during the last step, say) is a fault to recover from: the
-  // first leaves nothing undone, the second ends the training (simulation seed 283).
+  // first leaves nothing undone, the second ends the training.
   if (state_ == State::kTraining) {
     const Agent& a = pods_[pod];
-    bool ranks_finished = !running_.RanksOf(pod).empty();
+    bool ranks_finished = !running().RanksOf(pod).empty();
     for (uint32_t l = 0; l < a.nproc; ++l)
-      ranks_finished = ranks_finished && (running_.RankOf(pod, l) < 0 || a.finished.count(l) > 0);
+      ranks_finished = ranks_finished && (running().RankOf(pod, l) < 0 || a.finished.count(l) > 0);
     const bool over = EveryHolderFinished(pod);
     if (ranks_finished || over) {
       Event(now, "fence",
@@ -1398,7 +1381,7 @@ void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now)
       return;
     }
   }
-  Fault(v1::FAULT_KIND_POD_LOST, {pod}, running_.RanksOf(pod), -1, why, now);
+  Fault(v1::FAULT_KIND_POD_LOST, {pod}, running().RanksOf(pod), -1, why, now);
 }
 
 void JobControl::DetectFailures(int64_t now) {
@@ -1409,7 +1392,7 @@ void JobControl::DetectFailures(int64_t now) {
     return;
   }
   if (state_ != State::kTraining) return;
-  if (auto hang = pods_.FirstHang(running_, generation_, HangTimeoutMs(), commit_.holding(), now))
+  if (auto hang = pods_.FirstHang(running(), generation(), HangTimeoutMs(), commit_.holding(), now))
     Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(hang->index)}, hang->step, hang->why,
           now);
 }
@@ -1465,8 +1448,8 @@ void JobControl::TryFirstGeneration(int64_t now) {
   if (join_started_ms_ < 0) return;
   // A pod here whose processes restart on this manager's order (a job restart) is not missing
   // while they have the hang timeout to come back: reported so, the decision maker would take it
-  // for lost and wait for its replacement for good (sim seed 17333). Past it (a process that
-  // dies as it restarts: seed 21279), it is missing like any other.
+  // for lost and wait for its replacement for good. Past it (a process that dies as it
+  // restarts), it is missing like any other.
   std::vector<int64_t> missing;
   bool restarting = false;
   pods_.NoteRestartsSeen(now);
@@ -1562,9 +1545,9 @@ v1::GetStatusResponse JobControl::StatusReport() const {
   v1::GetStatusResponse s;
   s.set_job_id(spec_.id);
   s.set_epoch(options_.epoch);
-  s.set_generation(generation_);
+  s.set_generation(generation());
   s.set_world_size(world_size());
-  s.set_data_parallel(static_cast<uint32_t>(running_.replicas().size()));
+  s.set_data_parallel(static_cast<uint32_t>(running().replicas().size()));
   s.set_committed_step(commit_.step());
   static const char* kStates[] = {"joining", "training", "aborted", "stopped"};
   s.set_phase(kStates[static_cast<int>(state_)]);
@@ -1581,8 +1564,8 @@ v1::GetStatusResponse JobControl::StatusReport() const {
     ns->set_node_name(a.node_name);
     ns->set_pod_uid(a.pod_uid);
     ns->set_state(a.pod_uid.empty() ? "missing" : kAgentStates[static_cast<int>(a.state)]);
-    for (size_t g = 0; g < running_.size(); ++g)
-      if (running_.places()[g].pod == static_cast<int64_t>(n)) ns->add_ranks(static_cast<uint32_t>(g));
+    for (size_t g = 0; g < running().size(); ++g)
+      if (running().places()[g].pod == static_cast<int64_t>(n)) ns->add_ranks(static_cast<uint32_t>(g));
     ns->set_liveness_timeout_ms(ms(a.silence.TimeoutMs(liveness, now)));
     ns->set_silence_peak_ms(ms(a.silence.PeakMs(now)));
     for (const SilenceBound& r : a.rank_silence) {

@@ -24,6 +24,7 @@
 #include "common/status.h"
 #include "manager/job_record.h"
 #include "manager/event_log.h"
+#include "manager/generations.h"
 #include "manager/pods.h"
 #include "manager/rank_layout.h"
 #include "manager/reconciliation.h"
@@ -33,10 +34,6 @@
 namespace regroup::manager {
 
 namespace v1 = ::regroup::v1;
-
-// The largest generation number an agent's report is believed (2^53: exact in /status's JSON);
-// a larger one is a bad report, and would wrap the next generation's number to 0 ("not known").
-inline constexpr uint64_t kMaxGeneration = uint64_t{1} << 53;
 
 // What the job control tells the decision maker, and what it hears back.
 class Decisions {
@@ -149,12 +146,12 @@ class JobControl {
   }
 
   uint64_t epoch() const { return options_.epoch; }
-  uint64_t generation() const { return generation_; }
+  uint64_t generation() const { return generations_.number(); }
   int64_t committed_step() const { return commit_.step(); }
   bool training() const { return state_ == State::kTraining; }
   // The stop this incarnation sent (the job's end, or only its own), if it stopped.
   const v1::StopTraining* stopped() const { return stop_ ? &stop_->stop() : nullptr; }
-  uint32_t world_size() const { return static_cast<uint32_t>(running_.size()); }
+  uint32_t world_size() const { return static_cast<uint32_t>(running().size()); }
   const JobSpec& spec() const { return spec_; }
   uint32_t heartbeat_interval_ms() const { return heartbeat_interval_ms_; }
   // The event log: the newest JobControlOptions::event_log events, and how many were ever logged.
@@ -238,6 +235,12 @@ class JobControl {
   // declared lost, and the decision maker decides again.
   void CheckPendingWait(int64_t now);
   void Apply(const Directive& d, int64_t now);
+  void Retry(const Directive& d, int64_t now);
+  void RestartInPlace(const Directive& d, int64_t now);
+  // Of the ranks a restart in place names, those that train in the running generation (formed
+  // since the fault) are kept, not restarted.
+  void KeepTheRunningGenerationsRanks(std::map<int64_t, std::vector<uint32_t>>& restart,
+                                      int64_t now);
   // MindCluster's rescheduling (RESTART_JOB): every process of the job restarts and resumes from
   // the newest checkpoint, so the next generation resumes after the step the restarted ranks
   // hold, not after the last commit.
@@ -249,6 +252,21 @@ class JobControl {
   // keeps the generation before it as its frame of ranks).
   bool FormGeneration(const std::vector<int64_t>& replicas, const std::vector<int64_t>& micro,
                       const std::string& reason, int64_t now, bool interim = false);
+  // Whether a generation may be formed over these replicas now: some, each ready, and this
+  // incarnation not fenced.
+  bool MayForm(const std::vector<int64_t>& replicas, int64_t now);
+  // Whether the ranks of these replicas hold every shard of the committed state between them;
+  // if not, the decision maker hears so (state_lost), once a step.
+  bool StateHeld(const std::vector<int64_t>& replicas, int64_t now);
+  // The micro-batches of one step (0: no batch is configured).
+  int64_t MicrobatchesPerStep() const;
+  // The generation just formed is the one on the durable record.
+  void RecordGeneration();
+  // The plan of the generation just formed, its store on the host of rank 0.
+  v1::GenerationPlan Plan(const std::string& reason);
+  // Each pod that trains or stands by hears the plan, with its ranks.
+  void SendStarts(const v1::GenerationPlan& plan, int64_t now);
+  const RankLayout& running() const { return generations_.running(); }
   // Whether this incarnation must commit nothing more: fenced by the decision maker (at once)
   // or by the stored record (looked at when `record`: JobControlOptions::stored_record), or the
   // job ended on record under another incarnation.
@@ -316,23 +334,18 @@ class JobControl {
   bool majority_reported_ = false;  // "waiting for a majority" said once
   bool missing_reported_ = false;   // the missing pods were reported to the decision maker
 
-  uint64_t generation_ = 0;                    // n of (epoch, n)
   uint64_t directive_id_ = 0;
-  RankLayout running_;  // the running generation's ranks (the last one formed)
+  Generations generations_;  // the running generation and how it was formed
   bool job_restarting_ = false;  // RESTART_JOB applied, no generation formed since
   bool restart_on_record_ = false;  // ... by another incarnation: it is on the durable record
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
   std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (pod, pid) EarlierProcessDied told
   int64_t state_lost_step_ = -2;  // the committed step whose state_lost the decision maker heard
-  std::vector<std::string> generation_uids_;  // by pod: the pod in the running generation
-  std::vector<int64_t> microbatches_;
-  uint32_t generation_agents_ = 0;
   StepCommit commit_;  // the vote and the commit
 
   std::optional<v1::ManagerMessage> stop_;     // the StopTraining that ended the job or this
                                                // incarnation
   std::optional<v1::ManagerMessage> abort_;    // the AbortGeneration of the running generation
-  std::vector<std::optional<v1::ManagerMessage>> starts_;  // [pod] its StartGeneration
   std::set<int64_t> leaving_;                  // agents that asked to leave (SIGTERM)
   int64_t abort_ms_ = -1;                      // when the running generation was aborted
   int64_t last_tick_ms_ = -1;                  // the previous Tick (a stall is not the pods')

@@ -415,38 +415,8 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
                                " is out of range: the pod runs " + std::to_string(agent->nproc));
       OnProcessExit(pod, message.process_exit(), now);
       return Status::Ok();
-    case v1::AgentMessage::kFault: {
-      const auto& f = message.fault();
-      std::vector<uint32_t> ranks;
-      for (uint32_t l : f.local_ranks()) {
-        if (l >= agent->nproc)
-          return InvalidArgument("local rank " + std::to_string(l) + " is out of range");
-        if (int64_t r = running().RankOf(pod, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
-      }
-      if (state_ != State::kTraining) return Status::Ok();  // already handling a fault
-      // A late report of a generation already replaced (its collective failed as it ended)
-      // says nothing about the one running now.
-      if (f.generation() != 0 && f.generation() < generation()) {
-        Event(now, "stale_fault", "ignored a fault of generation " +
-                                      std::to_string(f.generation()) + " (now " +
-                                      std::to_string(generation()) + "): " +
-                                      BoundedText(f.detail(), 256));
-        return Status::Ok();
-      }
-      // A collective failed while a pod of the generation has no stream: that pod is gone (its
-      // peers lost their connections to it), not merely reconnecting. Declared lost at once,
-      // so the decision sees the lost pod, not only a failed collective.
-      for (size_t n = 0; n < pods_.size(); ++n)
-        if (pods_[static_cast<int64_t>(n)].state == AgentState::kActive && !pods_[static_cast<int64_t>(n)].connected)
-          LoseSilentPod(static_cast<int64_t>(n),
-                        "the stream of pod " + pods_[static_cast<int64_t>(n)].pod_uid +
-                            " broke and its peers' collectives failed",
-                        now);
-      // No kind, or one this manager does not know (a newer agent): a failed collective.
-      Fault(EngineFaultKind(f.kind()).empty() ? v1::FAULT_KIND_COLLECTIVE_ERROR : f.kind(), {},
-            ranks, f.step(), BoundedText(f.detail(), kMaxDetailBytes), now);
-      return Status::Ok();
-    }
+    case v1::AgentMessage::kFault:
+      return OnFault(pod, message.fault(), now);
     case v1::AgentMessage::kVotes:
       return OnVotes(pod, message.votes(), now);
     case v1::AgentMessage::kLeave:
@@ -459,6 +429,38 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
     default:
       return InvalidArgument("the message has no body");
   }
+}
+
+Status JobControl::OnFault(int64_t pod, const v1::FaultReport& f, int64_t now) {
+  std::vector<uint32_t> ranks;
+  for (uint32_t l : f.local_ranks()) {
+    if (l >= pods_[pod].nproc)
+      return InvalidArgument("local rank " + std::to_string(l) + " is out of range");
+    if (int64_t r = running().RankOf(pod, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
+  }
+  if (state_ != State::kTraining) return Status::Ok();  // already handling a fault
+  // A late report of a generation already replaced (its collective failed as it ended) says
+  // nothing about the one running now.
+  if (f.generation() != 0 && f.generation() < generation()) {
+    Event(now, "stale_fault",
+          "ignored a fault of generation " + std::to_string(f.generation()) + " (now " +
+              std::to_string(generation()) + "): " + BoundedText(f.detail(), 256));
+    return Status::Ok();
+  }
+  // A collective failed while a pod of the generation has no stream: that pod is gone (its peers
+  // lost their connections to it), not merely reconnecting. Declared lost at once, so the
+  // decision sees the lost pod, not only a failed collective.
+  for (size_t i = 0; i < pods_.size(); ++i) {
+    const auto n = static_cast<int64_t>(i);
+    if (pods_[n].state == AgentState::kActive && !pods_[n].connected)
+      LoseSilentPod(n, "the stream of pod " + pods_[n].pod_uid +
+                           " broke and its peers' collectives failed",
+                    now);
+  }
+  // No kind, or one this manager does not know (a newer agent): a failed collective.
+  Fault(EngineFaultKind(f.kind()).empty() ? v1::FAULT_KIND_COLLECTIVE_ERROR : f.kind(), {},
+        ranks, f.step(), BoundedText(f.detail(), kMaxDetailBytes), now);
+  return Status::Ok();
 }
 
 void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t now) {
@@ -813,39 +815,8 @@ void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
 }
 
 bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t now) {
-  if (!config_.survivors_continue || !config_.recovery_on() ||
-      config_.process_recover_mode() != ProcessRecover::kOn ||
-      !config_.allows(Strategy::kRecoverInPlace) || state_ != State::kAborted ||
-      !decisions_->Available())
-    return false;
-  // Only over a plain abort or an earlier continuation: a directive in progress keeps its course.
-  if (reconcile_.pending() && reconcile_.pending()->kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE)
-    return false;
-  // A step that failed again before any commit may be poison (a sample that kills whoever trains
-  // it): continuing past it would hand it to the next survivor, until no rank holds the committed
-  // state. The survivors keep it and wait for the decision maker (its poison-step guard).
-  if (reconcile_.ContinuedAfter(commit_.step())) {
-    Event(now, "wait",
-          "step " + std::to_string(commit_.step() + 1) + " failed again before any commit (" +
-              reason + "): the survivors keep their state and wait for the decision maker");
-    return false;
-  }
-  std::vector<int64_t> keep;
-  for (int64_t r : running().replicas())
-    if (ReplicaReady(r)) keep.push_back(r);
-  const auto dp = static_cast<int64_t>(keep.size());
-  const int64_t micro_total = MicrobatchesPerStep();
-  if (keep.empty() || keep.size() == running().replicas().size() || dp < config_.min_data_parallel ||
-      (config_.even_split && micro_total > 0 && micro_total % dp != 0))
-    return false;
-  // The survivors must hold every shard of the state between them (a rank restarted in place
-  // earlier, not yet given the state, holds none): else the decision maker decides.
-  if (!PositionsUnheld(keep).empty()) {
-    Event(now, "wait",
-          "the survivors of " + reason + " do not hold every shard of the state between them: "
-          "they wait for the decision maker");
-    return false;
-  }
+  const std::vector<int64_t> keep = Survivors(reason, now);
+  if (keep.empty()) return false;
   // Every dead process must be restartable here: its agent connected and in the job.
   std::vector<int64_t> restart_pods;
   for (size_t n = 0; n < pods_.size(); ++n) {
@@ -864,23 +835,63 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
     std::vector<uint32_t> locals(a.failed.begin(), a.failed.end());
     for (uint32_t l : locals) {
       reconcile_.RestartedEarly(n, l);
-      restarted += (restarted.empty() ? "" : ", ") + std::to_string(reconcile_.known().RankOf(n, l));
+      restarted += (restarted.empty() ? "" : ", ") +
+                   std::to_string(reconcile_.known().RankOf(n, l));
     }
     RestartRanks(n, locals, "recover-in-place at once: " + reason);
   }
   Event(now, "restart_in_place",
         "ranks " + restarted + " restart in place; replicas " + Join(left) +
-            " leave until they are back, the other " + std::to_string(dp) +
+            " leave until they are back, the other " + std::to_string(keep.size()) +
             " train on (survivors continued)");
-  // The generation to come back to is the one the decision maker knows (the running one may already
-  // be an interim one).
-  Directive rejoin = reconcile_.Rejoin("ranks " + restarted + " restarted in place rejoin (" + reason + ")");
+  // The generation to come back to is the one the decision maker knows (the running one may
+  // already be an interim one).
+  Directive rejoin =
+      reconcile_.Rejoin("ranks " + restarted + " restarted in place rejoin (" + reason + ")");
   if (!FormGeneration(keep, {}, "survivors continue while ranks " + restarted +
                                     " restart in place (" + reason + ")",
                       now, /*interim=*/true))
     return false;
   reconcile_.Continued(std::move(rejoin), commit_.step());
   return true;
+}
+
+std::vector<int64_t> JobControl::Survivors(const std::string& reason, int64_t now) {
+  if (!config_.survivors_continue || !config_.recovery_on() ||
+      config_.process_recover_mode() != ProcessRecover::kOn ||
+      !config_.allows(Strategy::kRecoverInPlace) || state_ != State::kAborted ||
+      !decisions_->Available())
+    return {};
+  // Only over a plain abort or an earlier continuation: a directive in progress keeps its course.
+  if (reconcile_.pending() && reconcile_.pending()->kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE)
+    return {};
+  // A step that failed again before any commit may be poison (a sample that kills whoever trains
+  // it): continuing past it would hand it to the next survivor, until no rank holds the committed
+  // state. The survivors keep it and wait for the decision maker (its poison-step guard).
+  if (reconcile_.ContinuedAfter(commit_.step())) {
+    Event(now, "wait",
+          "step " + std::to_string(commit_.step() + 1) + " failed again before any commit (" +
+              reason + "): the survivors keep their state and wait for the decision maker");
+    return {};
+  }
+  std::vector<int64_t> keep;
+  for (int64_t r : running().replicas())
+    if (ReplicaReady(r)) keep.push_back(r);
+  const auto dp = static_cast<int64_t>(keep.size());
+  const int64_t micro_total = MicrobatchesPerStep();
+  if (keep.empty() || keep.size() == running().replicas().size() ||
+      dp < config_.min_data_parallel ||
+      (config_.even_split && micro_total > 0 && micro_total % dp != 0))
+    return {};
+  // The survivors must hold every shard of the state between them (a rank restarted in place
+  // earlier, not yet given the state, holds none): else the decision maker decides.
+  if (!PositionsUnheld(keep).empty()) {
+    Event(now, "wait",
+          "the survivors of " + reason + " do not hold every shard of the state between them: "
+          "they wait for the decision maker");
+    return {};
+  }
+  return keep;
 }
 
 void JobControl::CheckPendingWait(int64_t now) {
@@ -1330,7 +1341,8 @@ int64_t JobControl::HangTimeoutMs() const {
 // left to send it, so training is over once every holder finished.
 bool JobControl::HolderFinished() const {
   const bool committed_here = commit_.mark() == std::make_pair(options_.epoch, generation());
-  return std::any_of(running().places().begin(), running().places().end(), [&](const RankPlace& p) {
+  const std::vector<RankPlace>& places = running().places();
+  return std::any_of(places.begin(), places.end(), [&](const RankPlace& p) {
     const Agent& a = pods_[p.pod];
     return (committed_here || !p.needs_state) && !a.ranks[p.local_rank].alive() &&
            a.finished.count(p.local_rank);
@@ -1339,7 +1351,8 @@ bool JobControl::HolderFinished() const {
 
 bool JobControl::EveryHolderFinished(int64_t gone_pod) const {
   const bool committed_here = commit_.mark() == std::make_pair(options_.epoch, generation());
-  return HolderFinished() && std::none_of(running().places().begin(), running().places().end(), [&](const RankPlace& p) {
+  const std::vector<RankPlace>& places = running().places();
+  return HolderFinished() && std::none_of(places.begin(), places.end(), [&](const RankPlace& p) {
            const Agent& a = pods_[p.pod];
            return (committed_here || !p.needs_state) && a.ranks[p.local_rank].alive() &&
                   p.pod != gone_pod;
@@ -1565,7 +1578,8 @@ v1::GetStatusResponse JobControl::StatusReport() const {
     ns->set_pod_uid(a.pod_uid);
     ns->set_state(a.pod_uid.empty() ? "missing" : kAgentStates[static_cast<int>(a.state)]);
     for (size_t g = 0; g < running().size(); ++g)
-      if (running().places()[g].pod == static_cast<int64_t>(n)) ns->add_ranks(static_cast<uint32_t>(g));
+      if (running().places()[g].pod == static_cast<int64_t>(n))
+        ns->add_ranks(static_cast<uint32_t>(g));
     ns->set_liveness_timeout_ms(ms(a.silence.TimeoutMs(liveness, now)));
     ns->set_silence_peak_ms(ms(a.silence.PeakMs(now)));
     for (const SilenceBound& r : a.rank_silence) {

@@ -6,6 +6,12 @@
 // Who decides what (docs/design.md): the job control carries out directives; the scheduling
 // decisions (wait, scale in or out, dump, exit) come from a Decisions source: the engine embedded
 // in the manager (standalone) or the coordinator in the scheduler.
+//
+// Its parts, each the one owner of its state: Pods (registration and liveness, pods.h),
+// Generations (the running generation, generations.h), StepCommit (the vote and the commit,
+// step_commit.h) and Reconciliation (the directives carried out, reconciled with what the manager
+// did first, reconciliation.h). JobControl wires them, and keeps the job's phase, the durable
+// record, the aborts and the stops.
 #pragma once
 
 #include <cstdint>
@@ -114,7 +120,8 @@ class JobControl {
   JobControl(JobSpec spec, JobConfig config, JobControlOptions options,
              std::unique_ptr<Decisions> decisions);
 
-  // An agent stream's first message. On success the stream belongs to the returned node rank.
+  // An agent stream's first message. On success the stream belongs to the returned pod index
+  // (the agent's node rank).
   // Refused (with the status to answer): another job, a duplicate node rank, a zombie pod uid, a
   // node rank out of range, a fenced epoch.
   StatusOr<int64_t> Register(uint64_t stream, const v1::Header& header, const v1::Register& reg,
@@ -181,15 +188,17 @@ class JobControl {
   void Send(int64_t pod, v1::ManagerMessage message, bool close = false);
   v1::Header MakeHeader() const;
 
+  Status OnFault(int64_t pod, const v1::FaultReport& fault, int64_t now);
   void OnProcessExit(int64_t pod, const v1::ProcessExit& exit, int64_t now);
   Status OnVotes(int64_t pod, const v1::Votes& votes, int64_t now);
   void OnLeave(int64_t pod, const v1::Leave& leave, int64_t now);
   void Depart(int64_t pod, int64_t now);
 
   // A fault: abort the generation at once and tell the decision maker. `ranks` are of the
-  // running generation; the decision maker hears them as ranks of the generation it knows (see
-  // known_), plus `known_ranks` already in that frame (ranks outside the running one),
-  // plus the ranks it numbers `local_ranks` of the one pod in `pods` (FaultFacts.local_ranks).
+  // running generation; the decision maker hears them as ranks of the generation it knows
+  // (Reconciliation::KnownRank), plus `known_ranks` already in that frame (ranks outside the
+  // running one), plus the ranks it numbers `local_ranks` of the one pod in `pods`
+  // (FaultFacts.local_ranks).
   void Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
              int64_t step, const std::string& detail, int64_t now,
              const std::vector<uint32_t>& known_ranks = {},
@@ -204,6 +213,9 @@ class JobControl {
   // replicas form the next generation now. The restarted ranks rejoin at a step boundary
   // (pending_). False when the job waits instead (dp 1, no replica left whole, the strategies).
   bool ContinueWithoutFailedRanks(const std::string& reason, int64_t now);
+  // The replicas that may train on without the failed ranks of `reason`, or none when the
+  // survivors may not continue.
+  std::vector<int64_t> Survivors(const std::string& reason, int64_t now);
   // Every rank of replica r is up: its agent usable, the process alive, said hello, not
   // restarting.
   bool ReplicaReady(int64_t replica) const;

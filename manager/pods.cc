@@ -198,8 +198,8 @@ void Pods::ForgiveStall(int64_t stall) {
 
 bool Pods::BeatsAgain(const Agent& a, uint32_t local, int64_t now) const {
   const v1::LocalRank& r = a.ranks[local];
-  return r.pid() != a.hung.at(local) ||
-         static_cast<int64_t>(r.beat_age_ms()) <= a.rank_silence[local].TimeoutMs(liveness_ms_, now);
+  return r.pid() != a.hung.at(local) || static_cast<int64_t>(r.beat_age_ms()) <=
+                                            a.rank_silence[local].TimeoutMs(liveness_ms_, now);
 }
 
 std::optional<Pods::Finding> Pods::FirstSilent(int64_t now) const {

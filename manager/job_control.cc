@@ -87,11 +87,12 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
       log_(options_.event_log),
       pods_(spec_.pods, LivenessMs()),
       reconcile_(log_),
+      join_(options_.join_window_ms, log_),
       generations_(spec_.pods, spec_.processes_per_pod, layout_.replica_ranks()) {
   if (options_.record) {
     const JobRecord& before = *options_.record;
     for (const auto& uid : before.lost) Forget(uid);
-    previous_members_ = before.members;
+    join_.OnRecord(before.members);
     if (before.stopped) {
       // The job ended before this incarnation: every pod that registers is told so.
       v1::ManagerMessage m;
@@ -168,15 +169,14 @@ bool JobControl::LookAtRecord(int64_t now) {
   // on record as it is now: an older incarnation still running beside it may have formed
   // another since this one started (with fewer pods, or others).
   if (stored && !FormedAGeneration() && !stored->members.empty() &&
-      stored->members != previous_members_) {
+      stored->members != join_.members()) {
     Event(now, "record",
           "manager epoch " + std::to_string(stored->leader_epoch) + " formed generation " +
               std::to_string(stored->generation) + " of " +
               std::to_string(stored->members.size()) +
               " pods since: the majority is of those now");
-    previous_members_ = stored->members;
+    join_.OnRecord(stored->members);
     record_.members = stored->members;
-    majority_reported_ = false;
     if (restart_on_record_ && !stored->restarting) {  // that generation ended the restart
       job_restarting_ = restart_on_record_ = false;
       record_.restarting = false;
@@ -343,7 +343,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
               : state_ == State::kJoining ? AgentState::kRegistered
                                           : AgentState::kStandby,
               now);
-  if (join_started_ms_ < 0) join_started_ms_ = now;
+  join_.Opened(now);
   Registered(pod, resumed, replacement, now);
   return pod;
 }
@@ -361,7 +361,7 @@ void JobControl::Registered(int64_t pod, bool resumed, bool replacement, int64_t
   // changes nothing there.
   const bool joining_remote = state_ == State::kJoining && decisions_->ReplacesPods();
   if (!resumed && (replacement || job_restarting_ || joining_remote ||
-                   (state_ != State::kJoining && (generation() > 0 || missing_reported_))))
+                   (state_ != State::kJoining && (generation() > 0 || join_.missing_reported()))))
     decisions_->ReplacementRegistered(pod, a.pod_uid, now);
   Event(now, resumed ? "resume" : "register",
         "pod " + a.pod_uid + (resumed ? " resumed its session" : " registered") +
@@ -1090,7 +1090,7 @@ void JobControl::RecordGeneration() {
   record_.members.clear();
   for (int64_t n : running().Pods()) record_.members.push_back({n, pods_[n].pod_uid});
   record_changed_ = true;
-  previous_members_.clear();  // this generation is the one on record now
+  join_.Formed();  // this generation is the one on record now
 }
 
 v1::GenerationPlan JobControl::Plan(const std::string& reason) {
@@ -1410,46 +1410,21 @@ void JobControl::DetectFailures(int64_t now) {
           now);
 }
 
-// After a manager restart, only a majority of the last generation may form a new one, so two
-// managers can never both train. The durable record names the members (a member readmitted as
-// its own replacement since counts: it is the same pod), and fresh pods never count; without a
-// record, the agents' own word (the size of the last generation they followed) is all there is.
-// A majority that does not come back within the join window and the decision wait ends the job
-// the way an unreachable decision maker does (dump if allowed, else exit).
+// After a manager restart, only a majority of the last generation may form a new one
+// (JoinWindow). A majority that does not come back within the join window and the decision wait
+// ends this incarnation the way an unreachable decision maker does (dump if allowed, else exit).
 bool JobControl::MajorityBack(int64_t now) {
-  uint32_t back = 0, needed_of = 0;
-  if (!previous_members_.empty()) {
-    needed_of = static_cast<uint32_t>(previous_members_.size());
-    for (const auto& m : previous_members_) {
-      if (m.node_rank < 0 || m.node_rank >= spec_.pods) continue;
-      const Agent& a = pods_[m.node_rank];
-      // The member, or the member's pod readmitted under a new incarnation of its uid.
-      back += a.connected && a.state != AgentState::kLost &&
-              PodOfUid(a.pod_uid) == PodOfUid(m.uid);
-    }
-  } else {
-    for (const Agent& a : pods_.all()) {
-      needed_of = std::max(needed_of, a.last_generation_agents);
-      // One with a failed process is still with this manager, not with another one.
-      back += a.connected && a.state != AgentState::kLost;
-    }
-  }
-  if (needed_of == 0 || back * 2 > needed_of) return true;
-  const std::string what = "only " + std::to_string(back) + " of the last generation's " +
-                           std::to_string(needed_of) + " pods " +
-                           (previous_members_.empty() ? "registered" : "on record came back");
-  if (!majority_reported_) {
-    majority_reported_ = true;
-    Event(now, "error", what + ": waiting for a majority before forming a generation");
-  }
-  const int64_t give_up = join_started_ms_ + options_.join_window_ms + config_.mindio_wait_s * 1000;
+  const std::optional<std::string> missing = join_.MajorityMissing(pods_, now);
+  if (!missing) return true;
+  const int64_t give_up =
+      join_.started_ms() + options_.join_window_ms + config_.mindio_wait_s * 1000;
   // A newer incarnation may have formed a generation meanwhile (these pods reached this one as
   // others reached it): this one is fenced, which its pods are told instead.
-  const std::vector<JobRecord::Member> members = previous_members_;
-  if (now >= give_up && !LookAtRecord(now) && previous_members_ == members) {
+  const std::vector<JobRecord::Member> members = join_.members();
+  if (now >= give_up && !LookAtRecord(now) && join_.members() == members) {
     const bool dump = config_.allows(Strategy::kDump);
     StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT,
-            what + " within the join window and the decision wait (MINDIO_WAIT_MINDX_TIME); " +
+            *missing + " within the join window and the decision wait (MINDIO_WAIT_MINDX_TIME); " +
                 (dump ? "survivors dump a checkpoint and this incarnation stops"
                       : "this incarnation stops"),
             now, StopScope::kIncarnation);
@@ -1458,7 +1433,7 @@ bool JobControl::MajorityBack(int64_t now) {
 }
 
 void JobControl::TryFirstGeneration(int64_t now) {
-  if (join_started_ms_ < 0) return;
+  if (!join_.open()) return;
   // A pod here whose processes restart on this manager's order (a job restart) is not missing
   // while they have the hang timeout to come back: reported so, the decision maker would take it
   // for lost and wait for its replacement for good. Past it (a process that dies as it
@@ -1475,7 +1450,7 @@ void JobControl::TryFirstGeneration(int64_t now) {
     else
       missing.push_back(static_cast<int64_t>(n));
   }
-  const bool window_over = now >= join_started_ms_ + options_.join_window_ms;
+  const bool window_over = join_.Over(now);
   if (!missing.empty() && !window_over) return;
   if (!MajorityBack(now)) return;
   std::vector<int64_t> all;
@@ -1485,8 +1460,7 @@ void JobControl::TryFirstGeneration(int64_t now) {
       FormGeneration(all, {}, "all " + std::to_string(pods_.size()) + " pods registered", now);
     return;
   }
-  if (missing_reported_) return;
-  missing_reported_ = true;
+  if (!join_.ReportMissing()) return;
   std::string why;
   std::vector<bool> available(pods_.size());
   for (size_t n = 0; n < pods_.size(); ++n) available[n] = pods_.Ready(static_cast<int64_t>(n));

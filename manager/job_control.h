@@ -29,6 +29,7 @@
 #include "plugin/sizing.h"
 #include "common/status.h"
 #include "manager/job_record.h"
+#include "manager/join_window.h"
 #include "manager/event_log.h"
 #include "manager/generations.h"
 #include "manager/pods.h"
@@ -338,13 +339,10 @@ class JobControl {
   EventLog log_;
   Pods pods_;  // registration and liveness
   Reconciliation reconcile_;  // the decisions carried out, reconciled with what the manager did
+  JoinWindow join_;           // the first generation's rendezvous
   JobRecord record_;
   bool record_changed_ = true;
   bool superseded_ = false;
-  std::vector<JobRecord::Member> previous_members_;  // the record's last generation, until formed
-  int64_t join_started_ms_ = -1;
-  bool majority_reported_ = false;  // "waiting for a majority" said once
-  bool missing_reported_ = false;   // the missing pods were reported to the decision maker
 
   uint64_t directive_id_ = 0;
   Generations generations_;  // the running generation and how it was formed

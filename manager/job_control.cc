@@ -16,39 +16,9 @@ namespace {
 
 std::string FaultKindText(v1::FaultKind kind) { return std::string(EngineFaultKind(kind)); }
 
-// Steps beyond this are refused: no job runs 10^15 steps, and arithmetic on them stays safe.
-constexpr int64_t kMaxStep = 1'000'000'000'000'000;
-
-// Store ports: how many of an agent's reported free ports are kept (an agent reports 4), and how
-// many of the latest stores' ports are never given out again.
-constexpr size_t kMaxFreePorts = 16;
-constexpr size_t kRecentStorePorts = 64;
 // How often a running incarnation looks at the stored record besides before every commit (a
 // stat of the file; a read only when it changed).
 constexpr int64_t kRecordLookMs = 1000;
-
-// A rank's state as an agent reports it: steps within [-1, kMaxStep] and a local rank the pod
-// has. The error names what is wrong.
-Status CheckRanks(const google::protobuf::RepeatedPtrField<v1::LocalRank>& ranks, uint32_t nproc) {
-  for (const auto& r : ranks) {
-    if (r.local_rank() >= nproc)
-      return InvalidArgument("local rank " + std::to_string(r.local_rank()) +
-                             " is out of range: the pod runs " + std::to_string(nproc));
-    for (int64_t step : {r.step(), r.committed_step(), r.heard_commit_step()})
-      if (step < -1 || step > kMaxStep)
-        return InvalidArgument("local rank " + std::to_string(r.local_rank()) + " reports step " +
-                               std::to_string(step) + ", outside -1 to " +
-                               std::to_string(kMaxStep));
-  }
-  return Status::Ok();
-}
-
-// Said of a silence bound longer than the liveness timeout (silence_bound.h).
-std::string Stretched(int64_t bound, int64_t liveness) {
-  if (bound <= liveness) return "";
-  return "; its timeout was " + std::to_string(bound) +
-         " ms, stretched from the liveness timeout for beats that lately came late";
-}
 
 std::string Join(const std::vector<int64_t>& items) {
   std::string out;
@@ -114,14 +84,15 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
       heartbeat_interval_ms_(options.heartbeat_interval_ms
                                  ? options.heartbeat_interval_ms
                                  : static_cast<uint32_t>(config_.heartbeat_interval_ms)),
-      agents_(static_cast<size_t>(spec_.pods)),
-      rank_of_(static_cast<size_t>(spec_.pods)),
-      generation_uids_(static_cast<size_t>(spec_.pods)),
-      starts_(static_cast<size_t>(spec_.pods)) {
+      log_(options_.event_log),
+      pods_(spec_.pods, LivenessMs()),
+      reconcile_(log_),
+      join_(options_.join_window_ms, log_),
+      generations_(spec_.pods, spec_.processes_per_pod, layout_.replica_ranks()) {
   if (options_.record) {
     const JobRecord& before = *options_.record;
     for (const auto& uid : before.lost) Forget(uid);
-    previous_members_ = before.members;
+    join_.OnRecord(before.members);
     if (before.stopped) {
       // The job ended before this incarnation: every pod that registers is told so.
       v1::ManagerMessage m;
@@ -149,6 +120,7 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
 std::optional<JobRecord> JobControl::TakeRecord() {
   if (!record_changed_ || superseded_) return std::nullopt;
   record_changed_ = false;
+  record_.lost = pods_.lost();
   return record_;
 }
 
@@ -197,15 +169,14 @@ bool JobControl::LookAtRecord(int64_t now) {
   // on record as it is now: an older incarnation still running beside it may have formed
   // another since this one started (with fewer pods, or others).
   if (stored && !FormedAGeneration() && !stored->members.empty() &&
-      stored->members != previous_members_) {
+      stored->members != join_.members()) {
     Event(now, "record",
           "manager epoch " + std::to_string(stored->leader_epoch) + " formed generation " +
               std::to_string(stored->generation) + " of " +
               std::to_string(stored->members.size()) +
               " pods since: the majority is of those now");
-    previous_members_ = stored->members;
+    join_.OnRecord(stored->members);
     record_.members = stored->members;
-    majority_reported_ = false;
     if (restart_on_record_ && !stored->restarting) {  // that generation ended the restart
       job_restarting_ = restart_on_record_ = false;
       record_.restarting = false;
@@ -219,21 +190,14 @@ bool JobControl::LookAtRecord(int64_t now) {
           "a job restart is on record: pods whose processes predate it restart them");
     job_restarting_ = restart_on_record_ = true;
     record_.restarting = true;
-    for (size_t n = 0; n < agents_.size(); ++n)
+    for (size_t n = 0; n < pods_.size(); ++n)
       RestartIfItPredatesTheJobRestart(static_cast<int64_t>(n));
   }
   return false;
 }
 
 void JobControl::Forget(const std::string& uid) {
-  if (uid.empty() || !lost_uids_.insert(uid).second) return;
-  record_.lost.push_back(uid);
-  if (record_.lost.size() > JobRecord::kMaxLost) {
-    lost_uids_.erase(record_.lost.front());
-    replace_uids_.erase(record_.lost.front());
-    record_.lost.erase(record_.lost.begin());
-  }
-  record_changed_ = true;
+  if (pods_.Forget(uid)) record_changed_ = true;
 }
 
 v1::Header ManagerHeader(const std::string& job_id, uint64_t epoch, uint64_t generation) {
@@ -246,7 +210,7 @@ v1::Header ManagerHeader(const std::string& job_id, uint64_t epoch, uint64_t gen
 }
 
 v1::Header JobControl::MakeHeader() const {
-  return ManagerHeader(spec_.id, options_.epoch, generation_);
+  return ManagerHeader(spec_.id, options_.epoch, generation());
 }
 
 v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fenced,
@@ -256,7 +220,7 @@ v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fence
   v1::Refusal& r = *m.mutable_refusal();
   r.set_reason(reason);
   r.set_epoch(options_.epoch);
-  r.set_generation(generation_);
+  r.set_generation(generation());
   r.set_directive_id(directive_id_);
   r.set_fenced(fenced);
   r.set_readmit(fenced && readmit);
@@ -264,31 +228,18 @@ v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fence
 }
 
 void JobControl::Event(int64_t now, const std::string& kind, const std::string& message) {
-  v1::JobEvent e;
-  e.set_at_ms(now);
-  e.set_kind(kind);
-  e.set_message(message);
-  events_.push_back(std::move(e));
-  ++events_logged_;
-  while (events_.size() > options_.event_log) events_.pop_front();
+  log_.Add(now, kind, message);
 }
 
-void JobControl::Send(int64_t node_rank, v1::ManagerMessage message, bool close) {
+void JobControl::Send(int64_t pod, v1::ManagerMessage message, bool close) {
   *message.mutable_header() = MakeHeader();
-  outgoing_.push_back({node_rank, std::move(message), close});
+  outgoing_.push_back({pod, std::move(message), close});
 }
 
 std::vector<JobControl::Outgoing> JobControl::TakeOutgoing() {
   std::vector<Outgoing> out;
   out.swap(outgoing_);
   return out;
-}
-
-JobControl::Agent* JobControl::AgentOf(uint64_t stream, int64_t* node_rank) {
-  auto it = stream_node_.find(stream);
-  if (it == stream_node_.end()) return nullptr;
-  *node_rank = it->second;
-  return &agents_[static_cast<size_t>(it->second)];
 }
 
 bool JobControl::Ready(const std::vector<int64_t>& replicas) const {
@@ -302,31 +253,13 @@ bool JobControl::ReplicaReady(int64_t replica) const {
   const int64_t ppp = spec_.processes_per_pod;
   for (int64_t local = 0; local < per_replica; ++local) {
     const int64_t global = replica * per_replica + local;
-    const Agent& a = agents_[static_cast<size_t>(global / ppp)];
-    const auto l = static_cast<uint32_t>(global % ppp);
-    if (!a.usable() || a.restarting.count(l) || a.ranks.size() != a.nproc) return false;
-    // Alive and said hello to its agent (not STARTING): a generation formed before would leave
-    // the survivors waiting in its rendezvous.
-    const v1::LocalRank& r = a.ranks[l];
-    if (!r.alive() || r.phase() == v1::PHASE_STARTING || r.phase() == v1::PHASE_UNSPECIFIED)
-      return false;
+    if (!pods_.RankReady(global / ppp, static_cast<uint32_t>(global % ppp))) return false;
   }
   return true;
 }
 
-bool JobControl::Available(int64_t node) const {
-  const Agent& a = agents_[static_cast<size_t>(node)];
-  if (!a.usable() || !a.restarting.empty()) return false;
-  // Every process must be alive and have said hello to its agent (not STARTING): a generation
-  // formed before would leave the survivors waiting in its rendezvous.
-  for (const auto& r : a.ranks)
-    if (!r.alive() || r.phase() == v1::PHASE_STARTING || r.phase() == v1::PHASE_UNSPECIFIED)
-      return false;
-  return a.ranks.size() == a.nproc;
-}
-
-StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header,
-                                       const v1::Register& reg, int64_t now) {
+StatusOr<int64_t> JobControl::Admissible(const v1::Header& header,
+                                         const v1::Register& reg) const {
   if (header.job_id() != spec_.id)
     return NotFound("this manager serves job " + spec_.id + ", not " + header.job_id());
   if (header.epoch() > options_.epoch)
@@ -338,7 +271,7 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   if (header.sender() != reg.pod_uid())
     return InvalidArgument("the header's sender " + header.sender() +
                            " is not the registering pod " + reg.pod_uid());
-  if (lost_uids_.count(reg.pod_uid()))
+  if (pods_.IsFenced(reg.pod_uid()))
     return FailedPrecondition(
         "pod " + reg.pod_uid() + " was declared lost (a zombie); " +
         (MayReadmit(reg.pod_uid())
@@ -349,28 +282,34 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
                            " processes but job " + spec_.id + " has " +
                            std::to_string(spec_.processes_per_pod) + " per pod");
   REGROUP_RETURN_IF_ERROR(CheckRanks(reg.ranks(), reg.nproc()));
-  int64_t node = reg.node_rank();
-  if (node < 0) {
+  int64_t pod = reg.node_rank();
+  if (pod < 0) {
     // Assign the first free node rank: never registered, or lost.
-    for (size_t n = 0; n < agents_.size() && node < 0; ++n)
-      if (!agents_[n].connected &&
-          (agents_[n].pod_uid.empty() || agents_[n].state == AgentState::kLost))
-        node = static_cast<int64_t>(n);
-    if (node < 0) return FailedPrecondition("every node rank of job " + spec_.id + " is taken");
+    pod = pods_.FreeIndex();
+    if (pod < 0) return FailedPrecondition("every node rank of job " + spec_.id + " is taken");
   }
-  if (node >= spec_.pods)
-    return InvalidArgument("node rank " + std::to_string(node) + " is out of range: job " +
+  if (pod >= spec_.pods)
+    return InvalidArgument("node rank " + std::to_string(pod) + " is out of range: job " +
                            spec_.id + " has " + std::to_string(spec_.pods) + " pods");
-  Agent& a = agents_[static_cast<size_t>(node)];
+  const Agent& a = pods_[pod];
   // A pod declared lost holds its node rank no longer, even while its fenced stream ends.
   if (a.connected && a.state != AgentState::kLost && a.pod_uid != reg.pod_uid())
-    return FailedPrecondition("node rank " + std::to_string(node) + " is held by pod " +
+    return FailedPrecondition("node rank " + std::to_string(pod) + " is held by pod " +
                               a.pod_uid + "; pod " + reg.pod_uid() + " cannot take it");
+  return pod;
+}
+
+StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header,
+                                       const v1::Register& reg, int64_t now) {
+  StatusOr<int64_t> admissible = Admissible(header, reg);
+  if (!admissible.ok()) return admissible;
+  const int64_t pod = *admissible;
+  const Agent& a = pods_[pod];
   const bool replacement =
       !a.pod_uid.empty() && a.pod_uid != reg.pod_uid();
   // The same pod on a new stream (a connection reset) before it was declared lost, in the
   // running generation and epoch: it resumes its session, and the generation goes on.
-  const bool in_generation = !GenerationRanks(node).empty();
+  const bool in_generation = !running().RanksOf(pod).empty();
   const bool resumable = !replacement && a.pod_uid == reg.pod_uid() &&
                          a.state == AgentState::kActive && state_ != State::kJoining &&
                          state_ != State::kStopped && header.epoch() == options_.epoch &&
@@ -378,14 +317,14 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   // ...unless its agent paused its trainers meanwhile (its stream was down longer for it than
   // for this manager): they leave the generation at their next step boundary, and would hold it
   // up for good. The pod is lost to the generation, as if its grace had ended, and comes back as
-  // its own replacement (simulation seeds 872 and 10434).
+  // its own replacement.
   if (resumable && reg.left_generation()) {
-    LoseSilentPod(node,
+    LoseSilentPod(pod,
                   "pod " + reg.pod_uid() + " paused its trainers before its session resumed",
                   now);
     return FailedPrecondition("pod " + reg.pod_uid() +
                               " was declared lost: its trainers left generation " +
-                              std::to_string(generation_) + " before its session resumed");
+                              std::to_string(generation()) + " before its session resumed");
   }
   const bool resumed = resumable;
   // A replacement for a pod of the running generation that nothing declared lost yet (its broken
@@ -394,104 +333,67 @@ StatusOr<int64_t> JobControl::Register(uint64_t stream, const v1::Header& header
   // echo of this loss, not a second fault of their own.
   if (replacement && a.state == AgentState::kActive && in_generation &&
       state_ != State::kJoining && state_ != State::kStopped)
-    LoseSilentPod(node,
+    LoseSilentPod(pod,
                   "pod " + reg.pod_uid() + " registered to replace pod " + a.pod_uid +
                       " before its session resumed",
                   now);
   if (replacement && a.state != AgentState::kLost) Forget(a.pod_uid);
-  if (a.connected) stream_node_.erase(a.stream);  // the same pod on a new stream
-  // A pod readmitted (a new incarnation of its uid) keeps the processes it had: one declared
-  // hung is still that process (simulation seed 325: readmitted frozen, it hung the same step
-  // again until the job stopped on a poison step).
-  if (PodOfUid(a.pod_uid) != PodOfUid(reg.pod_uid())) a.hung.clear();
+  pods_.Admit(pod, stream, reg,
+              resumed                     ? AgentState::kActive
+              : state_ == State::kJoining ? AgentState::kRegistered
+                                          : AgentState::kStandby,
+              now);
+  join_.Opened(now);
+  Registered(pod, resumed, replacement, now);
+  return pod;
+}
 
-  // A new pod starts with the configured timeout; a session resumed keeps what its beats taught.
-  if (a.pod_uid != reg.pod_uid() || a.nproc != reg.nproc()) {
-    a.silence.Reset();
-    a.rank_silence.assign(reg.nproc(), SilenceBound());
-  }
-  a.stream = stream;
-  a.connected = true;
-  a.pod_uid = reg.pod_uid();
-  a.pod_name = reg.pod_name();
-  a.node_name = reg.node_name();
-  a.host = reg.host();
-  a.nproc = reg.nproc();
-  NoteFreePorts(a, reg);
-  a.last_seen_ms = now;
-  a.last_generation_agents = reg.last_generation_agents();
-  a.restarting.clear();
-  a.ranks.assign(a.nproc, v1::LocalRank());
-  a.step_since_ms.assign(a.nproc, now);
-  for (uint32_t l = 0; l < a.nproc; ++l) {
-    a.ranks[l].set_local_rank(l);
-    a.ranks[l].set_alive(true);
-    a.ranks[l].set_committed_step(-1);
-    a.ranks[l].set_heard_commit_step(-1);
-  }
-  a.failed.clear();
-  a.finished.clear();
-  for (const auto& r : reg.ranks()) {
-    if (r.local_rank() >= a.nproc) continue;
-    a.ranks[r.local_rank()] = r;
-    // A process that died before this manager heard of it (a manager restart in between).
-    if (!r.alive() && r.phase() != v1::PHASE_DONE && r.pid() > 0) a.failed.insert(r.local_rank());
-    if (!r.alive() && r.phase() == v1::PHASE_DONE) a.finished.insert(r.local_rank());
-  }
-  for (auto it = a.hung.begin(); it != a.hung.end();) {
-    it = a.ranks[it->first].alive() && !BeatsAgain(a, it->first, now) ? std::next(it) : a.hung.erase(it);
-  }
-  a.state = resumed                   ? AgentState::kActive
-            : state_ == State::kJoining ? AgentState::kRegistered
-                                        : AgentState::kStandby;
-  stream_node_[stream] = node;
-  if (join_started_ms_ < 0) join_started_ms_ = now;
-
-  decisions_->PodRunning(node, a.pod_uid, a.node_name, now);
+void JobControl::Registered(int64_t pod, bool resumed, bool replacement, int64_t now) {
+  const Agent& a = pods_[pod];
+  decisions_->PodRunning(pod, a.pod_uid, a.node_name, now);
   // Once the decision maker knows pods lost (a generation ran, or the join window closed with
   // pods missing), a pod that registers anew is the replacement it waits for.
   // During a job restart too: the decision maker resumes once every pod came back (a restarted
   // manager's first pods included, before any generation or join window of its own).
   // A decision maker beside the scheduler may be waiting for replacements that an incarnation
   // still joining knows nothing of (a restart decided for an earlier one, whose directive this
-  // one takes as seen: simulation seed 173 with a coordinator): every pod that joins is
-  // reported; one the engine does not wait for changes nothing there.
+  // one takes as seen): every pod that joins is reported; one the engine does not wait for
+  // changes nothing there.
   const bool joining_remote = state_ == State::kJoining && decisions_->ReplacesPods();
   if (!resumed && (replacement || job_restarting_ || joining_remote ||
-                   (state_ != State::kJoining && (generation_ > 0 || missing_reported_))))
-    decisions_->ReplacementRegistered(node, a.pod_uid, now);
+                   (state_ != State::kJoining && (generation() > 0 || join_.missing_reported()))))
+    decisions_->ReplacementRegistered(pod, a.pod_uid, now);
   Event(now, resumed ? "resume" : "register",
         "pod " + a.pod_uid + (resumed ? " resumed its session" : " registered") +
-            " as node rank " + std::to_string(node) +
+            " as node rank " + std::to_string(pod) +
             (a.node_name.empty() ? "" : " on " + a.node_name) +
             (replacement ? " (a replacement)" : ""));
 
   v1::ManagerMessage m;
   auto* w = m.mutable_welcome();
-  w->set_node_rank(static_cast<uint32_t>(node));
+  w->set_node_rank(static_cast<uint32_t>(pod));
   w->set_epoch(options_.epoch);
-  w->set_generation(generation_);
+  w->set_generation(generation());
   w->set_heartbeat_interval_ms(heartbeat_interval_ms_);
   w->set_liveness_timeout_ms(static_cast<uint32_t>(LivenessMs()));
   w->set_resumed(resumed);
-  Send(node, std::move(m));
-  if (resumed) CatchUp(node);
+  Send(pod, std::move(m));
+  if (resumed) CatchUp(pod);
   for (uint32_t l : std::vector<uint32_t>(a.failed.begin(), a.failed.end()))
-    EarlierProcessDied(node, a.ranks[l], "died before this manager heard of it", now);
+    EarlierProcessDied(pod, a.ranks[l], "died before this manager heard of it", now);
   // A pod that was away when the job restart under way was decided (lost, its stream broken,
   // or never seen by this incarnation) comes back with processes that predate it: they were in
   // a generation, and none formed since. They restart too, so that the job resumes from the
   // checkpoint the restart goes back to, not from the newer state they hold.
-  RestartIfItPredatesTheJobRestart(node);
+  RestartIfItPredatesTheJobRestart(pod);
   // A pod that comes after the job stopped (a replacement started late) stops too.
-  if (stop_) Send(node, *stop_);
-  return node;
+  if (stop_) Send(pod, *stop_);
 }
 
 Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int64_t now) {
-  int64_t node = -1;
-  Agent* agent = AgentOf(stream, &node);
-  if (!agent) return FailedPrecondition("the stream has not registered: send Register first");
+  const int64_t pod = pods_.PodOf(stream);
+  if (pod < 0) return FailedPrecondition("the stream has not registered: send Register first");
+  const Agent* agent = &pods_[pod];
   const v1::Header& h = message.header();
   if (h.job_id() != spec_.id)
     return InvalidArgument("the message is for job " + h.job_id() + ", not " + spec_.id);
@@ -501,55 +403,24 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
   if (h.epoch() != options_.epoch)
     return FailedPrecondition("epoch " + std::to_string(h.epoch()) + " is not this manager's " +
                               std::to_string(options_.epoch));
-  agent->silence.Ended(now - agent->last_seen_ms, now);
-  agent->last_seen_ms = now;
+  pods_.Heard(pod, now);
   switch (message.body_case()) {
     case v1::AgentMessage::kHeartbeat:
       REGROUP_RETURN_IF_ERROR(CheckRanks(message.heartbeat().ranks(), agent->nproc));
-      OnHeartbeat(node, *agent, message.heartbeat(), now);
+      pods_.Heartbeat(pod, message.heartbeat(), now);
       return Status::Ok();
     case v1::AgentMessage::kProcessExit:
       if (message.process_exit().local_rank() >= agent->nproc)
         return InvalidArgument("local rank " + std::to_string(message.process_exit().local_rank()) +
                                " is out of range: the pod runs " + std::to_string(agent->nproc));
-      OnProcessExit(node, *agent, message.process_exit(), now);
+      OnProcessExit(pod, message.process_exit(), now);
       return Status::Ok();
-    case v1::AgentMessage::kFault: {
-      const auto& f = message.fault();
-      std::vector<uint32_t> ranks;
-      for (uint32_t l : f.local_ranks()) {
-        if (l >= agent->nproc)
-          return InvalidArgument("local rank " + std::to_string(l) + " is out of range");
-        if (int64_t r = RankOf(node, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
-      }
-      if (state_ != State::kTraining) return Status::Ok();  // already handling a fault
-      // A late report of a generation already replaced (its collective failed as it ended)
-      // says nothing about the one running now.
-      if (f.generation() != 0 && f.generation() < generation_) {
-        Event(now, "stale_fault", "ignored a fault of generation " +
-                                      std::to_string(f.generation()) + " (now " +
-                                      std::to_string(generation_) + "): " +
-                                      BoundedText(f.detail(), 256));
-        return Status::Ok();
-      }
-      // A collective failed while a pod of the generation has no stream: that pod is gone (its
-      // peers lost their connections to it), not merely reconnecting. Declared lost at once,
-      // so the decision sees the lost pod, not only a failed collective.
-      for (size_t n = 0; n < agents_.size(); ++n)
-        if (agents_[n].state == AgentState::kActive && !agents_[n].connected)
-          LoseSilentPod(static_cast<int64_t>(n),
-                        "the stream of pod " + agents_[n].pod_uid +
-                            " broke and its peers' collectives failed",
-                        now);
-      // No kind, or one this manager does not know (a newer agent): a failed collective.
-      Fault(EngineFaultKind(f.kind()).empty() ? v1::FAULT_KIND_COLLECTIVE_ERROR : f.kind(), {},
-            ranks, f.step(), BoundedText(f.detail(), kMaxDetailBytes), now);
-      return Status::Ok();
-    }
+    case v1::AgentMessage::kFault:
+      return OnFault(pod, message.fault(), now);
     case v1::AgentMessage::kVotes:
-      return OnVotes(node, *agent, message.votes(), now);
+      return OnVotes(pod, message.votes(), now);
     case v1::AgentMessage::kLeave:
-      OnLeave(node, *agent, message.leave(), now);
+      OnLeave(pod, message.leave(), now);
       return Status::Ok();
     case v1::AgentMessage::kAck:
       return Status::Ok();
@@ -560,200 +431,167 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
   }
 }
 
-void JobControl::OnHeartbeat(int64_t node, Agent& a, const v1::Heartbeat& hb, int64_t now) {
-  (void)node;
-  if (hb.free_port() || hb.free_ports_size() > 0) NoteFreePorts(a, hb);
-  for (const auto& r : hb.ranks()) {
-    if (r.local_rank() >= a.nproc) continue;
-    v1::LocalRank& mine = a.ranks[r.local_rank()];
-    if (r.step() != mine.step()) a.step_since_ms[r.local_rank()] = now;
-    // A trainer's silence ended when its beat age went down: as long as the age last reported.
-    // Not while it started (importing torch, seconds, is not a late beat).
-    SilenceBound& silence = a.rank_silence[r.local_rank()];
-    const bool started =
-        mine.phase() != v1::PHASE_STARTING && mine.phase() != v1::PHASE_UNSPECIFIED;
-    if (r.pid() != mine.pid())
-      silence.Reset();  // another process
-    else if (started && r.beat_age_ms() < mine.beat_age_ms())
-      silence.Ended(mine.beat_age_ms(), now);
-    const bool was_restarting = a.restarting.count(r.local_rank()) > 0;
-    mine = r;
-    // A frozen process that beats again (another one, or the same resumed) is not hung.
-    if (a.hung.count(r.local_rank()) && BeatsAgain(a, r.local_rank(), now))
-      a.hung.erase(r.local_rank());
-    // A process restarted in place is back once it is alive and has said hello (fresh).
-    if (was_restarting && r.alive() && r.pid() > 0 && r.generation() == 0 &&
-        r.phase() != v1::PHASE_STARTING && r.phase() != v1::PHASE_UNSPECIFIED)
-      a.restarting.erase(r.local_rank());
+Status JobControl::OnFault(int64_t pod, const v1::FaultReport& f, int64_t now) {
+  std::vector<uint32_t> ranks;
+  for (uint32_t l : f.local_ranks()) {
+    if (l >= pods_[pod].nproc)
+      return InvalidArgument("local rank " + std::to_string(l) + " is out of range");
+    if (int64_t r = running().RankOf(pod, l); r >= 0) ranks.push_back(static_cast<uint32_t>(r));
   }
+  if (state_ != State::kTraining) return Status::Ok();  // already handling a fault
+  // A late report of a generation already replaced (its collective failed as it ended) says
+  // nothing about the one running now.
+  if (f.generation() != 0 && f.generation() < generation()) {
+    Event(now, "stale_fault",
+          "ignored a fault of generation " + std::to_string(f.generation()) + " (now " +
+              std::to_string(generation()) + "): " + BoundedText(f.detail(), 256));
+    return Status::Ok();
+  }
+  // A collective failed while a pod of the generation has no stream: that pod is gone (its peers
+  // lost their connections to it), not merely reconnecting. Declared lost at once, so the
+  // decision sees the lost pod, not only a failed collective.
+  for (size_t i = 0; i < pods_.size(); ++i) {
+    const auto n = static_cast<int64_t>(i);
+    if (pods_[n].state == AgentState::kActive && !pods_[n].connected)
+      LoseSilentPod(n, "the stream of pod " + pods_[n].pod_uid +
+                           " broke and its peers' collectives failed",
+                    now);
+  }
+  // No kind, or one this manager does not know (a newer agent): a failed collective.
+  Fault(EngineFaultKind(f.kind()).empty() ? v1::FAULT_KIND_COLLECTIVE_ERROR : f.kind(), {},
+        ranks, f.step(), BoundedText(f.detail(), kMaxDetailBytes), now);
+  return Status::Ok();
 }
 
-void JobControl::OnProcessExit(int64_t node, Agent& a, const v1::ProcessExit& e, int64_t now) {
+void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t now) {
+  const Agent& a = pods_[pod];
   if (a.failed.count(e.local_rank())) return;  // sent again after a resumed session
-  v1::LocalRank& r = a.ranks[e.local_rank()];
-  r.set_alive(false);
+  pods_.Died(pod, e.local_rank());
+  const v1::LocalRank& r = a.ranks[e.local_rank()];
   if (a.restarting.count(e.local_rank())) return;  // we asked for it
   if (state_ == State::kStopped) return;
-  const int64_t rank = RankOf(node, e.local_rank());
+  const int64_t rank = running().RankOf(pod, e.local_rank());
   if (e.exit_code() == 0 && e.signal() == 0) {
     Event(now, "rank_done",
-          "rank " + std::to_string(rank) + " (pod " + std::to_string(node) + ") finished");
-    a.finished.insert(e.local_rank());
+          "rank " + std::to_string(rank) + " (pod " + std::to_string(pod) + ") finished");
+    pods_.Exited(pod, e.local_rank(), /*clean=*/true);
     if (EveryHolderFinished()) Finished(now);
     return;
   }
   const std::string why = e.signal() ? "killed by signal " + std::to_string(e.signal())
                                      : "exit code " + std::to_string(e.exit_code());
-  a.failed.insert(e.local_rank());
+  pods_.Exited(pod, e.local_rank(), /*clean=*/false);
   if (rank < 0) {
     const int32_t known =
-        interim_ ? engine_rank_of_[static_cast<size_t>(node)][e.local_rank()] : -1;
+        reconcile_.KnownRankWhileInterim(pod, e.local_rank());
     if (known >= 0) {
       // Restarted in place while the survivors continued, it died again before it rejoined: the
       // decision maker hears of it (it counts against the recovery budget); the survivors
       // train on.
-      Fault(v1::FAULT_KIND_PROCESS_EXIT, {node}, {}, e.step(),
+      Fault(v1::FAULT_KIND_PROCESS_EXIT, {pod}, {}, e.step(),
             "rank " + std::to_string(known) + " (restarted in place, not yet rejoined) " + why,
             now, {static_cast<uint32_t>(known)});
       return;
     }
-    if (EarlierProcessDied(node, r, why, now)) return;
-    Event(now, "standby_exit", "a standby process of pod " + std::to_string(node) + " exited (" +
+    if (EarlierProcessDied(pod, r, why, now)) return;
+    Event(now, "standby_exit", "a standby process of pod " + std::to_string(pod) + " exited (" +
                                    why + ")");
     return;
   }
   const std::string detail = "rank " + std::to_string(rank) + " " + why;
-  Fault(v1::FAULT_KIND_PROCESS_EXIT, {node}, {static_cast<uint32_t>(rank)}, e.step(), detail, now);
+  Fault(v1::FAULT_KIND_PROCESS_EXIT, {pod}, {static_cast<uint32_t>(rank)}, e.step(), detail, now);
   ContinueWithoutFailedRanks(detail, now);
 }
 
-Status JobControl::OnVotes(int64_t node, Agent& a, const v1::Votes& votes, int64_t now) {
-  (void)a;
-  if (votes.generation() != generation_)
+Status JobControl::OnVotes(int64_t pod, const v1::Votes& votes, int64_t now) {
+  if (votes.generation() != generation())
     return FailedPrecondition("the votes are for generation " +
                               std::to_string(votes.generation()) + "; the current one is " +
-                              std::to_string(generation_));
+                              std::to_string(generation()));
   if (state_ != State::kTraining)
     return FailedPrecondition("the generation was aborted; the step is not voted on");
-  if (votes.step() >= 0 && votes.step() <= committed_step_)
-    return Status::Ok();  // sent again after a resumed session: the step is committed
-  if (votes.step() < 0 || votes.step() != committed_step_ + 1)
-    return FailedPrecondition("the votes are for step " + std::to_string(votes.step()) +
-                              "; the step in flight is " + std::to_string(committed_step_ + 1));
-  if (vote_step_ != votes.step()) {
-    vote_step_ = votes.step();
-    voted_.assign(places_.size(), false);
-    checksums_.assign(places_.size(), 0);
-    vote_ok_ = true;
-  }
-  for (int i = 0; i < votes.local_ranks_size(); ++i) {
-    const uint32_t l = votes.local_ranks(i);
-    const int64_t rank = RankOf(node, l);
-    if (rank < 0)
-      return InvalidArgument("local rank " + std::to_string(l) + " of pod " +
-                             std::to_string(node) + " has no rank in generation " +
-                             std::to_string(generation_));
-    voted_[static_cast<size_t>(rank)] = true;
-    if (i < votes.checksums_size()) checksums_[static_cast<size_t>(rank)] = votes.checksums(i);
-  }
-  vote_ok_ = vote_ok_ && votes.ok();
-  if (std::find(voted_.begin(), voted_.end(), false) != voted_.end()) return Status::Ok();
-
-  // Every rank voted. Replicas must agree on their parameters where a checksum was taken.
-  const int64_t per_replica = layout_.replica_ranks();
-  bool mismatch = false;
-  for (size_t r = per_replica; r < checksums_.size() && !mismatch; ++r) {
-    const uint64_t first = checksums_[r % per_replica];
-    mismatch = checksums_[r] != 0 && first != 0 && checksums_[r] != first;
-  }
-  if (!vote_ok_ || mismatch) {
-    v1::ManagerMessage m;
-    auto* o = m.mutable_outcome();
-    o->set_generation(generation_);
-    o->set_step(votes.step());
-    o->set_commit(false);
-    o->set_checksum_mismatch(mismatch);
-    std::set<int64_t> nodes;
-    for (const auto& p : places_) nodes.insert(p.node_rank);
-    for (int64_t n : nodes) Send(n, m);
-    vote_step_ = -1;
-    if (mismatch)
-      Fault(v1::FAULT_KIND_CHECKSUM_MISMATCH, {}, {}, votes.step(),
-            "replicas disagree on their parameters at step " + std::to_string(votes.step()), now);
-    return Status::Ok();
+  StatusOr<StepCommit::Ballot> ballot =
+      commit_.Vote(pod, votes, running(), layout_.replica_ranks(), generation());
+  if (!ballot.ok()) return ballot.status();
+  switch (*ballot) {
+    case StepCommit::Ballot::kOpen:
+      return Status::Ok();
+    case StepCommit::Ballot::kRejected:
+    case StepCommit::Ballot::kMismatch:
+      Reject(votes.step(), *ballot == StepCommit::Ballot::kMismatch, now);
+      return Status::Ok();
+    case StepCommit::Ballot::kPassed:
+      break;
   }
   // At most one incarnation commits steps: a newer one that formed a generation since (a second
   // manager of the job, standalone) fences this one before its next commit, not at its next
   // write of the record.
   if (StopsCommitting(now, /*record=*/true)) {
-    vote_step_ = -1;
+    commit_.DropVote();
     return Status::Ok();
   }
   // With a coordinator, a commit needs its lease: cut off from it, this manager may have been
   // replaced without hearing so, and the newer one may commit this very step. The ranks keep
   // their vote until the lease is back (the step is committed then) or the generation is over.
   if (const std::string why = decisions_->WhyNoCommit(); !why.empty()) {
-    if (held_step_ != votes.step() || held_generation_ != generation_)
+    if (commit_.Hold(votes.step(), generation()))
       Event(now, "wait",
             "step " + std::to_string(votes.step()) +
                 " is voted for; it is committed once this manager holds a lease again: " + why);
-    held_step_ = votes.step();
-    held_generation_ = generation_;
     return Status::Ok();
   }
   Commit(votes.step(), now);
   return Status::Ok();
 }
 
+void JobControl::Reject(int64_t step, bool mismatch, int64_t now) {
+  v1::ManagerMessage m;
+  auto* o = m.mutable_outcome();
+  o->set_generation(generation());
+  o->set_step(step);
+  o->set_commit(false);
+  o->set_checksum_mismatch(mismatch);
+  for (int64_t n : running().Pods()) Send(n, m);
+  commit_.DropVote();
+  if (mismatch)
+    Fault(v1::FAULT_KIND_CHECKSUM_MISMATCH, {}, {}, step,
+          "replicas disagree on their parameters at step " + std::to_string(step), now);
+}
+
 void JobControl::CommitHeld(int64_t now) {
-  if (held_step_ < 0) return;
-  if (state_ != State::kTraining || held_generation_ != generation_ || vote_step_ != held_step_) {
-    held_step_ = -1;
-    return;
-  }
-  if (!decisions_->WhyNoCommit().empty()) return;
+  const std::optional<int64_t> held = commit_.Held(state_ == State::kTraining, generation());
+  if (!held || !decisions_->WhyNoCommit().empty()) return;
   // As before every commit: a look at the record (a newer incarnation may have formed meanwhile).
   if (StopsCommitting(now, /*record=*/true)) {
-    held_step_ = -1;
-    vote_step_ = -1;
+    commit_.ReleaseHold();
+    commit_.DropVote();
     return;
   }
-  const int64_t step = held_step_;
-  held_step_ = -1;
+  const int64_t step = *held;
+  commit_.ReleaseHold();
   Event(now, "lease", "the lease holds again: step " + std::to_string(step) + " is committed");
   // The ranks waited for this manager: their time at the step counts from now.
-  for (const RankPlace& p : places_)
-    agents_[static_cast<size_t>(p.node_rank)].step_since_ms[p.local_rank] = now;
+  for (const RankPlace& p : running().places()) pods_.StepClockFrom(p.pod, p.local_rank, now);
   Commit(step, now);
 }
 
 void JobControl::Commit(int64_t step, int64_t now) {
-  committed_step_ = step;
-  committed_mark_ = {options_.epoch, generation_};
-  for (const auto& p : places_) restarted_since_commit_.erase({p.node_rank, p.local_rank});
-  vote_step_ = -1;
+  if (commit_.Committed(step, {options_.epoch, generation()}, running(), now))
+    counters_.step_seconds = static_cast<double>(commit_.MedianStepMs()) / 1000.0;
   ++counters_.commits;
   v1::ManagerMessage m;
   auto* o = m.mutable_outcome();
-  o->set_generation(generation_);
+  o->set_generation(generation());
   o->set_step(step);
   o->set_commit(true);
-  std::set<int64_t> nodes;
-  for (const auto& p : places_) nodes.insert(p.node_rank);
-  for (int64_t n : nodes) Send(n, m);
-  if (last_commit_ms_ >= 0) {
-    step_times_ms_.push_back(now - last_commit_ms_);
-    while (step_times_ms_.size() > 31) step_times_ms_.pop_front();
-    counters_.step_seconds = static_cast<double>(MedianStepMs()) / 1000.0;
-  }
-  last_commit_ms_ = now;
+  for (int64_t n : running().Pods()) Send(n, m);
   if (abort_ms_ >= 0) {
     counters_.last_recovery_ms = static_cast<double>(now - abort_ms_);
     Event(now, "resumed",
           "first step committed " + std::to_string(now - abort_ms_) + " ms after the abort");
     abort_ms_ = -1;
   }
-  decisions_->Progress(options_.epoch, generation_, committed_step_, world_size(), now);
+  decisions_->Progress(options_.epoch, generation(), commit_.step(), world_size(), now);
 
   // Work that waits for a step boundary.
   if (!leaving_.empty()) {
@@ -766,62 +604,57 @@ void JobControl::Commit(int64_t step, int64_t now) {
   // A scale-out, or the return of ranks restarted while the survivors continued, waits for the
   // boundary and for every new rank to have said hello: survivors must not wait in the next
   // generation's rendezvous while new processes still start.
-  if (pending_ &&
-      (pending_->kind == REGROUP_DIRECTIVE_SCALE_OUT ||
-       pending_->kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE) &&
-      Ready(pending_->keep_replicas)) {
-    Directive d = *pending_;
-    pending_.reset();
+  const std::optional<Directive>& pending = reconcile_.pending();
+  if (pending &&
+      (pending->kind == REGROUP_DIRECTIVE_SCALE_OUT ||
+       pending->kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE) &&
+      Ready(pending->keep_replicas)) {
+    Directive d = *reconcile_.TakePending();
     Abort(d.kind == REGROUP_DIRECTIVE_SCALE_OUT
               ? "scaling out at the step boundary"
               : "ranks restarted in place rejoin at the step boundary",
           now);
     if (!FormGeneration(std::vector<int64_t>(d.keep_replicas.begin(), d.keep_replicas.end()),
                         d.microbatches, d.reason, now))
-      pending_ = d;
+      reconcile_.Await(d);
   }
 }
 
 // A planned departure now: the pod stops (MODE_LEAVE), its uid is gone for good, and the
 // decision maker hears of the lost pod like any other.
-void JobControl::Depart(int64_t node, int64_t now) {
-  Agent& a = agents_[static_cast<size_t>(node)];
+void JobControl::Depart(int64_t pod, int64_t now) {
+  const Agent& a = pods_[pod];
   v1::ManagerMessage stop;
   stop.mutable_stop()->set_directive_id(++directive_id_);
   stop.mutable_stop()->set_mode(v1::StopTraining::MODE_LEAVE);
   stop.mutable_stop()->set_reason("planned departure: " + a.pod_uid);
-  Send(node, std::move(stop));
-  a.state = AgentState::kLost;
+  Send(pod, std::move(stop));
+  pods_.SetState(pod, AgentState::kLost);
   Forget(a.pod_uid);
-  replace_uids_.insert(a.pod_uid);
+  pods_.MustReplace(a.pod_uid);
   v1::FaultFacts f;
   f.set_kind(v1::FAULT_KIND_POD_LOST);
-  f.add_pods(static_cast<uint32_t>(node));
+  f.add_pods(static_cast<uint32_t>(pod));
   f.set_step(-1);
   f.set_detail("pod " + a.pod_uid + " left (planned departure)");
   ReportFault(f, now);
 }
 
-void JobControl::OnLeave(int64_t node, Agent& a, const v1::Leave& leave, int64_t now) {
-  Event(now, "leave", "pod " + a.pod_uid + " asks to leave: " + leave.reason());
-  bool in_generation = false;
-  for (const auto& p : places_) in_generation = in_generation || p.node_rank == node;
-  if (!in_generation || state_ != State::kTraining) {
-    Depart(node, now);
+void JobControl::OnLeave(int64_t pod, const v1::Leave& leave, int64_t now) {
+  Event(now, "leave", "pod " + pods_[pod].pod_uid + " asks to leave: " + leave.reason());
+  if (running().RanksOf(pod).empty() || state_ != State::kTraining) {
+    Depart(pod, now);
     return;
   }
-  a.state = AgentState::kLeaving;
-  leaving_.insert(node);
+  pods_.SetState(pod, AgentState::kLeaving);
+  leaving_.insert(pod);
 }
 
 void JobControl::Disconnected(uint64_t stream, int64_t now) {
-  auto it = stream_node_.find(stream);
-  if (it == stream_node_.end()) return;
-  const int64_t node = it->second;
-  stream_node_.erase(it);
-  Agent& a = agents_[static_cast<size_t>(node)];
-  if (a.stream != stream) return;
-  a.connected = false;
+  const std::optional<int64_t> gone = pods_.Disconnect(stream);
+  if (!gone) return;
+  const int64_t pod = *gone;
+  const Agent& a = pods_[pod];
   if (a.state == AgentState::kLost || a.state == AgentState::kDone || state_ == State::kStopped)
     return;
   if (state_ == State::kJoining) {
@@ -837,7 +670,7 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
               " ms to resume its session");
     return;
   }
-  LoseSilentPod(node, "the stream of pod " + a.pod_uid + " broke (node lost or agent gone)", now);
+  LoseSilentPod(pod, "the stream of pod " + a.pod_uid + " broke (node lost or agent gone)", now);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -850,7 +683,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
                        const std::vector<uint32_t>& local_ranks) {
   if (pods.empty())
     for (uint32_t r : ranks)
-      if (r < places_.size()) pods.push_back(places_[r].node_rank);
+      if (r < running().size()) pods.push_back(running().places()[r].pod);
   std::sort(pods.begin(), pods.end());
   pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
   ++counters_.faults[FaultKindText(kind)];
@@ -860,8 +693,8 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   }
   // A holder of the trained state finished training: the last step is committed and nothing is
   // left to recover. A fault after it (a rank hung in its last step, a pod that finished and is
-  // gone while a recovery waits) ends the training (simulation seed 14929: a job restart
-  // waited for a pod that had finished).
+  // gone while a recovery waits) ends the training: no recovery may wait for a pod that
+  // finished.
   if (HolderFinished() && state_ != State::kStopped) {
     Finished(now);
     return;
@@ -871,7 +704,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   bool touches_generation =
       !ranks.empty() || (pods.empty() && known_ranks.empty() && local_ranks.empty());
   if (known_ranks.empty())
-    for (int64_t p : pods) touches_generation |= !GenerationRanks(p).empty();
+    for (int64_t p : pods) touches_generation |= !running().RanksOf(p).empty();
   if (state_ == State::kTraining && touches_generation) {
     first_fault_ms_ = now;
     Abort(FaultKindText(kind) + ": " + detail, now);
@@ -882,9 +715,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   for (uint32_t r : ranks) {
     // An interim generation's rank as the rank it holds in the generation the decision maker
     // knows (every interim rank holds one: the interim is a subset of it).
-    int32_t known = static_cast<int32_t>(r);
-    if (interim_ && r < places_.size())
-      known = engine_rank_of_[static_cast<size_t>(places_[r].node_rank)][places_[r].local_rank];
+    const int64_t known = reconcile_.KnownRank(running(), r);
     if (known >= 0) f.add_ranks(static_cast<uint32_t>(known));
   }
   for (uint32_t r : known_ranks) f.add_ranks(r);
@@ -894,83 +725,78 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   ReportFault(f, now);
 }
 
-bool JobControl::EarlierProcessDied(int64_t node, const v1::LocalRank& rank,
+bool JobControl::EarlierProcessDied(int64_t pod, const v1::LocalRank& rank,
                                     const std::string& why, int64_t now) {
   // Only before this incarnation's first generation, and only for a process that was in one (it
   // may hold the trained state): the decision maker would otherwise count its rank as a holder
-  // of its shard (simulation seed 5951: a second loss then left a shard with no holder, and the
-  // survivors were resumed "with their state"). A job restart under way restarts every process
-  // from the checkpoint anyway.
+  // of its shard, and resume survivors "with their state" that none of them holds. A job
+  // restart under way restarts every process from the checkpoint anyway.
   if (FormedAGeneration() || rank.generation() == 0 ||
       state_ == State::kStopped || job_restarting_ || restart_on_record_)
     return false;
-  if (!earlier_deaths_.insert({node, rank.pid()}).second) return true;
-  Fault(v1::FAULT_KIND_PROCESS_EXIT, {node}, {}, rank.step(),
-        "local rank " + std::to_string(rank.local_rank()) + " of pod " + std::to_string(node) +
+  if (!earlier_deaths_.insert({pod, rank.pid()}).second) return true;
+  Fault(v1::FAULT_KIND_PROCESS_EXIT, {pod}, {}, rank.step(),
+        "local rank " + std::to_string(rank.local_rank()) + " of pod " + std::to_string(pod) +
             " (in generation " + std::to_string(rank.generation()) + " of an earlier manager) " +
             why,
         now, {}, {rank.local_rank()});
   return true;
 }
 
-void JobControl::Fence(int64_t node, const std::string& reason, bool readmit) {
-  Agent& a = agents_[static_cast<size_t>(node)];
-  a.state = AgentState::kLost;
+void JobControl::Fence(int64_t pod, const std::string& reason, bool readmit) {
+  const Agent& a = pods_[pod];
+  pods_.SetState(pod, AgentState::kLost);
   Forget(a.pod_uid);
-  if (!readmit && !a.pod_uid.empty()) replace_uids_.insert(a.pod_uid);
+  if (!readmit && !a.pod_uid.empty()) pods_.MustReplace(a.pod_uid);
   // Declared lost while its stream is still open (a paused or partitioned agent): tell it at
   // once, so that it stops its trainers or comes back as its own replacement instead of waiting
   // in limbo, and end the stream.
   if (a.connected)
-    Send(node, MakeRefusal("pod " + a.pod_uid + " was declared lost: " + reason, true, readmit),
+    Send(pod, MakeRefusal("pod " + a.pod_uid + " was declared lost: " + reason, true, readmit),
          true);
 }
 
-void JobControl::RestartRanks(int64_t node, const std::vector<uint32_t>& locals,
+void JobControl::RestartRanks(int64_t pod, const std::vector<uint32_t>& locals,
                               const std::string& reason) {
-  Agent& a = agents_[static_cast<size_t>(node)];
   v1::ManagerMessage m;
   m.mutable_restart()->set_directive_id(++directive_id_);
   for (uint32_t l : locals) {
     m.mutable_restart()->add_local_ranks(l);
-    restarted_since_commit_.insert({node, l});
-    a.restarting.insert(l);
-    a.failed.erase(l);
-    a.hung.erase(l);
-    a.finished.erase(l);
+    commit_.Restarted(pod, l);
   }
+  pods_.Restarting(pod, locals);
   m.mutable_restart()->set_reason(reason);
-  Send(node, std::move(m));
+  Send(pod, std::move(m));
 }
 
-void JobControl::RestartIfItPredatesTheJobRestart(int64_t node) {
-  const Agent& a = agents_[static_cast<size_t>(node)];
+void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
+  const Agent& a = pods_[pod];
   // A process restarted for the job reports no generation (or is not alive yet) until the next
-  // one forms; one that reports a generation never got the restart (sim seed 26796: the restart
-  // went out on a stream that its cut link had already broken).
+  // one forms; one that reports a generation never got the restart (it went out on a stream
+  // that was already broken).
   if (job_restarting_ && !a.pod_uid.empty() && a.connected && a.state != AgentState::kLost &&
       std::any_of(a.ranks.begin(), a.ranks.end(),
                   [](const auto& r) { return r.alive() && r.generation() > 0; }))
-    RestartForJob(node, "the job restarts from the newest checkpoint, and this pod's processes "
+    RestartForJob(pod, "the job restarts from the newest checkpoint, and this pod's processes "
                         "predate the restart (it was away when it was decided)");
 }
 
-void JobControl::RestartForJob(int64_t node, const std::string& reason) {
-  const Agent& a = agents_[static_cast<size_t>(node)];
+void JobControl::RestartForJob(int64_t pod, const std::string& reason) {
+  const Agent& a = pods_[pod];
   std::vector<uint32_t> locals(a.nproc);
   std::iota(locals.begin(), locals.end(), 0u);
-  RestartRanks(node, locals, reason);
+  RestartRanks(pod, locals, reason);
 }
 
 void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
   // The directive's own restarts first.
-  for (auto& [node, locals] : RanksToRestart(d))
-    if (agents_[static_cast<size_t>(node)].connected) RestartRanks(node, locals, d.reason);
+  for (auto& [pod, locals] : reconcile_.RanksToRestart(d, pods_))
+    if (pods_[pod].connected) RestartRanks(pod, locals, d.reason);
   // While the job restarts, every process restarts anyway: one that failed (or that a pod
   // readmitted for the restart reported down) is restarted too, never a reason to replace the pod.
   const bool in_place = config_.allows(Strategy::kRecoverInPlace) || job_restarting_;
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    Agent& a = agents_[n];
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
     std::set<uint32_t> failed = a.failed;
     for (const auto& [local, pid] : a.hung) failed.insert(local);
     if (failed.empty() || !a.connected || a.state == AgentState::kLost) continue;
@@ -988,282 +814,169 @@ void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
   }
 }
 
-std::map<int64_t, std::vector<uint32_t>> JobControl::RanksToRestart(
-    const Directive& d, bool skip_restarted_early) const {
-  std::map<int64_t, std::vector<uint32_t>> by_node;
-  for (int64_t rank : d.restart_ranks) {
-    if (rank < 0 || static_cast<size_t>(rank) >= engine_places_.size()) continue;
-    const RankPlace& p = engine_places_[static_cast<size_t>(rank)];
-    if (skip_restarted_early && restarted_early_.count({p.node_rank, p.local_rank}) &&
-        !agents_[static_cast<size_t>(p.node_rank)].failed.count(p.local_rank))
-      continue;
-    by_node[p.node_rank].push_back(p.local_rank);
-  }
-  return by_node;
-}
-
-Directive JobControl::Rejoin(const std::string& reason) const {
-  Directive d;
-  d.kind = REGROUP_DIRECTIVE_RESTART_IN_PLACE;
-  d.strategy = "recover-in-place";
-  d.keep_replicas = engine_replicas_;
-  d.reason = reason;
-  return d;
-}
-
 bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t now) {
+  const std::vector<int64_t> keep = Survivors(reason, now);
+  if (keep.empty()) return false;
+  // Every dead process must be restartable here: its agent connected and in the job.
+  std::vector<int64_t> restart_pods;
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
+    if (a.failed.empty()) continue;
+    if (!a.usable()) return false;
+    restart_pods.push_back(static_cast<int64_t>(n));
+  }
+  if (restart_pods.empty()) return false;
+  std::vector<int64_t> left;
+  for (int64_t r : running().replicas())
+    if (std::find(keep.begin(), keep.end(), r) == keep.end()) left.push_back(r);
+  std::string restarted;
+  for (int64_t n : restart_pods) {
+    const Agent& a = pods_[n];
+    std::vector<uint32_t> locals(a.failed.begin(), a.failed.end());
+    for (uint32_t l : locals) {
+      reconcile_.RestartedEarly(n, l);
+      restarted += (restarted.empty() ? "" : ", ") +
+                   std::to_string(reconcile_.known().RankOf(n, l));
+    }
+    RestartRanks(n, locals, "recover-in-place at once: " + reason);
+  }
+  Event(now, "restart_in_place",
+        "ranks " + restarted + " restart in place; replicas " + Join(left) +
+            " leave until they are back, the other " + std::to_string(keep.size()) +
+            " train on (survivors continued)");
+  // The generation to come back to is the one the decision maker knows (the running one may
+  // already be an interim one).
+  Directive rejoin =
+      reconcile_.Rejoin("ranks " + restarted + " restarted in place rejoin (" + reason + ")");
+  if (!FormGeneration(keep, {}, "survivors continue while ranks " + restarted +
+                                    " restart in place (" + reason + ")",
+                      now, /*interim=*/true))
+    return false;
+  reconcile_.Continued(std::move(rejoin), commit_.step());
+  return true;
+}
+
+std::vector<int64_t> JobControl::Survivors(const std::string& reason, int64_t now) {
   if (!config_.survivors_continue || !config_.recovery_on() ||
       config_.process_recover_mode() != ProcessRecover::kOn ||
       !config_.allows(Strategy::kRecoverInPlace) || state_ != State::kAborted ||
       !decisions_->Available())
-    return false;
+    return {};
   // Only over a plain abort or an earlier continuation: a directive in progress keeps its course.
-  if (pending_ && pending_->kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE) return false;
+  if (reconcile_.pending() && reconcile_.pending()->kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE)
+    return {};
   // A step that failed again before any commit may be poison (a sample that kills whoever trains
   // it): continuing past it would hand it to the next survivor, until no rank holds the committed
   // state. The survivors keep it and wait for the decision maker (its poison-step guard).
-  if (continued_after_step_ == committed_step_) {
+  if (reconcile_.ContinuedAfter(commit_.step())) {
     Event(now, "wait",
-          "step " + std::to_string(committed_step_ + 1) + " failed again before any commit (" +
+          "step " + std::to_string(commit_.step() + 1) + " failed again before any commit (" +
               reason + "): the survivors keep their state and wait for the decision maker");
-    return false;
+    return {};
   }
   std::vector<int64_t> keep;
-  for (int64_t r : replicas_)
+  for (int64_t r : running().replicas())
     if (ReplicaReady(r)) keep.push_back(r);
   const auto dp = static_cast<int64_t>(keep.size());
-  const int64_t micro_total =
-      config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size : 0;
-  if (keep.empty() || keep.size() == replicas_.size() || dp < config_.min_data_parallel ||
+  const int64_t micro_total = MicrobatchesPerStep();
+  if (keep.empty() || keep.size() == running().replicas().size() ||
+      dp < config_.min_data_parallel ||
       (config_.even_split && micro_total > 0 && micro_total % dp != 0))
-    return false;
+    return {};
   // The survivors must hold every shard of the state between them (a rank restarted in place
   // earlier, not yet given the state, holds none): else the decision maker decides.
   if (!PositionsUnheld(keep).empty()) {
     Event(now, "wait",
           "the survivors of " + reason + " do not hold every shard of the state between them: "
           "they wait for the decision maker");
-    return false;
+    return {};
   }
-  // Every dead process must be restartable here: its agent connected and in the job.
-  std::vector<int64_t> restart_nodes;
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    const Agent& a = agents_[n];
-    if (a.failed.empty()) continue;
-    if (!a.usable()) return false;
-    restart_nodes.push_back(static_cast<int64_t>(n));
-  }
-  if (restart_nodes.empty()) return false;
-  std::vector<int64_t> left;
-  for (int64_t r : replicas_)
-    if (std::find(keep.begin(), keep.end(), r) == keep.end()) left.push_back(r);
-  std::string restarted;
-  for (int64_t n : restart_nodes) {
-    Agent& a = agents_[static_cast<size_t>(n)];
-    std::vector<uint32_t> locals(a.failed.begin(), a.failed.end());
-    for (uint32_t l : locals) {
-      restarted_early_.insert({n, l});
-      restarted += (restarted.empty() ? "" : ", ") + std::to_string(engine_rank_of_[n][l]);
-    }
-    RestartRanks(n, locals, "recover-in-place at once: " + reason);
-  }
-  Event(now, "restart_in_place",
-        "ranks " + restarted + " restart in place; replicas " + Join(left) +
-            " leave until they are back, the other " + std::to_string(dp) +
-            " train on (survivors continued)");
-  // The generation to come back to is the one the decision maker knows (replicas_ may already
-  // be an interim one).
-  Directive rejoin = Rejoin("ranks " + restarted + " restarted in place rejoin (" + reason + ")");
-  if (!FormGeneration(keep, {}, "survivors continue while ranks " + restarted +
-                                    " restart in place (" + reason + ")",
-                      now, /*interim=*/true))
-    return false;
-  pending_ = std::move(rejoin);
-  pending_since_ms_ = -1;
-  continued_after_step_ = committed_step_;
-  return true;
+  return keep;
 }
 
 void JobControl::CheckPendingWait(int64_t now) {
-  // While training, only the return of ranks restarted in place is bounded (the survivors
-  // train on meanwhile); a scale-out waits as long as it takes.
-  const bool rejoin = pending_ && pending_->kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE;
-  if (!pending_ || (state_ == State::kTraining && !rejoin) || state_ == State::kStopped) {
-    pending_since_ms_ = pending_ ? pending_since_ms_ : -1;
-    return;
-  }
-  if (pending_since_ms_ < 0) pending_since_ms_ = now;
-  const int64_t bound = HangTimeoutMs();
-  if (now - pending_since_ms_ <= bound) return;
-  std::vector<int64_t> waiting;
-  for (int64_t r : pending_->keep_replicas)
-    for (int64_t p : layout_.PodsOfReplica(r))
-      if (!Available(p)) waiting.push_back(p);
-  if (waiting.empty() && state_ != State::kAborted) {
-    // Nobody to blame: the directive waits for no pod this incarnation does not have (a loss of
-    // no pod would abort the generation and give the decision maker nothing to decide).
-    Event(now, "wait",
-          "the " + std::string(DirectiveKindName(pending_->kind)) +
-              " directive waited " + std::to_string(now - pending_since_ms_) +
-              " ms for no pod that is not available: it is over");
-    pending_.reset();
-    pending_since_ms_ = -1;
-    return;
-  }
-  const std::string reason = "pods " + Join(waiting) + " did not become available within " +
-                             std::to_string(bound) + " ms for the " +
-                             std::string(DirectiveKindName(pending_->kind)) + " directive";
-  pending_.reset();
-  pending_since_ms_ = -1;
+  const bool bounded =
+      reconcile_.WaitIsBounded(state_ == State::kTraining) && state_ != State::kStopped;
+  std::string reason;
+  const std::optional<std::vector<int64_t>> waiting = reconcile_.OverdueWait(
+      bounded, state_ == State::kAborted, bounded ? HangTimeoutMs() : 0, layout_, pods_, now,
+      &reason);
+  if (!waiting) return;
   std::vector<uint32_t> ranks;
-  for (int64_t p : waiting)
-    for (uint32_t r : GenerationRanks(p)) ranks.push_back(r);
-  Fault(v1::FAULT_KIND_POD_LOST, waiting, ranks, -1, reason, now);
+  for (int64_t p : *waiting)
+    for (uint32_t r : running().RanksOf(p)) ranks.push_back(r);
+  Fault(v1::FAULT_KIND_POD_LOST, *waiting, ranks, -1, reason, now);
 }
 
-void JobControl::CatchUp(int64_t node) {
-  const Agent& a = agents_[static_cast<size_t>(node)];
+void JobControl::CatchUp(int64_t pod) {
+  const Agent& a = pods_[pod];
   if (state_ == State::kAborted) {
-    SendAbort(node);
+    SendAbort(pod);
     return;
   }
   bool behind = false, missed_commit = false;
   for (uint32_t l = 0; l < a.nproc; ++l) {
-    if (RankOf(node, l) < 0) continue;
-    behind |= a.ranks[l].generation() < generation_;
-    missed_commit |= a.ranks[l].heard_commit_step() < committed_step_;
+    if (running().RankOf(pod, l) < 0) continue;
+    behind |= a.ranks[l].generation() < generation();
+    missed_commit |= a.ranks[l].heard_commit_step() < commit_.step();
   }
-  if (behind && starts_[static_cast<size_t>(node)]) {
+  if (behind && generations_.start(pod)) {
     // The generation it was in was aborted and replaced while it was away: the abort first, so
     // that its ranks leave that generation's collectives at once.
-    SendAbort(node);
-    Send(node, *starts_[static_cast<size_t>(node)]);
+    SendAbort(pod);
+    Send(pod, *generations_.start(pod));
   }
-  if (missed_commit && committed_step_ >= 0) {
+  if (missed_commit && commit_.step() >= 0) {
     v1::ManagerMessage m;
     auto* o = m.mutable_outcome();
     // Stamped with the generation that committed it, which the agent notes as the committer
     // (a restarted manager's first plan names it); 0, "not known", when an older incarnation
-    // did. Not the running generation: that one may not have committed it (simulation seed
-    // 14130: a pod readmitted as the next generation formed was told it had).
-    o->set_generation(committed_mark_.first == options_.epoch ? committed_mark_.second : 0);
-    o->set_step(committed_step_);
+    // did. Not the running generation: that one may not have committed it (a pod readmitted as
+    // the next generation formed).
+    o->set_generation(commit_.mark().first == options_.epoch ? commit_.mark().second : 0);
+    o->set_step(commit_.step());
     o->set_commit(true);
-    Send(node, std::move(m));
+    Send(pod, std::move(m));
   }
 }
 
-template <typename Message>
-void JobControl::NoteFreePorts(Agent& a, const Message& report) {
-  a.free_ports.clear();
-  auto note = [&](uint32_t port) {
-    if (port != 0 && port <= 65535 && !RecentStore(a.host, port) &&
-        a.free_ports.size() < kMaxFreePorts &&
-        std::find(a.free_ports.begin(), a.free_ports.end(), port) == a.free_ports.end())
-      a.free_ports.push_back(port);
-  };
-  for (uint32_t port : report.free_ports()) note(port);
-  if (report.free_ports_size() == 0) note(report.free_port());  // an agent before free_ports
-}
-
-bool JobControl::RecentStore(const std::string& host, uint32_t port) const {
-  return std::find(store_ports_.begin(), store_ports_.end(), std::make_pair(host, port)) !=
-         store_ports_.end();
-}
-
-uint32_t JobControl::TakeStorePort(Agent& host) {
-  uint32_t port = 0;
-  if (!host.free_ports.empty()) {
-    port = host.free_ports.front();
-    host.free_ports.erase(host.free_ports.begin());
-  } else {
-    // None reported free since the last store took one: a port of the torchrun convention's
-    // range (29500), by generation, that no recent store holds.
-    port = 29500 + static_cast<uint32_t>(generation_ % 1000);
-    while (RecentStore(host.host, port)) port = 29500 + (port - 29500 + 1) % 1000;
-  }
-  store_ports_.emplace_back(host.host, port);
-  while (store_ports_.size() > kRecentStorePorts) store_ports_.pop_front();
-  return port;
-}
-
-void JobControl::SendAbort(int64_t node) {
+void JobControl::SendAbort(int64_t pod) {
   if (!abort_) return;
-  Send(node, *abort_);
-  agents_[static_cast<size_t>(node)].aborted_through = abort_->abort().generation();
+  Send(pod, *abort_);
+  pods_.AbortedThrough(pod, abort_->abort().generation());
 }
 
 void JobControl::Abort(const std::string& reason, int64_t now) {
   if (state_ != State::kTraining) return;
   state_ = State::kAborted;
   abort_ms_ = now;
-  vote_step_ = -1;
+  commit_.DropVote();
   v1::ManagerMessage m;
   auto* a = m.mutable_abort();
   a->set_directive_id(++directive_id_);
   a->set_epoch(options_.epoch);
-  a->set_generation(generation_);
-  a->set_committed_step(committed_step_);
+  a->set_generation(generation());
+  a->set_committed_step(commit_.step());
   a->set_reason(reason);
-  std::set<int64_t> nodes;
-  for (const auto& p : places_) nodes.insert(p.node_rank);
-  for (int64_t n : nodes) {
-    Agent& agent = agents_[static_cast<size_t>(n)];
-    if (!agent.connected) continue;
+  for (int64_t n : running().Pods()) {
+    if (!pods_[static_cast<int64_t>(n)].connected) continue;
     Send(n, m);
-    agent.aborted_through = generation_;
+    pods_.AbortedThrough(n, generation());
   }
   abort_ = m;
-  Event(now, "abort", "generation " + std::to_string(generation_) + " aborted: " + reason);
+  Event(now, "abort", "generation " + std::to_string(generation()) + " aborted: " + reason);
 }
 
-// The generation that committed `step`, as the ranks that heard its commit say; (0, 0) when none
-// says, or when they disagree (one of them holds a stale mark: no rank may then trust its vote).
-std::pair<uint64_t, uint64_t> JobControl::HeardCommitMark(int64_t step) const {
-  std::pair<uint64_t, uint64_t> mark{0, 0};
-  for (const Agent& a : agents_) {
-    if (a.state == AgentState::kLost || a.pod_uid.empty()) continue;
-    for (const auto& lr : a.ranks) {
-      if (lr.heard_commit_step() != step) continue;
-      const std::pair<uint64_t, uint64_t> said{lr.heard_commit_epoch(), lr.heard_commit_generation()};
-      if (said == std::pair<uint64_t, uint64_t>{0, 0}) continue;
-      if (mark != std::pair<uint64_t, uint64_t>{0, 0} && mark != said) return {0, 0};
-      mark = said;
-    }
-  }
-  return mark;
-}
-
-bool JobControl::HoldsCommittedState(int64_t node, uint32_t local) const {
-  const Agent& a = agents_[static_cast<size_t>(node)];
-  if (local >= a.ranks.size() || a.restarting.count(local)) return false;
-  const v1::LocalRank& r = a.ranks[local];
-  if (std::max(r.committed_step(), r.heard_commit_step()) >= committed_step_) return true;
-  // It voted for the step, and has not heard the outcome: it applies the step from its vote if
-  // the generation it voted in committed it (or nobody knows which did), as the trainer does
-  // (python/regroup/forming.py). What a restarted manager knows of the votes before it.
-  const std::pair<uint64_t, uint64_t> voted_in{r.voted_epoch(), r.voted_generation()};
-  if (voted_in.second != 0 && r.voted_step() == committed_step_ &&
-      r.committed_step() + 1 == committed_step_ &&
-      (committed_mark_ == std::pair<uint64_t, uint64_t>{0, 0} || committed_mark_ == voted_in))
-    return true;
-  // Its reports may be a heartbeat late. A rank of the running generation holds it if that
-  // generation committed the step (it voted for it) or resumed after it with this rank holding
-  // it, unless its pod was replaced or its process restarted since (sim seed 3120: a rank
-  // restarted in place was kept as a holder of its replica's shard).
-  const auto& ranks_here = rank_of_[static_cast<size_t>(node)];  // empty before a generation
-  const int32_t g = local < ranks_here.size() ? ranks_here[local] : -1;
-  if (g < 0 || static_cast<size_t>(g) >= places_.size() ||
-      generation_uids_[static_cast<size_t>(node)] != a.pod_uid ||
-      restarted_since_commit_.count({node, local}))
-    return false;
-  return committed_mark_ == std::make_pair(options_.epoch, generation_) ||
-         !places_[static_cast<size_t>(g)].needs_state;
+bool JobControl::HoldsCommittedState(int64_t pod, uint32_t local) const {
+  const Agent& a = pods_[pod];
+  return commit_.Holds(pod, local, a, running(),
+                       generations_.Had(pod, a.pod_uid),
+                       {options_.epoch, generation()});
 }
 
 std::vector<int64_t> JobControl::PositionsUnheld(const std::vector<int64_t>& replicas) const {
   std::vector<int64_t> out;
-  if (committed_step_ < 0) return out;  // before the first commit there is no state to hold
+  if (commit_.step() < 0) return out;  // before the first commit there is no state to hold
   const int64_t size = layout_.replica_ranks();
   const int64_t ppp = spec_.processes_per_pod;
   for (int64_t position = 0; position < size; ++position) {
@@ -1280,32 +993,62 @@ std::vector<int64_t> JobControl::PositionsUnheld(const std::vector<int64_t>& rep
 void JobControl::ReportFault(const v1::FaultFacts& fault, int64_t now) {
   // Before this incarnation formed a generation, its decision maker (a restarted manager's is
   // new) hears first what the pods back have committed: it takes a job that has not committed
-  // anything for one that need not keep any state (sim seeds 16473, 17333 resumed "with the
-  // survivors' state" a shard only a lost pod held).
+  // anything for one that need not keep any state, and would resume "with the survivors'
+  // state" a shard only a lost pod held.
   if (!FormedAGeneration())
-    decisions_->Progress(options_.epoch, generation_, HighestCommitHeard(), 0, now);
+    decisions_->Progress(options_.epoch, generation(), commit_.HighestHeard(pods_), 0, now);
   decisions_->Fault(fault, now);
-}
-
-int64_t JobControl::HighestCommitHeard() const {
-  int64_t heard = committed_step_;
-  for (const Agent& a : agents_)
-    if (a.state != AgentState::kLost && !a.pod_uid.empty())
-      for (const auto& lr : a.ranks)
-        heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
-  return heard;
 }
 
 bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
                                 const std::vector<int64_t>& micro, const std::string& reason,
                                 int64_t now, bool interim) {
+  if (!MayForm(replicas, now)) return false;
+  // A generation still training is over: its ranks hear so before the next one starts (a rank
+  // still in its rendezvous waits there until its collective timeout otherwise).
+  Abort("superseded by the next generation: " + reason, now);
+  // The step to resume from: the highest any survivor committed, or heard commit for, kept or
+  // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
+  // it in the generation that committed it, and apply it from their vote).
+  commit_.CatchUp(pods_);  // committed by a generation this incarnation did not run
+  if (!StateHeld(replicas, now)) return false;
+  // Who holds the committed state (HoldsCommittedState), as of the generation that committed it.
+  std::set<std::pair<int64_t, uint32_t>> holders;
+  for (size_t n = 0; n < pods_.size(); ++n)
+    for (uint32_t l = 0; l < pods_[static_cast<int64_t>(n)].ranks.size(); ++l)
+      if (HoldsCommittedState(static_cast<int64_t>(n), l)) holders.insert({n, l});
+  generations_.Next(replicas, micro, MicrobatchesPerStep(), pods_,
+                    [&](int64_t pod, uint32_t local) { return holders.count({pod, local}) > 0; });
+  ++counters_.generations;
+  job_restarting_ = restart_on_record_ = false;
+  given_up_.clear();
+  earlier_deaths_.clear();
+  state_lost_step_ = -2;
+  RecordGeneration();
+  // No state-sync plan here: the ranks of the new generation choose who sends the state to whom
+  // from a census over their new group (python/regroup/sync.py); only they know what they hold
+  // once their votes are settled. The plan names the step they resume after.
+  SendStarts(Plan(reason), now);
+  state_ = State::kTraining;
+  commit_.NewGeneration();
+  reconcile_.Formed(running(), interim);
+  Event(now, "generation",
+        "generation (" + std::to_string(options_.epoch) + ", " + std::to_string(generation()) +
+            "): " + std::to_string(running().size()) + " ranks, dp " +
+            std::to_string(replicas.size()) + ", resuming after step " +
+            std::to_string(commit_.step()) + "; " + reason);
+  decisions_->Progress(options_.epoch, generation(), commit_.step(), world_size(), now);
+  return true;
+}
+
+bool JobControl::MayForm(const std::vector<int64_t>& replicas, int64_t now) {
   if (replicas.empty()) {
     Event(now, "wait", "generation not formed: no replica to form it from");
     return false;
   }
-  // What the record says now decides too (sim seed 21634: a second incarnation formed its first
-  // generation from a pod whose processes predated a job restart that the first had just put on
-  // record): fenced, it forms nothing; a job restart on record restarts such pods first.
+  // What the record says now decides too (a second incarnation may just have put a job restart
+  // on record): fenced, it forms nothing; a job restart on record restarts first the pods whose
+  // processes predate it.
   if (StopsCommitting(now, /*record=*/true)) return false;
   for (int64_t r : replicas)
     if (!ReplicaReady(r)) {
@@ -1314,117 +1057,71 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
                              Join(pods) + ") is not available yet");
       return false;
     }
-  // A generation still training is over: its ranks hear so before the next one starts (a rank
-  // still in its rendezvous waits there until its collective timeout otherwise).
-  Abort("superseded by the next generation: " + reason, now);
+  return true;
+}
 
-  // The step to resume from: the highest any survivor committed, or heard commit for, kept or
-  // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
-  // it in the generation that committed it, and apply it from their vote).
-  const int64_t heard = HighestCommitHeard();
-  if (heard > committed_step_) {  // committed by a generation this incarnation did not run
-    committed_step_ = heard;
-    committed_mark_ = HeardCommitMark(heard);
+bool JobControl::StateHeld(const std::vector<int64_t>& replicas, int64_t now) {
+  // A job restart resumes from the checkpoint anyway.
+  if (job_restarting_ || restart_on_record_) return true;
+  const auto unheld = PositionsUnheld(replicas);
+  if (unheld.empty()) return true;
+  // Only a checkpoint has it (the trainers' census would fail: python/regroup/sync.py): the
+  // decision maker hears so, once a step, and nothing is formed.
+  if (state_lost_step_ != commit_.step()) {
+    state_lost_step_ = commit_.step();
+    const std::string why = "no rank of the next generation holds the state of step " +
+                            std::to_string(commit_.step()) + " at replica position" +
+                            (unheld.size() > 1 ? "s " : " ") + Join(unheld);
+    Event(now, "wait", "generation not formed: " + why);
+    Fault(v1::FAULT_KIND_STATE_LOST, {}, {}, -1, why, now);
   }
-  // At some position of a replica no rank of it would hold the state it resumes from (the
-  // trainers' census would fail: python/regroup/sync.py). Only a checkpoint has it: the decision
-  // maker hears so, once a step, and nothing is formed (sim seeds 5519, 8780, 29712: its own
-  // knowledge was older, after a manager restart or survivors that trained on alone). A job
-  // restart resumes from the checkpoint anyway.
-  if (!job_restarting_ && !restart_on_record_)
-    if (const auto unheld = PositionsUnheld(replicas); !unheld.empty()) {
-      if (state_lost_step_ != committed_step_) {
-        state_lost_step_ = committed_step_;
-        const std::string why = "no rank of the next generation holds the state of step " +
-                                std::to_string(committed_step_) + " at replica position" +
-                                (unheld.size() > 1 ? "s " : " ") + Join(unheld);
-        Event(now, "wait", "generation not formed: " + why);
-        Fault(v1::FAULT_KIND_STATE_LOST, {}, {}, -1, why, now);
-      }
-      return false;
-    }
-  // Who holds the committed state (HoldsCommittedState), as of the generation that committed it.
-  std::set<std::pair<int64_t, uint32_t>> holders;
-  for (size_t n = 0; n < agents_.size(); ++n)
-    for (uint32_t l = 0; l < agents_[n].ranks.size(); ++l)
-      if (HoldsCommittedState(static_cast<int64_t>(n), l)) holders.insert({n, l});
+  return false;
+}
 
-  // Numbered past every generation an agent reports (a restarted manager's agents come from
-  // another epoch's generations): a late report of an old one is then always older than this.
-  for (const Agent& a : agents_)
-    for (const auto& lr : a.ranks)
-      if (lr.generation() <= kMaxGeneration) generation_ = std::max(generation_, lr.generation());
-  ++generation_;
-  ++counters_.generations;
-  job_restarting_ = restart_on_record_ = false;
-  given_up_.clear();
-  earlier_deaths_.clear();
-  state_lost_step_ = -2;
-  replicas_ = replicas;
-  for (size_t n = 0; n < agents_.size(); ++n) generation_uids_[n] = agents_[n].pod_uid;
-  const int64_t per_replica = layout_.replica_ranks();
-  const int64_t ppp = spec_.processes_per_pod;
-  places_.clear();
-  for (auto& locals : rank_of_) locals.assign(static_cast<size_t>(ppp), -1);
-  for (size_t k = 0; k < replicas.size(); ++k)
-    for (int64_t local = 0; local < per_replica; ++local) {
-      const int64_t global = replicas[k] * per_replica + local;
-      rank_of_[static_cast<size_t>(global / ppp)][static_cast<size_t>(global % ppp)] =
-          static_cast<int32_t>(places_.size());
-      const auto at = static_cast<uint32_t>(global % ppp);
-      places_.push_back({global / ppp, at, static_cast<uint32_t>(k),
-                         !holders.count({global / ppp, at})});
-    }
-  const int64_t micro_total =
-      config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size : 0;
-  microbatches_ = !micro.empty() ? micro
-                  : micro_total > 0
-                      ? SpreadMicroBatches(micro_total, static_cast<int64_t>(replicas.size()))
-                      : std::vector<int64_t>();
-  std::vector<int64_t> begin(replicas.size(), 0);
-  for (size_t k = 1; k < microbatches_.size() && k < begin.size(); ++k)
-    begin[k] = begin[k - 1] + microbatches_[k - 1];
+int64_t JobControl::MicrobatchesPerStep() const {
+  return config_.global_batch_size > 0 ? config_.global_batch_size / config_.micro_batch_size
+                                       : 0;
+}
 
-  // No state-sync plan here: the ranks of the new generation choose who sends the state to whom
-  // from a census over their new group (python/regroup/sync.py); only they know what they hold
-  // once their votes are settled. The plan names the step they resume after.
-
-  const Agent& host = agents_[static_cast<size_t>(places_[0].node_rank)];  // of the store
-  std::set<int64_t> training_nodes;
-  for (const auto& p : places_) training_nodes.insert(p.node_rank);
-  generation_agents_ = static_cast<uint32_t>(training_nodes.size());
+void JobControl::RecordGeneration() {
   record_.leader_epoch = options_.epoch;
-  record_.generation = generation_;
+  record_.generation = generation();
   record_.restarting = false;
   record_.members.clear();
-  for (int64_t n : training_nodes)
-    record_.members.push_back({n, agents_[static_cast<size_t>(n)].pod_uid});
+  for (int64_t n : running().Pods()) record_.members.push_back({n, pods_[n].pod_uid});
   record_changed_ = true;
-  previous_members_.clear();  // this generation is the one on record now
+  join_.Formed();  // this generation is the one on record now
+}
 
+v1::GenerationPlan JobControl::Plan(const std::string& reason) {
+  const int64_t host = running().places()[0].pod;  // of the store
   v1::GenerationPlan plan;
   plan.set_epoch(options_.epoch);
-  plan.set_generation(generation_);
-  plan.set_world_size(static_cast<uint32_t>(places_.size()));
+  plan.set_generation(generation());
+  plan.set_world_size(static_cast<uint32_t>(running().size()));
   plan.set_tensor_parallel(static_cast<uint32_t>(config_.tensor_parallel));
   plan.set_pipeline_parallel(static_cast<uint32_t>(config_.pipeline_parallel));
-  plan.set_data_parallel(static_cast<uint32_t>(replicas.size()));
-  plan.set_store_host(host.host);
-  plan.set_store_port(TakeStorePort(agents_[static_cast<size_t>(places_[0].node_rank)]));
-  plan.set_committed_step(committed_step_);
-  plan.set_committed_epoch(committed_mark_.first);
-  plan.set_committed_generation(committed_mark_.second);
-  plan.set_microbatches_per_step(static_cast<uint64_t>(micro_total));
+  plan.set_data_parallel(static_cast<uint32_t>(running().replicas().size()));
+  plan.set_store_host(pods_[host].host);
+  plan.set_store_port(pods_.TakeStorePort(host, generation()));
+  plan.set_committed_step(commit_.step());
+  plan.set_committed_epoch(commit_.mark().first);
+  plan.set_committed_generation(commit_.mark().second);
+  plan.set_microbatches_per_step(static_cast<uint64_t>(MicrobatchesPerStep()));
   plan.set_reason(reason);
-  plan.set_agents(generation_agents_);
+  plan.set_agents(static_cast<uint32_t>(running().Pods().size()));
+  return plan;
+}
 
+void JobControl::SendStarts(const v1::GenerationPlan& plan, int64_t now) {
+  const std::set<int64_t> training = running().Pods();
   const uint64_t id = ++directive_id_;
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    Agent& a = agents_[n];
+  for (size_t i = 0; i < pods_.size(); ++i) {
+    const auto n = static_cast<int64_t>(i);
+    const Agent& a = pods_[n];
     // Every pod that trains or stands by, including one whose process restarts in place (its
     // other ranks train, or wait for the rejoin as standbys).
-    if (!Available(static_cast<int64_t>(n)) && !training_nodes.count(static_cast<int64_t>(n)) &&
-        !(a.usable() && !a.restarting.empty()))
+    if (!pods_.Ready(n) && !training.count(n) && !(a.usable() && !a.restarting.empty()))
       continue;
     // A pod whose ranks may still be in an earlier generation (it was away when that one's
     // abort went out, or it is back under a new uid) hears the abort first: its ranks leave
@@ -1432,44 +1129,12 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
     uint64_t in = 0;
     for (const auto& lr : a.ranks)
       if (lr.alive()) in = std::max(in, lr.generation());
-    if (in > a.aborted_through && in < generation_) SendAbort(static_cast<int64_t>(n));
-    v1::ManagerMessage m;
-    auto* start = m.mutable_start();
-    start->set_directive_id(id);
-    *start->mutable_plan() = plan;
-    for (size_t g = 0; g < places_.size(); ++g) {
-      if (places_[g].node_rank != static_cast<int64_t>(n)) continue;
-      auto* ra = start->mutable_plan()->add_ranks();
-      ra->set_local_rank(places_[g].local_rank);
-      ra->set_rank(static_cast<uint32_t>(g));
-      ra->set_replica(places_[g].replica);
-      if (!microbatches_.empty()) {
-        ra->set_microbatch_begin(static_cast<uint64_t>(begin[places_[g].replica]));
-        ra->set_microbatch_count(static_cast<uint64_t>(microbatches_[places_[g].replica]));
-      }
-    }
-    a.state = training_nodes.count(static_cast<int64_t>(n)) ? AgentState::kActive
-                                                             : AgentState::kStandby;
-    for (auto& since : a.step_since_ms) since = now;
-    starts_[n] = m;
-    Send(static_cast<int64_t>(n), std::move(m));
+    if (in > a.aborted_through && in < generation()) SendAbort(n);
+    v1::ManagerMessage m = generations_.Start(n, plan, id);
+    pods_.SetState(n, training.count(n) ? AgentState::kActive : AgentState::kStandby);
+    pods_.StepClockFrom(n, now);
+    Send(n, std::move(m));
   }
-  state_ = State::kTraining;
-  vote_step_ = -1;
-  last_commit_ms_ = -1;
-  interim_ = interim;
-  if (!interim) {
-    engine_replicas_ = replicas_;
-    engine_places_ = places_;
-    engine_rank_of_ = rank_of_;
-  }
-  Event(now, "generation",
-        "generation (" + std::to_string(options_.epoch) + ", " + std::to_string(generation_) +
-            "): " + std::to_string(places_.size()) + " ranks, dp " +
-            std::to_string(replicas.size()) + ", resuming after step " +
-            std::to_string(committed_step_) + "; " + reason);
-  decisions_->Progress(options_.epoch, generation_, committed_step_, world_size(), now);
-  return true;
 }
 
 void JobControl::StopAll(v1::StopTraining::Mode mode, const std::string& reason, int64_t now,
@@ -1479,8 +1144,8 @@ void JobControl::StopAll(v1::StopTraining::Mode mode, const std::string& reason,
   m.mutable_stop()->set_mode(mode);
   m.mutable_stop()->set_reason(reason);
   m.mutable_stop()->set_incarnation_only(scope == StopScope::kIncarnation);
-  for (size_t n = 0; n < agents_.size(); ++n)
-    if (agents_[n].connected) Send(static_cast<int64_t>(n), m);
+  for (size_t n = 0; n < pods_.size(); ++n)
+    if (pods_[static_cast<int64_t>(n)].connected) Send(static_cast<int64_t>(n), m);
   stop_ = m;
   state_ = State::kStopped;
   if (scope == StopScope::kJob) {
@@ -1506,8 +1171,7 @@ void JobControl::Apply(const Directive& d, int64_t now) {
     restart.kind = REGROUP_DIRECTIVE_RESTART_JOB;
     RestartJob(restart, now);
   }
-  if (d.kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE && d.kind != REGROUP_DIRECTIVE_RETRY)
-    restarted_early_.clear();  // a decision of another course: it owns every rank again
+  reconcile_.Decided(d.kind);
   if (d.kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE && d.kind != REGROUP_DIRECTIVE_DUMP &&
       d.kind != REGROUP_DIRECTIVE_EXIT && d.kind != REGROUP_DIRECTIVE_RESTART_JOB)
     SettleFailedPods(d, now);
@@ -1515,64 +1179,21 @@ void JobControl::Apply(const Directive& d, int64_t now) {
     case REGROUP_DIRECTIVE_CONTINUE:
     case REGROUP_DIRECTIVE_WAIT:
       return;  // survivors stay paused (aborted) until the next directive
-    case REGROUP_DIRECTIVE_RETRY: {
-      // A generation formed since the fault (its abort let a pending rejoin form one) already
-      // does the step again: another would cost a regroup and retry nothing more.
-      if (state_ == State::kTraining) {
-        Event(now, "retry", "generation " + std::to_string(generation_) +
-                                ", formed since the fault, does the step again");
-        return;
-      }
-      // An interim generation is retried as it was, and its restarted ranks still rejoin.
-      const bool interim = interim_;
-      FormGeneration(replicas_, microbatches_, d.reason, now, interim);
-      if (interim) pending_ = Rejoin("ranks restarted in place rejoin");
+    case REGROUP_DIRECTIVE_RETRY:
+      Retry(d, now);
       return;
-    }
-    case REGROUP_DIRECTIVE_RESTART_IN_PLACE: {
-      // Ranks the manager restarted at once (the survivors continued) are not restarted again.
-      auto restart = RanksToRestart(d, /*skip_restarted_early=*/true);
-      restarted_early_.clear();  // this decision was about them
-      // A generation formed since the fault (its abort let a pending scale-out or rejoin form
-      // one) and trains with these ranks: they are not restarted under it (simulation seed 872:
-      // one was, and the generation then waited for its "rejoin" and lost it).
-      if (state_ == State::kTraining) {
-        std::vector<int64_t> kept;
-        for (auto it = restart.begin(); it != restart.end();) {
-          std::erase_if(it->second, [&](uint32_t l) {
-            if (RankOf(it->first, l) < 0) return false;
-            kept.push_back(RankOf(it->first, l));
-            return true;
-          });
-          it = it->second.empty() ? restart.erase(it) : std::next(it);
-        }
-        if (!kept.empty())
-          Event(now, "restart_in_place",
-                "ranks [" + Join(kept) + "] train in generation " + std::to_string(generation_) +
-                    ", formed since the fault: not restarted for it");
-      }
-      if (!FormedAGeneration()) {
-        BeforeTheFirstGeneration(d, now);
-        return;
-      }
-      for (auto& [node, locals] : restart) RestartRanks(node, locals, d.reason);
-      // Wait for them (at a step boundary while training), unless they were all restarted at
-      // once and have rejoined already.
-      if (!restart.empty() || interim_ || state_ != State::kTraining) {
-        pending_ = d;
-        pending_->keep_replicas = engine_replicas_;
-      }
+    case REGROUP_DIRECTIVE_RESTART_IN_PLACE:
+      RestartInPlace(d, now);
       return;
-    }
     case REGROUP_DIRECTIVE_SCALE_OUT:
       if (state_ == State::kTraining) {
-        pending_ = d;  // at the next step boundary
+        reconcile_.Await(d);  // at the next step boundary
         return;
       }
       [[fallthrough]];
     case REGROUP_DIRECTIVE_RESUME:
     case REGROUP_DIRECTIVE_SCALE_IN:
-      if (!FormGeneration(keep, d.microbatches, d.reason, now)) pending_ = d;
+      if (!FormGeneration(keep, d.microbatches, d.reason, now)) reconcile_.Await(d);
       return;
     case REGROUP_DIRECTIVE_DUMP:
       StopAll(v1::StopTraining::MODE_DUMP, d.reason, now);
@@ -1586,17 +1207,65 @@ void JobControl::Apply(const Directive& d, int64_t now) {
   }
 }
 
+void JobControl::Retry(const Directive& d, int64_t now) {
+  // A generation formed since the fault (its abort let a pending rejoin form one) already does
+  // the step again: another would cost a regroup and retry nothing more.
+  if (state_ == State::kTraining) {
+    Event(now, "retry", "generation " + std::to_string(generation()) +
+                            ", formed since the fault, does the step again");
+    return;
+  }
+  // An interim generation is retried as it was, and its restarted ranks still rejoin.
+  const bool interim = reconcile_.interim();
+  const std::vector<int64_t> replicas = running().replicas();
+  FormGeneration(replicas, generations_.microbatches(), d.reason, now, interim);
+  if (interim) reconcile_.Await(reconcile_.Rejoin("ranks restarted in place rejoin"));
+}
+
+void JobControl::RestartInPlace(const Directive& d, int64_t now) {
+  // Ranks the manager restarted at once (the survivors continued) are not restarted again.
+  auto restart = reconcile_.RanksToRestart(d, pods_, /*skip_restarted_early=*/true);
+  if (state_ == State::kTraining) KeepTheRunningGenerationsRanks(restart, now);
+  if (!FormedAGeneration()) {
+    BeforeTheFirstGeneration(d, now);
+    return;
+  }
+  for (auto& [pod, locals] : restart) RestartRanks(pod, locals, d.reason);
+  // Wait for them (at a step boundary while training), unless they were all restarted at once
+  // and have rejoined already.
+  if (!restart.empty() || reconcile_.interim() || state_ != State::kTraining)
+    reconcile_.AwaitKeeping(d, reconcile_.known().replicas());
+}
+
+// A generation formed since the fault (its abort let a pending scale-out or rejoin form one)
+// and trains with these ranks: they are not restarted under it (its rejoin would wait for them).
+void JobControl::KeepTheRunningGenerationsRanks(
+    std::map<int64_t, std::vector<uint32_t>>& restart, int64_t now) {
+  std::vector<int64_t> kept;
+  for (auto it = restart.begin(); it != restart.end();) {
+    std::erase_if(it->second, [&](uint32_t l) {
+      if (running().RankOf(it->first, l) < 0) return false;
+      kept.push_back(running().RankOf(it->first, l));
+      return true;
+    });
+    it = it->second.empty() ? restart.erase(it) : std::next(it);
+  }
+  if (!kept.empty())
+    Event(now, "restart_in_place",
+          "ranks [" + Join(kept) + "] train in generation " + std::to_string(generation()) +
+              ", formed since the fault: not restarted for it");
+}
+
 // The ranks a restart in place names are of a generation this incarnation never ran (an earlier
 // manager's; it formed none yet): their places are not its to map. It restarts the processes of
 // its pods that died (whose deaths it reported as an earlier generation's), and its first
 // generation starts every rank: the join's own, or, once its join window closed and it waits for
-// a decision, the one this decision keeps, formed once they are back. (Simulation seed 107 with
-// a coordinator: a joining manager waited for a "rejoin" until it timed out; seed 36747: one
-// waiting after its join window restarted nothing, waited for no replica, and hung.)
+// a decision, the one this decision keeps, formed once they are back. (Waiting for a "rejoin"
+// of replicas it never had would hang it.)
 void JobControl::BeforeTheFirstGeneration(const Directive& d, int64_t now) {
   std::string what;  // "pod 1 local ranks [1], ..."
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    const Agent& a = agents_[n];
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
     if (!a.usable()) continue;
     std::vector<uint32_t> dead;
     for (uint32_t l = 0; l < a.ranks.size(); ++l)
@@ -1612,7 +1281,7 @@ void JobControl::BeforeTheFirstGeneration(const Directive& d, int64_t now) {
             (what.empty() ? std::string("no process of its pods") : what) +
             ", and its first generation starts every rank");
   if (state_ == State::kJoining) return;
-  pending_ = d;  // formed over the replicas it keeps once they are back (bounded by the wait)
+  reconcile_.Await(d);  // formed over the replicas it keeps once they are back (bounded wait)
 }
 
 bool JobControl::IsRescheduling(const std::string& strategy) {
@@ -1621,25 +1290,22 @@ bool JobControl::IsRescheduling(const std::string& strategy) {
 
 void JobControl::RestartJob(const Directive& d, int64_t now) {
   Abort(d.reason, now);
-  pending_.reset();  // the decision maker resumes the job once every pod is back
-  interim_ = false;
+  reconcile_.JobRestarts();
   job_restarting_ = true;
   restart_on_record_ = false;
   record_.restarting = true;
   record_changed_ = true;
   const bool every_pod = d.strategy != "pod-rescheduling";
-  committed_step_ = -1;
-  committed_mark_ = {0, 0};
+  commit_.Forget();
   std::vector<std::string> restarted;
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    Agent& a = agents_[n];
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
     if (!a.usable()) continue;
     RestartForJob(static_cast<int64_t>(n), d.reason);
     restarted.push_back(a.pod_uid);
     // The decision maker resumes the job once every pod is back: a pod that registered with
     // this incarnation before the restart was decided (a restarted manager's first pods, while
-    // it joined) is back, and may be the replacement it waits for (simulation seed 164 with a
-    // coordinator: a new manager's pods registered as it joined, the restart waited for them).
+    // it joined) is back, and may be the replacement it waits for.
     decisions_->ReplacementRegistered(static_cast<int64_t>(n), a.pod_uid, now);
     // Job level, every pod is given up. Standalone nobody recreates them: each comes back as
     // its own replacement, a new incarnation, as a pod readmitted after its loss does. (Pod
@@ -1651,7 +1317,7 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
   // ends (evicted, or replaced before their broken streams resumed) are this restart, no fault.
   given_up_.clear();
   if (every_pod && decisions_->ReplacesPods())
-    for (const Agent& a : agents_)
+    for (const Agent& a : pods_.all())
       if (!a.pod_uid.empty()) given_up_.insert(a.pod_uid);
   Event(now, d.strategy == "pod-rescheduling" ? "pod_rescheduling" : "job_rescheduling",
         "every process restarts from the newest checkpoint: " +
@@ -1665,216 +1331,100 @@ void JobControl::RestartJob(const Directive& d, int64_t now) {
 // Time
 // ---------------------------------------------------------------------------------------------
 
-int64_t JobControl::MedianStepMs() const {
-  if (step_times_ms_.empty()) return 0;
-  std::vector<int64_t> t(step_times_ms_.begin(), step_times_ms_.end());
-  std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
-  return t[t.size() / 2];
-}
-
-bool JobControl::BeatsAgain(const Agent& a, uint32_t local, int64_t now) const {
-  const v1::LocalRank& r = a.ranks[local];
-  return r.pid() != a.hung.at(local) ||
-         static_cast<int64_t>(r.beat_age_ms()) <= a.rank_silence[local].TimeoutMs(LivenessMs(), now);
-}
-
 int64_t JobControl::HangTimeoutMs() const {
-  return std::max(config_.hang_timeout_min_s * 1000, config_.hang_step_factor * MedianStepMs());
+  return std::max(config_.hang_timeout_min_s * 1000,
+                  config_.hang_step_factor * commit_.MedianStepMs());
 }
 
 // A rank holds the trained state once the generation committed a step, or if it joined holding
 // it; one that joined without it (a replica rejoining at the last step's boundary) has nobody
 // left to send it, so training is over once every holder finished.
 bool JobControl::HolderFinished() const {
-  const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
-  return std::any_of(places_.begin(), places_.end(), [&](const RankPlace& p) {
-    const Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+  const bool committed_here = commit_.mark() == std::make_pair(options_.epoch, generation());
+  const std::vector<RankPlace>& places = running().places();
+  return std::any_of(places.begin(), places.end(), [&](const RankPlace& p) {
+    const Agent& a = pods_[p.pod];
     return (committed_here || !p.needs_state) && !a.ranks[p.local_rank].alive() &&
            a.finished.count(p.local_rank);
   });
 }
 
-bool JobControl::EveryHolderFinished(int64_t gone_node) const {
-  const bool committed_here = committed_mark_ == std::make_pair(options_.epoch, generation_);
-  return HolderFinished() && std::none_of(places_.begin(), places_.end(), [&](const RankPlace& p) {
-           const Agent& a = agents_[static_cast<size_t>(p.node_rank)];
+bool JobControl::EveryHolderFinished(int64_t gone_pod) const {
+  const bool committed_here = commit_.mark() == std::make_pair(options_.epoch, generation());
+  const std::vector<RankPlace>& places = running().places();
+  return HolderFinished() && std::none_of(places.begin(), places.end(), [&](const RankPlace& p) {
+           const Agent& a = pods_[p.pod];
            return (committed_here || !p.needs_state) && a.ranks[p.local_rank].alive() &&
-                  p.node_rank != gone_node;
+                  p.pod != gone_pod;
          });
 }
 
 void JobControl::Finished(int64_t now) {
   // Tell every agent, so each exits at once instead of waiting for an acknowledgement.
   StopAll(v1::StopTraining::MODE_LEAVE,
-          "training finished at step " + std::to_string(committed_step_), now);
-  Event(now, "done", "training finished at step " + std::to_string(committed_step_));
+          "training finished at step " + std::to_string(commit_.step()), now);
+  Event(now, "done", "training finished at step " + std::to_string(commit_.step()));
 }
 
-void JobControl::LoseSilentPod(int64_t node, const std::string& why, int64_t now) {
-  const std::string& uid = agents_[static_cast<size_t>(node)].pod_uid;
+void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now) {
+  const std::string& uid = pods_[pod].pod_uid;
   if (given_up_.count(uid)) {
     // The decision maker gave this incarnation up for the job's restart (the scheduler replaces
     // it): its end is no news, and reported it would read as the loss of its replacement.
     Event(now, "fence", "pod " + uid + ", given up for the job's restart, is gone: " + why);
-    Fence(node, why);
+    Fence(pod, why);
     return;
   }
   // Neither a pod whose ranks all finished training nor one lost once every other holder of the
   // trained state finished (cut off during the last step, say) is a fault to recover from: the
-  // first leaves nothing undone, the second ends the training (simulation seed 283).
+  // first leaves nothing undone, the second ends the training.
   if (state_ == State::kTraining) {
-    const Agent& a = agents_[static_cast<size_t>(node)];
-    const std::vector<int32_t>& held = rank_of_[static_cast<size_t>(node)];
-    bool ranks_finished = std::any_of(held.begin(), held.end(), [](int32_t r) { return r >= 0; });
-    for (size_t l = 0; l < held.size(); ++l)
-      ranks_finished =
-          ranks_finished && (held[l] < 0 || a.finished.count(static_cast<uint32_t>(l)) > 0);
-    const bool over = EveryHolderFinished(node);
+    const Agent& a = pods_[pod];
+    bool ranks_finished = !running().RanksOf(pod).empty();
+    for (uint32_t l = 0; l < a.nproc; ++l)
+      ranks_finished = ranks_finished && (running().RankOf(pod, l) < 0 || a.finished.count(l) > 0);
+    const bool over = EveryHolderFinished(pod);
     if (ranks_finished || over) {
       Event(now, "fence",
             "pod " + uid + (over ? " is gone as training finished: " : ", whose ranks finished "
                                                                        "training, is gone: ") +
                 why);
-      Fence(node, why);
+      Fence(pod, why);
       if (over) Finished(now);
       return;
     }
   }
-  Fault(v1::FAULT_KIND_POD_LOST, {node}, GenerationRanks(node), -1, why, now);
+  Fault(v1::FAULT_KIND_POD_LOST, {pod}, running().RanksOf(pod), -1, why, now);
 }
 
 void JobControl::DetectFailures(int64_t now) {
   // Silent pods, while training and while a recovery waits, the first generation's included (a
-  // pod that dies then must not hold its node rank against its replacement until TCP gives up):
-  // active ones, and connected standbys and registered pods (a broken stream of theirs is a
-  // fault at once, see Disconnected).
-  const int64_t liveness = LivenessMs();
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    Agent& a = agents_[n];
-    const bool waiting = a.state == AgentState::kStandby || a.state == AgentState::kRegistered;
-    if (a.state != AgentState::kActive && !(waiting && a.connected)) continue;
-    const int64_t bound = a.silence.TimeoutMs(liveness, now);
-    if (now - a.last_seen_ms > bound) {
-      LoseSilentPod(static_cast<int64_t>(n),
-                    (a.connected ? "no heartbeat from pod " + a.pod_uid + " for "
-                                 : "the stream of pod " + a.pod_uid +
-                                       " broke and its session was not resumed within ") +
-                        std::to_string(now - a.last_seen_ms) + " ms" + Stretched(bound, liveness),
-                    now);
-      return;
-    }
-  }
-  const int64_t hang = HangTimeoutMs();
-  // A stalled generation is blamed on a rank that never entered it first (it is still in an
-  // older generation, or never took the start): the ranks waiting for it in the rendezvous or a
-  // collective are its victims, and restarting one of them would stall the next generation too.
-  for (size_t g = 0; g < places_.size() && state_ == State::kTraining; ++g) {
-    const RankPlace& p = places_[g];
-    Agent& a = agents_[static_cast<size_t>(p.node_rank)];
-    const v1::LocalRank& lr = a.ranks[p.local_rank];
-    if (!lr.alive() || lr.phase() == v1::PHASE_DONE || lr.generation() >= generation_ ||
-        now - a.step_since_ms[p.local_rank] <= hang)
-      continue;
-    Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
-          "rank " + std::to_string(g) + " never entered generation " +
-              std::to_string(generation_) + " (it is in generation " +
-              std::to_string(lr.generation()) + ", at step " + std::to_string(lr.step()) +
-              " for " + std::to_string(now - a.step_since_ms[p.local_rank]) +
-              " ms) and holds it up (hang timeout " + std::to_string(hang) + " ms)",
-          now);
+  // pod that dies then must not hold its node rank against its replacement until TCP gives up).
+  if (auto silent = pods_.FirstSilent(now)) {
+    LoseSilentPod(silent->index, silent->why, now);
     return;
   }
   if (state_ != State::kTraining) return;
-  std::optional<size_t> paused, stuck;  // the first rank over the hang timeout of each kind
-  for (size_t g = 0; g < places_.size(); ++g) {
-    const RankPlace& p = places_[g];
-    Agent& a = agents_[static_cast<size_t>(p.node_rank)];
-    const v1::LocalRank& lr = a.ranks[p.local_rank];
-    if (!lr.alive() || lr.phase() == v1::PHASE_DONE) continue;
-    // A process still starting (importing, loading) has not said hello yet: it gets the hang
-    // timeout, not the liveness one.
-    const bool starting =
-        lr.phase() == v1::PHASE_STARTING || lr.phase() == v1::PHASE_UNSPECIFIED;
-    const int64_t bound = a.rank_silence[p.local_rank].TimeoutMs(liveness, now);
-    // A process that ran lately (its CPU time grew within the bound, as its agent read it) is
-    // not frozen, only late: starved on an overloaded machine, or its heartbeat thread waiting
-    // for the interpreter's lock. Its bound is the hang timeout, as a step's is. (A stopped or
-    // deadlocked process runs nothing: its bound stays the liveness one.)
-    const bool ran = lr.has_cpu_idle_ms() && lr.cpu_idle_ms() <= bound;
-    if (lr.beat_age_ms() > (starting || ran ? hang : bound)) {
-      a.hung[p.local_rank] = lr.pid();  // frozen: a failed process until it beats again
-      Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
-            "rank " + std::to_string(g) + " sent no heartbeat for " +
-                std::to_string(lr.beat_age_ms()) + " ms (" +
-                (ran ? "running, past the hang timeout"
-                     : "frozen process" + (starting ? "" : Stretched(bound, liveness))) +
-                ")",
-            now);
-      return;
-    }
-    // A rank of the running generation that waits for a generation (PAUSED: its agent paused
-    // it, or it missed its start) has left this one: past the hang timeout it is the rank that
-    // holds the generation up, before any rank waiting for it (simulation seeds 872, 10434: a
-    // generation whose ranks were all paused waited for good).
-    // (Not while the step they voted for waits for the lease: the wait is this manager's.)
-    if (held_step_ < 0 && now - a.step_since_ms[p.local_rank] > hang) {
-      std::optional<size_t>& first = lr.phase() == v1::PHASE_PAUSED ? paused : stuck;
-      if (!first) first = g;
-    }
-  }
-  if (!paused && !stuck) return;
-  const size_t g = paused ? *paused : *stuck;
-  const RankPlace& p = places_[g];
-  const Agent& a = agents_[static_cast<size_t>(p.node_rank)];
-  const v1::LocalRank& lr = a.ranks[p.local_rank];
-  Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(g)}, lr.step(),
-        "rank " + std::to_string(g) + " has been at step " + std::to_string(lr.step()) +
-            (paused ? ", paused (out of the generation)," : "") + " for " +
-            std::to_string(now - a.step_since_ms[p.local_rank]) + " ms (hang timeout " +
-            std::to_string(hang) + " ms)",
-        now);
+  if (auto hang = pods_.FirstHang(running(), generation(), HangTimeoutMs(), commit_.holding(), now))
+    Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(hang->index)}, hang->step, hang->why,
+          now);
 }
 
-// After a manager restart, only a majority of the last generation may form a new one, so two
-// managers can never both train. The durable record names the members (a member readmitted as
-// its own replacement since counts: it is the same pod), and fresh pods never count; without a
-// record, the agents' own word (the size of the last generation they followed) is all there is.
-// A majority that does not come back within the join window and the decision wait ends the job
-// the way an unreachable decision maker does (dump if allowed, else exit).
+// After a manager restart, only a majority of the last generation may form a new one
+// (JoinWindow). A majority that does not come back within the join window and the decision wait
+// ends this incarnation the way an unreachable decision maker does (dump if allowed, else exit).
 bool JobControl::MajorityBack(int64_t now) {
-  uint32_t back = 0, needed_of = 0;
-  if (!previous_members_.empty()) {
-    needed_of = static_cast<uint32_t>(previous_members_.size());
-    for (const auto& m : previous_members_) {
-      if (m.node_rank < 0 || m.node_rank >= spec_.pods) continue;
-      const Agent& a = agents_[static_cast<size_t>(m.node_rank)];
-      // The member, or the member's pod readmitted under a new incarnation of its uid.
-      back += a.connected && a.state != AgentState::kLost &&
-              PodOfUid(a.pod_uid) == PodOfUid(m.uid);
-    }
-  } else {
-    for (const Agent& a : agents_) {
-      needed_of = std::max(needed_of, a.last_generation_agents);
-      // One with a failed process is still with this manager, not with another one.
-      back += a.connected && a.state != AgentState::kLost;
-    }
-  }
-  if (needed_of == 0 || back * 2 > needed_of) return true;
-  const std::string what = "only " + std::to_string(back) + " of the last generation's " +
-                           std::to_string(needed_of) + " pods " +
-                           (previous_members_.empty() ? "registered" : "on record came back");
-  if (!majority_reported_) {
-    majority_reported_ = true;
-    Event(now, "error", what + ": waiting for a majority before forming a generation");
-  }
-  const int64_t give_up = join_started_ms_ + options_.join_window_ms + config_.mindio_wait_s * 1000;
+  const std::optional<std::string> missing = join_.MajorityMissing(pods_, now);
+  if (!missing) return true;
+  const int64_t give_up =
+      join_.started_ms() + options_.join_window_ms + config_.mindio_wait_s * 1000;
   // A newer incarnation may have formed a generation meanwhile (these pods reached this one as
   // others reached it): this one is fenced, which its pods are told instead.
-  const std::vector<JobRecord::Member> members = previous_members_;
-  if (now >= give_up && !LookAtRecord(now) && previous_members_ == members) {
+  const std::vector<JobRecord::Member> members = join_.members();
+  if (now >= give_up && !LookAtRecord(now) && join_.members() == members) {
     const bool dump = config_.allows(Strategy::kDump);
     StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT,
-            what + " within the join window and the decision wait (MINDIO_WAIT_MINDX_TIME); " +
+            *missing + " within the join window and the decision wait (MINDIO_WAIT_MINDX_TIME); " +
                 (dump ? "survivors dump a checkpoint and this incarnation stops"
                       : "this incarnation stops"),
             now, StopScope::kIncarnation);
@@ -1883,39 +1433,37 @@ bool JobControl::MajorityBack(int64_t now) {
 }
 
 void JobControl::TryFirstGeneration(int64_t now) {
-  if (join_started_ms_ < 0) return;
+  if (!join_.open()) return;
   // A pod here whose processes restart on this manager's order (a job restart) is not missing
   // while they have the hang timeout to come back: reported so, the decision maker would take it
-  // for lost and wait for its replacement for good (sim seed 17333). Past it (a process that
-  // dies as it restarts: seed 21279), it is missing like any other.
+  // for lost and wait for its replacement for good. Past it (a process that dies as it
+  // restarts), it is missing like any other.
   std::vector<int64_t> missing;
   bool restarting = false;
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    Agent& a = agents_[n];
-    if (a.restarting.empty()) a.restart_ms = -1;
-    else if (a.restart_ms < 0) a.restart_ms = now;
-    if (Available(static_cast<int64_t>(n))) continue;
+  pods_.NoteRestartsSeen(now);
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
+    if (pods_.Ready(static_cast<int64_t>(n))) continue;
     if (a.usable() && !a.restarting.empty() &&
         now - a.restart_ms < HangTimeoutMs())
       restarting = true;
     else
       missing.push_back(static_cast<int64_t>(n));
   }
-  const bool window_over = now >= join_started_ms_ + options_.join_window_ms;
+  const bool window_over = join_.Over(now);
   if (!missing.empty() && !window_over) return;
   if (!MajorityBack(now)) return;
   std::vector<int64_t> all;
   for (int64_t r = 0; r < layout_.replicas(); ++r) all.push_back(r);
   if (missing.empty()) {
     if (!restarting)
-      FormGeneration(all, {}, "all " + std::to_string(agents_.size()) + " pods registered", now);
+      FormGeneration(all, {}, "all " + std::to_string(pods_.size()) + " pods registered", now);
     return;
   }
-  if (missing_reported_) return;
-  missing_reported_ = true;
+  if (!join_.ReportMissing()) return;
   std::string why;
-  std::vector<bool> available(agents_.size());
-  for (size_t n = 0; n < agents_.size(); ++n) available[n] = Available(static_cast<int64_t>(n));
+  std::vector<bool> available(pods_.size());
+  for (size_t n = 0; n < pods_.size(); ++n) available[n] = pods_.Ready(static_cast<int64_t>(n));
   if (!PlanGeneration(config_, layout_, available, &why))
     Event(now, "error", "the join window closed with node ranks " + Join(missing) +
                             " missing: " + why + "; waiting for them");
@@ -1936,10 +1484,7 @@ void JobControl::Tick(int64_t now) {
   // in its sockets. That time is not counted against any pod (it delays detection by as much).
   if (last_tick_ms_ >= 0 && now - last_tick_ms_ > LivenessMs() / 2) {
     const int64_t stall = now - last_tick_ms_;
-    for (Agent& a : agents_) {
-      a.last_seen_ms += stall;
-      for (int64_t& since : a.step_since_ms) since += stall;
-    }
+    pods_.ForgiveStall(stall);
     ++counters_.manager_stalls;
     Event(now, "manager_stall",
           "this manager ran nothing for " + std::to_string(stall) +
@@ -1953,76 +1498,44 @@ void JobControl::Tick(int64_t now) {
   decisions_->Tick(now);
   while (auto d = decisions_->Poll()) {
     if (state_ == State::kStopped) break;
-    pending_.reset();
-    pending_since_ms_ = -1;
+    reconcile_.Drop();
     Apply(*d, now);
   }
   // Work waiting for restarted processes or pods to come back (a scale-out while training
   // waits for a step boundary instead: see Commit).
-  if (pending_ && state_ != State::kTraining && state_ != State::kStopped &&
-      Ready(pending_->keep_replicas)) {
-    Directive d = *pending_;
-    pending_.reset();
+  if (reconcile_.pending() && state_ != State::kTraining && state_ != State::kStopped &&
+      Ready(reconcile_.pending()->keep_replicas)) {
+    Directive d = *reconcile_.TakePending();
     if (!FormGeneration(std::vector<int64_t>(d.keep_replicas.begin(), d.keep_replicas.end()),
                         d.microbatches, d.reason, now))
-      pending_ = d;
+      reconcile_.Await(d);
   }
   CheckPendingWait(now);
   CheckDecisionWait(now);
 }
 
-// ---------------------------------------------------------------------------------------------
-// The decision wait (DESIGN.md, "Who decides what"): with a coordinator the manager never makes
-// a scheduling decision itself. While the coordinator is unreachable and survivors wait for a
-// decision (a generation aborted, no directive being carried out), they stay paused until it
-// returns or MINDIO_WAIT_MINDX_TIME runs out; then the ladder's last steps: dump if the job
-// allows it, else exit. (The embedded engine is always available: this never applies to it.)
-// ---------------------------------------------------------------------------------------------
-
+// The decision wait (Reconciliation::DecisionWaitOver): once it is over, this incarnation stops,
+// dumping a checkpoint if the job allows it. Only this incarnation: cut off from the coordinator,
+// it cannot know that the job is over (a newer manager may lead it). Its pods exit, and come back
+// to whichever manager the coordinator serves.
 void JobControl::CheckDecisionWait(int64_t now) {
-  const bool waiting = state_ == State::kAborted && !pending_;
-  if (!waiting || decisions_->Available()) {
-    if (waiting && decisions_unavailable_ms_ >= 0)
-      Event(now, "decisions_available", "the coordinator is reachable again after " +
-                                            std::to_string(now - decisions_unavailable_ms_) +
-                                            " ms; survivors wait for its decision");
-    decisions_unavailable_ms_ = -1;
-    return;
-  }
-  const int64_t wait_ms = config_.mindio_wait_s * 1000;
-  if (decisions_unavailable_ms_ < 0) {
-    decisions_unavailable_ms_ = now;
-    Event(now, "decisions_unavailable",
-          "the coordinator is unreachable while survivors wait for a decision: they stay paused "
-          "for up to " + std::to_string(config_.mindio_wait_s) + " s (MINDIO_WAIT_MINDX_TIME)");
-    return;
-  }
-  if (now - decisions_unavailable_ms_ < wait_ms) return;
+  const bool waiting = state_ == State::kAborted && !reconcile_.pending();
   const bool dump = config_.allows(Strategy::kDump);
-  const std::string reason =
-      "no decision: the coordinator was unreachable for " +
-      std::to_string(now - decisions_unavailable_ms_) + " ms, past the decision wait of " +
-      std::to_string(config_.mindio_wait_s) + " s (MINDIO_WAIT_MINDX_TIME); " +
-      (dump ? "survivors dump a checkpoint and this incarnation stops"
-            : "this incarnation stops (dump is not allowed)");
-  Event(now, "decision_timeout", reason);
-  decisions_unavailable_ms_ = -1;
-  // Only this incarnation: cut off from the coordinator, it cannot know that the job is over (a
-  // newer manager may lead it: simulation seed 12848 with a coordinator, where its stop was taken
-  // for the job's end while the newer one trained on). Its pods exit, and come back to whichever
-  // manager the coordinator serves.
-  StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT, reason, now,
-          StopScope::kIncarnation);
+  std::string reason;
+  if (reconcile_.DecisionWaitOver(waiting, !waiting || decisions_->Available(),
+                                  config_.mindio_wait_s, dump, now, &reason))
+    StopAll(dump ? v1::StopTraining::MODE_DUMP : v1::StopTraining::MODE_EXIT, reason, now,
+            StopScope::kIncarnation);
 }
 
 v1::GetStatusResponse JobControl::StatusReport() const {
   v1::GetStatusResponse s;
   s.set_job_id(spec_.id);
   s.set_epoch(options_.epoch);
-  s.set_generation(generation_);
+  s.set_generation(generation());
   s.set_world_size(world_size());
-  s.set_data_parallel(static_cast<uint32_t>(replicas_.size()));
-  s.set_committed_step(committed_step_);
+  s.set_data_parallel(static_cast<uint32_t>(running().replicas().size()));
+  s.set_committed_step(commit_.step());
   static const char* kStates[] = {"joining", "training", "aborted", "stopped"};
   s.set_phase(kStates[static_cast<int>(state_)]);
   static const char* kAgentStates[] = {"registered", "active", "standby", "lost", "leaving", "done"};
@@ -2031,15 +1544,16 @@ v1::GetStatusResponse JobControl::StatusReport() const {
   auto ms = [](int64_t v) {
     return static_cast<uint32_t>(std::clamp<int64_t>(v, 0, UINT32_MAX));
   };
-  for (size_t n = 0; n < agents_.size(); ++n) {
-    const Agent& a = agents_[n];
+  for (size_t n = 0; n < pods_.size(); ++n) {
+    const Agent& a = pods_[static_cast<int64_t>(n)];
     auto* ns = s.add_nodes();
     ns->set_node_rank(static_cast<uint32_t>(n));
     ns->set_node_name(a.node_name);
     ns->set_pod_uid(a.pod_uid);
     ns->set_state(a.pod_uid.empty() ? "missing" : kAgentStates[static_cast<int>(a.state)]);
-    for (size_t g = 0; g < places_.size(); ++g)
-      if (places_[g].node_rank == static_cast<int64_t>(n)) ns->add_ranks(static_cast<uint32_t>(g));
+    for (size_t g = 0; g < running().size(); ++g)
+      if (running().places()[g].pod == static_cast<int64_t>(n))
+        ns->add_ranks(static_cast<uint32_t>(g));
     ns->set_liveness_timeout_ms(ms(a.silence.TimeoutMs(liveness, now)));
     ns->set_silence_peak_ms(ms(a.silence.PeakMs(now)));
     for (const SilenceBound& r : a.rank_silence) {
@@ -2048,7 +1562,7 @@ v1::GetStatusResponse JobControl::StatusReport() const {
       ns->set_rank_silence_peak_ms(std::max(ns->rank_silence_peak_ms(), ms(r.PeakMs(now))));
     }
   }
-  for (const auto& e : events_) *s.add_events() = e;
+  for (const auto& e : log_.events()) *s.add_events() = e;
   return s;
 }
 

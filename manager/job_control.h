@@ -3,9 +3,15 @@
 // (service.h) feeds it agent messages and drains what it has to send; tests drive it directly
 // with thousands of simulated agents.
 //
-// Who decides what (DESIGN.md): the job control carries out directives; the scheduling decisions
-// (wait, scale in or out, dump, exit) come from a Decisions source: the engine embedded in the
-// manager (standalone) or the coordinator in the scheduler.
+// Who decides what (docs/design.md): the job control carries out directives; the scheduling
+// decisions (wait, scale in or out, dump, exit) come from a Decisions source: the engine embedded
+// in the manager (standalone) or the coordinator in the scheduler.
+//
+// Its parts, each the one owner of its state: Pods (registration and liveness, pods.h),
+// Generations (the running generation, generations.h), StepCommit (the vote and the commit,
+// step_commit.h) and Reconciliation (the directives carried out, reconciled with what the manager
+// did first, reconciliation.h). JobControl wires them, and keeps the job's phase, the durable
+// record, the aborts and the stops.
 #pragma once
 
 #include <cstdint>
@@ -23,16 +29,18 @@
 #include "plugin/sizing.h"
 #include "common/status.h"
 #include "manager/job_record.h"
-#include "manager/silence_bound.h"
+#include "manager/join_window.h"
+#include "manager/event_log.h"
+#include "manager/generations.h"
+#include "manager/pods.h"
+#include "manager/rank_layout.h"
+#include "manager/reconciliation.h"
+#include "manager/step_commit.h"
 #include "regroup/v1/wire.pb.h"
 
 namespace regroup::manager {
 
 namespace v1 = ::regroup::v1;
-
-// The largest generation number an agent's report is believed (2^53: exact in /status's JSON);
-// a larger one is a bad report, and would wrap the next generation's number to 0 ("not known").
-inline constexpr uint64_t kMaxGeneration = uint64_t{1} << 53;
 
 // What the job control tells the decision maker, and what it hears back.
 class Decisions {
@@ -101,19 +109,11 @@ struct JobControlOptions {
   std::function<const std::optional<JobRecord>&()> stored_record;
 };
 
-// A rank's place: which agent (node rank) and which of its processes.
-struct RankPlace {
-  int64_t node_rank = -1;
-  uint32_t local_rank = 0;
-  uint32_t replica = 0;  // in the generation
-  bool needs_state = false;  // it joined without the committed state: a peer sends it
-};
-
 class JobControl {
  public:
-  // One message for one agent (by node rank).
+  // One message for one agent.
   struct Outgoing {
-    int64_t node_rank;
+    int64_t node_rank;  // the pod's index (its agent's node rank)
     v1::ManagerMessage message;
     bool close = false;  // end that agent's stream after this message
   };
@@ -121,7 +121,8 @@ class JobControl {
   JobControl(JobSpec spec, JobConfig config, JobControlOptions options,
              std::unique_ptr<Decisions> decisions);
 
-  // An agent stream's first message. On success the stream belongs to the returned node rank.
+  // An agent stream's first message. On success the stream belongs to the returned pod index
+  // (the agent's node rank).
   // Refused (with the status to answer): another job, a duplicate node rank, a zombie pod uid, a
   // node rank out of range, a fenced epoch.
   StatusOr<int64_t> Register(uint64_t stream, const v1::Header& header, const v1::Register& reg,
@@ -146,24 +147,24 @@ class JobControl {
   // was declared lost and must stop.
   v1::ManagerMessage MakeRefusal(const std::string& reason, bool fenced = false,
                                  bool readmit = false) const;
-  bool IsFenced(const std::string& pod_uid) const { return lost_uids_.count(pod_uid) > 0; }
+  bool IsFenced(const std::string& pod_uid) const { return pods_.IsFenced(pod_uid); }
   // A fenced pod that may come back as its own replacement (see Refusal.readmit).
   bool MayReadmit(const std::string& pod_uid) const {
-    return IsFenced(pod_uid) && !replace_uids_.count(pod_uid);
+    return IsFenced(pod_uid) && !pods_.MustBeReplaced(pod_uid);
   }
 
   uint64_t epoch() const { return options_.epoch; }
-  uint64_t generation() const { return generation_; }
-  int64_t committed_step() const { return committed_step_; }
+  uint64_t generation() const { return generations_.number(); }
+  int64_t committed_step() const { return commit_.step(); }
   bool training() const { return state_ == State::kTraining; }
   // The stop this incarnation sent (the job's end, or only its own), if it stopped.
   const v1::StopTraining* stopped() const { return stop_ ? &stop_->stop() : nullptr; }
-  uint32_t world_size() const { return static_cast<uint32_t>(places_.size()); }
+  uint32_t world_size() const { return static_cast<uint32_t>(running().size()); }
   const JobSpec& spec() const { return spec_; }
   uint32_t heartbeat_interval_ms() const { return heartbeat_interval_ms_; }
   // The event log: the newest JobControlOptions::event_log events, and how many were ever logged.
-  const std::deque<v1::JobEvent>& events() const { return events_; }
-  uint64_t events_logged() const { return events_logged_; }
+  const std::deque<v1::JobEvent>& events() const { return log_.events(); }
+  uint64_t events_logged() const { return log_.logged(); }
 
   // Counters for metrics.
   struct Counters {
@@ -179,54 +180,26 @@ class JobControl {
 
  private:
   enum class State { kJoining, kTraining, kAborted, kStopped };
-  enum class AgentState { kRegistered, kActive, kStandby, kLost, kLeaving, kDone };
-
-  struct Agent {
-    uint64_t stream = 0;
-    bool connected = false;
-    std::string pod_uid;
-    std::string pod_name;
-    std::string node_name;
-    std::string host;
-    uint32_t nproc = 0;
-    std::vector<uint32_t> free_ports;       // free on `host` as last reported, none given out
-    AgentState state = AgentState::kRegistered;
-    // Connected, and neither lost, leaving nor done: it can be told to run processes.
-    bool usable() const {
-      return connected && state != AgentState::kLost && state != AgentState::kLeaving &&
-             state != AgentState::kDone;
-    }
-    int64_t last_seen_ms = 0;
-    SilenceBound silence;                   // how long its silence may last (its beats' past)
-    std::vector<v1::LocalRank> ranks;       // as last reported, by local rank
-    std::vector<SilenceBound> rank_silence; // each trainer's, from the beat ages reported
-    std::vector<int64_t> step_since_ms;     // when each local rank's step last changed
-    std::set<uint32_t> restarting;          // local ranks restarted in place, not back yet
-    int64_t restart_ms = -1;                // since when `restarting` is seen before a generation
-    std::set<uint32_t> failed;              // local ranks that exited with an error, not restarted
-    // Local ranks declared hung (a HANG fault), by the pid of the process that hung, until it is
-    // restarted: a frozen process is a failed one that has not exited (it may never).
-    std::map<uint32_t, int32_t> hung;
-    std::set<uint32_t> finished;            // local ranks that finished training (exit 0)
-    uint32_t last_generation_agents = 0;
-    uint64_t aborted_through = 0;           // the latest generation whose abort it was sent
-  };
-
+  // The pod index a registration may take, or why it may not.
+  StatusOr<int64_t> Admissible(const v1::Header& header, const v1::Register& reg) const;
+  // A pod registered (or resumed its session): the decision maker hears of it, the pod is
+  // welcomed and told what it missed.
+  void Registered(int64_t pod, bool resumed, bool replacement, int64_t now);
   void Event(int64_t now, const std::string& kind, const std::string& message);
-  void Send(int64_t node_rank, v1::ManagerMessage message, bool close = false);
+  void Send(int64_t pod, v1::ManagerMessage message, bool close = false);
   v1::Header MakeHeader() const;
-  Agent* AgentOf(uint64_t stream, int64_t* node_rank);
 
-  void OnHeartbeat(int64_t node, Agent& agent, const v1::Heartbeat& hb, int64_t now);
-  void OnProcessExit(int64_t node, Agent& agent, const v1::ProcessExit& exit, int64_t now);
-  Status OnVotes(int64_t node, Agent& agent, const v1::Votes& votes, int64_t now);
-  void OnLeave(int64_t node, Agent& agent, const v1::Leave& leave, int64_t now);
-  void Depart(int64_t node, int64_t now);
+  Status OnFault(int64_t pod, const v1::FaultReport& fault, int64_t now);
+  void OnProcessExit(int64_t pod, const v1::ProcessExit& exit, int64_t now);
+  Status OnVotes(int64_t pod, const v1::Votes& votes, int64_t now);
+  void OnLeave(int64_t pod, const v1::Leave& leave, int64_t now);
+  void Depart(int64_t pod, int64_t now);
 
   // A fault: abort the generation at once and tell the decision maker. `ranks` are of the
-  // running generation; the decision maker hears them as ranks of the generation it knows (see
-  // engine_rank_of_), plus `known_ranks` already in that frame (ranks outside the running one),
-  // plus the ranks it numbers `local_ranks` of the one pod in `pods` (FaultFacts.local_ranks).
+  // running generation; the decision maker hears them as ranks of the generation it knows
+  // (Reconciliation::KnownRank), plus `known_ranks` already in that frame (ranks outside the
+  // running one), plus the ranks it numbers `local_ranks` of the one pod in `pods`
+  // (FaultFacts.local_ranks).
   void Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vector<uint32_t> ranks,
              int64_t step, const std::string& detail, int64_t now,
              const std::vector<uint32_t>& known_ranks = {},
@@ -234,52 +207,39 @@ class JobControl {
   // A process of an earlier incarnation's generation died, and this incarnation has formed no
   // generation yet (a manager restart in between): a fault the decision maker hears by local
   // rank, once per process. False when it is not such a process (nothing is reported).
-  bool EarlierProcessDied(int64_t node, const v1::LocalRank& rank, const std::string& why,
+  bool EarlierProcessDied(int64_t pod, const v1::LocalRank& rank, const std::string& why,
                           int64_t now);
   // The survivors continue (regroup.io/survivors-continue): a process of the generation just
   // aborted died; its replicas leave, its processes restart in place at once, and the other
   // replicas form the next generation now. The restarted ranks rejoin at a step boundary
   // (pending_). False when the job waits instead (dp 1, no replica left whole, the strategies).
   bool ContinueWithoutFailedRanks(const std::string& reason, int64_t now);
-  // The return of the ranks restarted in place: the generation the decision maker knows again.
-  Directive Rejoin(const std::string& reason) const;
-  // A directive's ranks to restart, by agent (node rank -> local ranks), mapped through the
-  // generation the decision maker knows; `skip_restarted_early`: not those the manager already
-  // restarted at once (unless they died again).
-  std::map<int64_t, std::vector<uint32_t>> RanksToRestart(const Directive& d,
-                                                          bool skip_restarted_early = false) const;
+  // The replicas that may train on without the failed ranks of `reason`, or none when the
+  // survivors may not continue.
+  std::vector<int64_t> Survivors(const std::string& reason, int64_t now);
   // Every rank of replica r is up: its agent usable, the process alive, said hello, not
   // restarting.
   bool ReplicaReady(int64_t replica) const;
   void Abort(const std::string& reason, int64_t now);
-  // A pod's report of its free ports, less the ports of recent stores.
-  template <typename Message>
-  void NoteFreePorts(Agent& agent, const Message& report);
-  // The store port of the next generation, hosted by `host`.
-  uint32_t TakeStorePort(Agent& host);
-  // Whether one of the last kRecentStorePorts stores was at host:port.
-  bool RecentStore(const std::string& host, uint32_t port) const;
   // The latest abort (abort_) to one pod, again: it was away when it went out.
-  void SendAbort(int64_t node);
+  void SendAbort(int64_t pod);
   // A pod that resumed its session: what it missed while its stream was down, sent again.
-  void CatchUp(int64_t node);
+  void CatchUp(int64_t pod);
   // A pod uid that must never take part again (lost, left or replaced), kept on record too.
   void Forget(const std::string& uid);
-  // The (epoch, generation) that the ranks which heard `step` commit say committed it.
-  std::pair<uint64_t, uint64_t> HeardCommitMark(int64_t step) const;
   // After a manager restart: whether a majority of the last generation on record is back.
   bool MajorityBack(int64_t now);
   // Declares a pod lost: its uid is fenced for good, and a connected agent is told so at once.
   // `readmit`: it may come back as its own replacement (lost for silence or a broken stream).
-  void Fence(int64_t node, const std::string& reason, bool readmit = true);
+  void Fence(int64_t pod, const std::string& reason, bool readmit = true);
   // Asks an agent to restart these local ranks in place.
-  void RestartRanks(int64_t node, const std::vector<uint32_t>& locals, const std::string& reason);
-  // Every process of `node`, for the job restart under way.
-  void RestartForJob(int64_t node, const std::string& reason);
+  void RestartRanks(int64_t pod, const std::vector<uint32_t>& locals, const std::string& reason);
+  // Every process of `pod`, for the job restart under way.
+  void RestartForJob(int64_t pod, const std::string& reason);
   // During a job restart, a pod whose processes were in a generation (none formed since the
   // restart) restarts them: it was away when the restart was decided, or reached another
   // incarnation.
-  void RestartIfItPredatesTheJobRestart(int64_t node);
+  void RestartIfItPredatesTheJobRestart(int64_t pod);
   // Pods whose processes failed (exited, or hung) and that no directive restarts: restarted in
   // place when the job allows it, else fenced, so that no generation waits for them and their
   // slots can be refilled.
@@ -288,6 +248,12 @@ class JobControl {
   // declared lost, and the decision maker decides again.
   void CheckPendingWait(int64_t now);
   void Apply(const Directive& d, int64_t now);
+  void Retry(const Directive& d, int64_t now);
+  void RestartInPlace(const Directive& d, int64_t now);
+  // Of the ranks a restart in place names, those that train in the running generation (formed
+  // since the fault) are kept, not restarted.
+  void KeepTheRunningGenerationsRanks(std::map<int64_t, std::vector<uint32_t>>& restart,
+                                      int64_t now);
   // MindCluster's rescheduling (RESTART_JOB): every process of the job restarts and resumes from
   // the newest checkpoint, so the next generation resumes after the step the restarted ranks
   // hold, not after the last commit.
@@ -299,6 +265,21 @@ class JobControl {
   // keeps the generation before it as its frame of ranks).
   bool FormGeneration(const std::vector<int64_t>& replicas, const std::vector<int64_t>& micro,
                       const std::string& reason, int64_t now, bool interim = false);
+  // Whether a generation may be formed over these replicas now: some, each ready, and this
+  // incarnation not fenced.
+  bool MayForm(const std::vector<int64_t>& replicas, int64_t now);
+  // Whether the ranks of these replicas hold every shard of the committed state between them;
+  // if not, the decision maker hears so (state_lost), once a step.
+  bool StateHeld(const std::vector<int64_t>& replicas, int64_t now);
+  // The micro-batches of one step (0: no batch is configured).
+  int64_t MicrobatchesPerStep() const;
+  // The generation just formed is the one on the durable record.
+  void RecordGeneration();
+  // The plan of the generation just formed, its store on the host of rank 0.
+  v1::GenerationPlan Plan(const std::string& reason);
+  // Each pod that trains or stands by hears the plan, with its ranks.
+  void SendStarts(const v1::GenerationPlan& plan, int64_t now);
+  const RankLayout& running() const { return generations_.running(); }
   // Whether this incarnation must commit nothing more: fenced by the decision maker (at once)
   // or by the stored record (looked at when `record`: JobControlOptions::stored_record), or the
   // job ended on record under another incarnation.
@@ -313,15 +294,13 @@ class JobControl {
   void TryFirstGeneration(int64_t now);
   void DetectFailures(int64_t now);
   // Declares a pod lost that fell silent or whose stream broke (it may come back: readmit).
-  void LoseSilentPod(int64_t node, const std::string& why, int64_t now);
+  void LoseSilentPod(int64_t pod, const std::string& why, int64_t now);
   // A rank of the generation holding the trained state finished training (exited 0): its last
   // step is committed.
   bool HolderFinished() const;
   // Training is over: a rank of the generation holding the trained state finished it, and every
-  // other such rank has finished too, or is on `gone_node` (a pod lost just now; -1: none).
-  bool EveryHolderFinished(int64_t gone_node = -1) const;
-  // The highest step committed here or heard committed by a pod not lost.
-  int64_t HighestCommitHeard() const;
+  // other such rank has finished too, or is on `gone_pod` (a pod lost just now; -1: none).
+  bool EveryHolderFinished(int64_t gone_pod = -1) const;
   // This incarnation formed a generation (its generation is the one on record). Until it does,
   // its decision maker (a restarted manager's is new) knows nothing it was not told.
   bool FormedAGeneration() const { return record_.leader_epoch == options_.epoch; }
@@ -329,28 +308,22 @@ class JobControl {
   void BeforeTheFirstGeneration(const Directive& d, int64_t now);
   // Tells the decision maker of a fault.
   void ReportFault(const v1::FaultFacts& fault, int64_t now);
-  // Whether a rank holds the state at committed_step_, as far as this manager knows: its
-  // reports say it applied or heard that commit (its agent counts a trainer computing a step as
-  // holding the one before), or voted for the step in the generation that committed it; or it is
-  // a rank of this incarnation's running generation that committed the step or resumed after it
-  // holding it, its process not restarted since.
-  bool HoldsCommittedState(int64_t node, uint32_t local) const;
+  // Whether a rank holds the state at the committed step (StepCommit::Holds).
+  bool HoldsCommittedState(int64_t pod, uint32_t local) const;
   // The positions of a replica at which no rank of `replicas` holds that state (none before the
   // first commit).
   std::vector<int64_t> PositionsUnheld(const std::vector<int64_t>& replicas) const;
   void Finished(int64_t now);
   void Commit(int64_t step, int64_t now);
+  // Every rank voted on `step` and it is not committed: its ranks hear so; replicas that
+  // disagree on their parameters (`mismatch`) are a fault.
+  void Reject(int64_t step, bool mismatch, int64_t now);
   // Commits the step held for the lease once the lease holds again; drops it once its
   // generation is over.
   void CommitHeld(int64_t now);
   int64_t HangTimeoutMs() const;
-  // Whether the process of `local` marked hung beats again (its beat age within its bound), or
-  // is another process.
-  bool BeatsAgain(const Agent& a, uint32_t local, int64_t now) const;
   int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }
-  int64_t MedianStepMs() const;
-  bool Available(int64_t node) const;
-  // Every pod of these replicas is Available.
+  // Every rank of these replicas is ready (ReplicaReady).
   bool Ready(const std::vector<int64_t>& replicas) const;
   // With a coordinator: the decision wait while it is unreachable (see job_control.cc).
   void CheckDecisionWait(int64_t now);
@@ -363,91 +336,32 @@ class JobControl {
   uint32_t heartbeat_interval_ms_;
 
   State state_ = State::kJoining;
-  std::vector<Agent> agents_;                  // by node rank
-  std::map<uint64_t, int64_t> stream_node_;    // stream -> node rank
-  std::set<std::string> lost_uids_;            // pods that were lost: zombies if they return
-  std::set<std::string> replace_uids_;         // of those, the ones that must be replaced
+  EventLog log_;
+  Pods pods_;  // registration and liveness
+  Reconciliation reconcile_;  // the decisions carried out, reconciled with what the manager did
+  JoinWindow join_;           // the first generation's rendezvous
   JobRecord record_;
   bool record_changed_ = true;
   bool superseded_ = false;
-  std::vector<JobRecord::Member> previous_members_;  // the record's last generation, until formed
-  int64_t join_started_ms_ = -1;
-  bool majority_reported_ = false;  // "waiting for a majority" said once
-  bool missing_reported_ = false;   // the missing pods were reported to the decision maker
 
-  uint64_t generation_ = 0;                    // n of (epoch, n)
   uint64_t directive_id_ = 0;
-  std::vector<int64_t> replicas_;              // the generation's replicas (original indices)
-  std::vector<RankPlace> places_;              // by global rank
-  std::vector<std::vector<int32_t>> rank_of_;  // [node rank][local rank] -> global rank or -1
-  int64_t RankOf(int64_t node, uint32_t local) const {
-    const auto& locals = rank_of_[static_cast<size_t>(node)];
-    return local < locals.size() ? locals[local] : -1;
-  }
-  // The global ranks pod `node` holds in the running generation (none: a standby or a spare).
-  std::vector<uint32_t> GenerationRanks(int64_t node) const {
-    std::vector<uint32_t> ranks;
-    for (int32_t r : rank_of_[static_cast<size_t>(node)])
-      if (r >= 0) ranks.push_back(static_cast<uint32_t>(r));
-    return ranks;
-  }
-  // The generation the decision maker knows: the last one not formed as interim. Its ranks are
-  // the ones faults name and directives restart.
-  std::vector<int64_t> engine_replicas_;
-  std::vector<RankPlace> engine_places_;
-  std::vector<std::vector<int32_t>> engine_rank_of_;
-  bool interim_ = false;  // the running generation is interim (survivors continued)
+  Generations generations_;  // the running generation and how it was formed
   bool job_restarting_ = false;  // RESTART_JOB applied, no generation formed since
   bool restart_on_record_ = false;  // ... by another incarnation: it is on the durable record
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
-  std::set<std::pair<int64_t, uint32_t>> restarted_early_;  // (node, local) restarted at once
-  std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (node, pid) EarlierProcessDied told
+  std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (pod, pid) EarlierProcessDied told
   int64_t state_lost_step_ = -2;  // the committed step whose state_lost the decision maker heard
-  // (node, local) whose process restarted since the last commit: it holds no vote of its own.
-  std::set<std::pair<int64_t, uint32_t>> restarted_since_commit_;
-  std::vector<std::string> generation_uids_;  // by node: the pod in the running generation
-  std::vector<int64_t> microbatches_;
-  int64_t committed_step_ = -1;
-  uint32_t generation_agents_ = 0;
+  StepCommit commit_;  // the vote and the commit
 
-  // The vote of the step in flight.
-  int64_t vote_step_ = -1;
-  // A step every rank voted for whose commit waits for the decision maker's lease
-  // (Decisions::WhyNoCommit), in the generation it was voted in; -1: none.
-  int64_t held_step_ = -1;
-  uint64_t held_generation_ = 0;
-  std::vector<bool> voted_;
-  std::vector<uint64_t> checksums_;
-  bool vote_ok_ = true;
-
-  // Pending work.
-  std::optional<Directive> pending_;           // waits for restarted ranks or a step boundary
-  int64_t pending_since_ms_ = -1;
   std::optional<v1::ManagerMessage> stop_;     // the StopTraining that ended the job or this
                                                // incarnation
-  // (host, port) of the latest generations' stores: never given again while one may be up (its
-  // ranks hold it until they leave), nor taken from a report that predates its bind.
-  std::deque<std::pair<std::string, uint32_t>> store_ports_;
   std::optional<v1::ManagerMessage> abort_;    // the AbortGeneration of the running generation
-  std::vector<std::optional<v1::ManagerMessage>> starts_;  // [node] its StartGeneration
   std::set<int64_t> leaving_;                  // agents that asked to leave (SIGTERM)
   int64_t abort_ms_ = -1;                      // when the running generation was aborted
   int64_t last_tick_ms_ = -1;                  // the previous Tick (a stall is not the pods')
   int64_t record_looked_ms_ = -1;              // the last look at the stored record (Tick)
-  // (epoch, generation) that committed committed_step_; (0, 0) when it was heard from agents.
-  std::pair<uint64_t, uint64_t> committed_mark_{0, 0};
-  // The committed step when the survivors last continued past a failed process: the next step
-  // failing again before a commit is not continued past (it may be poison).
-  int64_t continued_after_step_ = -2;
   int64_t first_fault_ms_ = -1;
-  std::deque<int64_t> step_times_ms_;          // recent commit intervals
-  int64_t last_commit_ms_ = -1;
 
-  // Since when survivors wait for a decision while the decision maker is unreachable; -1: not.
-  int64_t decisions_unavailable_ms_ = -1;
-
-  std::deque<v1::JobEvent> events_;
-  uint64_t events_logged_ = 0;
   std::vector<Outgoing> outgoing_;
   Counters counters_;
 };

@@ -1,0 +1,152 @@
+#include "manager/step_commit.h"
+
+#include <algorithm>
+
+namespace regroup::manager {
+
+namespace {
+
+constexpr CommitMark kUnknown{0, 0};
+
+// The generation that committed `step`, as the ranks that heard its commit say; (0, 0) when none
+// says, or when they disagree (one of them holds a stale mark: no rank may then trust its vote).
+CommitMark HeardMark(const Pods& pods, int64_t step) {
+  CommitMark mark = kUnknown;
+  for (const Agent& a : pods.all()) {
+    if (a.state == AgentState::kLost || a.pod_uid.empty()) continue;
+    for (const auto& lr : a.ranks) {
+      if (lr.heard_commit_step() != step) continue;
+      const CommitMark said{lr.heard_commit_epoch(), lr.heard_commit_generation()};
+      if (said == kUnknown) continue;
+      if (mark != kUnknown && mark != said) return kUnknown;
+      mark = said;
+    }
+  }
+  return mark;
+}
+
+}  // namespace
+
+StatusOr<StepCommit::Ballot> StepCommit::Vote(int64_t pod, const v1::Votes& votes,
+                                              const RankLayout& running, int64_t replica_ranks,
+                                              uint64_t generation) {
+  if (votes.step() >= 0 && votes.step() <= step_)
+    return Ballot::kOpen;  // sent again after a resumed session: the step is committed
+  if (votes.step() < 0 || votes.step() != step_ + 1)
+    return FailedPrecondition("the votes are for step " + std::to_string(votes.step()) +
+                              "; the step in flight is " + std::to_string(step_ + 1));
+  if (vote_step_ != votes.step()) {
+    vote_step_ = votes.step();
+    voted_.assign(running.size(), false);
+    checksums_.assign(running.size(), 0);
+    vote_ok_ = true;
+  }
+  for (int i = 0; i < votes.local_ranks_size(); ++i) {
+    const uint32_t l = votes.local_ranks(i);
+    const int64_t rank = running.RankOf(pod, l);
+    if (rank < 0)
+      return InvalidArgument("local rank " + std::to_string(l) + " of pod " +
+                             std::to_string(pod) + " has no rank in generation " +
+                             std::to_string(generation));
+    voted_[static_cast<size_t>(rank)] = true;
+    if (i < votes.checksums_size()) checksums_[static_cast<size_t>(rank)] = votes.checksums(i);
+  }
+  vote_ok_ = vote_ok_ && votes.ok();
+  if (std::find(voted_.begin(), voted_.end(), false) != voted_.end()) return Ballot::kOpen;
+  // Every rank voted. Replicas must agree on their parameters where a checksum was taken.
+  bool mismatch = false;
+  for (size_t r = replica_ranks; r < checksums_.size() && !mismatch; ++r) {
+    const uint64_t first = checksums_[r % replica_ranks];
+    mismatch = checksums_[r] != 0 && first != 0 && checksums_[r] != first;
+  }
+  if (mismatch) return Ballot::kMismatch;
+  return vote_ok_ ? Ballot::kPassed : Ballot::kRejected;
+}
+
+bool StepCommit::Hold(int64_t step, uint64_t generation) {
+  const bool again = held_step_ == step && held_generation_ == generation;
+  held_step_ = step;
+  held_generation_ = generation;
+  return !again;
+}
+
+std::optional<int64_t> StepCommit::Held(bool training, uint64_t generation) {
+  if (held_step_ < 0) return std::nullopt;
+  if (!training || held_generation_ != generation || vote_step_ != held_step_) {
+    held_step_ = -1;
+    return std::nullopt;
+  }
+  return held_step_;
+}
+
+bool StepCommit::Committed(int64_t step, const CommitMark& mark, const RankLayout& running,
+                           int64_t now) {
+  step_ = step;
+  mark_ = mark;
+  for (const auto& p : running.places()) restarted_since_commit_.erase({p.pod, p.local_rank});
+  vote_step_ = -1;
+  const bool timed = last_commit_ms_ >= 0;
+  if (timed) {
+    step_times_ms_.push_back(now - last_commit_ms_);
+    while (step_times_ms_.size() > 31) step_times_ms_.pop_front();
+  }
+  last_commit_ms_ = now;
+  return timed;
+}
+
+void StepCommit::NewGeneration() {
+  vote_step_ = -1;
+  last_commit_ms_ = -1;
+}
+
+void StepCommit::Forget() {
+  step_ = -1;
+  mark_ = kUnknown;
+}
+
+int64_t StepCommit::HighestHeard(const Pods& pods) const {
+  int64_t heard = step_;
+  for (const Agent& a : pods.all())
+    if (a.state != AgentState::kLost && !a.pod_uid.empty())
+      for (const auto& lr : a.ranks)
+        heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
+  return heard;
+}
+
+void StepCommit::CatchUp(const Pods& pods) {
+  const int64_t heard = HighestHeard(pods);
+  if (heard <= step_) return;
+  step_ = heard;
+  mark_ = HeardMark(pods, heard);
+}
+
+bool StepCommit::Holds(int64_t pod, uint32_t local, const Agent& a, const RankLayout& running,
+                       bool same_pod, const CommitMark& running_mark) const {
+  if (local >= a.ranks.size() || a.restarting.count(local)) return false;
+  const v1::LocalRank& r = a.ranks[local];
+  if (std::max(r.committed_step(), r.heard_commit_step()) >= step_) return true;
+  // It voted for the step, and has not heard the outcome: it applies the step from its vote if
+  // the generation it voted in committed it (or nobody knows which did), as the trainer does
+  // (python/regroup/forming.py). What a restarted manager knows of the votes before it.
+  const CommitMark voted_in{r.voted_epoch(), r.voted_generation()};
+  if (voted_in.second != 0 && r.voted_step() == step_ && r.committed_step() + 1 == step_ &&
+      (mark_ == kUnknown || mark_ == voted_in))
+    return true;
+  // Its reports may be a heartbeat late. A rank of the running generation holds it if that
+  // generation committed the step (it voted for it) or resumed after it with this rank holding
+  // it, unless its pod was replaced or its process restarted since.
+  const int64_t g = running.RankOf(pod, local);
+  if (g < 0 || static_cast<size_t>(g) >= running.size() || !same_pod ||
+      restarted_since_commit_.count({pod, local}))
+    return false;
+  return mark_ == running_mark || !running.places()[static_cast<size_t>(g)].needs_state;
+}
+
+int64_t StepCommit::MedianStepMs() const {
+  if (step_times_ms_.empty()) return 0;
+  std::vector<int64_t> t(step_times_ms_.begin(), step_times_ms_.end());
+  std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace regroup::manager

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * regroup.h: the C ABI of libregroup, Regroup's decision engine.
  *

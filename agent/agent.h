@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroup-agent: the parent of a pod's trainer processes and their link to the job's manager.
 //
 // One thread (an epoll loop) owns all state: the trainer socket, the children (SIGCHLD through a

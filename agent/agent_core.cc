@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "agent/agent_core.h"
 
 #include <signal.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent's logic without an operating system: its session with the manager (registration,
 // epochs, heartbeats, a broken stream resumed, readmission as its own replacement), what it tells
 // its trainers, their votes, exits and faults, and how it stops. Every input carries the time and

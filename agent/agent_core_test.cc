@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AgentCore without an operating system: a host that records what the core does, and a clock
 // the test moves.
 #include "agent/agent_core.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroup-agent end to end: the real binary, with fake trainers (fake_trainer.cc) speaking the
 // framed protocol, against a test double of the manager that speaks the real proto over gRPC.
 // Every process a test starts is stopped by it; every wait is bounded; ports come from the OS.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "agent/event_loop.h"
 
 #include <sys/epoll.h>

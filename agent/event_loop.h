@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A small epoll loop: the agent's one thread that owns all of its state. Descriptors are
 // registered with a handler; each registration has its own id, so a descriptor number reused
 // within one batch of events never reaches the handler of the descriptor it replaced.

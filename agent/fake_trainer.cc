@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A trainer stand-in for the agent's end-to-end tests: it speaks the real framed protocol over
 // $REGROUP_AGENT_SOCKET (hello, heartbeats, votes, faults, acks) and writes one line per reply
 // it receives to <log>.rank<L>, so a test can see what reached each trainer.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trainer <-> agent framing (common/framing.h): a 4-byte big-endian length, then
 // the message; bounded, and never crashing on a broken stream.
 #include "common/framing.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroup-agent: replaces torchrun in a pod's command line. See agent.h for what it does and
 // options.h for its command line.
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "agent/manager_session.h"
 
 #include <sys/eventfd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One Manager.Session stream to the regroup-manager, driven by two threads of its own (a reader
 // and a writer) so the agent's event loop never blocks on the network. Everything the stream
 // delivers, and its end, is posted to an Inbox the loop drains; the loop sends by queueing.

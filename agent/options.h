@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroup-agent's command line: torchrun's flags, the agent's own options (each with an
 // environment fallback), then the training script and its arguments.
 //

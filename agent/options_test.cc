@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroup-agent's command line: torchrun's flags, the agent's options and their environment
 // fallbacks, and the errors a bad one gets.
 #include "agent/options.h"

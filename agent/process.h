@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Starting and stopping trainer processes: each in its own process group (so the whole tree a
 // trainer starts, DataLoader workers included, can be signalled at once), killed by the kernel
 // if the agent dies (PR_SET_PDEATHSIG), with no descriptor of the agent's leaking into it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trainer socket: a filesystem Unix stream socket in a pod-local directory (mode 0700, the
 // socket 0600) where each trainer process connects once and speaks framed protobuf
 // (common/framing.h): TrainerMessage in, AgentReply out.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trainer socket: private, one connection per local rank, and robust to what peers send.
 #include "agent/trainer_server.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The step votes of one agent's ranks, aggregated into one Votes message per (generation, step):
 // sent when every live local rank with an assignment in the generation has voted. A rank that
 // dies before voting is left out (its ProcessExit tells the manager); the manager decides.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Aggregating a pod's step votes into one Votes message.
 #include "agent/vote_tally.h"
 

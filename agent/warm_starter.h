@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Warm trainer starts: the agent's fork server (python/regroup/warm.py), a process that has
 // already imported torch, the regroup library and the job's listed modules, and forks a ready
 // trainer on request. A crashed rank's new process then skips the interpreter's start and the

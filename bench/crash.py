@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A crashed trainer, measured (issue 15): from the crash to the next committed step, and the
 longest time without a committed step around it, as a ratio to `python3 -c 'import torch'`.
 

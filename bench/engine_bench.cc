@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Engine benchmarks through the C ABI (Google Benchmark).
 //   One decision for one job; a scheduling session for 1,000 jobs on 10,000 nodes: apply the
 //   session's events (node health, pod states), decide every job, run the per-node hooks.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Load on regroup-manager from simulated agents in this separate process.
 //
 //   manager_load --manager-bin build/regroup-manager --agents 256 [--nproc 8] [--seconds 10]

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """What fault tolerance costs when nothing fails: plain DDP against regroup.Trainer (issue 15, 2).
 
     /usr/bin/python3 bench/steady.py                      # 2 and 4 ranks, 5 runs of each variant

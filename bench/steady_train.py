@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The job of the steady-state benchmark (bench/steady.py): the same model, data and global batch,
 trained as plain PyTorch DDP under torchrun or with regroup.Trainer under regroup-agent.
 

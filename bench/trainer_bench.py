@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Benchmarks of the trainer library (python/regroup) on CPU with gloo.
 
     /usr/bin/python3 bench/trainer_bench.py            # all parts, 3 repetitions, writes bench/trainer_results.md

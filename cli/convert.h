@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Converting a MindCluster AscendJob (mindxdl.gitee.com/v1) into the equivalent Volcano Job for
 // Regroup, saying what changed and why.
 //

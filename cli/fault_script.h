@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fault script of `regroupctl simulate`: one timed event a line.
 //
 //   # time  subject  id     verb               [arguments]

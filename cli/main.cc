@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroupctl: Regroup's command line.
 //
 //   regroupctl validate JOB.yaml          every problem of a Volcano Job, exit 1 if any

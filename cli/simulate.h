@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `regroupctl simulate`: a job and a fault script run through the engine with a simulated clock.
 //
 // The simulation plays the parts around the engine with simple, stated rules: the scheduler

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `regroupctl status`: asks a job's manager for its state (Manager.GetStatus) and prints it.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checking a HOST:PORT address given on a command line before anything listens or connects, so
 // a typo is an error naming the flag instead of a server on some other port.
 #pragma once

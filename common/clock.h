@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The clocks of the manager and the coordinator. Decisions never read the wall clock themselves:
 // it is read at the edge (a server's tick, a message's arrival) and passed in. Leases count on
 // the steady one, which no step of the wall clock moves.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The per-job credential every RPC carries ("authorization: Bearer <token>" metadata).
 #pragma once
 

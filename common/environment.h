@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The environment a command line falls back to, passed in so that parsing stays pure: main gives
 // the process's, tests give a map.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading the small files the servers are given (credentials, TLS certificates and keys).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Framed protobuf messages over a stream socket: the trainer <-> agent wire format.
 //
 // A frame is a 4-byte big-endian payload length, then the payload (one serialized message).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The gRPC settings every server and client of Regroup shares: message sizes, keepalives, TLS,
 // and how a library status becomes a gRPC status.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A job's credential at the coordinator, and the tickets of the epochs the coordinator grants
 // (docs/security.md, "Job identity at the coordinator").
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rate-limited logging: a peer that is refused again and again (a zombie pod retrying, a flood
 // of connections) must not fill the log or spend the server's time on it.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A server side of a bidirectional gRPC stream (callback API) whose writes are queued, since
 // gRPC allows one write in flight per stream. Used by the manager's Manager.Session and the
 // coordinator's Coordinator.Attach.

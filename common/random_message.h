@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Random protobuf messages, for the tests that play hostile clients through a real server: every
 // field of every type filled at random through reflection (the extremes of each integer type
 // often, enum values the schema does not name, strings now and then of 64 KiB), one member of

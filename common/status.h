@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Status and StatusOr for the library's C++ core. Codes are the C ABI's (abi/regroup.h), so a
 // status crosses the ABI unchanged.
 #pragma once

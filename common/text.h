@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Text from a peer made safe to keep and send on: valid UTF-8 (which proto3 strings require)
 // and bounded in size, since it ends up in events, logs, reasons and persisted state.
 #pragma once

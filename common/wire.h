@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one mapping between the wire's enums (regroup.v1) and the engine's: fault kinds and
 // directive kinds. Shared by the coordinator in libregroup (protobuf lite) and the manager (full
 // protobuf): header-only, so each includes the wire.pb.h of its own protocol library.

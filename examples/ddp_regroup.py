@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The same DistributedDataParallel script twice: `ddp_plain.py` as users write it, run by
 torchrun, and `ddp_regroup.py`, adopted by Regroup in five changed lines and run by
 regroup-agent (python/regroup/dropin_test.py counts them; python/README.md shows how to run it).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Test instrumentation shared by examples/ddp_plain.py and ddp_regroup.py: which samples each
 step used, and a line per step. Without ``--ledger`` it only prints.
 

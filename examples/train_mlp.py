@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A small deterministic MLP on synthetic data, trained with Regroup's trainer library.
 
     # the reference: one plain process, no Regroup

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Checks the Go modules against a built libregroup.so: gofmt, go vet, go test, and go test -race,
 # for the cgo binding (go/, package go/regroup) and the Volcano plugin with the scheduler build
 # (go/volcano, its own module: it pulls in Volcano and Kubernetes, which the binding does not need).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The chaos soak: real training on the local cluster through a random schedule of faults.
 
 One seed draws (with Python's ``random.Random(seed)``) a schedule of faults from the whole menu,

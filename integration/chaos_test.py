@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The chaos soak as a test (see chaos.py): three fixed seeds, each a random schedule of faults
 on real training, must keep every promise.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A local multi-node cluster running a real Regroup job: nodes (network namespaces or loopback
 addresses), the job's manager, one agent per pod with its PyTorch trainers, and faults on purpose.
 

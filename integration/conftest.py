@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pytest setup for the integration cluster: import paths."""
 
 import signal

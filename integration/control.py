@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run the local cluster by hand and inject faults by command.
 
     # a cluster of 3 nodes x 2 ranks running the example job; commands on stdin, or from

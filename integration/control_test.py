@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fault commands: bad ones get a clear error naming what was wrong, and the cluster goes on."""
 
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The demo: an elastic training job on a local cluster surviving a crashed process, the loss of a
 node (scale-in) and the node's return (scale-out), with every promise checked at the end.
 

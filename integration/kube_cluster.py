@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A real Kubernetes control plane on this machine, with Volcano's job controller and Regroup's
 scheduler, and a process kubelet per node.
 

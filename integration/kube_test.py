@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Scenarios on the real Kubernetes control plane (kube_cluster.py): the API server, etcd,
 kube-controller-manager, kube-scheduler, Volcano's job controller and regroup-scheduler as
 deploy/ installs it, jobs submitted with kubectl, pods run by the process kubelets.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The nodes' network: a Linux network namespace per node, joined by veth pairs to a bridge, or,
 where namespaces are not allowed, loopback addresses on this machine.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The local cluster's network: what a node's processes see of it."""
 
 import subprocess

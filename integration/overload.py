@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Healthy pods under CPU overload: does the default liveness timeout take them for faults?
 
 Runs the chaos soak's job (4 pods x 2 ranks, recover-in-place, elastic-training, prefer-elastic)

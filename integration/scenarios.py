@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The integration scenarios: real training on the local cluster through real faults.
 
 Each scenario starts a cluster, injects its faults and then checks the promises: training reached

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The integration scenarios as tests (see scenarios.py): each must keep every promise.
 
 Run with ``/usr/bin/python3 -m pytest -q integration``; ``REGROUP_NETWORK=loopback`` forces the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Volcano in the loop: Volcano's scheduler framework with the ``regroup`` plugin places the job's
 pods on the local cluster's nodes, and this module is the kubelet.
 

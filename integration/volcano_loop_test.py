@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Volcano in the loop, end to end: Volcano's scheduler with the regroup plugin binds the job's
 pods, the manager attaches to the plugin's coordinator, and a short real training finishes; a job
 with a bad Regroup key is refused with the plugin's message and nothing is bound.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The manager's side of Coordinator.Attach without threads, locks or gRPC, as AgentCore is the
 // agent's: what a hello says, what the coordinator's answer to it means, the facts kept in order
 // while detached, and the directives received. RemoteDecisions (remote_decisions.h) runs it on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The manager's side of Coordinator.Attach, driven directly (no threads, no gRPC): the epoch
 // granted and kept, the directives taken as seen, and the facts kept in order while detached.
 // tests/coordinator_test.cc runs the same logic through RemoteDecisions against the real

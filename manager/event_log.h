@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The job control's event log: the newest events, kept for the status report, and how many were
 // ever logged. Every part of the job control writes to it.
 #pragma once

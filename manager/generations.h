@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The generations this manager incarnation forms: the running one's number, rank layout,
 // micro-batches and pods, and the StartGeneration each pod was sent (sent again to a pod that
 // resumes its session after missing it).

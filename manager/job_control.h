@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The manager's control of one job: membership, generations, fencing, fault detection and the step
 // commit, as a clocked state machine with no threads and no sockets. The gRPC service
 // (service.h) feeds it agent messages and drains what it has to send; tests drive it directly

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The manager's job control with simulated agents and a simulated clock: rendezvous, detection,
 // the step commit, fencing, refusals, recovery through the embedded engine, manager restarts.
 #include "manager/job_control.h"

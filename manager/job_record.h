@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The job's durable record: what one manager incarnation leaves for the next (docs/design.md,
 // "Generations, fencing and the step commit"). Standalone, it is the authority that grants
 // epochs, and it carries the last generation's members (the majority a new incarnation needs),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The job's durable record: its file form, and a manager restart that reads it (the fencing,
 // the job's end and the majority survive the restart).
 #include "manager/job_record.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The first generation's rendezvous: when it opened (the first pod registered), and, after a
 // manager restart, the majority of the last generation on record it needs before it forms one,
 // so that two managers can never both train. Fresh pods never count; without a record, the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroup-manager: one per job. Forms generations from the job's agents, detects faults, runs the
 // step commit and carries out the recovery decisions: made by its embedded engine (standalone),
 // or with --coordinator by the scheduler's engine, through the coordinator in libregroup.so.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroup-manager's command line: the job (a file, or its id, sizes, labels and annotations),
 // where to serve, the credential, the coordinator and the durable record, most with an
 // environment fallback (a MindCluster manager.py that cannot pass a flag sets its pod's env).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroup-manager's command line: its defaults, the environment fallbacks, the job the flags
 // give, and the errors a bad one gets.
 #include "manager/options.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The job's pods as the manager knows them, by pod index (the agent's node rank): registration
 // and sessions, what their agents last reported, their liveness, the pod uids fenced for good,
 // and the ports their hosts reported free for a generation's store. The job control reads them

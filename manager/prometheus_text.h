@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Prometheus text exposition format (version 0.0.4), as /metrics serves it: label values
 // escaped (backslash, double quote, newline), integers printed as integers, and floating-point
 // values with every digit they need, so no value is rounded and no label can inject a line.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The /metrics text: a hostile label cannot inject a line, and no value is rounded.
 #include "manager/prometheus_text.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A generation's rank layout: the replicas it trains and where each of its global ranks runs
 // (which pod, which of that pod's processes). The job control keeps two: the running
 // generation's, and the one the decision maker knows (they differ while the survivors of a

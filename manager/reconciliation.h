@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decisions being carried out, and their reconciliation with what the manager did first.
 //
 // On a trainer crash the manager acts at once (the survivors continue in an interim generation

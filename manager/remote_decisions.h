@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The coordinator as the manager's decision maker (docs/design.md, "Who decides what"): the job
 // control's facts go up one stream (Coordinator.Attach) to the coordinator beside the
 // scheduler's engine, and the engine's directives come down it.

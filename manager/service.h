@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroup-manager's servers: the gRPC Manager service (one bidirectional stream per agent, on
 // gRPC's callback API so thousands of agents need no thread each), a ticker, and an HTTP
 // endpoint with Prometheus metrics and the JSON status.

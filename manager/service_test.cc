@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The manager's gRPC service in process, with real streams: credentials, deadlines, sizes, a
 // broken stream, status.
 #include "manager/service.h"

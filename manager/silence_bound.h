@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How long a silence proves a peer (a pod's agent, or a trainer beating its agent) gone.
 //
 // An overloaded machine delays a live peer's beats; a frozen or partitioned peer sends none. At

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The step commit: the vote of the step in flight, the step held for the decision maker's lease,
 // the committed step and the generation that committed it, who holds that state, and the
 // commit intervals (the hang timeout scales with them). The job control sends the outcomes.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Real TLS handshakes against the manager's gRPC server, with certificates made by the openssl
 // command line for each run: what a client made by MakeChannel accepts and what it refuses.
 #include <unistd.h>

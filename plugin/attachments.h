@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The coordinator's logic without gRPC: which manager stream serves which job, what each message
 // of a stream does to the engine, and which directives go down which stream. The gRPC service
 // (coordinator.h) calls it under its own lock; tests and the fuzzer drive it directly.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI over the engine. Every entry point catches everything: no C++ exception may cross
 // into cgo, where it would take the scheduler down. Each engine has a shared mutex: calls that
 // change the engine hold it exclusively, reads (decisions, the node predicate) share it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The configuration a job carries: one table of every key (MindCluster's and Regroup's), and
 // the resolution of a job's labels, annotations and environment into a validated JobConfig.
 //

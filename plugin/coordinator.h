@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The coordinator: the gRPC service (regroup.v1.Coordinator, proto/regroup/v1/wire.proto) in
 // libregroup.so that connects the jobs' managers to the scheduler's engine. One bidirectional
 // stream per manager, on gRPC's callback API; the logic of a stream is Attachments

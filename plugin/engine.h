@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decision engine: a per-job state machine driven by events and an explicit clock.
 //
 // Events (node health, pod states, fault reports, replacements registered, manager status)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The engine's JSON form: the scheduler's decision view, the history, a job's persisted state
 // (PodGroup annotations), the engine snapshot, and the JSON events of the C ABI. The engine's
 // logic is in engine.cc; this file only reads and writes it.

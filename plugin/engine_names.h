@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The names of the engine's enums, shared by the engine and its JSON form (engine_json.cc).
 // Internal to plugin/: not part of any public interface.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A job as the engine sees it: identity, keys, size. Parsed from the JSON the C ABI accepts;
 // `regroupctl` builds it from a Volcano Job (plugin/volcano_job.h).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading JSON defensively: every accessor checks the type and names the field on failure, so
 // no input can throw past the C ABI or crash the library.
 #pragma once

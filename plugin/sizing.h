@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elastic sizing (docs/design.md, "Elastic sizing"): replicas of tensor x pipeline ranks line up
 // with pods; after a loss the degree is the number of complete surviving replicas (at least the
 // minimum); the global batch's micro-batches are spread over the replicas.

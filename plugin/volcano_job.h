@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading a Volcano Job (batch.volcano.sh/v1alpha1, kind Job) into the engine's job spec.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Facts that arrive on the wire (regroup.v1) as the engine's typed facts, for the coordinator
 // (protobuf lite) and the manager's embedded engine (full protobuf): header-only, so each
 // includes the wire.pb.h of its own protocol library.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pytest setup for the regroup package: import path, process cleanup, the Regroup binaries."""
 
 import os

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroup-sim: runs the deterministic simulation of the control protocol (world.h) over seeds.
 //
 //   regroup-sim --seeds 2000            seeds 1 to 2000; prints each failure and a replay line

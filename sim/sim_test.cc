@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The deterministic simulation in CI: a sweep of seeds with every fault on the menu, and one
 // named run per membership finding of the issue that introduced the simulator.
 #include "sim/world.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Deterministic simulation of Regroup's control protocol, in the spirit of FoundationDB's
 // simulator and TigerBeetle's VOPR.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI through the header-only C++ wrapper: the same calls a foreign caller makes.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroupctl's parts: the Volcano Job reader, the fault script and the simulation.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The configuration table: each key with good, boundary and bad values; fallback warnings and
 // errors with their exact messages.
 #include <gtest/gtest.h>

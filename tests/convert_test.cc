@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // regroupctl convert: a MindCluster AscendJob into the Volcano Job for Regroup.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The coordinator in libregroup.so (through its C ABI, over a real engine) with real managers:
 // the manager's JobControl over RemoteDecisions in this process, and raw gRPC clients for the
 // refusals. Every server is on a port the OS chooses; every wait is bounded. The coordinator holds

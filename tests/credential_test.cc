@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A credential that was asked for is either loaded or refused with a reason; a bad path never
 // turns authentication off.
 #include "common/credential.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The recovery ladder with the clock injected: every strategy, fallback and guard.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The parts of Regroup depend one way: abi <- common <- plugin <- {manager, agent, cli, go}.
 
 Checks every quoted #include of the C and C++ sources (and the cgo preambles of go/) against

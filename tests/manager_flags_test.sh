@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # regroup-manager's command line as a user types it: a bad number, address or file is an error
 # that names the flag, before anything listens.
 set -u

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # regroupctl as a user runs it: exit codes and the messages a user reads.
 set -u
 ctl=$1; src=$2; manager=${3:-}

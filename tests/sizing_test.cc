@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elastic sizing: tp/pp/dp combinations, uneven spreads, even-split, the minimum, losses of
 // several replicas, standbys.
 #include <gtest/gtest.h>

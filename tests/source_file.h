@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A file of this repository, for tests that read examples (REGROUP_SOURCE_DIR is the source root).
 #ifndef REGROUP_TESTS_SOURCE_FILE_H_
 #define REGROUP_TESTS_SOURCE_FILE_H_

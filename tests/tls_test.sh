@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # TLS end to end with the real programs: a regroup-manager serving a certificate made here, a
 # regroup-agent that registers over TLS, and regroupctl status; what each refuses, and the
 # messages that name the flag and the file.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The release is written once, in VERSION. Checks that everything else takes it from there.
 
 CMake reads VERSION (project(), and common/version.h for the library and regroupctl); the Python
@@ -18,7 +19,16 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def python_version() -> str:
+    """regroup.__version__, imported from the repository's python/ (no torch needed)."""
+    code = "import regroup; print(regroup.__version__)"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT / "python", capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
 def problems(version: str):
+    if python_version() != version:
+        yield f"regroup.__version__ is {python_version()!r}, VERSION says {version!r}"
     link = ROOT / "python" / "VERSION"
     if not link.is_symlink() or link.resolve() != (ROOT / "VERSION").resolve():
         yield "python/VERSION must be a link to ../VERSION"

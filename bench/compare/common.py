@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared helpers of the comparison benchmarks: process statistics, the machine, JSON output."""
 
 from __future__ import annotations

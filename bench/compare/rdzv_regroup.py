@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Control plane at scale, Regroup side: N simulated node agents (no training) form a group with
 a real `regroup-manager`, then one of them dies and the survivors get the next generation.
 

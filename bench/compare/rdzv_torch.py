@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Control plane at scale, torch side: N simulated node agents form a group with torch's c10d
 rendezvous (torch.distributed.elastic.rendezvous.DynamicRendezvousHandler over
 C10dRendezvousBackend, exactly what `torchrun --rdzv-backend=c10d` uses), then one of them dies

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Recovery end to end: the same training job (train_bench.py, 2 "nodes" x 2 ranks on loopback)
 under Regroup and under torchrun, with the same faults, timed the same way.
 

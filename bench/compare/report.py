@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Tables and plots of the comparison from results/*.jsonl; fills the block between
 `<!-- results:begin -->` and `<!-- results:end -->` of bench/compare/README.md.
 

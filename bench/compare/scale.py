@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Control plane at scale: runs rdzv_regroup.py and rdzv_torch.py for each size, each in its own
 process bounded by a hard timeout, and appends their JSON lines to --out.
 

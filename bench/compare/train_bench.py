@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The training job of the recovery comparison: one script, run unchanged under Regroup
 (`regroup-agent`) and under `torchrun`.
 

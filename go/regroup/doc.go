@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package regroup is the Go binding of libregroup, Regroup's decision engine, through its C ABI
 // (abi/regroup.h). The Volcano scheduler plugin uses it to tell the engine what it sees (nodes,
 // pods, faults) and to read back what each job should do (directives for the job's manager,

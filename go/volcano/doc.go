@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package volcano is Regroup's Volcano scheduler plugin, registered as "regroup": it drives the
 // decision engine of libregroup (through the cgo binding, package regroup) from Volcano's
 // scheduling sessions and applies its decisions to the cluster.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package volcano
 
 // The harness: Volcano's in-process scheduler (pkg/scheduler/uthelper: a real scheduler cache and

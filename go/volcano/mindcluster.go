@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package volcano
 
 // MindCluster's fault reports, read as its own components publish them (docs/mindcluster-faults.md

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package volcano
 
 // The plugin's cost per scheduling session: 1,000 Regroup jobs of 8 pods on 10,000 nodes, one

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # CI's Kubernetes stage: the process kubelet's checks (gofmt, go vet, go test), the control plane's
 # build (cached per source version; minutes the first time, integration/README.md), then the
 # scenarios on it (integration/kube_test.py; REGROUP_KUBE_SCENARIOS picks them).

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command localsched runs Volcano's scheduler framework continuously over fake clientsets, with
 // the Regroup plugin registered, for the local integration cluster (integration/volcano_loop.py).
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Checks localsched (Volcano in the loop) against a built libregroup.so: gofmt, go vet, go test;
 # then builds the binary the integration scenarios use (cached by integration/volcano_loop.py), so
 # the scenarios' clock is not spent compiling.   BUILD_DIR: the folder holding libregroup.so.

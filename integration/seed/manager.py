@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # MindCluster's manager.py, as its documentation has users write it, with one change: the import
 # line (`from taskd.api import init_taskd_manager, start_taskd_manager` before). Started on rank
 # 0's pod by train_start.sh. It gives the job's id and sizes only: the manager learns the job's

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # MindCluster's scripts/train_start.sh, as its documentation has users write it: TaskD switched
 # on by its variable, manager.py started on rank 0 with MASTER_ADDR set to the pod's IP, then
 # torchrun. Nothing here names Regroup: the image has Regroup installed and its torchrun hands

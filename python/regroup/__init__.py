@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Regroup's trainer library: a PyTorch training process that survives faults elsewhere in the job.
 
 A script keeps its own loop and wraps each step::
@@ -17,6 +18,21 @@ See python/README.md (the drop-in first, then the step contract) and docs/design
 """
 
 import importlib as _importlib
+import pathlib as _pathlib
+
+
+def _version() -> str:
+    """The release, from the repository's VERSION (python/VERSION links to it; a wheel carries
+    it as its metadata)."""
+    here = _pathlib.Path(__file__).resolve().parent.parent / "VERSION"
+    if here.is_file():
+        return here.read_text().strip()
+    from importlib import metadata
+
+    return metadata.version("regroup")
+
+
+__version__ = _version()
 
 # torch-free: a MindCluster manager.py (`from regroup.api import init_taskd_manager, ...`) and
 # torchrun's hand-over run where torch is slow to import or absent; the names that need torch are

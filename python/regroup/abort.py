@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Leaving a collective at once: shut down the failed generation's own sockets.
 
 gloo has no abort. A rank blocked in a collective whose peer died or froze waits for the whole

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The abort helper: shutting down a generation's own sockets unblocks a stuck gloo collective.
 
 Two real processes in a real gloo group. Rank 1 stops taking part (frozen with SIGSTOP, or alive

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The trainer's link to its ``regroup-agent``: one Unix socket, one background thread.
 
 The thread heartbeats (the rank's step and phase) every ``Timeouts.heartbeat`` and reads the

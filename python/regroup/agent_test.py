@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The link to the agent: hello first, heartbeats, replies in order, aborts handed over at once."""
 
 import struct

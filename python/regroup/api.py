@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Public types of the Regroup trainer library: configuration, timeouts, errors, stop modes.
 
 Everything a training script names comes from here (or from ``regroup`` itself, which re-exports

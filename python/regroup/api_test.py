@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Public types: validated configuration and timeouts, errors, the MindCluster manager entry points."""
 
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Checkpoints: periodic, asynchronous, atomic, fenced by generation, loaded with weights_only.
 
 Layout under the checkpoint directory::

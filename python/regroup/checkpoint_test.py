@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Checkpoints: atomic shards, the manifest written last, the newest complete one found."""
 
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """When the trainer writes checkpoints: every ``checkpoint_interval`` committed steps (replica 0
 only, asynchronously), and at once when a stop asks for a dump. The files themselves (names,
 manifests, fencing by generation, loading) are regroup.checkpoint.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The step contract (docs/design.md): which samples a micro-batch holds, and its RNG.
 
 Micro-batch ``j`` of step ``s`` is a fixed set of global sample indices: samples

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The step contract: fixed micro-batches of global sample indices and per-micro-batch RNG."""
 
 import ctypes

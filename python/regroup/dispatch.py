@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Message dispatch: what the agent sends a trainer, and where each message is handled.
 
 Two paths. Urgent items (an abort, a newer generation's start, a lost link) are handled on the

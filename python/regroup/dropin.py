@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The drop-in: a DistributedDataParallel script as users write it, protected in five lines.
 
 ::

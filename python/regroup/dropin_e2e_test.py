@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The drop-in end to end: examples/ddp_regroup.py (the plain DDP script with five lines changed)
 under the real regroup-manager and regroup-agent, through a killed rank, a lost node and the
 node's return.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The drop-in's promises that need no cluster: five changed lines, and the unmodified script's
 sample order (end to end: dropin_e2e_test.py)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """End to end: examples/train_mlp.py under the real regroup-manager and regroup-agent.
 
 Two nodes (agents) of two ranks each on this machine. A fault is injected once the ledger shows

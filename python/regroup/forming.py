@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Forming a generation: from a StartGeneration to a rank that can run the generation's steps.
 
 :func:`enter` does it in order: settle this rank's vote (a step it voted for may have been

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Settling a rank's vote when it enters a new generation (forming.settle_vote): its own vote is
 applied only when the step was committed by the generation it voted in."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A generation's process groups: its own store, the default group, tensor- and data-parallel groups.
 
 Every generation gets a fresh store (a TCPStore on the port the manager named, hosted by the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A generation's process groups: layout, and 200 rebuilds leave descriptors and threads flat."""
 
 import json

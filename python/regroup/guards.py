@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Mistakes a script can make under the step contract, caught where they happen with the fix.
 
 - ``opt.step()`` or ``sched.step()`` called by the script while the trainer applies them on

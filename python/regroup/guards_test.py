@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The mistakes regroup.guards catches, each where it happens, in one standalone process."""
 
 from __future__ import annotations

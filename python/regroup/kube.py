@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The job's labels and annotations from the Kubernetes API, for a manager started in a pod.
 
 A MindCluster ``manager.py`` gives the manager the job's id and sizes only. The coordinator, when

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The job's keys from the Kubernetes API: a manager's pod asks an API server over TLS, with its
 service account's token, as in a cluster (the server here answers the two GETs a pod makes)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A rank's place in the job's generations, owned in one place.
 
 The trainer forms a generation (:meth:`Membership.begin`, :meth:`Membership.formed`,

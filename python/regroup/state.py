@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The state that must survive a fault: model, optimizer, LR scheduler, extra state, RNG.
 
 Three things are done with it:

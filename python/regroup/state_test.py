@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Training state: snapshots of buffers and RNG, the weights_only state format, gradient reduction."""
 
 import io

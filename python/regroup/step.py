@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a training script holds during a step: the step, its micro-batches and its generation.
 
 The trainer (regroup.trainer) makes these objects; a script only uses them::

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Stop handling: what a rank does when the manager stops training (StopTraining).
 
 EXIT raises TrainingStopped; DUMP writes this rank's shard of the committed state, then exits 0;

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """State sync: when a generation forms, the ranks that lack the state at its committed step
 receive it from a rank at their position in a replica that holds it (regroup.state moves it).
 

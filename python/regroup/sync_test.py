@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Who sends the state to whom when a generation forms (regroup.sync.plan_transfers)."""
 
 import pytest

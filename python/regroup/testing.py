@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers for tests of scripts trained with Regroup: a scripted stand-in for ``regroup-agent``,
 process launching, weight comparison and ledger checks.
 

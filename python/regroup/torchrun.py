@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """torchrun, handed over to ``regroup-agent``: the counterpart of MindCluster's patch of torch.
 
 A MindCluster job keeps ``torchrun ...`` in its ``scripts/train_start.sh`` and switches TaskD on

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """torchrun handed over to regroup-agent: the hook in torch's run.py and the entry point on PATH."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The step loop: a training script's own loop, wrapped step by step.
 
 ::

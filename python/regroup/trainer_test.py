@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The step loop, with real trainer processes (examples/train_mlp.py) and real gloo.
 
 First without an agent: the step contract makes the final weights independent of the number of

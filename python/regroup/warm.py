@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fork server behind warm trainer starts: a process that has already imported torch, this
 library and the job's own modules, and forks a ready trainer whenever the agent asks.
 

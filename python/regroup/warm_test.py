@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fork server (warm.py) driven as the agent drives it: a parent that is a child subreaper
 hands it a socket pair as descriptor 3, reads WarmReady, asks for trainers with WarmStart, and
 reaps what it forked."""

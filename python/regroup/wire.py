@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Framing of the trainer <-> agent socket: a 4-byte big-endian length, then one message.
 
 The same format as common/framing.h on the agent's side. Frames above ``MAX_FRAME_BYTES``

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Framing of the trainer <-> agent socket."""
 
 import socket

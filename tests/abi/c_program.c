@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* c_program.c: a plain C11 caller of libregroup.so, as the Volcano plugin is through cgo.
  *
  * It calls every function of abi/regroup.h at least once, checks every result, and drives one

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* header_c11.c: compiles abi/regroup.h as strict C11 (-std=c11 -Wall -Wextra -pedantic -Werror,
  * see CMakeLists.txt) and uses every macro of the header, so a header that is not plain C fails
  * the build. It does not link the library: run as a test it checks the macros' values only. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // header_cxx17.cc: compiles abi/regroup.h and abi/regroup.hh as strict C++17 (-std=c++17
 // -Wall -Wextra -pedantic -Werror, see CMakeLists.txt) and uses every macro of the header; run as
 // a test, it also drives the C++ wrapper once through the shared library.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_agent: what a trainer can send its agent (agent/): bytes through the frame reader
 // in chunks, frames parsed as TrainerMessage, votes through the vote tally.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers shared by the fuzz targets. Every target drives libregroup through its C ABI, as the
 // Volcano plugin does, and treats as a finding (abort) anything the ABI promises not to do:
 // a crash or sanitizer report (found by the sanitizers), REGROUP_INTERNAL (an exception the

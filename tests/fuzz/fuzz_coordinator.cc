@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_coordinator: manager streams through the coordinator's logic (Attachments, the part of
 // plugin/coordinator.cc that is not gRPC: hello, fencing, facts, refusals, directives) over a real
 // engine holding the two jobs of fuzz_events (default/train: pods p0..p3; default/other: o0..o3).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_events: event documents (JSON, one per line) through regroup_engine_apply_events.
 //
 // The engine holds two valid jobs whose pods run on n0..n3 and m0..m3. Line i of the input is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_fault_script: a fault script (text) through regroup::cli::ParseFaultScript, the reader
 // of `regroupctl simulate`. A script it reads that ends within five simulated minutes is then
 // simulated on a valid job, as `regroupctl simulate` does (the timeline goes nowhere), and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_job_spec: a job spec (JSON) through regroup_validate_job and regroup_engine_upsert_job.
 // Validation and upsert must agree; an accepted job must then survive every read of the ABI,
 // an update, decisions after a node failure, and the state and snapshot round trips.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_job_state: a job state (JSON, as stored in a PodGroup's annotations) through
 // regroup_engine_import_job_state into valid jobs. An accepted state must then survive every
 // read of the ABI, events and ticks that make decisions from it, and the round trips.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_manager: agent streams through the manager's JobControl (manager/job_control.h), the
 // part of regroup-manager that handles every agent message, with its embedded engine.
 //

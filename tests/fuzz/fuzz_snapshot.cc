@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_snapshot: an engine snapshot (JSON) through regroup_engine_restore. A refused snapshot
 // leaves the engine as it was; an accepted one must snapshot back to itself, survive ticks and
 // every per-job read of the ABI.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_volcano_yaml: a Volcano Job (YAML or JSON) through regroup::JobSpecFromVolcanoYaml, the
 // reader of `regroupctl validate` and `regroupctl simulate`, and through the C ABI's
 // regroup_volcano_job_read (the scheduler plugin's), which must agree with it. Nothing a document

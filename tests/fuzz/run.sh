@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the libFuzzer targets and runs each for SECONDS (default 30).
 #
 #   tests/fuzz/run.sh [SECONDS] [BUILD_DIR]

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command regroup-kubelet stands in for a kubelet in Regroup's local test clusters: it registers a
 // Node, heartbeats it, and runs the pods bound to it as plain processes that share the node's
 // network (each test node is a network namespace the harness starts this process in). Each

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command regroup-scheduler is Volcano's scheduler (vc-scheduler, the same release as
 // go/volcano's go.mod) with Regroup's plugin registered as "regroup". It takes vc-scheduler's
 // flags; name the plugin in the --scheduler-conf file (deploy/volcano/volcano-scheduler.conf).

@@ -58,9 +58,17 @@ std::optional<v1::Directive> DirectiveToProto(const Directive& d) {
   return p;
 }
 
+// The most of a caller's job id echoed back (a real one, namespace/name, is at most 317
+// bytes): an id a caller made huge would otherwise ride back in the refusal's header and
+// status, whose metadata overflows the client's limit and breaks the connection its other
+// streams share.
+constexpr size_t kShownJobIdBytes = 384;
+// The most of a refusal's reason sent, in the message and in the stream's status.
+constexpr size_t kReasonBytes = 1024;
+
 v1::Header Attachments::MakeHeader(std::string_view job, uint64_t epoch) const {
   v1::Header h;
-  h.set_job_id(ValidUtf8(job));
+  h.set_job_id(BoundedText(job, kShownJobIdBytes));
   h.set_sender("coordinator");
   h.set_epoch(epoch);
   return h;
@@ -72,11 +80,12 @@ Attachments::Outgoing Attachments::Refusal(uint64_t stream, std::string_view job
   out.stream = stream;
   *out.message.mutable_header() = MakeHeader(job, epoch);
   auto* r = out.message.mutable_refusal();
-  r->set_reason(ValidUtf8(why.message()));
+  const std::string reason = BoundedText(why.message(), kReasonBytes);
+  r->set_reason(reason);
   r->set_epoch(epoch);
   if (const Job* j = engine_.FindJob(job)) r->set_directive_id(j->directive().id);
   out.close = close;
-  out.status = why;
+  out.status = Status(why.code(), reason);
   return out;
 }
 
@@ -126,6 +135,7 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
                                                       int64_t now_ms,
                                                       std::string_view credential) {
   const std::string& job = report.header().job_id();
+  const std::string shown = BoundedText(job, kShownJobIdBytes);  // the id as messages name it
   const uint64_t header_epoch = report.header().epoch();
   // 0: the manager asks for an epoch; else the epoch it was granted, reattaching.
   const uint64_t asked = report.hello().epoch() ? report.hello().epoch() : header_epoch;
@@ -151,18 +161,18 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   if (job.empty())
     return refuse(InvalidArgument("the hello names no job: set header.job_id to the job's id"));
   if (report.hello().epoch() && header_epoch && header_epoch != report.hello().epoch())
-    return refuse(InvalidArgument("the hello of job " + job + " says epoch " +
+    return refuse(InvalidArgument("the hello of job " + shown + " says epoch " +
                                   std::to_string(report.hello().epoch()) +
                                   " but its header says " + std::to_string(header_epoch)));
   const Job* found = engine_.FindJob(job);
   if (!found)
-    return refuse(NotFound("no job " + job +
+    return refuse(NotFound("no job " + shown +
                            " in the engine: a manager attaches only to a job the scheduler "
                            "has given the engine; check the job id"));
   const std::string& uid = found->spec().uid;
   // The token is checked before anything about epochs is said.
   if (!cluster_key_.empty() && !SecretsEqual(credential, JobToken(cluster_key_, job, uid)))
-    return deny("the credential is not the token of job " + job +
+    return deny("the credential is not the token of job " + shown +
                 ": a manager attaches only as the job whose token it holds (the job's Secret; "
                 "regroupctl token), never with another job's token or the cluster key");
   // The epoch the engine's saved state holds for the job's manager survives a scheduler restart.
@@ -173,11 +183,11 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   if (asked == 0) {
     // The engine keeps epochs as int64.
     if (highest >= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      return refuse({REGROUP_RESOURCE_EXHAUSTED, "job " + job + " has used every epoch"});
+      return refuse({REGROUP_RESOURCE_EXHAUSTED, "job " + shown + " has used every epoch"});
     epoch = std::max<uint64_t>({highest + 1, static_cast<uint64_t>(std::max<int64_t>(0, now_ms))});
   } else {
     if (!SecretsEqual(report.hello().ticket(), EpochTicket(cluster_key_, job, uid, asked)))
-      return deny("epoch " + std::to_string(asked) + " of job " + job +
+      return deny("epoch " + std::to_string(asked) + " of job " + shown +
                   " was not granted by the coordinator: a manager asks for its epoch with "
                   "hello.epoch 0 and reattaches with the epoch and ticket it was granted");
     // The refusal names the newest epoch (after a scheduler restart it may be known only from
@@ -185,7 +195,7 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
     if (asked < highest)
       return std::vector<Outgoing>{Refusal(
           stream, job, highest,
-          FailedPrecondition("fenced: manager epoch " + std::to_string(asked) + " of job " + job +
+          FailedPrecondition("fenced: manager epoch " + std::to_string(asked) + " of job " + shown +
                              " is older than epoch " + std::to_string(highest) +
                              ", which this coordinator serves; a newer manager has replaced "
                              "this one"),

@@ -564,6 +564,23 @@ TEST_F(CoordinatorTest, UnknownJobIsRefused) {
   EXPECT_EQ(s.Finish().error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+// A refusal names the job it refuses, but never echoes more of a caller's job id than a real one
+// can hold: a 100 KB id in a status's metadata broke the connection other streams shared with it
+// (RESOURCE_EXHAUSTED: "received initial metadata size exceeds limit").
+TEST_F(CoordinatorTest, ARefusalEchoesABoundedPartOfAHugeJobId) {
+  const std::string huge = "default/" + std::string(100000, 'x');
+  RawStream s(port_, kCredential);
+  ASSERT_TRUE(s.Hello(huge, 0));
+  v1::CoordinatorDirective m = s.Read();
+  ASSERT_TRUE(m.has_refusal());
+  EXPECT_NE(m.refusal().reason().find("no job default/xxx"), std::string::npos);
+  EXPECT_LE(m.refusal().reason().size(), 1024u);
+  EXPECT_LE(m.header().job_id().size(), 512u);
+  const grpc::Status st = s.Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message().substr(0, 200);
+  EXPECT_LE(st.error_message().size(), 1024u);
+}
+
 TEST_F(CoordinatorTest, FirstMessageMustBeHello) {
   RawStream s(port_, kCredential);
   ASSERT_TRUE(s.Send(FaultReport(v1::FAULT_KIND_HANG, {0}, {}, 1), kJob, 0));

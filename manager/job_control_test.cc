@@ -463,7 +463,7 @@ class Scripted final : public Decisions {
   void PodRunning(int64_t, const std::string&, const std::string&, int64_t) override {}
   void Fault(const v1::FaultFacts& fault, int64_t) override { faults.push_back(fault); }
   void ReplacementRegistered(int64_t, const std::string&, int64_t) override {}
-  void Progress(uint64_t, uint64_t, int64_t, uint32_t, int64_t) override {}
+  void ReportProgress(uint64_t, uint64_t, int64_t, uint32_t, int64_t) override {}
   void Tick(int64_t) override {}
   std::optional<Directive> Poll() override {
     if (directives.empty()) return std::nullopt;
@@ -1010,9 +1010,9 @@ class Leased final : public Decisions {
   void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override {
     engine_.ReplacementRegistered(pod, uid, now);
   }
-  void Progress(uint64_t epoch, uint64_t generation, int64_t committed_step, uint32_t live_ranks,
-                int64_t now) override {
-    engine_.Progress(epoch, generation, committed_step, live_ranks, now);
+  void ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
+                      uint32_t live_ranks, int64_t now) override {
+    engine_.ReportProgress(epoch, generation, committed_step, live_ranks, now);
   }
   void Tick(int64_t now) override { engine_.Tick(now); }
   std::optional<Directive> Poll() override { return engine_.Poll(); }

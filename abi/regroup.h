@@ -193,9 +193,10 @@ REGROUP_EXTERN regroup_status regroup_engine_remove_job(regroup_engine *engine, 
                                                         regroup_error **err);
 
 /* Applies one event or a JSON array of events. Kinds (field "type"): "node", "pod", "fault",
- * "replacement_registered", "manager_status". Events of an array are applied in order; on the
- * first bad one the call stops with its status, its message naming the event's index, and the
- * events before it stay applied: REGROUP_INVALID_ARGUMENT for a malformed event or one naming a
+ * "replacement_registered", "manager_progress" ("manager_status", its former spelling, is accepted
+ * as an alias and means the same). Events of an array are applied in order; on the first bad one
+ * the call stops with its status, its message naming the event's index, and the events before it
+ * stay applied: REGROUP_INVALID_ARGUMENT for a malformed event or one naming a
  * pod or rank the job does not have, REGROUP_NOT_FOUND for an unknown job,
  * REGROUP_FAILED_PRECONDITION for a replacement that cannot be one (a zombie: the lost pod's own
  * uid; or a pod that is not lost). Since 1.0. */
@@ -361,8 +362,8 @@ REGROUP_EXTERN regroup_status regroup_engine_restore(regroup_engine *engine,
  *
  * An attached manager's facts become the engine's events: `fault` a "fault" event (the engine's
  * kind names; a checksum mismatch counts as a collective error), `replacement` the pod running
- * with its new uid and "replacement_registered", `progress` "manager_status". A bad fact (a pod out
- * of range, a zombie's uid) is answered with a Refusal carrying the engine's error and changes
+ * with its new uid and "replacement_registered", `progress` "manager_progress". A bad fact (a pod
+ * out of range, a zombie's uid) is answered with a Refusal carrying the engine's error and changes
  * nothing. The manager receives its job's current directive when it attaches and, through
  * regroup_coordinator_publish, whenever the directive's id changes.
  *

@@ -212,8 +212,8 @@ class World {
     blocked_ = true;
   }
   void Report(int64_t now) {
-    ManagerStatus m{1, generation_, step_, job_.current_dp() * job_.layout().replica_ranks()};
-    nlohmann::json status = {{"type", "manager_status"},   {"job", job_.spec().id},
+    ManagerProgress m{1, generation_, step_, job_.current_dp() * job_.layout().replica_ranks()};
+    nlohmann::json status = {{"type", "manager_progress"}, {"job", job_.spec().id},
                              {"epoch", m.epoch},           {"generation", m.generation},
                              {"committed_step", m.committed_step}, {"live_ranks", m.live_ranks}};
     (void)engine_.ApplyEvents(status, now);

@@ -51,15 +51,15 @@ void EmbeddedDecisions::ReplacementRegistered(int64_t pod, const std::string& ui
   (void)engine_.ReportReplacementRegistered(job_id_, pod, uid, now);
 }
 
-void EmbeddedDecisions::Progress(uint64_t epoch, uint64_t generation, int64_t committed_step,
-                                 uint32_t live_ranks, int64_t now) {
+void EmbeddedDecisions::ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
+                                       uint32_t live_ranks, int64_t now) {
   (void)now;
-  ManagerStatus status;
+  ManagerProgress status;
   status.epoch = static_cast<int64_t>(epoch);
   status.generation = static_cast<int64_t>(generation);
   status.committed_step = std::max<int64_t>(-1, committed_step);
   status.live_ranks = live_ranks;
-  (void)engine_.ReportManagerStatus(job_id_, status);
+  (void)engine_.ReportProgress(job_id_, status);
 }
 
 void EmbeddedDecisions::Tick(int64_t now) { engine_.Tick(now); }
@@ -592,7 +592,7 @@ void JobControl::Commit(int64_t step, int64_t now) {
           "first step committed " + std::to_string(now - abort_ms_) + " ms after the abort");
     abort_ms_ = -1;
   }
-  decisions_->Progress(options_.epoch, generation(), commit_.step(), world_size(), now);
+  decisions_->ReportProgress(options_.epoch, generation(), commit_.step(), world_size(), now);
 
   // Work that waits for a step boundary.
   if (!leaving_.empty()) {
@@ -997,7 +997,7 @@ void JobControl::ReportFault(const v1::FaultFacts& fault, int64_t now) {
   // anything for one that need not keep any state, and would resume "with the survivors'
   // state" a shard only a lost pod held.
   if (!FormedAGeneration())
-    decisions_->Progress(options_.epoch, generation(), commit_.HighestHeard(pods_), 0, now);
+    decisions_->ReportProgress(options_.epoch, generation(), commit_.HighestHeard(pods_), 0, now);
   decisions_->Fault(fault, now);
 }
 
@@ -1038,7 +1038,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
             "): " + std::to_string(running().size()) + " ranks, dp " +
             std::to_string(replicas.size()) + ", resuming after step " +
             std::to_string(commit_.step()) + "; " + reason);
-  decisions_->Progress(options_.epoch, generation(), commit_.step(), world_size(), now);
+  decisions_->ReportProgress(options_.epoch, generation(), commit_.step(), world_size(), now);
   return true;
 }
 

@@ -51,8 +51,8 @@ class Decisions {
                           int64_t now) = 0;
   virtual void Fault(const v1::FaultFacts& fault, int64_t now) = 0;
   virtual void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) = 0;
-  virtual void Progress(uint64_t epoch, uint64_t generation, int64_t committed_step,
-                        uint32_t live_ranks, int64_t now) = 0;
+  virtual void ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
+                              uint32_t live_ranks, int64_t now) = 0;
   virtual void Tick(int64_t now) = 0;
   // A directive newer than the last one returned, if any.
   virtual std::optional<Directive> Poll() = 0;
@@ -82,8 +82,8 @@ class EmbeddedDecisions final : public Decisions {
                   int64_t now) override;
   void Fault(const v1::FaultFacts& fault, int64_t now) override;
   void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override;
-  void Progress(uint64_t epoch, uint64_t generation, int64_t committed_step, uint32_t live_ranks,
-                int64_t now) override;
+  void ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
+                      uint32_t live_ranks, int64_t now) override;
   void Tick(int64_t now) override;
   std::optional<Directive> Poll() override;
 

@@ -18,11 +18,12 @@ bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// A job of `pods` simulated agents of `ppp` processes. Pod n registers on stream n+1 as
-// "pod-<n>" with host 10.0.0.<n> and free port 30000+n.
-class Sim {
+// The job-control harness: a job of `pods` scripted agents of `ppp` processes. Pod n registers on
+// stream n+1 as "pod-<n>" with host 10.0.0.<n> and free port 30000+n.
+class ScriptedAgents {
  public:
-  Sim(int64_t pods, int64_t ppp, Map labels, Map annotations, JobControlOptions options = {}) {
+  ScriptedAgents(int64_t pods, int64_t ppp, Map labels, Map annotations,
+                 JobControlOptions options = {}) {
     spec_.id = "default/job";
     spec_.uid = "job-uid";
     spec_.pods = pods;
@@ -178,13 +179,13 @@ class Sim {
 };
 
 // The job's events, by value (a range-for over a temporary's member would dangle).
-std::vector<v1::JobEvent> Events(Sim& sim) {
+std::vector<v1::JobEvent> Events(ScriptedAgents& sim) {
   const auto status = sim.rt->StatusReport();
   return {status.events().begin(), status.events().end()};
 }
 
 // How many events of `kind` the job logged whose message holds `text`.
-int Logged(Sim& sim, const std::string& kind, const std::string& text) {
+int Logged(ScriptedAgents& sim, const std::string& kind, const std::string& text) {
   int n = 0;
   for (const auto& e : Events(sim))
     n += e.kind() == kind && e.message().find(text) != std::string::npos;
@@ -192,7 +193,7 @@ int Logged(Sim& sim, const std::string& kind, const std::string& text) {
 }
 
 // The message of the first fault the job logged ("" if none).
-std::string FirstFault(Sim& sim) {
+std::string FirstFault(ScriptedAgents& sim) {
   for (const auto& e : Events(sim))
     if (e.kind() == "fault") return e.message();
   return "";
@@ -208,7 +209,7 @@ const Map kElastic = {{"recover-strategy", "recover-in-place,elastic-training"},
                       {"regroup.io/tensor-parallel", "2"}};
 
 TEST(JobControl, FirstGenerationFormsWhenAllAgentsRegistered) {
-  Sim sim(4, 2, kForce, kElastic);
+  ScriptedAgents sim(4, 2, kForce, kElastic);
   for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Register(n).ok());
   sim.Run(100);
   EXPECT_EQ(sim.rt->generation(), 0u) << "one pod is still missing";
@@ -228,7 +229,7 @@ TEST(JobControl, FirstGenerationFormsWhenAllAgentsRegistered) {
 }
 
 TEST(JobControl, JoinWindowClosingWithAMissingPodAsksTheEngine) {
-  Sim sim(4, 2, kForce, kElastic);
+  ScriptedAgents sim(4, 2, kForce, kElastic);
   for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Register(n).ok());
   sim.Run(5200, -1);  // the registered pods beat as they wait
   ASSERT_EQ(sim.rt->generation(), 1u) << "prefer-elastic: start smaller at once";
@@ -238,7 +239,7 @@ TEST(JobControl, JoinWindowClosingWithAMissingPodAsksTheEngine) {
 }
 
 TEST(JobControl, StepCommitsWhenEveryRankVoted) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -259,7 +260,7 @@ TEST(JobControl, StepCommitsWhenEveryRankVoted) {
 TEST(JobControl, ARankDyingBetweenItsPodsVoteAndTheDecisionLeavesTheStepUncommitted) {
   Map annotations = kElastic;
   annotations["regroup.io/survivors-continue"] = "false";  // the generation stays aborted
-  Sim sim(2, 2, kForce, annotations);
+  ScriptedAgents sim(2, 2, kForce, annotations);
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_TRUE(sim.Vote(0, 0).ok());
@@ -280,7 +281,8 @@ TEST(JobControl, ARankDyingBetweenItsPodsVoteAndTheDecisionLeavesTheStepUncommit
 }
 
 TEST(JobControl, ChecksumMismatchAbortsTheStep) {
-  Sim sim(2, 2, kForce, {{"recover-strategy", "retry"}, {"regroup.io/tensor-parallel", "2"}});
+  ScriptedAgents sim(2, 2, kForce,
+                     {{"recover-strategy", "retry"}, {"regroup.io/tensor-parallel", "2"}});
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_TRUE(sim.Vote(0, 0, 111).ok());
@@ -310,7 +312,7 @@ v1::AgentMessage RestartedHello(uint32_t nproc, uint32_t local, uint64_t generat
 }
 
 TEST(JobControl, TheSurvivorsOfAProcessCrashTrainOnAndItsReplicaRejoinsAtAStepBoundary) {
-  Sim sim(3, 2, kForce, kElastic);  // tp 2: a replica per pod, dp 3
+  ScriptedAgents sim(3, 2, kForce, kElastic);  // tp 2: a replica per pod, dp 3
   sim.RegisterAll();
   sim.Run(20);
   for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
@@ -359,7 +361,7 @@ TEST(JobControl, TheSurvivorsOfAProcessCrashTrainOnAndItsReplicaRejoinsAtAStepBo
 // committed state had died, and its dump wrote nothing. The same step failing again before any
 // commit is not continued past: the survivors keep their state and wait for the decision.
 TEST(JobControl, TheSameStepFailingAgainIsNotContinuedPastTheSurvivorsWaitForTheDecision) {
-  Sim sim(3, 2, kForce, kElastic);  // tp 2: a replica per pod, dp 3
+  ScriptedAgents sim(3, 2, kForce, kElastic);  // tp 2: a replica per pod, dp 3
   sim.RegisterAll();
   sim.Run(20);
   for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
@@ -379,7 +381,7 @@ TEST(JobControl, TheSameStepFailingAgainIsNotContinuedPastTheSurvivorsWaitForThe
 
 // A job of 2 pods x 2 ranks, one replica each, training; then pod 1's local rank 1 dies and
 // the survivors continue in generation 2.
-void StartThenCrashPod1(Sim& sim) {
+void StartThenCrashPod1(ScriptedAgents& sim) {
   sim.RegisterAll();
   sim.Run(20);
   sim.Clear();
@@ -389,7 +391,7 @@ void StartThenCrashPod1(Sim& sim) {
 }
 
 TEST(JobControl, ADecisionArrivingAfterTheRejoinRestartsNothingAndRegroupsNothing) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   StartThenCrashPod1(sim);
   // Back and rejoined within the decision maker's report window.
   ASSERT_TRUE(sim.Send(1, RestartedHello(2, 1, 2, -1)).ok());
@@ -413,7 +415,7 @@ TEST(JobControl, ADecisionArrivingAfterTheRejoinRestartsNothingAndRegroupsNothin
 // reported a loss of no pod ("pods  did not become available") and the job stopped for good.
 // A rank of a generation formed since the fault is not restarted for it.
 TEST(JobControl, ARestartInPlaceDecidedAfterAGenerationFormedSinceTheFaultRestartsNoneOfItsRanks) {
-  Sim sim(3, 1, kForce,
+  ScriptedAgents sim(3, 1, kForce,
           {{"recover-strategy", "recover-in-place,elastic-training"},
            {"regroup.io/prefer-elastic", "true"},
            {"regroup.io/hang-timeout-min-s", "2"},
@@ -463,7 +465,7 @@ class Scripted final : public Decisions {
   void PodRunning(int64_t, const std::string&, const std::string&, int64_t) override {}
   void Fault(const v1::FaultFacts& fault, int64_t) override { faults.push_back(fault); }
   void ReplacementRegistered(int64_t, const std::string&, int64_t) override {}
-  void Progress(uint64_t, uint64_t, int64_t, uint32_t, int64_t) override {}
+  void ReportProgress(uint64_t, uint64_t, int64_t, uint32_t, int64_t) override {}
   void Tick(int64_t) override {}
   std::optional<Directive> Poll() override {
     if (directives.empty()) return std::nullopt;
@@ -485,7 +487,7 @@ class Scripted final : public Decisions {
 // no pod ("pods  did not become available") and the job hung. The first generation forms over
 // the replicas the directive keeps once the restarted process is back.
 TEST(JobControl, ARestartInPlaceBeforeTheFirstGenerationFormsItOnceTheProcessIsBack) {
-  Sim sim(3, 2, kForce, {{"recover-strategy", "recover-in-place,recover"},
+  ScriptedAgents sim(3, 2, kForce, {{"recover-strategy", "recover-in-place,recover"},
                          {"regroup.io/tensor-parallel", "2"},
                          {"regroup.io/hang-timeout-min-s", "2"}});
   auto owned = std::make_unique<Scripted>();
@@ -497,7 +499,8 @@ TEST(JobControl, ARestartInPlaceBeforeTheFirstGenerationFormsItOnceTheProcessIsB
   // The pods' processes were in generation 1 of an earlier manager, which committed step 4.
   auto earlier = [] {
     std::vector<v1::LocalRank> ranks;
-    for (uint32_t l = 0; l < 2; ++l) ranks.push_back(Sim::Live(l, v1::PHASE_PAUSED, 5, 1, 4));
+    for (uint32_t l = 0; l < 2; ++l)
+      ranks.push_back(ScriptedAgents::Live(l, v1::PHASE_PAUSED, 5, 1, 4));
     return ranks;
   };
   sim.Gone(2);
@@ -546,7 +549,7 @@ TEST(JobControl, ARestartInPlaceBeforeTheFirstGenerationFormsItOnceTheProcessIsB
 }
 
 TEST(JobControl, FaultsDuringAnInterimGenerationNameTheRanksTheDecisionMakerKnows) {
-  Sim sim(3, 2, kForce, kElastic);
+  ScriptedAgents sim(3, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
   sim.Clear();
@@ -580,7 +583,7 @@ TEST(JobControl, FaultsDuringAnInterimGenerationNameTheRanksTheDecisionMakerKnow
 }
 
 TEST(JobControl, ARankThatDiesAgainBeforeRejoiningIsRestartedAgainAndTheSurvivorsTrainOn) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   StartThenCrashPod1(sim);
   ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1);
   ASSERT_TRUE(sim.Send(1, RestartedHello(2, 1, 2, -1)).ok());
@@ -597,7 +600,8 @@ TEST(JobControl, ARankThatDiesAgainBeforeRejoiningIsRestartedAgainAndTheSurvivor
 // heartbeat interval got the same store port; the first one's store was still up, the second's
 // rank 0 could not listen, and its peers read the first one's keys.
 TEST(JobControl, EveryGenerationsStoreGetsAPortNoRecentStoreHolds) {
-  Sim sim(2, 2, kForce, kElastic);  // a replica per pod; pod 0's rank 0 hosts every store
+  // A replica per pod; pod 0's rank 0 hosts every store.
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();  // pod 0 reported 30000 alone (as an agent before free_ports does)
   sim.Run(20);
   auto ports = [&] {  // the store port of every generation pod 0 started, in order
@@ -644,7 +648,7 @@ TEST(JobControl, EveryGenerationsStoreGetsAPortNoRecentStoreHolds) {
 TEST(JobControl, AProcessCrashWaitsForItsRestartWhenSurvivorsDoNotContinue) {
   Map annotations = kElastic;
   annotations["regroup.io/survivors-continue"] = "false";
-  Sim sim(2, 2, kForce, annotations);
+  ScriptedAgents sim(2, 2, kForce, annotations);
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_TRUE(sim.Vote(0, 0).ok());
@@ -677,7 +681,7 @@ TEST(JobControl, AProcessCrashWaitsForItsRestartWhenSurvivorsDoNotContinue) {
 }
 
 TEST(JobControl, LostAgentScalesInAndItsReplacementScalesOut) {
-  Sim sim(4, 2, kForce, kElastic);
+  ScriptedAgents sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
   sim.rt->Disconnected(sim.streams_[2], sim.now);  // the node dies: its stream breaks
@@ -705,7 +709,7 @@ TEST(JobControl, LostAgentScalesInAndItsReplacementScalesOut) {
 
 // Issue 11, finding 2: a fault that touches no rank of the running generation never aborts it.
 TEST(JobControl, LosingAStandbyPodDoesNotAbortTheGeneration) {
-  Sim sim(4, 1, kForce, kElastic);  // tp 2: a replica is 2 pods, dp 2
+  ScriptedAgents sim(4, 1, kForce, kElastic);  // tp 2: a replica is 2 pods, dp 2
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->world_size(), 4u);
@@ -732,7 +736,7 @@ TEST(JobControl, LosingAStandbyPodDoesNotAbortTheGeneration) {
 }
 
 TEST(JobControl, ScaleOutWaitsForTheReplacementsTrainersToSayHello) {
-  Sim sim(4, 2, kForce, kElastic);
+  ScriptedAgents sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
   sim.rt->Disconnected(sim.streams_[3], sim.now);
@@ -761,7 +765,7 @@ TEST(JobControl, ScaleOutWaitsForTheReplacementsTrainersToSayHello) {
 }
 
 TEST(JobControl, MissedHeartbeatsAreALostPod) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
   sim.Gone(1);  // frozen agent: no more heartbeats, the stream stays open
@@ -777,7 +781,7 @@ TEST(JobControl, MissedHeartbeatsAreALostPod) {
 // Issue 11, finding 1: a paused agent declared lost is told so at once (a fenced refusal that
 // ends its stream), and its still-open stream never blocks its replacement.
 TEST(JobControl, APodDeclaredLostWhileConnectedIsFencedAndDoesNotBlockItsReplacement) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
   sim.Gone(1);  // paused (SIGSTOP): no heartbeats, the stream stays open
@@ -801,7 +805,7 @@ TEST(JobControl, APodDeclaredLostWhileConnectedIsFencedAndDoesNotBlockItsReplace
 }
 
 TEST(JobControl, AHungStepIsDetected) {
-  Sim sim(2, 2, kForce,
+  ScriptedAgents sim(2, 2, kForce,
           {{"recover-strategy", "recover-in-place"}, {"regroup.io/tensor-parallel", "2"},
            {"regroup.io/hang-timeout-min-s", "2"}, {"regroup.io/heartbeat-interval-ms", "100"}});
   sim.RegisterAll();
@@ -815,7 +819,7 @@ TEST(JobControl, AHungStepIsDetected) {
 }
 
 TEST(JobControl, StaleAndForeignMessagesAreRefusedAndChangeNothing) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
   v1::AgentMessage vote;
@@ -841,7 +845,7 @@ TEST(JobControl, StaleAndForeignMessagesAreRefusedAndChangeNothing) {
 }
 
 TEST(JobControl, RegistrationRefusals) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   ASSERT_TRUE(sim.Register(0).ok());
   // A duplicate node rank from another pod.
   auto dup = sim.Register(0, "intruder", {}, 0, 77);
@@ -900,7 +904,7 @@ TEST(JobControl, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
   // commit for step 41 before the old manager died; the others only voted.
   JobControlOptions o;
   o.epoch = 2;
-  Sim sim(2, 2, kForce, kElastic, o);
+  ScriptedAgents sim(2, 2, kForce, kElastic, o);
   for (int64_t n = 0; n < 2; ++n) {
     std::vector<v1::LocalRank> ranks = Voted(Survivor(2, 40), 41);
     if (n == 1) ranks[1].set_heard_commit_step(41);
@@ -915,7 +919,7 @@ TEST(JobControl, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
 TEST(JobControl, AMinorityOfTheLastGenerationMustNotFormOne) {
   JobControlOptions o;
   o.epoch = 3;
-  Sim sim(4, 2, kForce, kElastic, o);
+  ScriptedAgents sim(4, 2, kForce, kElastic, o);
   ASSERT_TRUE(sim.Register(0, "", {}, 4).ok());
   ASSERT_TRUE(sim.Register(1, "", {}, 4).ok());
   sim.Run(6000, -1);  // the registered pods beat as they wait
@@ -954,7 +958,7 @@ JobControlOptions Watching(std::optional<JobRecord>& stored, uint64_t epoch) {
 // a second ends the job here too.
 TEST(JobControl, AnIncarnationWaitingForAMajorityLearnsFromTheRecordThatTheJobEnded) {
   std::optional<JobRecord> stored = LedByEpoch5(4);
-  Sim sim(4, 2, kForce, kElastic, Watching(stored, 6));
+  ScriptedAgents sim(4, 2, kForce, kElastic, Watching(stored, 6));
   ASSERT_TRUE(sim.Register(0, "", {}, 4).ok());
   sim.Run(2000, -1);
   ASSERT_EQ(sim.rt->generation(), 0u) << "1 of 4 is no majority";
@@ -978,7 +982,7 @@ TEST(JobControl, AnIncarnationWaitingForAMajorityLearnsFromTheRecordThatTheJobEn
 // generation: it stops its pods (they come back to the newer one) without waiting for a commit.
 TEST(JobControl, AnIncarnationLearnsWithinASecondThatANewerOneFormedAGeneration) {
   std::optional<JobRecord> stored;
-  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 5));
+  ScriptedAgents sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 5));
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -1010,9 +1014,9 @@ class Leased final : public Decisions {
   void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override {
     engine_.ReplacementRegistered(pod, uid, now);
   }
-  void Progress(uint64_t epoch, uint64_t generation, int64_t committed_step, uint32_t live_ranks,
-                int64_t now) override {
-    engine_.Progress(epoch, generation, committed_step, live_ranks, now);
+  void ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
+                      uint32_t live_ranks, int64_t now) override {
+    engine_.ReportProgress(epoch, generation, committed_step, live_ranks, now);
   }
   void Tick(int64_t now) override { engine_.Tick(now); }
   std::optional<Directive> Poll() override { return engine_.Poll(); }
@@ -1027,7 +1031,7 @@ class Leased final : public Decisions {
 // step every rank voted for is committed only under the lease, once it holds again, and never
 // once its generation is over.
 TEST(JobControl, AStepIsCommittedOnlyUnderTheDecisionMakersLease) {
-  Sim sim(2, 1, kForce, {{"recover-strategy", "recover-in-place"}});
+  ScriptedAgents sim(2, 1, kForce, {{"recover-strategy", "recover-in-place"}});
   std::string no_lease;
   sim.rt = std::make_unique<JobControl>(sim.spec_, sim.spec_.Resolve().config,
                                         JobControlOptions(),
@@ -1066,7 +1070,7 @@ TEST(JobControl, AStepIsCommittedOnlyUnderTheDecisionMakersLease) {
 }
 
 TEST(JobControl, PlannedDepartureLeavesAtTheStepBoundaryWithNoLostWork) {
-  Sim sim(4, 2, kForce, kElastic);
+  ScriptedAgents sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
   v1::AgentMessage leave;
@@ -1087,7 +1091,7 @@ TEST(JobControl, PlannedDepartureLeavesAtTheStepBoundaryWithNoLostWork) {
 }
 
 TEST(JobControl, TrainingFinishesWhenEveryRankExitsCleanly) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
   for (int64_t n = 0; n < 2; ++n)
@@ -1100,7 +1104,7 @@ TEST(JobControl, TrainingFinishesWhenEveryRankExitsCleanly) {
 // the job from its checkpoint, waiting for good for a pod that had finished. Once a holder of
 // the trained state finished, the last step is committed: a later fault ends the training.
 TEST(JobControl, AFaultAfterARankFinishedTrainingEndsTheJob) {
-  Sim sim(2, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"}});
+  ScriptedAgents sim(2, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"}});
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -1119,7 +1123,7 @@ TEST(JobControl, AFaultAfterARankFinishedTrainingEndsTheJob) {
 // Found by the simulation (sim/, seed 4 of its first sweep): a replacement that registered after
 // the job had stopped was welcomed and then never told anything, so its pod ran for good.
 TEST(JobControl, APodRegisteringAfterTheJobStoppedIsToldToStop) {
-  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}});
+  ScriptedAgents sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}});
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -1140,7 +1144,7 @@ TEST(JobControl, APodRegisteringAfterTheJobStoppedIsToldToStop) {
 // sent it again stamped with the running generation, formed since and not the one that made it.
 // Its agent notes the stamp as the committer, which a restarted manager's first plan names.
 TEST(JobControl, ACommitSentAgainNamesTheGenerationThatMadeIt) {
-  Sim sim(3, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"},
+  ScriptedAgents sim(3, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"},
                          {"regroup.io/prefer-elastic", "true"}});
   sim.RegisterAll();
   sim.Run(100, 0);
@@ -1152,7 +1156,8 @@ TEST(JobControl, ACommitSentAgainNamesTheGenerationThatMadeIt) {
   sim.rt->Disconnected(sim.streams_[0], sim.now);  // pod 0 heard neither the commit nor that
   sim.Collect();
   sim.Clear();
-  const v1::LocalRank missed = Sim::Live(0, v1::PHASE_VOTED, 0, 1, -1);  // voted, heard nothing
+  // Voted, heard nothing.
+  const v1::LocalRank missed = ScriptedAgents::Live(0, v1::PHASE_VOTED, 0, 1, -1);
   v1::Register reg;
   reg.set_pod_uid("pod-0");
   reg.set_node_rank(0);
@@ -1178,7 +1183,7 @@ TEST(JobControl, ACommitSentAgainNamesTheGenerationThatMadeIt) {
 // replacement. The engine's wait named the rank to restart, the manager ignored it, and the
 // resume that followed waited for that pod for good.
 TEST(JobControl, ARankThatDiesDuringAWaitIsRestartedInPlace) {
-  Sim sim(3, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"}});
+  ScriptedAgents sim(3, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"}});
   sim.RegisterAll();
   sim.Run(20, 0);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -1195,7 +1200,7 @@ TEST(JobControl, ARankThatDiesDuringAWaitIsRestartedInPlace) {
 // Found by the simulation (seed 951): without recover-in-place, a pod whose process died was
 // neither restarted nor replaced; its slot stayed held, so no replacement could register.
 TEST(JobControl, WithoutRecoverInPlaceAPodWhoseProcessDiedIsFencedSoItCanBeReplaced) {
-  Sim sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
+  ScriptedAgents sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
                          {"regroup.io/prefer-elastic", "true"}});
   sim.RegisterAll();
   sim.Run(20, 0);
@@ -1211,7 +1216,7 @@ TEST(JobControl, WithoutRecoverInPlaceAPodWhoseProcessDiedIsFencedSoItCanBeRepla
 }
 
 // A manager restart reads the durable record the previous incarnation left.
-JobRecord RecordOf(Sim& sim) {
+JobRecord RecordOf(ScriptedAgents& sim) {
   auto record = sim.rt->TakeRecord();
   EXPECT_TRUE(record.has_value());
   return record.value_or(JobRecord());
@@ -1227,14 +1232,14 @@ JobControlOptions Restarted(const JobRecord& record) {
 // Finding 5 of the membership issue: the lost-pod list lived only in memory, so a pod declared
 // lost before a restart was readmitted as active afterwards.
 TEST(JobControl, APodDeclaredLostStaysFencedAcrossAManagerRestart) {
-  Sim before(4, 2, kForce, kElastic);
+  ScriptedAgents before(4, 2, kForce, kElastic);
   before.RegisterAll();
   before.Run(20, 0);
   before.rt->Disconnected(before.streams_[2], before.now);  // pod 2 is lost
   before.Gone(2);
   before.Run(600, 0);  // past the liveness timeout: its session was not resumed
   ASSERT_TRUE(before.rt->IsFenced("pod-2"));
-  Sim after(4, 2, kForce, kElastic, Restarted(RecordOf(before)));
+  ScriptedAgents after(4, 2, kForce, kElastic, Restarted(RecordOf(before)));
   EXPECT_TRUE(after.rt->IsFenced("pod-2"));
   auto zombie = after.Register(2);
   EXPECT_EQ(zombie.status().code(), REGROUP_FAILED_PRECONDITION);
@@ -1244,11 +1249,11 @@ TEST(JobControl, APodDeclaredLostStaysFencedAcrossAManagerRestart) {
 // Finding 4 (standalone): a second manager given pods of its own formed a generation and
 // trained beside the first. Fresh pods never make the majority of a generation on record.
 TEST(JobControl, FreshPodsAloneNeverMakeAMajorityAfterARestart) {
-  Sim before(4, 2, kForce, kElastic);
+  ScriptedAgents before(4, 2, kForce, kElastic);
   before.RegisterAll();
   before.Run(20, 0);
   ASSERT_EQ(before.rt->generation(), 1u);
-  Sim after(4, 2, kForce, kElastic, Restarted(RecordOf(before)));
+  ScriptedAgents after(4, 2, kForce, kElastic, Restarted(RecordOf(before)));
   for (int64_t n = 0; n < 4; ++n) ASSERT_TRUE(after.Register(n, "fresh-" + std::to_string(n)).ok());
   after.Run(6000);
   EXPECT_EQ(after.rt->generation(), 0u);
@@ -1269,10 +1274,10 @@ TEST(JobControl, FreshPodsAloneNeverMakeAMajorityAfterARestart) {
 }
 
 TEST(JobControl, AMajorityOfTheMembersOnRecordFormsTheNextGeneration) {
-  Sim before(4, 2, kForce, kElastic);
+  ScriptedAgents before(4, 2, kForce, kElastic);
   before.RegisterAll();
   before.Run(20, 0);
-  Sim after(4, 2, kForce, kElastic, Restarted(RecordOf(before)));
+  ScriptedAgents after(4, 2, kForce, kElastic, Restarted(RecordOf(before)));
   for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(after.Register(n).ok());
   ASSERT_TRUE(after.Register(3, "fresh-3").ok());
   after.Run(100);
@@ -1285,7 +1290,7 @@ TEST(JobControl, AMajorityOfTheMembersOnRecordFormsTheNextGeneration) {
 // (pod-1/2 of pod-1, pod-2/3 of pod-2/2), which the majority did not count; the job waited and
 // stopped for good. A readmitted incarnation is its pod come back, not a fresh one.
 TEST(JobControl, AReadmittedIncarnationOfAMemberOnRecordCountsForTheMajority) {
-  Sim before(4, 2, kForce, kElastic);
+  ScriptedAgents before(4, 2, kForce, kElastic);
   for (int64_t n : {0, 1, 3}) ASSERT_TRUE(before.Register(n).ok());
   ASSERT_TRUE(before.Register(2, "pod-2/2").ok());  // a readmitted incarnation, a member
   before.Run(20, 0);
@@ -1293,7 +1298,7 @@ TEST(JobControl, AReadmittedIncarnationOfAMemberOnRecordCountsForTheMajority) {
   const JobRecord record = RecordOf(before);
   // A restarted manager to which pods 0 to 3 come back as `uids`; the generation it forms.
   auto formed = [&record](const std::vector<std::string>& uids) {
-    Sim after(4, 2, kForce, kElastic, Restarted(record));
+    ScriptedAgents after(4, 2, kForce, kElastic, Restarted(record));
     for (int64_t n = 0; n < 4; ++n)
       EXPECT_TRUE(after.Register(n, uids[static_cast<size_t>(n)]).ok());
     after.Run(100);
@@ -1312,7 +1317,7 @@ TEST(JobControl, AReadmittedIncarnationOfAMemberOnRecordCountsForTheMajority) {
 // of the last generation on record, as it is now.
 TEST(JobControl, TheMajorityIsOfTheLastGenerationOnRecordNowNotWhenThisIncarnationStarted) {
   std::optional<JobRecord> stored = LedByEpoch5(2);
-  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 6));
+  ScriptedAgents sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 6));
   ASSERT_TRUE(sim.Register(0).ok());
   ASSERT_TRUE(sim.Register(1, "pod-1-r1").ok());  // a fresh pod: no member
   sim.Run(2000, -1);
@@ -1326,12 +1331,13 @@ TEST(JobControl, TheMajorityIsOfTheLastGenerationOnRecordNowNotWhenThisIncarnati
 // Found by the simulation (seeds 541 and 857): the job stopped, then its manager restarted and
 // welcomed the pods that had not heard the stop, which then waited for good.
 TEST(JobControl, AJobThatStoppedStaysStoppedAcrossAManagerRestart) {
-  Sim before(2, 1, kForce, {{"recover-strategy", "elastic-training"}});
+  ScriptedAgents before(2, 1, kForce, {{"recover-strategy", "elastic-training"}});
   before.RegisterAll();
   before.Run(20);
   ASSERT_TRUE(before.Exit(0, 0, 0).ok());
   ASSERT_TRUE(before.Exit(1, 0, 0).ok());
-  Sim after(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Restarted(RecordOf(before)));
+  ScriptedAgents after(2, 1, kForce, {{"recover-strategy", "elastic-training"}},
+                       Restarted(RecordOf(before)));
   ASSERT_TRUE(after.Register(0).ok());
   after.Collect();
   ASSERT_EQ(after.Count(0, v1::ManagerMessage::kStop), 1);
@@ -1342,7 +1348,7 @@ TEST(JobControl, AJobThatStoppedStaysStoppedAcrossAManagerRestart) {
 // A manager that learns from the record that a newer incarnation formed a generation stops its
 // pods and never writes the record again.
 TEST(JobControl, ASupersededIncarnationStopsItsPodsAndKeepsOffTheRecord) {
-  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}});
+  ScriptedAgents sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}});
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_TRUE(sim.rt->TakeRecord().has_value());
@@ -1361,7 +1367,7 @@ TEST(JobControl, ASupersededIncarnationStopsItsPodsAndKeepsOffTheRecord) {
 // record, which a job training steadily may not make for hours.
 TEST(JobControl, AnIncarnationFencedOnRecordCommitsNoFurtherStep) {
   std::optional<JobRecord> stored;
-  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 5));
+  ScriptedAgents sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 5));
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -1391,7 +1397,7 @@ TEST(JobControl, AnIncarnationFencedOnRecordCommitsNoFurtherStep) {
 // come back as its own replacement, and its new incarnation registers as a standby that the
 // next scale-out takes in.
 TEST(JobControl, APodLostForSilenceMayComeBackAsItsOwnReplacement) {
-  Sim sim(4, 2, kForce, kElastic);
+  ScriptedAgents sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20, 0);
   sim.Gone(2);  // paused: it stays connected, and silent
@@ -1413,7 +1419,7 @@ TEST(JobControl, APodLostForSilenceMayComeBackAsItsOwnReplacement) {
 // the engine see only a standby touched, so it issued no directive while the manager had
 // aborted the generation: the job waited for good.
 TEST(JobControl, APodBackWithinTheReportWindowOfItsLossStillGetsTheJobADirective) {
-  Sim sim(4, 2, kForce, kElastic);
+  ScriptedAgents sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20, 0);
   sim.Gone(2);
@@ -1428,7 +1434,7 @@ TEST(JobControl, APodBackWithinTheReportWindowOfItsLossStillGetsTheJobADirective
 }
 
 TEST(JobControl, APodWhoseProcessesFailedMustBeReplacedNotReadmitted) {
-  Sim sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
+  ScriptedAgents sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
                          {"regroup.io/prefer-elastic", "true"}});
   sim.RegisterAll();
   sim.Run(20, 0);
@@ -1445,11 +1451,11 @@ TEST(JobControl, APodWhoseProcessesFailedMustBeReplacedNotReadmitted) {
 // exited: where recover-in-place is not allowed its pod is replaced, readmitted or not; once it
 // beats again, it is not hung. Pod 3's trainer froze, its stream broke before any directive, and
 // it came back as pod-3/2 with the same process, its trainer beating again or not.
-void ReadmitAfterAHang(Sim& sim, bool beats_again) {
+void ReadmitAfterAHang(ScriptedAgents& sim, bool beats_again) {
   sim.RegisterAll();
   sim.Run(20, 0);
   ASSERT_TRUE(sim.rt->training());
-  v1::LocalRank trainer = Sim::Live(0, v1::PHASE_COMPUTING, 0, sim.rt->generation(), -1);
+  v1::LocalRank trainer = ScriptedAgents::Live(0, v1::PHASE_COMPUTING, 0, sim.rt->generation(), -1);
   trainer.set_beat_age_ms(5000);  // its agent reports its beat growing old
   auto beat = [&](int64_t n) {
     if (n != 3) return sim.Beat(n, 0, sim.rt->generation());
@@ -1476,7 +1482,7 @@ void ReadmitAfterAHang(Sim& sim, bool beats_again) {
 }
 
 TEST(JobControl, APodWhoseProcessHungIsReplacedEvenAfterItWasReadmitted) {
-  Sim sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
+  ScriptedAgents sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
                          {"regroup.io/prefer-elastic", "true"}});
   ReadmitAfterAHang(sim, /*beats_again=*/false);
   ASSERT_TRUE(sim.rt->IsFenced("pod-3/2")) << "the pod with the frozen process is replaced";
@@ -1486,7 +1492,7 @@ TEST(JobControl, APodWhoseProcessHungIsReplacedEvenAfterItWasReadmitted) {
 }
 
 TEST(JobControl, AProcessThatHungAndBeatsAgainIsNotTakenForAFailedOne) {
-  Sim sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
+  ScriptedAgents sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
                          {"regroup.io/prefer-elastic", "true"}});
   ReadmitAfterAHang(sim, /*beats_again=*/true);
   EXPECT_FALSE(sim.rt->IsFenced("pod-3/2"));
@@ -1508,7 +1514,7 @@ v1::AgentMessage CollectiveError(uint64_t generation) {
 // Every start of a generation reaches a pod that trained in the generation before only after
 // that one's abort: a rank still forming the old generation (in its rendezvous) is freed by the
 // abort, and would otherwise wait there until its collective timeout.
-void ExpectEveryStartAfterTheAbortOfTheGenerationBefore(Sim& sim) {
+void ExpectEveryStartAfterTheAbortOfTheGenerationBefore(ScriptedAgents& sim) {
   for (const auto& [node, inbox] : sim.inbox_) {
     uint64_t in = 0;  // the generation this pod trains in and that was not aborted yet
     for (const auto& m : inbox) {
@@ -1529,7 +1535,7 @@ void ExpectEveryStartAfterTheAbortOfTheGenerationBefore(Sim& sim) {
 // regroups again. (Other decisions that form a generation while one trains abort it first: the
 // sim's invariant, 38 of 4,000 seeds take that path.)
 TEST(JobControl, ARetryDecidedAfterAGenerationFormedSinceTheFaultRegroupsNothing) {
-  Sim sim(2, 2, kForce,
+  ScriptedAgents sim(2, 2, kForce,
           {{"recover-strategy", "retry,recover-in-place,recover,elastic-training,dump,exit"},
            {"regroup.io/prefer-elastic", "true"}});
   sim.RegisterAll();
@@ -1563,7 +1569,7 @@ TEST(JobControl, ARetryDecidedAfterAGenerationFormedSinceTheFaultRegroupsNothing
 // A broken stream gets the liveness timeout to resume, but when the pod's peers' collectives
 // fail meanwhile, the pod is gone (its node died): declared lost at once, not a timeout later.
 TEST(JobControl, ACollectiveFailingWhileAPodsStreamIsDownDeclaresThatPodLostAtOnce) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20, 0);
   sim.rt->Disconnected(sim.streams_[1], sim.now);
@@ -1578,7 +1584,7 @@ TEST(JobControl, ACollectiveFailingWhileAPodsStreamIsDownDeclaresThatPodLostAtOn
 // Found by the integration scenario 6: a collective of generation 1 failed as it ended, its
 // report arrived once generation 2 was running, and it aborted generation 2.
 TEST(JobControl, ALateFaultOfAnEarlierGenerationDoesNotAbortTheRunningOne) {
-  Sim sim(4, 2, kForce, kElastic);
+  ScriptedAgents sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20, 0);
   sim.rt->Disconnected(sim.streams_[3], sim.now);
@@ -1600,7 +1606,7 @@ TEST(JobControl, ALateFaultOfAnEarlierGenerationDoesNotAbortTheRunningOne) {
 TEST(JobControl, ARestartedManagersGenerationsAreNumberedPastEveryOneTheAgentsReport) {
   JobControlOptions o;
   o.epoch = 2;
-  Sim sim(2, 2, kForce, kElastic, o);
+  ScriptedAgents sim(2, 2, kForce, kElastic, o);
   for (int64_t n = 0; n < 2; ++n) {
     std::vector<v1::LocalRank> ranks = Survivor(2, 40);
     for (auto& r : ranks) r.set_generation(1);  // generation 1 of epoch 1
@@ -1628,7 +1634,7 @@ TEST(JobControl, ARestartedManagersGenerationsAreNumberedPastEveryOneTheAgentsRe
 // whose agent paused its trainers resumes nothing: the pod is lost to the generation, and comes
 // back as its own replacement.
 TEST(JobControl, ASessionWhoseAgentPausedItsTrainersDoesNotResumeTheGeneration) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20, 0);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -1639,7 +1645,8 @@ TEST(JobControl, ASessionWhoseAgentPausedItsTrainersDoesNotResumeTheGeneration) 
   reg.set_pod_uid("pod-1");
   reg.set_node_rank(1);
   reg.set_nproc(2);
-  for (uint32_t l = 0; l < 2; ++l) *reg.add_ranks() = Sim::Live(l, v1::PHASE_PAUSED, 0, 1, -1);
+  for (uint32_t l = 0; l < 2; ++l)
+    *reg.add_ranks() = ScriptedAgents::Live(l, v1::PHASE_PAUSED, 0, 1, -1);
   reg.set_left_generation(true);
   sim.streams_[1] = sim.next_stream_++;
   const auto registered = sim.rt->Register(sim.streams_[1], sim.Header(1), reg, sim.now);
@@ -1650,7 +1657,7 @@ TEST(JobControl, ASessionWhoseAgentPausedItsTrainersDoesNotResumeTheGeneration) 
   EXPECT_TRUE(sim.rt->MayReadmit("pod-1")) << "it comes back as its own replacement";
   EXPECT_FALSE(sim.rt->training()) << "the generation lost pod 1's ranks";
   // The same registration without the flag resumes (the rule above is the flag's alone).
-  Sim other(2, 2, kForce, kElastic);
+  ScriptedAgents other(2, 2, kForce, kElastic);
   other.RegisterAll();
   other.Run(20, 0);
   other.rt->Disconnected(other.streams_[1], other.now);
@@ -1667,7 +1674,7 @@ TEST(JobControl, ASessionWhoseAgentPausedItsTrainersDoesNotResumeTheGeneration) 
 // generation is aborted for it, so its peers' failed collectives that follow are its echo, not a
 // second fault that "recover" alone cannot answer.
 TEST(JobControl, AReplacementTakingASlotOfTheRunningGenerationIsItsPredecessorsLoss) {
-  Sim sim(2, 2, kForce, {{"recover-strategy", "recover,exit"}});
+  ScriptedAgents sim(2, 2, kForce, {{"recover-strategy", "recover,exit"}});
   sim.RegisterAll();
   sim.Run(20, 0);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -1692,7 +1699,7 @@ TEST(JobControl, AReplacementTakingASlotOfTheRunningGenerationIsItsPredecessorsL
 // rank that holds a generation up is the one that never entered it (still in an older one);
 // the ranks waiting for it in the rendezvous are its victims.
 TEST(JobControl, AStalledGenerationIsBlamedOnTheRankThatNeverEnteredIt) {
-  Sim sim(2, 2, kForce, kQuickHang);
+  ScriptedAgents sim(2, 2, kForce, kQuickHang);
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -1724,7 +1731,7 @@ TEST(JobControl, AStalledGenerationIsBlamedOnTheRankThatNeverEnteredIt) {
 // blamed for a hang: the rank waiting for it was restarted instead, or, with every rank
 // paused, the generation waited for good. Past the hang timeout the paused rank is the one.
 TEST(JobControl, ARankThatLeftTheRunningGenerationIsBlamedForItsHangNotTheOneWaitingForIt) {
-  Sim sim(2, 1, kForce, kQuickHang);
+  ScriptedAgents sim(2, 1, kForce, kQuickHang);
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -1732,7 +1739,7 @@ TEST(JobControl, ARankThatLeftTheRunningGenerationIsBlamedForItsHangNotTheOneWai
   auto beat = [&](int64_t node) {
     v1::AgentMessage m;
     *m.mutable_heartbeat()->add_ranks() =
-        Sim::Live(0, node == 0 ? v1::PHASE_VOTED : v1::PHASE_PAUSED, 5, 1, 4);
+        ScriptedAgents::Live(0, node == 0 ? v1::PHASE_VOTED : v1::PHASE_PAUSED, 5, 1, 4);
     return sim.Send(node, m);
   };
   ASSERT_TRUE(sim.TickWith(120, beat).ok());
@@ -1749,7 +1756,7 @@ TEST(JobControl, ARankThatLeftTheRunningGenerationIsBlamedForItsHangNotTheOneWai
 TEST(JobControl, ARestartedManagerResumesAtACommitOnlyAStandbyHeard) {
   JobControlOptions o;
   o.epoch = 2;
-  Sim sim(4, 2, kForce, kElastic, o);
+  ScriptedAgents sim(4, 2, kForce, kElastic, o);
   for (int64_t n = 0; n < 4; ++n) {
     std::vector<v1::LocalRank> ranks = Voted(Survivor(2, 40), 41);  // the kept ranks voted
     if (n == 3) {
@@ -1772,7 +1779,7 @@ TEST(JobControl, ARestartedManagerResumesAtACommitOnlyAStandbyHeard) {
 TEST(JobControl, ARestartedManagersFirstPlanNamesTheGenerationThatCommittedTheStep) {
   JobControlOptions o;
   o.epoch = 9;
-  Sim sim(2, 2, kForce, kElastic, o);
+  ScriptedAgents sim(2, 2, kForce, kElastic, o);
   for (int64_t n = 0; n < 2; ++n) {
     std::vector<v1::LocalRank> ranks = Survivor(2, 40);
     for (auto& r : ranks) {
@@ -1798,7 +1805,8 @@ TEST(JobControl, ARestartedManagersFirstPlanNamesTheGenerationThatCommittedTheSt
 TEST(JobControl, AGenerationNoRankOfWhichHoldsAShardIsNotFormedAndTheJobGoesToTheCheckpoint) {
   JobControlOptions o;
   o.epoch = 2;
-  Sim sim(2, 2, {{"fault-scheduling", "force"}, {"fault-retry-times", "1"}}, kElastic, o);
+  ScriptedAgents sim(2, 2, {{"fault-scheduling", "force"}, {"fault-retry-times", "1"}}, kElastic,
+                     o);
   for (int64_t n = 0; n < 2; ++n) {
     std::vector<v1::LocalRank> ranks = Survivor(2, 40);  // a tp-2 replica a pod
     if (n == 0) ranks[0].set_committed_step(41);  // only position 0 of replica 0 holds step 41
@@ -1822,7 +1830,7 @@ TEST(JobControl, AGenerationNoRankOfWhichHoldsAShardIsNotFormedAndTheJobGoesToTh
 TEST(JobControl, RanksThatDisagreeAboutWhoCommittedTheStepNameNoGeneration) {
   JobControlOptions o;
   o.epoch = 9;
-  Sim sim(2, 1, kForce, kElastic, o);
+  ScriptedAgents sim(2, 1, kForce, kElastic, o);
   for (int64_t n = 0; n < 2; ++n) {
     std::vector<v1::LocalRank> ranks = Survivor(1, 40);
     ranks[0].set_heard_commit_step(41);
@@ -1841,7 +1849,7 @@ TEST(JobControl, RanksThatDisagreeAboutWhoCommittedTheStepNameNoGeneration) {
 // every pod silent when it ran again (their heartbeats waited in its sockets) and declared them
 // lost. Its own stall is not counted against the pods.
 TEST(JobControl, AManagerThatWasNotScheduledDoesNotBlameThePods) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(100, 0);
   ASSERT_TRUE(sim.rt->training());
@@ -1885,7 +1893,7 @@ TEST(SilenceBound, StretchesTheTimeoutForAPeerWhoseBeatsLatelyCameLateWithinABou
 // lately came 300 ms apart is not lost for a silence of 800 ms (the liveness timeout is 500 ms),
 // but is for one past 3 times its longest; a pod beating on time is lost after 500 ms as before.
 TEST(JobControl, APodWhoseBeatsLatelyCameLateHasLongerButBoundedBeforeItIsLost) {
-  Sim sim(2, 2, kForce, kElastic);
+  ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(100, 0);
   ASSERT_TRUE(sim.rt->training());
@@ -1925,14 +1933,14 @@ TEST(JobControl, APodWhoseBeatsLatelyCameLateHasLongerButBoundedBeforeItIsLost) 
 // The same for a trainer's beats to its agent (the beat ages the agent reports): a rank whose
 // beats lately came 240 ms apart is frozen only past 720 ms; its start stretches nothing.
 TEST(JobControl, ARankWhoseBeatsLatelyCameLateHasLongerButBoundedBeforeItIsFrozen) {
-  Sim sim(2, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"}});
+  ScriptedAgents sim(2, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"}});
   sim.RegisterAll();
   sim.Run(100, 0);
   ASSERT_TRUE(sim.rt->training());
   auto beat = [&sim](int64_t node, uint32_t age, v1::Phase phase = v1::PHASE_COMPUTING) {
     v1::AgentMessage m;
     auto* r = m.mutable_heartbeat()->add_ranks();
-    *r = Sim::Live(0, phase, 0, sim.rt->generation(), -1);
+    *r = ScriptedAgents::Live(0, phase, 0, sim.rt->generation(), -1);
     r->set_beat_age_ms(age);
     return sim.Send(node, m);
   };
@@ -1974,14 +1982,14 @@ TEST(JobControl, ARankWhoseBeatsAreLateButWhoseProcessRunsIsNotFrozen) {
                       {"regroup.io/hang-timeout-min-s", "3"}};
   // `ms` of ticks: pod 0 beats on time; pod 1's rank has been silent since `age_from` ms before,
   // and its process last ran `idle(t)` ms before.
-  auto run = [](Sim& sim, int64_t ms, uint32_t age_from,
+  auto run = [](ScriptedAgents& sim, int64_t ms, uint32_t age_from,
                 const std::function<uint32_t(int64_t t)>& idle) {
     for (int64_t t = 0; t < ms; t += 20) {
       sim.now += 20;
       for (int64_t n = 0; n < 2; ++n) {
         v1::AgentMessage m;
         auto* r = m.mutable_heartbeat()->add_ranks();
-        *r = Sim::Live(0, v1::PHASE_COMPUTING, 0, sim.rt->generation(), -1);
+        *r = ScriptedAgents::Live(0, v1::PHASE_COMPUTING, 0, sim.rt->generation(), -1);
         r->set_beat_age_ms(n == 0 ? 10 : age_from + static_cast<uint32_t>(t));
         if (n == 1) r->set_cpu_idle_ms(idle(t));
         (void)sim.Send(n, m);
@@ -1991,7 +1999,7 @@ TEST(JobControl, ARankWhoseBeatsAreLateButWhoseProcessRunsIsNotFrozen) {
     }
   };
   auto running = [](int64_t t) { return static_cast<uint32_t>(t % 100); };
-  Sim sim(2, 1, kForce, config);
+  ScriptedAgents sim(2, 1, kForce, config);
   sim.RegisterAll();
   sim.Run(100, 0);
   ASSERT_TRUE(sim.rt->training());
@@ -2003,7 +2011,7 @@ TEST(JobControl, ARankWhoseBeatsAreLateButWhoseProcessRunsIsNotFrozen) {
   EXPECT_EQ(Logged(sim, "fault", ""), 1) << FirstFault(sim);
 
   // Stopped 100 ms after its last beat: frozen at the liveness bound, as before.
-  Sim stopped(2, 1, kForce, config);
+  ScriptedAgents stopped(2, 1, kForce, config);
   stopped.RegisterAll();
   stopped.Run(100, 0);
   run(stopped, 800, 0, [](int64_t t) { return static_cast<uint32_t>(std::max<int64_t>(t - 100, 0)); });
@@ -2015,7 +2023,7 @@ TEST(JobControl, ARankWhoseBeatsAreLateButWhoseProcessRunsIsNotFrozen) {
 // the last step, after its peers finished training, was taken for a loss to recover from: the
 // job scaled in, waited for replicas that had finished, and never ended. Training is over.
 TEST(JobControl, APodLostAfterEveryOtherHolderOfTheStateFinishedEndsTheTraining) {
-  Sim sim(3, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training,dump"},
+  ScriptedAgents sim(3, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training,dump"},
                          {"regroup.io/prefer-elastic", "true"}});
   sim.RegisterAll();
   sim.Run(100, 0);
@@ -2047,7 +2055,7 @@ TEST(JobControl, APodLostAfterEveryOtherHolderOfTheStateFinishedEndsTheTraining)
 // (its link cut, its agent then killed). Registered pods were not watched for silence, so the
 // dead one held its node rank against its replacement for good.
 TEST(JobControl, APodThatGoesSilentWhileTheJobWaitsForItsFirstGenerationIsLost) {
-  Sim sim(3, 1, kForce, {{"recover-strategy", "recover,elastic-training"}});
+  ScriptedAgents sim(3, 1, kForce, {{"recover-strategy", "recover,elastic-training"}});
   ASSERT_TRUE(sim.Register(0).ok());
   ASSERT_TRUE(sim.Register(1).ok());
   sim.Run(5200, -1);  // the window closes without pod 2: the engine waits for it
@@ -2063,7 +2071,7 @@ TEST(JobControl, APodThatGoesSilentWhileTheJobWaitsForItsFirstGenerationIsLost) 
 TEST(JobControl, APodThatGoesSilentWhileARestartedManagerGathersIsLost) {
   JobControlOptions o;
   o.epoch = 3;
-  Sim sim(4, 1, kForce, {{"recover-strategy", "recover,elastic-training"}}, o);
+  ScriptedAgents sim(4, 1, kForce, {{"recover-strategy", "recover,elastic-training"}}, o);
   ASSERT_TRUE(sim.Register(0, "", {}, 4).ok());
   ASSERT_TRUE(sim.Register(1, "", {}, 4).ok());
   sim.Run(400, -1);
@@ -2079,7 +2087,7 @@ TEST(JobControl, APodThatGoesSilentWhileARestartedManagerGathersIsLost) {
 // 88; rejoining, the pod applied its own vote of 88 (reduced in another order) and the replicas
 // disagreed at the next checksum. The plan names the generation that committed the step.
 TEST(JobControl, ThePlanNamesTheGenerationThatCommittedItsStep) {
-  Sim sim(4, 2, kForce, kElastic);
+  ScriptedAgents sim(4, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20, 0);
   EXPECT_EQ(sim.starts_[0].plan().committed_generation(), 0u) << "nothing committed yet";
@@ -2118,7 +2126,7 @@ v1::AgentMessage FreshBeat(uint32_t nproc, int64_t committed) {
 
 // Standalone nobody recreates pods: each healthy pod of a restarted job restarts every process
 // and is told to come back as its own replacement (a new incarnation).
-void ExpectRestartedAndReadmitted(Sim& sim, int64_t node) {
+void ExpectRestartedAndReadmitted(ScriptedAgents& sim, int64_t node) {
   ASSERT_EQ(sim.Count(node, v1::ManagerMessage::kRestart), 1) << "pod " << node;
   bool readmitted = false;
   for (const auto& m : sim.inbox_[node]) {
@@ -2137,7 +2145,7 @@ void ExpectRestartedAndReadmitted(Sim& sim, int64_t node) {
 // replacement too), and the next generation resumes after the step of the newest checkpoint the
 // restarted processes hold, not after the last commit.
 TEST(JobControl, AJobRestartRestartsEveryProcessAndResumesFromTheirCheckpoint) {
-  Sim sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
+  ScriptedAgents sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
   sim.RegisterAll();
   sim.Run(20);
   ASSERT_EQ(sim.rt->generation(), 1u);
@@ -2185,7 +2193,7 @@ TEST(JobControl, AJobRestartRestartsEveryProcessAndResumesFromTheirCheckpoint) {
 
 // Three pods of one tp-2 replica each commit steps 0 to 5; pod 1's link is cut, and the job
 // restarts from its checkpoint while it is away (pods 0 and 2 are told to restart theirs).
-void RestartTheJobWhilePod1IsAway(Sim& sim) {
+void RestartTheJobWhilePod1IsAway(ScriptedAgents& sim) {
   sim.RegisterAll();
   sim.Run(20);
   for (int64_t step = 0; step <= 5; ++step)
@@ -2203,7 +2211,7 @@ void RestartTheJobWhilePod1IsAway(Sim& sim) {
 // (no rank at that position holds the state). Its processes predate the restart: they restart
 // too, and the job resumes from the checkpoint, as the restart says.
 TEST(JobControl, APodLostBeforeAJobRestartRestartsItsProcessesWhenItComesBack) {
-  Sim sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
+  ScriptedAgents sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
   RestartTheJobWhilePod1IsAway(sim);
   for (int64_t n : {0, 2}) ExpectRestartedAndReadmitted(sim, n);
   EXPECT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 0) << "pod 1 was away";
@@ -2227,7 +2235,7 @@ TEST(JobControl, APodLostBeforeAJobRestartRestartsItsProcessesWhenItComesBack) {
 // cut, and the manager wrote the restart on a stream that was already dead) comes back with its
 // old processes: they restart too. A process restarted for the job reports no generation.
 TEST(JobControl, APodThatNeverGotTheJobRestartRestartsItsProcessesWhenItComesBack) {
-  Sim sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
+  ScriptedAgents sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
   RestartTheJobWhilePod1IsAway(sim);
   ASSERT_EQ(sim.Count(0, v1::ManagerMessage::kRestart), 1) << "sent, and lost on the cut link";
   sim.Clear();
@@ -2246,11 +2254,11 @@ TEST(JobControl, ARestartedManagersJobRestartRestartsThePodsItHadNotSeenAndResum
   const Map config = {{"recover-strategy", "elastic-training"},
                       {"regroup.io/prefer-elastic", "true"},
                       {"regroup.io/tensor-parallel", "2"}};
-  Sim before(2, 1, kForce, config);
+  ScriptedAgents before(2, 1, kForce, config);
   before.RegisterAll();
   before.Run(20);
   ASSERT_EQ(before.rt->generation(), 1u);
-  Sim sim(2, 1, kForce, config, Restarted(RecordOf(before)));
+  ScriptedAgents sim(2, 1, kForce, config, Restarted(RecordOf(before)));
   ASSERT_TRUE(sim.Register(1, "pod-1/2", Survivor(1, 5)).ok());
   sim.Gone(1);  // silent at once: lost, and the job restarts (no complete replica is left)
   sim.Run(1500, 5);
@@ -2281,11 +2289,12 @@ TEST(JobControl, AProcessThatDiedBeforeARestartedManagerFormedAGenerationIsAFaul
   const Map config = {{"recover-strategy", "recover-in-place,elastic-training"},
                       {"regroup.io/prefer-elastic", "true"},
                       {"regroup.io/tensor-parallel", "2"}};
-  Sim before(4, 1, kForce, config);  // replica 0 on pods 0 and 1, replica 1 on pods 2 and 3
+  // Replica 0 on pods 0 and 1, replica 1 on pods 2 and 3.
+  ScriptedAgents before(4, 1, kForce, config);
   before.RegisterAll();
   before.Run(20);
   ASSERT_EQ(before.rt->generation(), 1u);
-  Sim sim(4, 1, kForce, config, Restarted(RecordOf(before)));
+  ScriptedAgents sim(4, 1, kForce, config, Restarted(RecordOf(before)));
   for (int64_t n : {0, 1, 3}) ASSERT_TRUE(sim.Register(n, "", Survivor(1, 5)).ok());
   std::vector<v1::LocalRank> dead = Survivor(1, 5);
   dead[0].set_alive(false);
@@ -2309,12 +2318,12 @@ TEST(JobControl, AProcessThatDiedBeforeARestartedManagerFormedAGenerationIsAFaul
 // memory of the incarnation that decided it). The next incarnation reads it from the record and
 // restarts the processes of the pod that was away, so the job resumes from the checkpoint.
 TEST(JobControl, AJobRestartOnRecordRestartsThePodThatWasAwayUnderTheNextIncarnation) {
-  Sim before(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
+  ScriptedAgents before(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
   RestartTheJobWhilePod1IsAway(before);
   const JobRecord record = RecordOf(before);
   ASSERT_TRUE(record.restarting) << "the job restart is on record";
   // The manager crashes before anything comes back; pods 0 and 2 restarted their processes.
-  Sim sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}}, Restarted(record));
+  ScriptedAgents sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}}, Restarted(record));
   for (int64_t n : {0, 2})
     ASSERT_TRUE(sim.Register(n, "pod-" + std::to_string(n) + "/2", FreshRanks(2, 3)).ok());
   ASSERT_TRUE(sim.Register(1, "pod-1/2", Survivor(2, 5)).ok());  // its link is back
@@ -2334,7 +2343,7 @@ TEST(JobControl, AJobRestartOnRecordRestartsThePodThatWasAwayUnderTheNextIncarna
 // decided (simulation seeds 857, 2839): the processes of its pods that predate it restart.
 TEST(JobControl, AnIncarnationWaitingForAMajorityFollowsAJobRestartOnRecord) {
   std::optional<JobRecord> stored = LedByEpoch5(2);
-  Sim sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 6));
+  ScriptedAgents sim(2, 1, kForce, {{"recover-strategy", "elastic-training"}}, Watching(stored, 6));
   ASSERT_TRUE(sim.Register(0, "", Survivor(1, 7)).ok());
   sim.Run(1100, -1);
   ASSERT_EQ(sim.rt->generation(), 0u) << "1 of 2 is no majority";
@@ -2350,7 +2359,7 @@ TEST(JobControl, AnIncarnationWaitingForAMajorityFollowsAJobRestartOnRecord) {
 // A fault of the training's own reschedules with fault-retry-times: every process restarts;
 // without a checkpoint, the job starts over.
 TEST(JobControl, AJobRestartAfterAFaultOfTheTrainingsOwnRestartsEveryProcess) {
-  Sim sim(2, 2, {{"fault-scheduling", "force"}, {"fault-retry-times", "2"}}, {});
+  ScriptedAgents sim(2, 2, {{"fault-scheduling", "force"}, {"fault-retry-times", "2"}}, {});
   sim.RegisterAll();
   sim.Run(20);
   for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
@@ -2368,7 +2377,7 @@ TEST(JobControl, AJobRestartAfterAFaultOfTheTrainingsOwnRestartsEveryProcess) {
 // Pod-level rescheduling standalone: only the lost pod is replaced (a healthy pod stays itself,
 // its processes restart), and one decision resumes the job once the replacement is there.
 TEST(JobControl, APodLevelRestartResumesOnceEveryPodIsBack) {
-  Sim sim(3, 2, {{"fault-scheduling", "force"}, {"pod-rescheduling", "on"}},
+  ScriptedAgents sim(3, 2, {{"fault-scheduling", "force"}, {"pod-rescheduling", "on"}},
           {{"regroup.io/tensor-parallel", "2"}});
   sim.RegisterAll();
   sim.Run(20);
@@ -2401,7 +2410,7 @@ TEST(JobControl, APodLevelRestartResumesOnceEveryPodIsBack) {
 // manager. The resume alone must still restart every process, and never replace the pod whose
 // process crashed (recover-in-place is not allowed, but this is a restart of the job).
 TEST(JobControl, APodLevelRestartAfterAProcessCrashRestartsEveryProcessThoughOnlyItsResumeArrives) {
-  Sim sim(2, 2, {{"fault-scheduling", "force"}, {"pod-rescheduling", "on"},
+  ScriptedAgents sim(2, 2, {{"fault-scheduling", "force"}, {"pod-rescheduling", "on"},
                  {"process-recover-enable", "off"}, {"fault-retry-times", "1"}}, {});
   sim.RegisterAll();
   sim.Run(20);
@@ -2432,7 +2441,7 @@ TEST(JobControl, APodLevelRestartAfterAProcessCrashRestartsEveryProcessThoughOnl
 // good (recover-in-place not being allowed) left the job waiting for a pod that never came:
 // while the job restarts, such processes are restarted.
 TEST(JobControl, APodReadmittedForAJobRestartWithItsProcessesDownIsRestartedNotReplaced) {
-  Sim sim(2, 2, {{"fault-scheduling", "force"}, {"fault-retry-times", "2"}}, {});
+  ScriptedAgents sim(2, 2, {{"fault-scheduling", "force"}, {"fault-retry-times", "2"}}, {});
   sim.RegisterAll();
   sim.Run(20);
   for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
@@ -2461,7 +2470,7 @@ TEST(JobControl, APodReadmittedForAJobRestartWithItsProcessesDownIsRestartedNotR
 // done, exited. No rank that holds the trained state is left to send it, so the rejoined rank
 // can never train: training is over, and every agent is told so.
 TEST(JobControl, TrainingEndsWhenEveryRankHoldingTheStateFinishedEvenIfARejoinerWaits) {
-  Sim sim(2, 2, kForce, kElastic);  // tp 2: a replica per pod
+  ScriptedAgents sim(2, 2, kForce, kElastic);  // tp 2: a replica per pod
   sim.RegisterAll();
   sim.Run(20);
   for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Vote(n, 0).ok());
@@ -2493,7 +2502,7 @@ TEST(JobControl, TrainingEndsWhenEveryRankHoldingTheStateFinishedEvenIfARejoiner
 // the join window closed (here, after a manager restart) registered later, and the decision maker,
 // waiting for exactly that pod, never heard of it. Such a pod is the replacement it waits for.
 TEST(JobControl, APodMissingAtTheJoinWindowThatRegistersLaterIsTheAwaitedReplacement) {
-  Sim sim(2, 1, kForce, {{"recover-strategy", "recover"}});
+  ScriptedAgents sim(2, 1, kForce, {{"recover-strategy", "recover"}});
   ASSERT_TRUE(sim.Register(1).ok());
   sim.Run(5200, -1);
   ASSERT_EQ(sim.rt->generation(), 0u) << "recover waits for pod 0";

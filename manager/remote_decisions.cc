@@ -67,8 +67,8 @@ void RemoteDecisions::ReplacementRegistered(int64_t pod, const std::string& uid,
   Enqueue(AttachCore::ReplacementReport(pod, uid));
 }
 
-void RemoteDecisions::Progress(uint64_t, uint64_t generation, int64_t committed_step,
-                               uint32_t live_ranks, int64_t) {
+void RemoteDecisions::ReportProgress(uint64_t, uint64_t generation, int64_t committed_step,
+                                     uint32_t live_ranks, int64_t) {
   {
     std::lock_guard lock(mu_);
     core_.SetGeneration(generation);

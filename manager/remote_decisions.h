@@ -77,8 +77,8 @@ class RemoteDecisions final : public Decisions {
                   int64_t now) override;
   void Fault(const v1::FaultFacts& fault, int64_t now) override;
   void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override;
-  void Progress(uint64_t epoch, uint64_t generation, int64_t committed_step, uint32_t live_ranks,
-                int64_t now) override;
+  void ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
+                      uint32_t live_ranks, int64_t now) override;
   // The engine ticks beside the scheduler: nothing to do here.
   void Tick(int64_t now) override;
   // The newest directive received and not yet returned. The directive the coordinator holds

@@ -177,7 +177,7 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
                 "regroupctl token), never with another job's token or the cluster key");
   // The epoch the engine's saved state holds for the job's manager survives a scheduler restart.
   const uint64_t recorded =
-      static_cast<uint64_t>(std::max<int64_t>(0, found->manager_status().epoch));
+      static_cast<uint64_t>(std::max<int64_t>(0, found->manager_progress().epoch));
   const uint64_t highest = std::max(served, recorded);
   uint64_t epoch = asked;
   if (asked == 0) {
@@ -271,13 +271,13 @@ Status Attachments::ApplyFact(const Attached& a, const v1::ManagerReport& report
     }
     case v1::ManagerReport::kProgress: {
       const v1::ManagerProgress& p = report.progress();
-      ManagerStatus status;
+      ManagerProgress status;
       status.epoch = static_cast<int64_t>(std::min<uint64_t>(a.epoch, INT64_MAX));
       status.generation = static_cast<int64_t>(std::min<uint64_t>(p.generation(), INT64_MAX));
       status.committed_step = std::max<int64_t>(-1, p.committed_step());
       status.live_ranks = p.live_ranks();
       std::unique_lock lock(engine_mu_);
-      return engine_.ReportManagerStatus(a.job, status);
+      return engine_.ReportProgress(a.job, status);
     }
     case v1::ManagerReport::kHello:
       return FailedPrecondition("this stream is already attached for job " + a.job +

@@ -299,7 +299,7 @@ Status Job::OnReplacementRegistered(int64_t index, std::string_view uid, int64_t
   return Status::Ok();
 }
 
-void Job::OnManagerStatus(const ManagerStatus& status) {
+void Job::OnManagerProgress(const ManagerProgress& status) {
   if (status.epoch < manager_.epoch) return;  // a fenced manager's report
   if (status.epoch == manager_.epoch && status.generation < manager_.generation) return;
   manager_ = status;
@@ -1099,7 +1099,7 @@ Status Engine::ReportReplacementRegistered(std::string_view job, int64_t index,
   return (*found)->OnReplacementRegistered(index, uid, now);
 }
 
-Status Engine::ReportManagerStatus(std::string_view job, const ManagerStatus& status) {
+Status Engine::ReportProgress(std::string_view job, const ManagerProgress& status) {
   auto found = JobFor(job, "");
   if (!found.ok()) return found.status();
   const auto out_of_range = [](int64_t v, int64_t min) { return v < min || v > kMaxTime; };
@@ -1108,7 +1108,7 @@ Status Engine::ReportManagerStatus(std::string_view job, const ManagerStatus& st
     return InvalidArgument("the manager status of job " + std::string(job) +
                            " holds an epoch, generation, step or rank count out of range (0 to " +
                            std::to_string(kMaxTime) + ", the step from -1)");
-  (*found)->OnManagerStatus(status);
+  (*found)->OnManagerProgress(status);
   return Status::Ok();
 }
 

@@ -111,7 +111,7 @@ struct PodSlot {
   LostCause lost_cause = LostCause::kNone;
 };
 
-struct ManagerStatus {
+struct ManagerProgress {
   int64_t epoch = 0;
   int64_t generation = 0;
   int64_t committed_step = -1;
@@ -183,7 +183,7 @@ class Job {
   int64_t current_dp() const { return dp_; }
   const Layout& layout() const { return layout_; }
   // The last progress of the job's manager (its epoch survives in the saved state).
-  const ManagerStatus& manager_status() const { return manager_; }
+  const ManagerProgress& manager_progress() const { return manager_; }
 
   // The scheduler's part.
   std::vector<Eviction> Evictions() const;
@@ -208,7 +208,7 @@ class Job {
                int64_t now);
   Status OnFault(PendingFault fault);
   Status OnReplacementRegistered(int64_t index, std::string_view uid, int64_t now);
-  void OnManagerStatus(const ManagerStatus& status);
+  void OnManagerProgress(const ManagerProgress& status);
   void UpdateSpec(JobSpec spec, JobConfig config);
 
   // Advances to `now`; returns true when a new directive was issued.
@@ -306,8 +306,8 @@ class Job {
   int64_t job_restarts_ = 0;        // reschedules, whatever the fault
   int64_t business_restarts_ = 0;   // of them, after a fault of the training's own (fault-retry-times)
   bool hardware_fault_ = false;     // the last decided faults include a pod or device lost
-  ManagerStatus manager_;
-  ManagerStatus manager_at_directive_;
+  ManagerProgress manager_;
+  ManagerProgress manager_at_directive_;
   std::deque<HistoryEntry> history_;
 };
 
@@ -342,7 +342,7 @@ class Engine {
   Status ReportReplacementRegistered(std::string_view job, int64_t index, std::string_view uid,
                                      int64_t now);
   // The job's manager's progress (epoch, generation, committed step, live ranks).
-  Status ReportManagerStatus(std::string_view job, const ManagerStatus& status);
+  Status ReportProgress(std::string_view job, const ManagerProgress& status);
 
   // Applies one event or an array of events (JSON). Stops at the first bad one.
   Status ApplyEvents(const nlohmann::json& events, int64_t now);

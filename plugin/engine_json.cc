@@ -41,7 +41,7 @@ json DirectiveJson(const Directive& d) {
   return j;
 }
 
-json ManagerJson(const ManagerStatus& m) {
+json ManagerJson(const ManagerProgress& m) {
   return {{"epoch", m.epoch},
           {"generation", m.generation},
           {"committed_step", m.committed_step},
@@ -168,7 +168,7 @@ Status ReadDirective(const json& j, const std::string& where, bool ranges, Direc
   return Status::Ok();
 }
 
-Status ReadManager(const json& j, const std::string& where, ManagerStatus& m) {
+Status ReadManager(const json& j, const std::string& where, ManagerProgress& m) {
   if (!j.is_object()) return InvalidArgument(where + " must be an object");
   REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "epoch", where, 0, kMaxTime, m.epoch, false));
   REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "generation", where, 0, kMaxTime, m.generation, false));
@@ -767,13 +767,14 @@ Status Engine::ApplyEvent(const json& e, int64_t now, const std::string& where) 
     REGROUP_RETURN_IF_ERROR(ju::GetString(e, "uid", where, uid));
     return ReportReplacementRegistered(job_id, index, uid, now);
   }
-  if (type == "manager_status") {
-    ManagerStatus m;
+  // "manager_status" is the former spelling of "manager_progress", accepted as its alias.
+  if (type == "manager_progress" || type == "manager_status") {
+    ManagerProgress m;
     REGROUP_RETURN_IF_ERROR(ReadManager(e, where, m));
-    return ReportManagerStatus(job_id, m);
+    return ReportProgress(job_id, m);
   }
   return InvalidArgument(where + ": type \"" + type +
-                         "\" is not node, pod, fault, replacement_registered or manager_status");
+                         "\" is not node, pod, fault, replacement_registered or manager_progress");
 }
 
 Status Engine::ApplyEvents(const json& events, int64_t now) {

@@ -195,8 +195,8 @@ class Coordinated final : public manager::Decisions {
   void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t) override {
     core_.Enqueue(manager::AttachCore::ReplacementReport(pod, uid));
   }
-  void Progress(uint64_t, uint64_t generation, int64_t committed_step, uint32_t live_ranks,
-                int64_t) override {
+  void ReportProgress(uint64_t, uint64_t generation, int64_t committed_step, uint32_t live_ranks,
+                      int64_t) override {
     core_.SetGeneration(generation);
     core_.Enqueue(manager::AttachCore::ProgressReport(generation, committed_step, live_ranks));
   }

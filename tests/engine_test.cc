@@ -72,7 +72,7 @@ class EngineTest : public ::testing::Test {
     ASSERT_TRUE(engine_.SetNodeHealth(node, REGROUP_NODE_FAULTY, "gone", t).ok());
   }
   void Progress(int64_t generation, int64_t step, int64_t t, int64_t live_ranks = 8) {
-    json e = {{"type", "manager_status"}, {"job", kJob}, {"epoch", 1},
+    json e = {{"type", "manager_progress"}, {"job", kJob}, {"epoch", 1},
               {"generation", generation}, {"committed_step", step}, {"live_ranks", live_ranks}};
     ASSERT_TRUE(engine_.ApplyEvents(e, t).ok());
   }
@@ -861,6 +861,41 @@ TEST_F(EngineTest, BadEventsNameWhatIsWrongAndChangeNothing) {
   EXPECT_EQ(st.message(), "job default/train has no rank 99 in its current generation of 8 ranks");
   st = engine_.ApplyEvents(json{{"type", "pod"}, {"job", "nope"}}, 0);
   EXPECT_EQ(st.code(), REGROUP_NOT_FOUND);
+}
+
+// "manager_status" is the former spelling of the "manager_progress" event; the ABI keeps
+// accepting it, and it means the same: the same progress, state and decision as the new one.
+TEST_F(EngineTest, ManagerProgressEventIsAlsoAcceptedByItsFormerName) {
+  Submit(kForce, {{"recover-strategy", "recover-in-place,recover"}});
+  Engine former;
+  ASSERT_TRUE(former.UpsertJob(job().spec(), nullptr, 0).ok());
+  for (int64_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(former.SetNodeHealth(Node(i), REGROUP_NODE_HEALTHY, "", 0).ok());
+    ASSERT_TRUE(former.SetPodState(kJob, i, Uid(i), REGROUP_POD_RUNNING, Node(i), 0).ok());
+  }
+  auto progress = [](const char* type, int64_t step) {
+    return json{{"type", type},        {"job", kJob},           {"epoch", 1},
+                {"generation", 1},     {"committed_step", step}, {"live_ranks", 8}};
+  };
+  Status st = engine_.ApplyEvents(progress("manager_progress", 5), 100);
+  ASSERT_TRUE(st.ok()) << st.message();
+  st = former.ApplyEvents(progress("manager_status", 5), 100);
+  ASSERT_TRUE(st.ok()) << st.message();
+  const Job& old_named = *former.FindJob(kJob);
+  EXPECT_EQ(job().manager_progress().committed_step, 5);
+  EXPECT_EQ(old_named.manager_progress().committed_step, 5);
+  EXPECT_EQ(old_named.manager_progress().live_ranks, 8);
+  EXPECT_EQ(old_named.StateJson(), job().StateJson());
+  // The same fault then leads to the same decision on both.
+  json fault = {{"type", "fault"}, {"job", kJob}, {"kind", "process_exit"}, {"ranks", {3}},
+                {"step", 6}};
+  ASSERT_TRUE(engine_.ApplyEvents(fault, 200).ok());
+  ASSERT_TRUE(former.ApplyEvents(fault, 200).ok());
+  engine_.Tick(500);
+  former.Tick(500);
+  EXPECT_EQ(job().directive().committed_step, 5);
+  EXPECT_EQ(old_named.DecisionJson(), job().DecisionJson());
+  EXPECT_EQ(old_named.StateJson(), job().StateJson());
 }
 
 TEST_F(EngineTest, InvalidUpdateKeepsTheAcceptedJob) {

@@ -149,7 +149,7 @@ func (e *Engine) RemoveJob(job string) error {
 }
 
 // ApplyEvents applies one event or a JSON array of events (fields "type": "node", "pod",
-// "fault", "replacement_registered", "manager_status"). The events of an array are applied in
+// "fault", "replacement_registered", "manager_progress"). The events of an array are applied in
 // order; the first bad one stops the call with an error naming its index, and the events before
 // it stay applied.
 func (e *Engine) ApplyEvents(eventsJSON []byte, nowMs int64) error {

@@ -603,12 +603,12 @@ static void test_engine(void) {
       "\"phase\":\"running\",\"node\":\"m2\"},"
       " {\"type\":\"pod\",\"job\":\"default/other\",\"index\":3,\"uid\":\"o3\","
       "\"phase\":\"running\",\"node\":\"m3\"},"
-      " {\"type\":\"manager_status\",\"job\":\"default/train\",\"epoch\":1,\"generation\":1,"
+      " {\"type\":\"manager_progress\",\"job\":\"default/train\",\"epoch\":1,\"generation\":1,"
       "\"committed_step\":5,\"live_ranks\":8}]";
   /* Event 2 is bad (no "health"); events 0 and 1 stay applied. */
   const char *partly_bad =
       "[{\"type\":\"node\",\"node\":\"spare\",\"health\":\"unknown\"},"
-      " {\"type\":\"manager_status\",\"job\":\"default/train\",\"epoch\":1,\"generation\":1,"
+      " {\"type\":\"manager_progress\",\"job\":\"default/train\",\"epoch\":1,\"generation\":1,"
       "\"committed_step\":6},"
       " {\"type\":\"node\",\"node\":\"n9\"},"
       " {\"type\":\"node\",\"node\":\"n8\",\"health\":\"faulty\"}]";
@@ -620,7 +620,7 @@ static void test_engine(void) {
   const char *replacement =
       "{\"type\":\"replacement_registered\",\"job\":\"default/train\",\"index\":3,\"uid\":\"p3b\"}";
   const char *settled =
-      "{\"type\":\"manager_status\",\"job\":\"default/train\",\"epoch\":1,\"generation\":2,"
+      "{\"type\":\"manager_progress\",\"job\":\"default/train\",\"epoch\":1,\"generation\":2,"
       "\"committed_step\":20,\"live_ranks\":8}";
 
   options.history_length = 16;

@@ -64,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     engine.Tick(3500);
     const std::string more =
         R"([{"type":"replacement_registered","job":")" + id + R"(","index":0,"uid":"fz0"},)"
-        R"({"type":"manager_status","job":")" + id +
+        R"({"type":"manager_progress","job":")" + id +
         R"(","epoch":9,"generation":9,"committed_step":99,"live_ranks":1}])";
     (void)engine.Apply(more, 4000);
     for (int64_t now : {int64_t{4500}, int64_t{40000}, int64_t{400000}, int64_t{4000000}, int64_t{1} << 50}) engine.Tick(now);

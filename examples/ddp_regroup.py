@@ -38,6 +38,7 @@ p.add_argument("--clip", type=float, default=1.0)
 p.add_argument("--sched", choices=("step", "epoch"), default="step")
 p.add_argument("--comm-hook", action="store_true", help="register DDP's allreduce_hook")
 p.add_argument("--amp", action="store_true", help="a GradScaler on the CPU too (torch 2.x)")
+p.add_argument("--workers", type=int, default=0, help="the DataLoader's worker processes")
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--ledger", default=None)
 p.add_argument("--out", default=None)
@@ -62,7 +63,8 @@ if args.amp:
 else:
     scaler = torch.cuda.amp.GradScaler(enabled=torch.cuda.is_available())
 sampler = DistributedSampler(dataset, shuffle=True, seed=7, drop_last=True)
-loader = regroup.DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+loader = regroup.DataLoader(
+    dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, num_workers=args.workers)
 ledger = Ledger(args.ledger)
 
 for epoch in range(args.epochs):

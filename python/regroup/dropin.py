@@ -463,6 +463,7 @@ class _Session:
         self.failed: Optional[BaseException] = None  # a failure seen where it could not be raised
         self._ddp: Any = None
         self._ddp_mark: Any = None
+        self._feed: Optional[_Feed] = None
 
     # -- binding the script's objects ----------------------------------------------------------
 
@@ -559,25 +560,36 @@ class _Session:
             self.loop.load_state_dict(self.loop.loaded, remember=False)
             self.loop.loaded = None
         g = step.generation
-        units = list(range(g.microbatch_begin, g.microbatch_begin + g.microbatch_count))
+        units = tuple(range(g.microbatch_begin, g.microbatch_begin + g.microbatch_count))
         k = self.loop.batches_per_step
-        in_epoch = step.number - t.sampler.first_of(epoch)
-        total = loader.order.batches(loader.batch_size, loader.drop_last)
-        begin = in_epoch * k if k else 0
-        end = min(total, begin + k) if k else total
-
-        def items(q: int) -> List[int]:
-            return loader.order.item(epoch, units, q, loader.batch_size)
-
-        inner = torch.utils.data.DataLoader(loader.dataset, batch_sampler=_Items(items, begin, end),
-                                            **loader.options)
-        for batch in inner:
+        begin = (step.number - t.sampler.first_of(epoch)) * k
+        feed = self._feed_from(loader, epoch, units, begin)
+        while not (k and self.fetched == k):
+            batch = next(feed.batches, _END)
+            if batch is _END:
+                break
+            feed.next += 1
             self.fetched += 1
             yield batch
             if self.stepped:
                 return
         if k == 0:
             self.loop.batches_per_step = self.fetched  # the epoch ended before an optimizer step
+
+    def _feed_from(self, loader: DataLoader, epoch: int, units: Tuple[int, ...], begin: int) -> "_Feed":
+        """This rank's batches of ``epoch`` from batch ``begin`` on, one torch DataLoader kept
+        across steps: its workers start once per epoch and generation (and after a failed step),
+        not once per step."""
+        feed = self._feed
+        if feed is None or feed.key != (epoch, units) or feed.next != begin:
+            def items(q: int) -> List[int]:
+                return loader.order.item(epoch, list(units), q, loader.batch_size)
+
+            total = loader.order.batches(loader.batch_size, loader.drop_last)
+            inner = torch.utils.data.DataLoader(loader.dataset, batch_sampler=_Items(items, begin, total),
+                                                **loader.options)
+            feed = self._feed = _Feed((epoch, units), begin, iter(inner))
+        return feed
 
     def _end_step(self, step: Step) -> None:
         """The step's boundary: the next batch was asked for. A step whose optimizer step was
@@ -737,6 +749,18 @@ class _Session:
             step.committed = True
         else:
             step.failure = StepRolledBack(step.number, False)
+
+
+_END = object()
+
+
+class _Feed:
+    """The batches being given: for which (epoch, units), the next batch's index, the iterator."""
+
+    def __init__(self, key: Tuple[int, Tuple[int, ...]], next_batch: int, batches: Iterator[Any]):
+        self.key = key
+        self.next = next_batch
+        self.batches = batches
 
 
 class _Epochs:

@@ -70,10 +70,10 @@ _AMP_ON_CPU = hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")   # tor
 
 @pytest.mark.parametrize("variant", [
     ["--accum", "1"],
-    ["--accum", "2", "--sched", "epoch", "--comm-hook"],
+    ["--accum", "2", "--sched", "epoch", "--comm-hook", "--workers", "2"],
     pytest.param(["--amp", "--clip", "0.5"], marks=pytest.mark.skipif(
         not _AMP_ON_CPU, reason="a GradScaler on the CPU needs torch 2.x (torch.amp.GradScaler)")),
-], ids=["plain", "accumulation+epoch-scheduler+comm-hook", "grad-scaler+clipping"])
+], ids=["plain", "accumulation+epoch-scheduler+comm-hook+workers", "grad-scaler+clipping"])
 def test_a_killed_rank_of_a_drop_in_script_is_restarted_and_the_weights_are_the_plain_scripts(
         tmp_path, procs, binaries, variant):
     # Long enough for the fork server to be ready while the job trains (torch 2.x imports slowly).

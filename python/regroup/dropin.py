@@ -573,8 +573,6 @@ class _Session:
             yield batch
             if self.stepped:
                 return
-        if k == 0:
-            self.loop.batches_per_step = self.fetched  # the epoch ended before an optimizer step
 
     def _feed_from(self, loader: DataLoader, epoch: int, units: Tuple[int, ...], begin: int) -> "_Feed":
         """This rank's batches of ``epoch`` from batch ``begin`` on, one torch DataLoader kept
@@ -694,10 +692,7 @@ class _Session:
 
     def _fail(self, step: Step, error: BaseException) -> None:
         if step.failure is None:
-            try:
-                step.failure = self.trainer.collective_failed(step, error)
-            except Exception as e:  # noqa: BLE001 - outside a managed run the error is the script's
-                raise e from None
+            step.failure = self.trainer.collective_failed(step, error)
 
     def optimizer_step(self, real: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         step = self.step

@@ -35,35 +35,33 @@ def _loss(step, mb, reduction="sum"):
     return F.mse_loss(step.model(X[mb.indices]), torch.zeros(len(mb.indices), 1), reduction=reduction)
 
 
+def _train(t, steps, reduction="sum", then=lambda: None):
+    """The step contract's loop over ``steps`` steps; ``then`` runs after each step's backward."""
+    for step in t.steps(steps):
+        with step:
+            for mb in step.microbatches():
+                step.backward(_loss(step, mb, reduction))
+            then()
+
+
 def test_a_scripts_own_opt_step_is_refused_with_the_fix():
     t, opt, _ = _trainer()
     with pytest.raises(UsageError, match=r"opt.step\(\) was called by the script.*trainer.commit"):
-        for step in t.steps(1):
-            with step:
-                for mb in step.microbatches():
-                    step.backward(_loss(step, mb))
-                opt.step()
+        _train(t, 1, then=opt.step)
     t.close()
 
 
 def test_a_scripts_own_sched_step_is_refused_with_the_fix():
     t, _, sched = _trainer()
     with pytest.raises(UsageError, match=r"sched.step\(\) was called by the script.*scheduler_interval"):
-        for step in t.steps(1):
-            with step:
-                for mb in step.microbatches():
-                    step.backward(_loss(step, mb))
-                sched.step()
+        _train(t, 1, then=sched.step)
     t.close()
 
 
 @pytest.mark.parametrize("interval,expected", [("step", 4), ("epoch", 2)])
 def test_the_trainer_steps_the_scheduler_per_step_or_per_epoch(interval, expected):
     t, _, sched = _trainer(scheduler_interval=interval)   # 2 steps an epoch
-    for step in t.steps(4):
-        with step:
-            for mb in step.microbatches():
-                step.backward(_loss(step, mb))
+    _train(t, 4)
     assert sched.last_epoch == expected
     t.close()
 
@@ -71,10 +69,7 @@ def test_the_trainer_steps_the_scheduler_per_step_or_per_epoch(interval, expecte
 def test_a_mean_loss_is_refused_with_the_fix():
     t, _, _ = _trainer()
     with pytest.raises(UsageError, match=r"the loss is a mean.*reduction=\"sum\""):
-        for step in t.steps(1):
-            with step:
-                for mb in step.microbatches():
-                    step.backward(_loss(step, mb, reduction="mean"))
+        _train(t, 1, reduction="mean")
     t.close()
 
 

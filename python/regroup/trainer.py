@@ -104,9 +104,8 @@ class Trainer:
             self.state.guard(
                 "under regroup.Trainer the optimizer is stepped by trainer.commit(step) once every "
                 "rank voted for the step: remove the script's opt.step() and opt.zero_grad()",
-                f"the trainer steps the scheduler when a step is committed (scheduler_interval="
-                f"{config.scheduler_interval!r}: every {'step' if config.scheduler_interval == 'step' else 'epoch'}): "
-                "remove the script's sched.step(), or set TrainerConfig.scheduler_interval")
+                f"the trainer steps the scheduler after every committed {config.scheduler_interval} "
+                "(TrainerConfig.scheduler_interval): remove the script's sched.step()")
         self.sampler = contract.Sampler(config.dataset_size, config.micro_batch_size,
                                         config.microbatches_per_step, config.seed, config.shuffle)
         self.on_commit = on_commit

@@ -58,8 +58,13 @@ class Cluster:
     """A manager and its agents on this machine, every process owned by the test."""
 
     def __init__(self, tmp_path: Path, procs, binaries, steps: int, train: Sequence[str], tp: int = 1,
-                 script: Path = EXAMPLE, annotations: Sequence[str] = ANNOTATIONS):
+                 script: Path = EXAMPLE, annotations: Sequence[str] = ANNOTATIONS, python: str = PYTHON,
+                 library: Optional[str] = str(Path(__file__).resolve().parents[1])):
+        """``python`` runs the trainers; ``library`` is put on their PYTHONPATH (None: the
+        ``regroup`` installed into that python is the one they import)."""
         self.tmp = tmp_path
+        self.python = python
+        self.library = library
         self.script = script
         self.annotations = list(annotations)
         self.procs = procs
@@ -99,11 +104,11 @@ class Cluster:
         argv = [self.binaries["agent"], "--manager", f"127.0.0.1:{self.port}", "--job-id", "mlp",
                 "--nnodes", str(nodes), "--nproc-per-node", str(nproc), "--node-rank", str(node_rank),
                 "--master-addr", "127.0.0.1", "--host", "127.0.0.1", "--socket-dir", str(self.tmp / f"sock-{name}"),
-                "--stop-grace-s", "20", "--python", PYTHON, str(self.script), *self.train]
+                "--stop-grace-s", "20", "--python", self.python, str(self.script), *self.train]
         # The library importable as an installed one would be (the agent's fork server needs it).
-        python_dir = str(Path(__file__).resolve().parents[1])
-        p = self.procs.start(argv, {**self.env, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_dir},
-                             log=self.tmp / f"{name}.log")
+        p = self.procs.start(argv, {**self.env, "OMP_NUM_THREADS": "1", "PYTHONPATH": self.library or ""},
+                             log=self.tmp / f"{name}.log",
+                             cwd=None if self.library else str(self.tmp))
         self.agents[name] = p
         return p
 

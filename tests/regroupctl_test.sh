@@ -56,6 +56,11 @@ grep -qF "/nonexistent/key" <<<"$out" || fail "token with a missing key said: $o
 out=$("$ctl" token --cluster-key-file "$keyf" --job a/b --uid "" 2>&1); rc=$?
 [ $rc -eq 2 ] || fail "an empty uid must exit 2, got $rc: $out"
 grep -qF -- "--uid must be the job's metadata.uid" <<<"$out" || fail "token with an empty uid said: $out"
+for bad in victim /victim team-a/ team-a/victim/x; do
+  out=$("$ctl" token --cluster-key-file "$keyf" --job "$bad" --uid u 2>&1); rc=$?
+  [ $rc -eq 2 ] || fail "token for job id '$bad' must exit 2, got $rc: $out"
+  grep -qF -- "--job must be the job's NAMESPACE/NAME" <<<"$out" || fail "token for '$bad' said: $out"
+done
 rm -f "$keyf"
 
 tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT

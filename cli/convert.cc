@@ -503,6 +503,7 @@ class Converter {
                              final_spec.status().message());
     result.spec = std::move(*final_spec);
     result.resolved = result.spec.Resolve();
+    AddAdoptionAdvice(result.spec, result.resolved);
     result.yaml = "# Converted from AscendJob " + result.spec.id +
                   " by `regroupctl convert`; its report says what changed and why.\n" + *text;
     result.notes = std::move(notes_);
@@ -1145,6 +1146,30 @@ std::string FormatReport(const ConvertResult& result, std::string_view source) {
   if (result.resolved.problems.empty())
     out += src + ": the converted job passes `regroupctl validate`\n";
   return out;
+}
+
+void AddAdoptionAdvice(const JobSpec& spec, ResolvedConfig& resolved) {
+  const JobConfig& c = resolved.config;
+  const bool warned = std::any_of(resolved.problems.begin(), resolved.problems.end(),
+                                  [](const Problem& p) { return p.key == "fault-scheduling"; });
+  const bool ladder = c.allows(Strategy::kRetry) || c.allows(Strategy::kRecoverInPlace) ||
+                      c.allows(Strategy::kRecover) || c.allows(Strategy::kElasticTraining);
+  if (!warned && (!c.recovery_on() || !ladder)) {
+    resolved.problems.push_back(
+        {Problem::Severity::kWarning, "recover-strategy",
+         spec.annotations.count("recover-strategy") ? spec.annotations.at("recover-strategy") : "",
+         "recovery is off for this job: a fault ends it. To recover, add the label "
+         "fault-scheduling=force and the annotation recover-strategy=retry,recover-in-place,"
+         "recover,elastic-training,dump,exit (`regroupctl keys` lists every key)"});
+  }
+  if (auto it = spec.annotations.find("wait-reschedule-timeout");
+      it != spec.annotations.end() && c.recovery_on() && !c.allows(Strategy::kRecover)) {
+    resolved.problems.push_back(
+        {Problem::Severity::kWarning, "wait-reschedule-timeout", it->second,
+         "annotation wait-reschedule-timeout=\"" + it->second +
+             "\" is not used: it is how long `recover` waits for a replacement, and "
+             "recover-strategy does not allow `recover`; add it to recover-strategy or drop the key"});
+  }
 }
 
 }  // namespace regroup::cli

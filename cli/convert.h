@@ -70,4 +70,10 @@ StatusOr<ConvertResult> ConvertAscendJob(std::string_view yaml, const ConvertOpt
 // The notes and the validation's problems, one a line, as `regroupctl convert` prints them.
 std::string FormatReport(const ConvertResult& result, std::string_view source);
 
+// What `validate` and `convert` add to the resolver's problems for a person adopting Regroup:
+// warnings for a job that would not recover at all, and for a key its strategies leave unused.
+// Only here, not in the resolver: the scheduler accepts such jobs as MindCluster does, without
+// a warning every session.
+void AddAdoptionAdvice(const JobSpec& spec, ResolvedConfig& resolved);
+
 }  // namespace regroup::cli

@@ -72,6 +72,7 @@ int Validate(const std::string& path, bool json) {
     return 2;
   }
   regroup::ResolvedConfig resolved = spec->Resolve();
+  regroup::cli::AddAdoptionAdvice(*spec, resolved);
   if (json) {
     std::cout << Dump(regroup::ValidationReport(resolved)) << "\n";
   } else {

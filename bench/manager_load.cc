@@ -38,6 +38,7 @@
 #include <deque>
 #include <functional>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -83,6 +84,9 @@ class Session final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Manag
 
   void Begin(v1::Manager::Stub* stub, grpc::ClientContext* context, v1::AgentMessage first) {
     stub->async()->Session(context, this);
+    // Writes start from outside reactions too (the beaters, the main thread): the hold keeps
+    // OnDone from running while one may still start; released once the read side ends.
+    AddHold();
     {
       std::lock_guard lock(mu_);
       writing_ = true;
@@ -97,7 +101,7 @@ class Session final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Manag
   // behind, and a burst of stale beats would only add to it.
   bool Write(v1::AgentMessage m, bool beat) {
     std::lock_guard lock(mu_);
-    if (done_) return false;
+    if (closing_) return false;
     if (writing_) {
       if (beat && queue_.size() >= 4) return true;
       queue_.push_back(std::move(m));
@@ -111,9 +115,9 @@ class Session final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Manag
 
   void OnWriteDone(bool ok) override {
     std::lock_guard lock(mu_);
-    if (!ok || queue_.empty()) {
+    if (!ok || queue_.empty() || closing_) {
       writing_ = false;
-      if (!ok) queue_.clear();
+      queue_.clear();
       return;
     }
     out_ = std::move(queue_.front());
@@ -122,17 +126,19 @@ class Session final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Manag
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows
+    if (!ok) {  // the call is over: no write starts from now on, and OnDone may follow
+      {
+        std::lock_guard lock(mu_);
+        closing_ = true;
+      }
+      RemoveHold();
+      return;
+    }
     on_message_(agent_, in_);
     StartRead(&in_);
   }
 
   void OnDone(const grpc::Status& status) override;
-
-  bool Over() {
-    std::lock_guard lock(mu_);
-    return finished_;
-  }
 
  private:
   Agent& agent_;
@@ -142,8 +148,7 @@ class Session final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Manag
   v1::AgentMessage out_;
   std::deque<v1::AgentMessage> queue_;
   bool writing_ = false;
-  bool done_ = false;
-  bool finished_ = false;
+  bool closing_ = false;
 
   friend struct Agent;
 };
@@ -173,11 +178,6 @@ struct Agent {
 };
 
 void Session::OnDone(const grpc::Status& status) {
-  {
-    std::lock_guard lock(mu_);
-    done_ = true;
-    queue_.clear();
-  }
   {
     std::lock_guard lock(agent_.mu);
     agent_.ended =
@@ -841,7 +841,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "manager_load: %llu messages refused (last: %s); the manager's log ends:\n%s\n",
                  static_cast<unsigned long long>(refusals), refusal.c_str(),
                  Tail(log_file, 3000).c_str());
-  cleanup_files();
+  if (!failed.empty() && std::getenv("REGROUP_LOAD_KEEP_LOG")) {
+    std::fprintf(stderr, "manager_load: the manager's whole log is kept in %s\n", log_file.c_str());
+  } else {
+    cleanup_files();
+  }
 
   const auto vote = Of(vote_rtt), abort_p = Of(abort_ms), gen = Of(next_gen_ms),
              reform = Of(reform_ms), reformed = Of(reform_after_abort_ms);

@@ -574,6 +574,9 @@ void AgentCore::OnWelcome(const v1::Welcome& welcome) {
     *m.mutable_header() = NewMessage().header();
     SendEvent(std::move(m));
   }
+  // The manager knows the ranks from the Register: the first beat of a session says them all.
+  beat_said_.clear();
+  beat_age_said_.clear();
   SendHeartbeat();
   next_heartbeat_ = now_ + heartbeat_interval_;
 }
@@ -843,12 +846,29 @@ v1::AgentMessage AgentCore::BuildRegister() {
   return m;
 }
 
+// A beat summarises the agent's ranks: it carries a rank's report only when it changed (other
+// than its ages) or its trainer is late, so a quiet agent's beat is its header and free ports,
+// whatever its nproc; the manager keeps what it last heard of the others (wire.proto: Heartbeat).
 void AgentCore::SendHeartbeat() {
   if (!session_) return;
   ReadCpuTimes();
   v1::AgentMessage m = NewMessage();
   auto* hb = m.mutable_heartbeat();
-  for (uint32_t r = 0; r < ranks_.size(); ++r) *hb->add_ranks() = Report(r);
+  beat_said_.resize(ranks_.size());
+  beat_age_said_.resize(ranks_.size(), 0);
+  const auto late = static_cast<uint32_t>(LateBeatMs().count());
+  for (uint32_t r = 0; r < ranks_.size(); ++r) {
+    v1::LocalRank report = Report(r);
+    const uint32_t age = report.beat_age_ms();
+    v1::LocalRank ageless = report;
+    ageless.clear_beat_age_ms();
+    ageless.clear_cpu_idle_ms();
+    std::string said = ageless.SerializeAsString();
+    if (said == beat_said_[r] && age < late && beat_age_said_[r] < late) continue;
+    beat_said_[r] = std::move(said);
+    beat_age_said_[r] = age;
+    *hb->add_ranks() = std::move(report);
+  }
   SetFreePorts(hb);
   host_->SendToManager(m);
 }

@@ -248,6 +248,15 @@ class AgentCore {
   std::deque<std::string> sent_exits_;  // process exits handed to the current session
   Millis heartbeat_interval_{100};
   Millis next_heartbeat_{};
+  // What this session's beats last said of each rank (its report without the ages, serialized;
+  // empty: not yet said) and the beat age sent with it: a beat carries only the ranks whose
+  // report changed, and every rank whose trainer is late (LateBeatMs), or was at the last beat.
+  std::vector<std::string> beat_said_;
+  std::vector<uint32_t> beat_age_said_;
+  // A trainer beat age from which a rank is in every beat: a quarter of the liveness timeout, so
+  // the manager sees every silence that could stretch its bound (manager/silence_bound.h counts
+  // a silence only from a third of the timeout) or end in a fault.
+  Millis LateBeatMs() const { return liveness_timeout_ / 4; }
 
   // This pod's uid towards the manager: the pod's own, then <pod uid>/<n> for the n-th time it
   // came back as its own replacement after being declared lost (Refusal.readmit).

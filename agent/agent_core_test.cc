@@ -165,6 +165,50 @@ TEST_F(AgentCoreTest, AHeartbeatSaysSinceWhenEachProcessHasNotRun) {
   EXPECT_EQ(Reported().cpu_idle_ms(), 0u);
 }
 
+// A beat summarises the agent's ranks: a rank's report goes only when it changed or its trainer
+// is late (a quarter of the 500 ms liveness timeout), so a quiet agent's beat carries no rank
+// whatever its nproc; the first beat of every session carries them all.
+TEST_F(AgentCoreTest, ABeatCarriesOnlyTheRanksThatChangedOrAreLate) {
+  ConnectTrainer(v1::TrainerHello());
+  auto beat_at = [&](int64_t ms, std::optional<int64_t> trainer_step) {
+    At(ms - 10);
+    if (trainer_step) {
+      v1::TrainerMessage m;
+      m.mutable_heartbeat()->set_step(*trainer_step);
+      m.mutable_heartbeat()->set_phase(v1::PHASE_COMPUTING);
+      core_.OnTrainerMessage(now_, 0, m);
+    }
+    At(ms);
+    const size_t sent = host_.to_manager.size();
+    core_.OnTimers(now_);
+    for (size_t i = sent; i < host_.to_manager.size(); ++i)
+      if (host_.to_manager[i].has_heartbeat()) return host_.to_manager[i].heartbeat();
+    ADD_FAILURE() << "no beat at " << ms << " ms";
+    return v1::Heartbeat();
+  };
+  ASSERT_GE(host_.Count(&v1::AgentMessage::has_heartbeat), 1);
+  EXPECT_EQ(host_.to_manager.back().heartbeat().ranks_size(), 1) << "a session's first beat";
+  EXPECT_EQ(beat_at(100, 7).ranks_size(), 1) << "the step changed";
+  v1::Heartbeat quiet = beat_at(200, 7);
+  EXPECT_EQ(quiet.ranks_size(), 0) << "nothing changed, the trainer beats on time";
+  EXPECT_GT(quiet.free_ports_size(), 0) << "free ports go in every beat";
+  EXPECT_EQ(beat_at(300, 7).ranks_size(), 0);
+  // The trainer falls silent: from a beat age of 125 ms its rank is in every beat, its age
+  // growing, and once more when it beats again (the manager learns how long the silence was).
+  EXPECT_EQ(beat_at(400, std::nullopt).ranks_size(), 0) << "100 ms: on time";
+  v1::Heartbeat late = beat_at(500, std::nullopt);
+  ASSERT_EQ(late.ranks_size(), 1);
+  EXPECT_EQ(late.ranks(0).beat_age_ms(), 210u);
+  ASSERT_EQ(beat_at(600, std::nullopt).ranks_size(), 1);
+  EXPECT_EQ(beat_at(600 + 100, 7).ranks_size(), 1) << "back: its age went down";
+  EXPECT_EQ(beat_at(800, 7).ranks_size(), 0);
+  // A new session: its first beat carries every rank again.
+  BreakAndReopen(1000);
+  Welcome(true);
+  ASSERT_TRUE(host_.to_manager.back().has_heartbeat());
+  EXPECT_EQ(host_.to_manager.back().heartbeat().ranks_size(), 1);
+}
+
 TEST_F(AgentCoreTest, TrainersAreNotPausedWhileARegisterThatMayResumeTheirGenerationIsInFlight) {
   core_.Start(now_);
   core_.OnSessionOpened(now_);

@@ -86,6 +86,10 @@ class FakeManagerService final : public v1::Manager::Service {
       record_->current = id;
     }
     v1::AgentMessage message;
+    // Each rank as last reported on this stream: a beat carries only the ranks whose report
+    // changed (wire.proto: Heartbeat), so a beat is recorded as the manager sees it, every rank
+    // as it last heard of it.
+    std::map<uint32_t, v1::LocalRank> view;
     for (;;) {
       {
         std::unique_lock lock(record_->mutex);
@@ -95,6 +99,13 @@ class FakeManagerService final : public v1::Manager::Service {
         record_->reads_parked = false;
       }
       if (!stream->Read(&message)) break;
+      if (message.has_register_())
+        for (const auto& r : message.register_().ranks()) view[r.local_rank()] = r;
+      if (message.has_heartbeat()) {
+        for (const auto& r : message.heartbeat().ranks()) view[r.local_rank()] = r;
+        message.mutable_heartbeat()->clear_ranks();
+        for (const auto& [local, r] : view) *message.mutable_heartbeat()->add_ranks() = r;
+      }
       std::unique_lock lock(record_->mutex);
       record_->received.push_back({id, RealtimeNs(), message});
       if (message.has_register_() && record_->welcome) {

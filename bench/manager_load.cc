@@ -2,9 +2,12 @@
 // Load on regroup-manager from simulated agents in this separate process.
 //
 //   manager_load --manager-bin build/regroup-manager --agents 256 [--nproc 8] [--seconds 10]
+//   manager_load --manager-bin build/regroup-manager --sizes 256,1024,2048,8192
 //
 // Starts a manager for a job of N pods x nproc ranks, connects N simulated agents (one gRPC
-// stream each, heartbeats for all their ranks at 10 per second), and measures: the rendezvous
+// stream each, on gRPC's callback API: a few threads drive them all; one beat per agent 10 times
+// a second, carrying the ranks whose report changed, as agent_core.cc sends them, or every rank
+// with --full-beats, as older agents did), and measures: the rendezvous
 // (all agents registered -> every agent has its generation), the manager's CPU and memory in
 // steady state, a step vote's round trip, the time for an abort and for the next generation to
 // reach every agent after a process exits and is restarted in place, the time to detect a killed
@@ -32,7 +35,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <deque>
+#include <functional>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -66,14 +72,92 @@ struct Rank {
   int64_t heard_commit_step = -1;
 };
 
+struct Agent;
+
+// One agent's stream on gRPC's callback API: no thread of its own, reads and writes completed by
+// gRPC's few callback threads, so one process drives thousands. Writes queue while one is in
+// flight (the API allows one at a time).
+class Session final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ManagerMessage> {
+ public:
+  Session(Agent& agent, std::function<void(Agent&, const v1::ManagerMessage&)> on_message)
+      : agent_(agent), on_message_(std::move(on_message)) {}
+
+  void Begin(v1::Manager::Stub* stub, grpc::ClientContext* context, v1::AgentMessage first) {
+    stub->async()->Session(context, this);
+    // Writes start from outside reactions too (the beaters, the main thread): the hold keeps
+    // OnDone from running while one may still start; released once the read side ends.
+    AddHold();
+    {
+      std::lock_guard lock(mu_);
+      writing_ = true;
+      out_ = std::move(first);
+      StartWrite(&out_);
+    }
+    StartRead(&in_);
+    StartCall();
+  }
+
+  // False when the call is over. A beat is dropped while 4 messages wait: the generator is
+  // behind, and a burst of stale beats would only add to it.
+  bool Write(v1::AgentMessage m, bool beat) {
+    std::lock_guard lock(mu_);
+    if (closing_) return false;
+    if (writing_) {
+      if (beat && queue_.size() >= 4) return true;
+      queue_.push_back(std::move(m));
+      return true;
+    }
+    writing_ = true;
+    out_ = std::move(m);
+    StartWrite(&out_);
+    return true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard lock(mu_);
+    if (!ok || queue_.empty() || closing_) {
+      writing_ = false;
+      queue_.clear();
+      return;
+    }
+    out_ = std::move(queue_.front());
+    queue_.pop_front();
+    StartWrite(&out_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the call is over: no write starts from now on, and OnDone may follow
+      {
+        std::lock_guard lock(mu_);
+        closing_ = true;
+      }
+      RemoveHold();
+      return;
+    }
+    on_message_(agent_, in_);
+    StartRead(&in_);
+  }
+
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  Agent& agent_;
+  std::function<void(Agent&, const v1::ManagerMessage&)> on_message_;
+  v1::ManagerMessage in_;
+  std::mutex mu_;  // below
+  v1::AgentMessage out_;
+  std::deque<v1::AgentMessage> queue_;
+  bool writing_ = false;
+  bool closing_ = false;
+
+  friend struct Agent;
+};
+
 struct Agent {
   int node = 0;
   std::string uid;
   std::unique_ptr<grpc::ClientContext> context;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::ManagerMessage>> stream;
-  std::thread reader;
-  std::mutex write_mu;
-  bool closed = false;  // under write_mu: the call is over, Finish was called
+  std::unique_ptr<Session> session;
   std::atomic<bool> beating{true};
 
   std::mutex mu;  // everything below
@@ -81,44 +165,51 @@ struct Agent {
   uint64_t epoch = 0, generation = 0;
   bool welcomed = false;
   std::vector<Rank> ranks;
+  std::vector<bool> changed;  // ranks whose report changed since the last beat
   std::vector<uint32_t> assigned;  // local ranks in the current generation
   // When messages of each kind last arrived, and how many.
   Clock::time_point last_start{}, last_abort{}, last_outcome{}, hello_at{};
   uint64_t starts = 0, aborts = 0, outcomes = 0, restarts = 0, refusals = 0, stops = 0;
   std::string last_refusal;
   std::string ended;  // how the stream ended, once it did
+  bool done = false;
+
+  void MarkAll() { changed.assign(ranks.size(), true); }
 };
+
+void Session::OnDone(const grpc::Status& status) {
+  {
+    std::lock_guard lock(agent_.mu);
+    agent_.ended =
+        "code " + std::to_string(status.error_code()) + ": " + status.error_message();
+    agent_.done = true;
+  }
+  agent_.cv.notify_all();
+}
 
 std::atomic<int32_t> next_pid{100000};
 
 class Load {
  public:
-  Load(int nproc, std::string credential) : nproc_(nproc), credential_(std::move(credential)) {}
+  Load(int nproc, std::string credential, bool full_beats)
+      : nproc_(nproc), credential_(std::move(credential)), full_beats_(full_beats) {}
 
   // Stamps the header (under a.mu) and writes. False when the stream is over.
-  bool Write(Agent& a, v1::AgentMessage m) {
-    {
-      std::lock_guard lock(a.mu);
-      auto* h = m.mutable_header();
-      h->set_job_id(kJob);
-      h->set_sender(a.uid);
-      h->set_epoch(a.epoch);
-      h->set_generation(a.generation);
-    }
-    std::lock_guard lock(a.write_mu);
-    if (!a.stream || a.closed) return false;
-    return a.stream->Write(m);
+  bool Write(Agent& a, v1::AgentMessage m, bool beat = false) {
+    Stamp(a, m);
+    return a.session && a.session->Write(std::move(m), beat);
   }
 
-  void Connect(Agent& a, int node, const std::shared_ptr<grpc::Channel>& channel) {
+  void Connect(Agent& a, int node, v1::Manager::Stub* stub) {
     a.node = node;
     a.uid = "sim-" + std::to_string(node);
     a.ranks.assign(static_cast<size_t>(nproc_), Rank());
+    a.MarkAll();
     for (auto& r : a.ranks) r.pid = next_pid++;
     a.context = std::make_unique<grpc::ClientContext>();
     regroup::AttachCredential(*a.context, credential_);
-    auto stub = v1::Manager::NewStub(channel);
-    a.stream = stub->Session(a.context.get());
+    a.session = std::make_unique<Session>(
+        a, [this](Agent& agent, const v1::ManagerMessage& m) { OnMessage(agent, m); });
     v1::AgentMessage m;
     auto* r = m.mutable_register_();
     r->set_pod_uid(a.uid);
@@ -132,17 +223,22 @@ class Load {
       std::lock_guard lock(a.mu);
       for (int l = 0; l < nproc_; ++l) Report(a, l, r->add_ranks());
     }
-    Write(a, m);
-    a.reader = std::thread([this, &a] { Read(a); });
+    Stamp(a, m);
+    a.session->Begin(stub, a.context.get(), std::move(m));
   }
 
-  // A heartbeat of every rank (holds nothing; takes a.mu).
+  // A beat as agent_core.cc sends it: the ranks whose report changed since the last beat (their
+  // trainers beat on time), or every rank with --full-beats (an agent before that rule). Holds
+  // nothing; takes a.mu.
   v1::AgentMessage Beat(Agent& a) {
     v1::AgentMessage m;
     auto* hb = m.mutable_heartbeat();
     hb->set_free_port(20000 + static_cast<uint32_t>(a.node % 40000));
+    hb->add_free_ports(hb->free_port());
     std::lock_guard lock(a.mu);
-    for (int l = 0; l < nproc_; ++l) Report(a, l, hb->add_ranks());
+    for (int l = 0; l < nproc_; ++l)
+      if (full_beats_ || a.changed[static_cast<size_t>(l)]) Report(a, l, hb->add_ranks());
+    a.changed.assign(a.ranks.size(), false);
     return m;
   }
 
@@ -154,6 +250,15 @@ class Load {
   std::vector<std::unique_ptr<Agent>> agents;
 
  private:
+  void Stamp(Agent& a, v1::AgentMessage& m) {
+    std::lock_guard lock(a.mu);
+    auto* h = m.mutable_header();
+    h->set_job_id(kJob);
+    h->set_sender(a.uid);
+    h->set_epoch(a.epoch);
+    h->set_generation(a.generation);
+  }
+
   void Report(const Agent& a, int l, v1::LocalRank* out) const {
     const Rank& k = a.ranks[static_cast<size_t>(l)];
     out->set_local_rank(static_cast<uint32_t>(l));
@@ -167,94 +272,92 @@ class Load {
     out->set_heard_commit_step(k.heard_commit_step);
   }
 
-  void Read(Agent& a) {
-    v1::ManagerMessage m;
-    while (a.stream->Read(&m)) {
-      const auto now = Clock::now();
-      bool beat_now = false;
-      {
-        std::lock_guard lock(a.mu);
-        if (m.header().epoch() > a.epoch) a.epoch = m.header().epoch();
-        switch (m.body_case()) {
-          case v1::ManagerMessage::kWelcome:
-            a.epoch = std::max(a.epoch, m.welcome().epoch());
-            a.generation = std::max(a.generation, m.welcome().generation());
-            a.welcomed = true;
-            beat_now = true;  // as the agent: report the ranks at once
-            break;
-          case v1::ManagerMessage::kStart: {
-            const auto& plan = m.start().plan();
-            a.generation = std::max(a.generation, plan.generation());
-            a.assigned.clear();
-            for (const auto& r : plan.ranks()) {
-              if (r.local_rank() >= a.ranks.size()) continue;
-              a.assigned.push_back(r.local_rank());
-              Rank& k = a.ranks[r.local_rank()];
-              k.generation = plan.generation();
-              k.committed_step = std::max(k.committed_step, plan.committed_step());
-              k.step = plan.committed_step() + 1;
-              k.phase = v1::PHASE_COMPUTING;
-            }
-            a.last_start = now;
-            ++a.starts;
-            break;
-          }
-          case v1::ManagerMessage::kAbort:
-            for (auto& k : a.ranks)
-              if (k.alive) k.phase = v1::PHASE_PAUSED;
-            a.last_abort = now;
-            ++a.aborts;
-            break;
-          case v1::ManagerMessage::kOutcome:
-            if (m.outcome().commit())
-              for (uint32_t l : a.assigned) {
-                Rank& k = a.ranks[l];
-                k.committed_step = std::max(k.committed_step, m.outcome().step());
-                k.heard_commit_step = std::max(k.heard_commit_step, m.outcome().step());
-                k.step = m.outcome().step() + 1;
-                k.phase = v1::PHASE_COMPUTING;
-              }
-            a.last_outcome = now;
-            ++a.outcomes;
-            break;
-          case v1::ManagerMessage::kRestart:
-            // A fresh process per named rank; it says hello at once (PAUSED, generation 0).
-            for (uint32_t l : m.restart().local_ranks()) {
-              if (l >= a.ranks.size()) continue;
-              Rank& k = a.ranks[l];
-              k = Rank();
-              k.pid = next_pid++;
-            }
-            a.hello_at = now;
-            ++a.restarts;
-            beat_now = true;  // the hello, reported at once
-            break;
-          case v1::ManagerMessage::kRefusal:
-            a.last_refusal = m.refusal().reason();
-            ++a.refusals;
-            break;
-          case v1::ManagerMessage::kStop:
-            ++a.stops;
-            break;
-          default:
-            break;
-        }
-      }
-      a.cv.notify_all();
-      if (beat_now && a.beating) Write(a, Beat(a));
-    }
-    grpc::Status status;
+  // On a gRPC callback thread: must not block.
+  void OnMessage(Agent& a, const v1::ManagerMessage& m) {
+    const auto now = Clock::now();
+    bool beat_now = false;
     {
-      std::lock_guard lock(a.write_mu);
-      a.closed = true;
-      status = a.stream->Finish();
+      std::lock_guard lock(a.mu);
+      if (m.header().epoch() > a.epoch) a.epoch = m.header().epoch();
+      switch (m.body_case()) {
+        case v1::ManagerMessage::kWelcome:
+          a.epoch = std::max(a.epoch, m.welcome().epoch());
+          a.generation = std::max(a.generation, m.welcome().generation());
+          a.welcomed = true;
+          a.MarkAll();      // the first beat of a session says every rank
+          beat_now = true;  // as the agent: report the ranks at once
+          break;
+        case v1::ManagerMessage::kStart: {
+          const auto& plan = m.start().plan();
+          a.generation = std::max(a.generation, plan.generation());
+          a.assigned.clear();
+          for (const auto& r : plan.ranks()) {
+            if (r.local_rank() >= a.ranks.size()) continue;
+            a.assigned.push_back(r.local_rank());
+            Rank& k = a.ranks[r.local_rank()];
+            k.generation = plan.generation();
+            k.committed_step = std::max(k.committed_step, plan.committed_step());
+            k.step = plan.committed_step() + 1;
+            k.phase = v1::PHASE_COMPUTING;
+            a.changed[r.local_rank()] = true;
+          }
+          a.last_start = now;
+          ++a.starts;
+          break;
+        }
+        case v1::ManagerMessage::kAbort:
+          for (size_t l = 0; l < a.ranks.size(); ++l)
+            if (a.ranks[l].alive) {
+              a.ranks[l].phase = v1::PHASE_PAUSED;
+              a.changed[l] = true;
+            }
+          a.last_abort = now;
+          ++a.aborts;
+          break;
+        case v1::ManagerMessage::kOutcome:
+          if (m.outcome().commit())
+            for (uint32_t l : a.assigned) {
+              Rank& k = a.ranks[l];
+              k.committed_step = std::max(k.committed_step, m.outcome().step());
+              k.heard_commit_step = std::max(k.heard_commit_step, m.outcome().step());
+              k.step = m.outcome().step() + 1;
+              k.phase = v1::PHASE_COMPUTING;
+              a.changed[l] = true;
+            }
+          a.last_outcome = now;
+          ++a.outcomes;
+          break;
+        case v1::ManagerMessage::kRestart:
+          // A fresh process per named rank; it says hello at once (PAUSED, generation 0).
+          for (uint32_t l : m.restart().local_ranks()) {
+            if (l >= a.ranks.size()) continue;
+            Rank& k = a.ranks[l];
+            k = Rank();
+            k.pid = next_pid++;
+            a.changed[l] = true;
+          }
+          a.hello_at = now;
+          ++a.restarts;
+          beat_now = true;  // the hello, reported at once
+          break;
+        case v1::ManagerMessage::kRefusal:
+          a.last_refusal = m.refusal().reason();
+          ++a.refusals;
+          break;
+        case v1::ManagerMessage::kStop:
+          ++a.stops;
+          break;
+        default:
+          break;
+      }
     }
-    std::lock_guard lock(a.mu);
-    a.ended = "code " + std::to_string(status.error_code()) + ": " + status.error_message();
+    a.cv.notify_all();
+    if (beat_now && a.beating) Write(a, Beat(a));
   }
 
   int nproc_;
   std::string credential_;
+  bool full_beats_;
 };
 
 // Waits until `pred(agent)` holds for every agent in `which` (bounded).
@@ -353,7 +456,50 @@ int main(int argc, char** argv) {
                  "one process playing thousands of agents on a shared machine falls behind by more")
       ->capture_default_str()
       ->check(CLI::Range(2, 100));
+  bool full_beats = false;
+  app.add_flag("--full-beats", full_beats,
+               "every beat reports every rank, as agents before the beat summary did (the manager "
+               "accepts both)");
+  std::vector<int> sizes;
+  app.add_option("--sizes", sizes,
+                 "run once per size (agents), one figure line each, with the other options; "
+                 "e.g. --sizes 256,1024,2048,8192")
+      ->delimiter(',')
+      ->check(CLI::Range(4, 100000));
   CLI11_PARSE(app, argc, argv);
+  if (!sizes.empty()) {
+    // Each size in a process of its own (this binary with --agents N), so that no run's
+    // threads, channels or memory weigh on the next; their lines are printed as they come.
+    int worst = 0;
+    for (int n : sizes) {
+      std::vector<std::string> args;
+      for (int i = 0; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--sizes" || arg == "--agents") {
+          ++i;
+          continue;
+        }
+        if (arg.rfind("--sizes=", 0) == 0 || arg.rfind("--agents=", 0) == 0) continue;
+        args.push_back(arg);
+      }
+      args.push_back("--agents");
+      args.push_back(std::to_string(n));
+      const pid_t child = fork();
+      if (child == 0) {
+        std::vector<char*> cargv;
+        for (auto& a : args) cargv.push_back(a.data());
+        cargv.push_back(nullptr);
+        execv("/proc/self/exe", cargv.data());
+        std::perror("manager_load: exec");
+        _exit(127);
+      }
+      int status = 0;
+      waitpid(child, &status, 0);
+      const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+      worst = std::max(worst, rc);
+    }
+    return worst;
+  }
   const std::string misses = "regroup.io/liveness-misses=" + std::to_string(liveness_misses);
   std::signal(SIGPIPE, SIG_IGN);
   if (access(manager_bin.c_str(), X_OK) != 0) {
@@ -444,16 +590,18 @@ int main(int argc, char** argv) {
   const double load_before = SelfCpuSeconds();
   const std::string loadavg_start = LoadAverage();
 
-  Load load(nproc, credential);
+  Load load(nproc, credential, full_beats);
   // A few channels shared by many streams (HTTP/2 multiplexes them): one process cannot open a
   // connection per simulated pod without the connections themselves becoming the load.
   std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (int c = 0; c < 8; ++c) {
+  std::vector<std::unique_ptr<v1::Manager::Stub>> stubs;
+  for (int c = 0; c < std::clamp(agents_n / 256, 8, 32); ++c) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt("regroup.channel", c);
     args.SetMaxReceiveMessageSize(64 << 20);
     channels.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    stubs.push_back(v1::Manager::NewStub(channels.back()));
   }
   std::vector<Agent*> all;
   for (int n = 0; n < agents_n; ++n) {
@@ -481,7 +629,7 @@ int main(int argc, char** argv) {
             if ((i / static_cast<size_t>(beaters)) % 10 != static_cast<size_t>(slot)) continue;
             Agent& a = *load.agents[i];
             if (!a.beating || !load.Welcomed(a)) continue;
-            load.Write(a, load.Beat(a));
+            load.Write(a, load.Beat(a), /*beat=*/true);
             const auto now = Clock::now();
             if (last[i] != Clock::time_point{}) {
               const int64_t gap =
@@ -499,7 +647,7 @@ int main(int argc, char** argv) {
     });
 
   std::string failed;  // the first phase that did not complete
-  std::vector<double> vote_rtt, abort_ms, next_gen_ms, reform_ms;
+  std::vector<double> vote_rtt, abort_ms, next_gen_ms, reform_ms, reform_after_abort_ms;
   double rendezvous_ms = 0, cpu = 0, killed_detect = 0, frozen_detect = 0;
   ProcStats steady;
   auto fail = [&](const std::string& phase, const std::vector<Agent*>& which, auto pred) {
@@ -527,7 +675,7 @@ int main(int argc, char** argv) {
   for (int n = 0; n < agents_n; ++n) {
     // The beater writes to an agent only once welcomed, which needs the stream first.
     load.Connect(*load.agents[static_cast<size_t>(n)], n,
-                 channels[static_cast<size_t>(n) % channels.size()]);
+                 stubs[static_cast<size_t>(n) % stubs.size()].get());
   }
   auto formed_pred = [](Agent& a) { return a.starts >= 1; };
   if (!WaitAll(all, formed_pred, Clock::now() + phase_limit)) fail("rendezvous", all, formed_pred);
@@ -558,6 +706,7 @@ int main(int argc, char** argv) {
       for (uint32_t l : a->assigned) {
         v->add_local_ranks(l);
         a->ranks[l].phase = v1::PHASE_VOTED;
+        a->changed[l] = true;
       }
       training.push_back(a);
       votes.push_back(std::move(m));
@@ -592,6 +741,7 @@ int main(int argc, char** argv) {
       std::lock_guard lock(victim.mu);
       gen_before = victim.generation;
       victim.ranks[0].alive = false;
+      victim.changed[0] = true;
       exit_msg.mutable_process_exit()->set_local_rank(0);
       exit_msg.mutable_process_exit()->set_exit_code(1);
       exit_msg.mutable_process_exit()->set_step(victim.ranks[0].step);
@@ -648,6 +798,7 @@ int main(int argc, char** argv) {
       for (auto* a : others) {
         killed_detect = std::max(killed_detect, Ms(a->last_abort - kill_at));
         reform_ms.push_back(Ms(a->last_start - kill_at));
+        reform_after_abort_ms.push_back(Ms(a->last_start - a->last_abort));
       }
     }
   }
@@ -674,33 +825,42 @@ int main(int argc, char** argv) {
   uint64_t refusals = 0;
   std::string refusal;
   for (auto* a : all) {
+    if (a == &frozen) continue;  // refused once it was declared lost, rightly
     std::lock_guard lock(a->mu);
     refusals += a->refusals;
     if (refusal.empty()) refusal = a->last_refusal;
   }
   for (auto* a : all) a->context->TryCancel();
-  for (auto* a : all) a->reader.join();
+  // Every call ends (bounded: a cancelled call completes at once).
+  for (auto* a : all) {
+    std::unique_lock lock(a->mu);
+    a->cv.wait_for(lock, std::chrono::seconds(10), [&] { return a->done; });
+  }
   stop_manager();
   if (!failed.empty() || refusals > 0)
     std::fprintf(stderr, "manager_load: %llu messages refused (last: %s); the manager's log ends:\n%s\n",
                  static_cast<unsigned long long>(refusals), refusal.c_str(),
                  Tail(log_file, 3000).c_str());
-  cleanup_files();
+  if (!failed.empty() && std::getenv("REGROUP_LOAD_KEEP_LOG")) {
+    std::fprintf(stderr, "manager_load: the manager's whole log is kept in %s\n", log_file.c_str());
+  } else {
+    cleanup_files();
+  }
 
   const auto vote = Of(vote_rtt), abort_p = Of(abort_ms), gen = Of(next_gen_ms),
-             reform = Of(reform_ms);
+             reform = Of(reform_ms), reformed = Of(reform_after_abort_ms);
   std::printf(
       "agents=%d ranks=%d formed=%s rendezvous_ms=%.0f manager_cpu_pct=%.1f manager_rss_mb=%.1f "
       "manager_hwm_mb=%.1f vote_rtt_ms_p50=%.2f vote_rtt_ms_p99=%.2f abort_ms_p50=%.2f "
       "abort_ms_p99=%.2f next_generation_ms_p50=%.2f next_generation_ms_p99=%.2f "
       "killed_agent_abort_ms=%.1f reform_ms_p50=%.2f reform_ms_p99=%.2f "
-      "frozen_agent_detect_ms=%.1f beat_gap_ms_max=%.1f refusals=%llu load_cpu_pct=%.1f "
-      "loadavg_1m=%s result=%s\n",
+      "reform_after_abort_ms_p99=%.2f frozen_agent_detect_ms=%.1f beat_gap_ms_max=%.1f refusals=%llu load_cpu_pct=%.1f "
+      "liveness_ms=%d beats=%s loadavg_1m=%s result=%s\n",
       agents_n, agents_n * nproc, rendezvous_ms > 0 && failed != "rendezvous" ? "yes" : "no",
       rendezvous_ms, cpu, steady.rss_mb, end.hwm_mb, vote.p50, vote.p99, abort_p.p50, abort_p.p99,
-      gen.p50, gen.p99, killed_detect, reform.p50, reform.p99, frozen_detect,
+      gen.p50, gen.p99, killed_detect, reform.p50, reform.p99, reformed.p99, frozen_detect,
       static_cast<double>(max_gap_us.load()) / 1000.0,
       static_cast<unsigned long long>(refusals), total_s > 0 ? load_cpu / total_s * 100.0 : 0.0,
-      loadavg_start.c_str(), failed.empty() ? "ok" : ("failed:" + failed).c_str());
+      liveness_misses * 100, full_beats ? "full" : "summary", loadavg_start.c_str(), failed.empty() ? "ok" : ("failed:" + failed).c_str());
   return failed.empty() ? 0 : 1;
 }

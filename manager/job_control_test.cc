@@ -2514,3 +2514,61 @@ TEST(JobControl, APodMissingAtTheJoinWindowThatRegistersLaterIsTheAwaitedReplace
 
 }  // namespace
 }  // namespace regroup::manager
+
+namespace regroup::manager {
+namespace {
+
+// Issue 37: a beat summarises an agent's ranks (wire.proto: Heartbeat). A quiet agent's beat
+// carries no rank: its pod stays live and its ranks stay as last reported, so the job trains on
+// past the liveness and hang timeouts; a beat naming one late rank changes only that rank's
+// record (it is found frozen, its peer on the same pod is not). An agent that sends every rank
+// in every beat (older ones) is taken the same way.
+TEST(JobControl, ABeatCarryingOnlySomeRanksLeavesTheOthersAsLastReported) {
+  const Map config = {{"recover-strategy", "recover-in-place,elastic-training"},
+                      {"regroup.io/hang-timeout-min-s", "3"}};
+  ScriptedAgents sim(2, 2, kForce, config);
+  sim.RegisterAll();
+  sim.Run(100, 0);  // full beats, as an older agent sends: the generation forms
+  ASSERT_TRUE(sim.rt->training());
+  const uint64_t generation = sim.rt->generation();
+  // 2 s of quiet beats (no rank), with a commit in the middle: the votes change the ranks'
+  // steps, which a summary beat would carry; here the hang timeout (3 s) is not reached.
+  auto quiet = [&](int64_t ms) {
+    for (int64_t t = 0; t < ms; t += 20) {
+      sim.now += 20;
+      for (int64_t n = 0; n < 2; ++n) {
+        v1::AgentMessage m;
+        m.mutable_heartbeat()->set_free_port(30000);
+        ASSERT_TRUE(sim.Send(n, m).ok());
+      }
+      sim.rt->Tick(sim.now);
+      sim.Collect();
+    }
+  };
+  quiet(2000);
+  EXPECT_TRUE(sim.rt->training()) << FirstFault(sim);
+  EXPECT_EQ(sim.rt->generation(), generation);
+  EXPECT_EQ(Logged(sim, "fault", ""), 0) << FirstFault(sim);
+  // Pod 1's local rank 1 falls silent (no process ran): only it is in pod 1's beats, its age
+  // growing; pod 0's beats stay empty. It is found frozen; the fault names its rank alone.
+  for (int64_t t = 0; t < 1000 && sim.rt->training(); t += 20) {
+    sim.now += 20;
+    v1::AgentMessage empty;
+    empty.mutable_heartbeat();
+    ASSERT_TRUE(sim.Send(0, empty).ok());
+    v1::AgentMessage late;
+    auto* r = late.mutable_heartbeat()->add_ranks();
+    *r = ScriptedAgents::Live(1, v1::PHASE_COMPUTING, 0, generation, -1);
+    r->set_beat_age_ms(static_cast<uint32_t>(125 + t));
+    r->set_cpu_idle_ms(static_cast<uint32_t>(125 + t));
+    ASSERT_TRUE(sim.Send(1, late).ok());
+    sim.rt->Tick(sim.now);
+    sim.Collect();
+  }
+  EXPECT_FALSE(sim.rt->training());
+  ASSERT_EQ(Logged(sim, "fault", "(frozen process)"), 1) << FirstFault(sim);
+  EXPECT_NE(FirstFault(sim).find("sent no heartbeat for"), std::string::npos) << FirstFault(sim);
+}
+
+}  // namespace
+}  // namespace regroup::manager

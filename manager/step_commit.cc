@@ -39,6 +39,7 @@ StatusOr<StepCommit::Ballot> StepCommit::Vote(int64_t pod, const v1::Votes& vote
   if (vote_step_ != votes.step()) {
     vote_step_ = votes.step();
     voted_.assign(running.size(), false);
+    voted_count_ = 0;
     checksums_.assign(running.size(), 0);
     vote_ok_ = true;
   }
@@ -49,11 +50,12 @@ StatusOr<StepCommit::Ballot> StepCommit::Vote(int64_t pod, const v1::Votes& vote
       return InvalidArgument("local rank " + std::to_string(l) + " of pod " +
                              std::to_string(pod) + " has no rank in generation " +
                              std::to_string(generation));
+    if (!voted_[static_cast<size_t>(rank)]) ++voted_count_;
     voted_[static_cast<size_t>(rank)] = true;
     if (i < votes.checksums_size()) checksums_[static_cast<size_t>(rank)] = votes.checksums(i);
   }
   vote_ok_ = vote_ok_ && votes.ok();
-  if (std::find(voted_.begin(), voted_.end(), false) != voted_.end()) return Ballot::kOpen;
+  if (voted_count_ < voted_.size()) return Ballot::kOpen;
   // Every rank voted. Replicas must agree on their parameters where a checksum was taken.
   bool mismatch = false;
   for (size_t r = replica_ranks; r < checksums_.size() && !mismatch; ++r) {

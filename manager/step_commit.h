@@ -80,6 +80,7 @@ class StepCommit {
   // The vote of the step in flight.
   int64_t vote_step_ = -1;
   std::vector<bool> voted_;
+  size_t voted_count_ = 0;  // of voted_ set: a vote is O(its ranks), not O(the generation's)
   std::vector<uint64_t> checksums_;
   bool vote_ok_ = true;
   // A step every rank voted for whose commit waits for the decision maker's lease

@@ -382,11 +382,13 @@ std::vector<int64_t> Job::PositionsLost(const std::set<int64_t>& lost,
   std::vector<int64_t> out;
   if (manager_.committed_step < 0) return out;
   const int64_t size = layout_.replica_ranks();
+  // A set, not a scan per replica: with thousands of replicas a scan made this quadratic.
+  std::set<int64_t> kept;
+  if (keep) kept.insert(keep->begin(), keep->end());
   for (int64_t position = 0; position < size; ++position) {
     bool held = false;
     for (size_t k = 0; k < generation_replicas_.size() && !held; ++k) {
-      if (keep && std::find(keep->begin(), keep->end(), generation_replicas_[k]) == keep->end())
-        continue;
+      if (keep && !kept.count(generation_replicas_[k])) continue;
       const int64_t pod = layout_.PodOfRank(generation_replicas_[k], position);
       held = slots_[static_cast<size_t>(pod)].status != PodSlot::Status::kLost && !lost.count(pod) &&
              !std::binary_search(dead_ranks.begin(), dead_ranks.end(),
@@ -507,9 +509,9 @@ void Job::ScaleIn(int64_t now, const std::string& what, bool waited) {
   d.strategy = "elastic-training";
   d.dp = plan->dp;
   d.keep_replicas = plan->keep_replicas;
+  const std::set<int64_t> kept(plan->keep_replicas.begin(), plan->keep_replicas.end());
   for (int64_t r : generation_replicas_)
-    if (!std::count(plan->keep_replicas.begin(), plan->keep_replicas.end(), r))
-      d.remove_replicas.push_back(r);
+    if (!kept.count(r)) d.remove_replicas.push_back(r);
   d.standby_pods = plan->standby_pods;
   d.microbatches = plan->microbatches;
   d.reason = what + "; scaling in from dp=" + std::to_string(dp_) + " to dp=" +
@@ -861,12 +863,13 @@ bool Job::TryGrow(int64_t now) {
   std::vector<int64_t> joined;
   for (auto& slot : slots_)
     if (slot.status == PodSlot::Status::kActive) slot.status = PodSlot::Status::kStandby;
+  const std::set<int64_t> had(generation_replicas_.begin(), generation_replicas_.end());
   for (int64_t r : plan->keep_replicas) {
     for (int64_t p : layout_.PodsOfReplica(r)) {
       auto& slot = slots_[static_cast<size_t>(p)];
       slot.status = PodSlot::Status::kActive;
     }
-    if (!std::count(generation_replicas_.begin(), generation_replicas_.end(), r)) {
+    if (!had.count(r)) {
       joined.push_back(r);
       for (int64_t position = 0; position < layout_.replica_ranks(); ++position)
         NoteStateless(r, position);

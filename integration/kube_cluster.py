@@ -8,14 +8,15 @@ Volcano's vc-controller-manager; go/volcano: regroup-scheduler; integration/kube
 process kubelet), cached per source version under $REGROUP_INTEGRATION_CACHE.
 
     with Network.create("netns") as net, KubeCluster(workdir, net) as k:
-        k.start()                    # etcd, the API server, the controllers, deploy/ applied
+        k.start()                    # etcd, the API server, the controllers, the chart installed
         k.add_node("node-0")         # a namespace node with its kubelet (capacity 8 accelerators)
         k.kubectl("apply", "-f", "job.yaml")
         k.kill_node("node-0")        # its kubelet and every process on it, SIGKILL
 
 Everything runs on the host except the kubelets (each inside its node's network namespace, so
-its pods are too) and what the kubelets run: regroup-scheduler is deploy/volcano/scheduler.yaml's
-Deployment, placed by kube-scheduler on the control-plane node ``node-cp``, and every job's pods.
+its pods are too) and what the kubelets run: regroup-scheduler is the Helm chart's
+(deploy/helm/regroup) Deployment, placed by kube-scheduler on the control-plane node ``node-cp``,
+and every job's pods.
 The API server listens on all addresses; nodes reach it at the bridge's address. There is no
 kube-proxy and no DNS server: each kubelet writes its pods' /etc/hosts from Services and pods
 (integration/kube/kubelet/hosts.go), so Service names and the svc plugin's hostnames resolve.
@@ -49,6 +50,8 @@ KUBE = REPO / "integration" / "kube"
 LOCALSCHED = REPO / "integration" / "localsched"
 VOLCANO_MOD = Path(os.environ.get("GOMODCACHE", Path.home() / "go" / "pkg" / "mod")) / "volcano.sh" / "volcano@v1.14.1"
 DEPLOY = REPO / "deploy"
+CHART = DEPLOY / "helm" / "regroup"
+HELM_VERSION = "v4.3.2"
 CONTROL_PLANE_NODE = "node-cp"
 # The images the kubelets know (integration/kube/kubelet --images): what deploy/ and the jobs name.
 SCHEDULER_IMAGE = "regroup/regroup-scheduler:0.1.0"
@@ -68,7 +71,7 @@ class KubeError(RuntimeError):
 # ---------------------------------------------------------------------------------------------
 
 def _digest() -> str:
-    h = hashlib.sha256()
+    h = hashlib.sha256(HELM_VERSION.encode())
     folders = [KUBE, KUBE / "kubelet", LOCALSCHED, REPO / "go" / "volcano", REPO / "go" / "volcano" / "cmd" / "regroup-scheduler",
                REPO / "go" / "regroup"]
     for folder in folders:
@@ -83,7 +86,7 @@ def _digest() -> str:
 
 
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
-            "vc-controller-manager", "regroup-kubelet", "regroup-scheduler")
+            "vc-controller-manager", "regroup-kubelet", "regroup-scheduler", "helm")
 
 
 def build(log: Callable[[str], None] = print, timeout: float = 3000) -> Path:
@@ -105,6 +108,8 @@ def build(log: Callable[[str], None] = print, timeout: float = 3000) -> Path:
         (KUBE, ["go", "build", "-o", str(tmp / "regroup-kubelet"), "./kubelet"]),
         (LOCALSCHED, ["go", "build", "-o", str(tmp / "vc-controller-manager"), "volcano.sh/volcano/cmd/controller-manager"]),
         (REPO / "go" / "volcano", ["go", "build", "-o", str(tmp / "regroup-scheduler"), "./cmd/regroup-scheduler"]),
+        # helm as its own release's module pins it (its Kubernetes modules are newer than ours)
+        (KUBE, ["env", f"GOBIN={tmp}", "go", "install", f"helm.sh/helm/v4/cmd/helm@{HELM_VERSION}"]),
     ]
     start = time.monotonic()
     log(f"building the control plane (Kubernetes {KUBERNETES_VERSION}, Volcano v1.14.1; the first build takes "
@@ -233,6 +238,18 @@ class KubeCluster:
             raise KubeError(f"kubectl {' '.join(args)}: {r.stderr.strip() or r.stdout.strip()}")
         return r
 
+    def helm(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """helm (built with the control plane) against this control plane."""
+        assert self.bin is not None, "start() first"
+        r = subprocess.run([str(self.bin / "helm"), "--kubeconfig", str(self.kubeconfig), *args],
+                           capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, "HELM_CACHE_HOME": str(self.dir / "helm-cache"),
+                                "HELM_CONFIG_HOME": str(self.dir / "helm-config"),
+                                "HELM_DATA_HOME": str(self.dir / "helm-data")})
+        if r.returncode != 0:
+            raise KubeError(f"helm {' '.join(args)}: {r.stderr.strip() or r.stdout.strip()}")
+        return r
+
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
@@ -352,19 +369,14 @@ class KubeCluster:
         self.kubectl("-n", "volcano-system", "create", "secret", "generic", "regroup-coordinator-tls",
                      f"--from-file=tls.crt={self.pki / 'coordinator.crt'}",
                      f"--from-file=tls.key={self.pki / 'coordinator.key'}", f"--from-file=ca.crt={self.pki / 'ca.crt'}")
-        self.kubectl("apply", "-f", str(DEPLOY / "volcano" / "rbac.yaml"))
-        self.kubectl("-n", "volcano-system", "create", "configmap", "regroup-scheduler-configmap",
-                     f"--from-file={DEPLOY / 'volcano' / 'volcano-scheduler.conf'}")
-        # scheduler.yaml as it ships, pinned to the control-plane node (an administrator's choice;
-        # the node is tainted so that no job's pod lands there)
-        docs = list(yaml.safe_load_all((DEPLOY / "volcano" / "scheduler.yaml").read_text()))
-        for d in docs:
-            if d and d.get("kind") == "Deployment":
-                spec = d["spec"]["template"]["spec"]
-                spec["nodeSelector"] = {"node-role.kubernetes.io/control-plane": ""}
-                spec["tolerations"] = [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]
-        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-        self.kubectl("apply", "-f", str(DEPLOY / "volcano" / "networkpolicy.yaml"))
+        # The chart as deploy/README.md installs it, pinned to the control-plane node (an
+        # administrator's choice; the node is tainted so that no job's pod lands there).
+        values = self.dir / "regroup-values.yaml"
+        values.write_text(yaml.safe_dump({
+            "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+            "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+        }))
+        self.helm("install", "regroup", str(CHART), "--namespace", "volcano-system", "--values", str(values))
         # Volcano's installation creates the root queue and the default queue under it
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([
             {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "metadata": {"name": name},

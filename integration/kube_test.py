@@ -33,7 +33,7 @@ def test_scenario_on_kubernetes(number, tmp_path):
 
 @pytest.fixture(scope="module")
 def control_plane(tmp_path_factory):
-    """The control plane with deploy/volcano installed, and no worker node."""
+    """The control plane with the chart (deploy/helm/regroup) installed, and no worker node."""
     from kube_cluster import KubeCluster
     from network import Network, NetworkError
 
@@ -52,7 +52,7 @@ def control_plane(tmp_path_factory):
 def test_every_example_job_is_accepted_by_the_api_server(control_plane, tmp_path):
     """deploy/examples/pytorch-job.yaml, examples/jobs/*.yaml and `regroupctl convert` of
     examples/mindcluster/*.yaml, applied (server-side dry run: Volcano's CRD schemas) on the
-    control plane with deploy/volcano installed."""
+    control plane with the chart installed."""
     import subprocess
 
     from cluster import REPO, find_binaries
@@ -72,6 +72,37 @@ def test_every_example_job_is_accepted_by_the_api_server(control_plane, tmp_path
         r = k.kubectl("apply", "--dry-run=server", "-f", str(d), check=False)
         print(f"{d.relative_to(REPO) if d.is_relative_to(REPO) else d.name}: {r.stdout.strip() or r.stderr.strip()}")
         assert r.returncode == 0, f"{d}: {r.stderr}"
+
+
+def test_the_chart_lints_installs_and_leaves_no_port_open_to_the_examples(control_plane, tmp_path):
+    """deploy/helm/regroup: `helm lint --strict` passes; the release installed by the fixture is
+    deployed with every object it renders; the examples and the chart define no object twice,
+    and every policy guarding the coordinator selects the scheduler's pods
+    (tests/deploy_test.py --helm); and the chart, rendered with NetworkPolicies off and another
+    namespace list, is accepted by the API server (server-side dry run)."""
+    import subprocess
+    import sys
+
+    from cluster import REPO
+
+    k = control_plane
+    chart = str(REPO / "deploy" / "helm" / "regroup")
+    lint = k.helm("lint", "--strict", chart)
+    print(lint.stdout.strip())
+    status = json.loads(k.helm("status", "regroup", "--namespace", "volcano-system", "--output", "json").stdout)
+    assert status["info"]["status"] == "deployed", status["info"]
+    for kind, name in (("deployment", "regroup-scheduler"), ("service", "regroup-coordinator"),
+                       ("configmap", "regroup-scheduler-configmap"), ("networkpolicy", "regroup-coordinator")):
+        k.kubectl("-n", "volcano-system", "get", kind, name)
+    check = subprocess.run([sys.executable, str(REPO / "tests" / "deploy_test.py"), "--helm", str(k.bin / "helm")],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    k.kubectl("create", "namespace", "team-a", check=False)
+    rendered = k.helm("template", "other", chart, "--namespace", "volcano-system", "--set", "networkPolicy.enabled=false",
+                      "--set", "coordinator.createClusterKey=true").stdout
+    assert "kind: NetworkPolicy" not in rendered and "kind: Secret" in rendered
+    r = k.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
+    assert r.returncode == 0, r.stderr
 
 
 def test_the_largest_saved_state_fits_a_podgroup_on_the_api_server(control_plane, tmp_path):

@@ -39,7 +39,7 @@ from cluster import ACCELERATOR, REPO, Cluster, Pod, _signal, _tree
 
 LOCALSCHED = REPO / "integration" / "localsched"
 # The scheduler configuration that ships (regroup beside gang); localsched's built-in one otherwise.
-SCHEDULER_CONF = REPO / "deploy" / "volcano" / "volcano-scheduler.conf"
+SCHEDULER_CONF = REPO / "deploy" / "helm" / "regroup" / "files" / "volcano-scheduler.conf"
 BUILD_DIR = Path(os.environ.get("REGROUP_BUILD_DIR", REPO / "build"))
 CACHE = Path(os.environ.get("REGROUP_INTEGRATION_CACHE", "/tmp/regroup-integration-cache"))
 

@@ -143,7 +143,7 @@ StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args, con
     o.coordinator_credential_file =
         NonEmpty(env, "REGROUP_COORDINATOR_CREDENTIAL_FILE").value_or("");
   // Inside a Kubernetes pod that holds its job's coordinator token, the coordinator is found at
-  // its Service (deploy/volcano/scheduler.yaml) with no address given.
+  // its Service (deploy/helm/regroup/templates/scheduler.yaml) with no address given.
   if (o.coordinator.empty() && !o.coordinator_credential_file.empty() &&
       NonEmpty(env, "KUBERNETES_SERVICE_HOST")) {
     o.coordinator = kInClusterCoordinator;

@@ -4,7 +4,8 @@
 
 CMake reads VERSION (project(), and common/version.h for the library and regroupctl); the Python
 package's version is VERSION through the link python/VERSION; the manifests in deploy/ and
-examples/ name Regroup's images with that tag. Run by ctest as `Version`; exits 1 naming each
+examples/ name Regroup's images with that tag, and the Helm chart's version and appVersion are
+it. Run by ctest as `Version`; exits 1 naming each
 place that disagrees.
 
     version_test.py PROGRAM...   checks instead that each PROGRAM --version prints its name and
@@ -44,6 +45,12 @@ def problems(version: str):
                 if m and m.group(2) not in (version, "latest"):
                     yield (f"{path.relative_to(ROOT)}:{number}: image regroup/{m.group(1)} is "
                            f"tagged {m.group(2)}, but VERSION says {version}")
+    chart = (ROOT / "deploy" / "helm" / "regroup" / "Chart.yaml").read_text()
+    for field in ("version", "appVersion"):
+        m = re.search(rf'^{field}:\s*"?([^"\s]+)"?', chart, re.M)
+        if not m or m.group(1) != version:
+            yield (f"deploy/helm/regroup/Chart.yaml: {field} is {m.group(1) if m else 'missing'}, "
+                   f"but VERSION says {version}")
     for path in (ROOT / "plugin" / "c_api.cc", ROOT / "cli" / "convert.h"):
         if re.search(r'"\d+\.\d+\.\d+"', path.read_text()):
             yield f"{path.relative_to(ROOT)} writes a release number; use REGROUP_VERSION_STRING"

@@ -4,7 +4,7 @@ package volcano
 
 // The harness: Volcano's in-process scheduler (pkg/scheduler/uthelper: a real scheduler cache and
 // session, fake binder and evictor, no API server) run with the tiers of
-// deploy/volcano/volcano-scheduler.conf, one scheduling session per step. Between steps the test
+// deploy/helm/regroup/files/volcano-scheduler.conf, one scheduling session per step. Between steps the test
 // plays the kubelet and the job controller (a pod evicted is gone, its replacement is created).
 // Results are read from the session itself (tasks committed to a node, tasks released), so no
 // check waits on a timer.
@@ -158,7 +158,7 @@ func (r *recorder) takeEvictions() []recordedEviction {
 }
 
 // confPath is the shipped scheduler configuration.
-var confPath = filepath.Join("..", "..", "deploy", "volcano", "volcano-scheduler.conf")
+var confPath = filepath.Join("..", "..", "deploy", "helm", "regroup", "files", "volcano-scheduler.conf")
 
 // loadTiers reads the shipped configuration; args replace the regroup plugin's arguments (the
 // tests run no coordinator unless they ask for one). withRegroup false drops the plugin, for the

@@ -45,7 +45,7 @@ import (
 const schedulerName = "volcano"
 
 // defaultSchedulerConf is used when no --scheduler-conf is given (volcano_loop.py gives
-// deploy/volcano/volcano-scheduler.conf): Volcano's default configuration with preempt, and
+// deploy/helm/regroup/files/volcano-scheduler.conf): Volcano's default configuration with preempt, and
 // regroup in the first tier beside gang. The coordinator's address and credential come from the
 // flags, whatever the configuration says.
 const defaultSchedulerConf = `

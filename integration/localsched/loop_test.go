@@ -25,7 +25,7 @@ type harness struct {
 
 // deployedConf is the scheduler configuration that ships (deploy/volcano), when this checkout has
 // it: what ships is what is tested.
-const deployedConf = "../../deploy/volcano/volcano-scheduler.conf"
+const deployedConf = "../../deploy/helm/regroup/files/volcano-scheduler.conf"
 
 // schedulerConfs are the configurations each scheduling test runs with.
 func schedulerConfs(t *testing.T) map[string]string {

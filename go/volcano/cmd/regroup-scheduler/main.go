@@ -2,7 +2,7 @@
 
 // Command regroup-scheduler is Volcano's scheduler (vc-scheduler, the same release as
 // go/volcano's go.mod) with Regroup's plugin registered as "regroup". It takes vc-scheduler's
-// flags; name the plugin in the --scheduler-conf file (deploy/volcano/volcano-scheduler.conf).
+// flags; name the plugin in the --scheduler-conf file (deploy/helm/regroup/files/volcano-scheduler.conf).
 //
 // It is built with cgo and links libregroup.so (the engine and the coordinator): stock Volcano
 // images are built without cgo, so a Go-plugin .so cannot be loaded into them, hence this build.

@@ -249,7 +249,7 @@ class AgentLink:
                     kind = reply.WhichOneof("body")
                     if kind == "welcome":
                         self.agent_epoch = reply.welcome.epoch
-                    if kind in ("abort", "start") and self._on_urgent is not None:
+                    if kind in ("abort", "start", "outcome") and self._on_urgent is not None:
                         try:
                             self._on_urgent(reply)
                         except Exception:  # noqa: BLE001

@@ -113,13 +113,20 @@ class FakeJob:
     def launch(self, r: int, extra: Sequence[str] = ()) -> subprocess.Popen:
         self.launches += 1
         before = len(self.agent.hellos[r])
-        argv = [PYTHON, str(EXAMPLE), *BASE, "--steps", str(self.steps), "--out", str(self.out),
-                "--ledger", str(self.ledger), *self.extra, *extra]
-        p = self.procs.start(argv, self.agent.env(r, r, self.nproc), log=self.tmp / f"rank{r}.{self.launches}.log")
+        p = self.procs.start(self.command(extra), self.environment(r),
+                             log=self.tmp / f"rank{r}.{self.launches}.log")
         self.processes[r] = p
         wait_for(lambda: len(self.agent.hellos[r]) > before or p.poll() is not None, 120, f"rank {r}'s hello")
         assert p.poll() is None, self.log(r)
         return p
+
+    def command(self, extra: Sequence[str]) -> List[str]:
+        """The trainer's command line (the example, with this job's arguments)."""
+        return [PYTHON, str(EXAMPLE), *BASE, "--steps", str(self.steps), "--out", str(self.out),
+                "--ledger", str(self.ledger), *self.extra, *extra]
+
+    def environment(self, r: int) -> Dict[str, str]:
+        return self.agent.env(r, r, self.nproc)
 
     def log(self, r: int) -> str:
         logs = sorted(self.tmp.glob(f"rank{r}.*.log"))

@@ -25,8 +25,10 @@ import torch
 import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
-# $REGROUP_LIBRARY: another tree's python/ (bench/steady.py --before: the library before a change).
+# $REGROUP_LIBRARY: another tree's python/ (bench/steady.py --before: the library before a
+# change), imported here, before train_bench imports it from this tree.
 sys.path.insert(0, os.environ.get("REGROUP_LIBRARY") or str(REPO / "python"))
+import regroup  # noqa: E402
 sys.path.insert(0, str(REPO / "bench" / "compare"))
 from train_bench import make_data, make_model  # noqa: E402  (the comparison's MLP and data)
 
@@ -77,8 +79,6 @@ def plain_ddp(args, x, y, ends):
 
 
 def with_regroup(args, x, y, ends):
-    import regroup
-
     model = make_model(args)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     config = regroup.TrainerConfig(

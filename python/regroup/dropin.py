@@ -551,6 +551,10 @@ class _Session:
             return  # done before (a rank that joined mid-run passes over the epochs it missed)
         # The epoch's length in steps is known once the first step told the batches per step.
         for step in t.steps(_UNBOUNDED, _finish=False):
+            if step.number >= epochs.bounds(epoch)[1]:
+                # The epoch's last step, its outcome cut off by an abort, was kept by the next
+                # generation's plan: the next epoch's pass begins the step after it.
+                return
             yield from self._step_batches(loader, step, epoch)
             self._end_step(step)
             if step.committed and t.applied_step + 1 >= epochs.bounds(epoch)[1]:

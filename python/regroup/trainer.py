@@ -398,6 +398,10 @@ class Trainer:
             return
         self.closed = True
         self.watchdog.disarm()
+        if self.voted is not None:
+            # Left with a vote in flight (a script that broke out of its loop): the state it
+            # keeps is the committed one.
+            self.drop_vote()
         self.leave(forget=False)
         if self.link is not None:
             self.link.close()

@@ -33,21 +33,31 @@ class DropInJob(FakeJob):
         return {**super().environment(r), "REGROUP_CHECKSUM_INTERVAL": "5"}
 
 
-@pytest.mark.parametrize("late", ["rollback", "abort"])
+@pytest.mark.parametrize("late", ["rollback", "abort", "epoch-end-commit", "epoch-end-abort"])
 def test_a_late_rollback_gives_the_earlier_steps_batches_again(tmp_path, procs, late):
     j = DropInJob(tmp_path, procs, steps=STEPS)
     try:
         j.launch(0), j.launch(1)
         j.form([0, 1])
-        j.run_until(2)
-        j.votes(3)                      # step 3 applied by both; they sleep, then compute step 4
-        if late == "rollback":
-            j.outcome(3, commit=False)  # heard in step 4's opt.step(): 4 dropped, 3 again
+        if late.startswith("epoch-end"):
+            # The epoch's last step (7): its outcome is waited for before the epoch ends, and
+            # an abort comes first. Kept (committed) or undone, the epochs stay whole.
+            j.run_until(6)
+            j.votes(7)
+            if late == "epoch-end-commit":
+                j.outcome(7)
+            j.abort("a rank lost at the epoch's end")
+            j.form([0, 1])
         else:
-            j.abort("a rank lost while step 4 computes")
-            j.form([0, 1])              # resumes after step 2
-        j.votes(3)
-        j.outcome(3)
+            j.run_until(2)
+            j.votes(3)                      # step 3 applied by both; they sleep, then compute 4
+            if late == "rollback":
+                j.outcome(3, commit=False)  # heard in step 4's opt.step(): 4 dropped, 3 again
+            else:
+                j.abort("a rank lost while step 4 computes")
+                j.form([0, 1])              # resumes after step 2
+            j.votes(3)
+            j.outcome(3)
         j.run_until(STEPS - 1)
         for r in range(2):
             assert j.processes[r].wait(timeout=120) == 0, j.log(r)

@@ -134,7 +134,7 @@ def summarize(results: List[dict], warmup: int) -> dict:
     parts = {}
     for key in ("vote_s", "vote_round_trip_s", "undo_s", "reduce_s", "checksum_s"):
         per = [r["metrics"][key] / r["metrics"]["committed_steps"] for r in results
-               if r["metrics"].get("committed_steps")]
+               if r["metrics"].get("committed_steps") and key in r["metrics"]]
         if per:
             parts[key[:-2] + "_ms"] = 1000 * statistics.median(per)
     held = [r["metrics"][k] for r in results for k in r["metrics"] if k.startswith("undo_bytes_")]

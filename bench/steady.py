@@ -5,6 +5,8 @@
     /usr/bin/python3 bench/steady.py                      # 2 and 4 ranks, 5 runs of each variant
     /usr/bin/python3 bench/steady.py --worlds 4 --runs 7 --steps 100
     /usr/bin/python3 bench/steady.py --smoke --json out.json   # tiny, once each (bench/smoke)
+    /usr/bin/python3 bench/steady.py --pad-ms 450 --steps 30 --warmup 5   # a ~500 ms step
+    /usr/bin/python3 bench/steady.py --before /tmp/old   # also the library of another tree
 
 The same job (bench/steady_train.py: the comparison's MLP, 2.1 M parameters, global batch 64 in 8
 micro-batches) three ways, runs alternated so that the machine's drift spreads over all of them:
@@ -13,6 +15,11 @@ micro-batches) three ways, runs alternated so that the machine's drift spreads o
   regroup-ddp  regroup.Trainer(ddp=True) under regroup-manager + regroup-agent: the same DDP
                wrapper, plus the library's step (snapshot, vote, commit through agent and manager)
   regroup      regroup.Trainer reducing the gradients itself after the backward (its default)
+
+With ``--before DIR`` (a tree holding an earlier python/regroup, e.g. ``git archive COMMIT python |
+tar -x -C DIR``) two more variants run the regroup ones with that library, alternated with the
+rest: ``regroup-ddp@before`` and ``regroup@before``. ``--pad-ms`` makes every step longer by a sleep
+after the backward (in every variant), standing in for an accelerator's compute.
 
 Each run's step time is the median gap between consecutive step ends on rank 0, after --warmup
 steps; a variant's figure is the median of its runs' medians, with their spread (min..max). The
@@ -69,9 +76,12 @@ def one_run(variant: str, world: int, args, work: Path) -> dict:
     """One training run; returns rank 0's result (step gaps, trainer metrics)."""
     work.mkdir(parents=True)
     out = work / "result.json"
-    train = [str(TRAIN), "--mode", variant, "--steps", str(args.steps), "--out", str(out),
-             "--checksum-interval", str(args.checksum_interval)]
+    mode, _, library = variant.partition("@")
+    train = [str(TRAIN), "--mode", mode, "--steps", str(args.steps), "--out", str(out),
+             "--checksum-interval", str(args.checksum_interval), "--pad-ms", str(args.pad_ms)]
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if library:
+        env["REGROUP_LIBRARY"] = str(Path(args.before) / "python")
     procs: List[subprocess.Popen] = []
     try:
         if variant == "ddp":
@@ -122,11 +132,14 @@ def summarize(results: List[dict], warmup: int) -> dict:
     row = {"runs": len(results), "step_ms": 1000 * statistics.median(medians),
            "min_ms": 1000 * min(medians), "max_ms": 1000 * max(medians)}
     parts = {}
-    for key in ("vote_s", "reduce_s", "checksum_s"):
+    for key in ("vote_s", "vote_round_trip_s", "undo_s", "reduce_s", "checksum_s"):
         per = [r["metrics"][key] / r["metrics"]["committed_steps"] for r in results
-               if r["metrics"].get("committed_steps")]
+               if r["metrics"].get("committed_steps") and key in r["metrics"]]
         if per:
-            parts[key.replace("_s", "_ms")] = 1000 * statistics.median(per)
+            parts[key[:-2] + "_ms"] = 1000 * statistics.median(per)
+    held = [r["metrics"][k] for r in results for k in r["metrics"] if k.startswith("undo_bytes_")]
+    if held:
+        parts["undo_mb"] = max(held) / 2 ** 20
     row.update(parts)
     return row
 
@@ -140,6 +153,9 @@ def main() -> int:
     p.add_argument("--checksum-interval", type=int, default=0,
                    help="regroup variants: a checksum vote every N steps (0: none)")
     p.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
+    p.add_argument("--pad-ms", type=float, default=0.0, help="a sleep in every step (a longer step)")
+    p.add_argument("--before", default=None,
+                   help="a tree with an earlier python/regroup: its regroup variants run too")
     p.add_argument("--smoke", action="store_true", help="tiny: 2 ranks, one run of each, 12 steps")
     p.add_argument("--json", default=None, help="also write the figures here")
     args = p.parse_args()
@@ -149,30 +165,31 @@ def main() -> int:
         if not (BUILD / b).exists():
             raise SystemExit(f"{BUILD / b} is missing: run scripts/setup (or set REGROUP_BIN_DIR)")
     worlds = [int(w) for w in args.worlds.split(",")]
+    variants = VARIANTS + (("regroup-ddp@before", "regroup@before") if args.before else ())
     torch_version = subprocess.run([PYTHON, "-c", "import torch; print(torch.__version__)"],
                                    capture_output=True, text=True, check=True).stdout.strip()
     print(f"torch {torch_version} ({PYTHON})")
     print(f"machine: {os.cpu_count()} cores, load {loadavg()}; {args.runs} runs x {args.steps} steps "
-          f"(median after {args.warmup}), variants {', '.join(VARIANTS)}", flush=True)
+          f"(median after {args.warmup}), pad {args.pad_ms:g} ms, variants {', '.join(variants)}", flush=True)
     figures: Dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="regroup-steady-") as tmp:
         for world in worlds:
-            results: Dict[str, List[dict]] = {v: [] for v in VARIANTS}
+            results: Dict[str, List[dict]] = {v: [] for v in variants}
             for run in range(args.runs):
-                for variant in (VARIANTS if run % 2 == 0 else tuple(reversed(VARIANTS))):
+                for variant in (variants if run % 2 == 0 else tuple(reversed(variants))):
                     r = one_run(variant, world, args, Path(tmp) / f"{world}-{variant}-{run}")
                     results[variant].append(r)
-                    print(f"  x{world} {variant:12s} run {run}: "
+                    print(f"  x{world} {variant:18s} run {run}: "
                           f"{1000 * statistics.median(r['step_s'][args.warmup:]):.1f} ms/step", flush=True)
             base = None
-            for variant in VARIANTS:
+            for variant in variants:
                 row = summarize(results[variant], args.warmup)
                 base = base or row["step_ms"]
                 row["vs_ddp"] = row["step_ms"] / base
                 figures[f"{variant}_x{world}"] = row
-                extra = "".join(f", {k} {v:.2f}" for k, v in row.items() if k.endswith("_ms")
+                extra = "".join(f", {k} {v:.2f}" for k, v in row.items() if k.endswith(("_ms", "_mb"))
                                 and k not in ("step_ms", "min_ms", "max_ms"))
-                print(f"x{world} {variant:12s} {row['step_ms']:7.1f} ms/step (runs {row['min_ms']:.1f}.."
+                print(f"x{world} {variant:18s} {row['step_ms']:7.1f} ms/step (runs {row['min_ms']:.1f}.."
                       f"{row['max_ms']:.1f}), {100 * (row['vs_ddp'] - 1):+.1f}% vs ddp{extra}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))

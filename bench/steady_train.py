@@ -25,7 +25,10 @@ import torch
 import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "python"))
+# $REGROUP_LIBRARY: another tree's python/ (bench/steady.py --before: the library before a
+# change), imported here, before train_bench imports it from this tree.
+sys.path.insert(0, os.environ.get("REGROUP_LIBRARY") or str(REPO / "python"))
+import regroup  # noqa: E402
 sys.path.insert(0, str(REPO / "bench" / "compare"))
 from train_bench import make_data, make_model  # noqa: E402  (the comparison's MLP and data)
 
@@ -42,6 +45,9 @@ def parse_args(argv=None):
     p.add_argument("--microbatches", type=int, default=8, help="micro-batches per step (all replicas)")
     p.add_argument("--checksum-interval", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--pad-ms", type=float, default=0.0,
+                   help="sleep this long in every step, after the backward: a longer step (the "
+                        "accelerator's compute, which leaves the CPU free)")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
@@ -63,6 +69,8 @@ def plain_ddp(args, x, y, ends):
             sync = contextlib.nullcontext() if k == per - 1 else model.no_sync()
             with sync:
                 (((model(x[idx]) - y[idx]) ** 2).sum() / batch).backward()
+        if args.pad_ms:
+            time.sleep(args.pad_ms / 1000)
         opt.step()
         opt.zero_grad(set_to_none=True)
         ends.append(time.perf_counter())
@@ -71,8 +79,6 @@ def plain_ddp(args, x, y, ends):
 
 
 def with_regroup(args, x, y, ends):
-    import regroup
-
     model = make_model(args)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     config = regroup.TrainerConfig(
@@ -86,11 +92,16 @@ def with_regroup(args, x, y, ends):
             for mb in step.microbatches():
                 with mb:
                     step.backward(((step.model(x[mb.indices]) - y[mb.indices]) ** 2).sum())
+            if args.pad_ms:
+                time.sleep(args.pad_ms / 1000)
             trainer.commit(step)
         if step.committed:
             ends.append(time.perf_counter())
     trainer.close()
     metrics = {k: v for k, v in trainer.metrics.items() if isinstance(v, (int, float))}
+    undo = getattr(trainer, "_undo", None)  # absent before the vote went off the critical path
+    if undo is not None:
+        metrics.update({f"undo_bytes_{device}": n for device, n in undo.nbytes().items()})
     return rank, world, metrics
 
 

@@ -5,7 +5,8 @@ The thread heartbeats (the rank's step and phase) every ``Timeouts.heartbeat`` a
 agent's replies. Replies are queued for the training thread in arrival order, except that an
 abort (and a broken connection) is also handed at once to a callback on the thread itself: the
 training thread may be blocked inside a collective and only the shutdown of that generation's
-sockets gets it out (see ``regroup.abort``).
+sockets gets it out (see ``regroup.abort``). A step's outcome is handed to it too, so that the
+heartbeats tell a commit at once while the training thread computes the next step.
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ class AgentLink:
         path: the socket's path ($REGROUP_AGENT_SOCKET).
         local_rank: this process's local rank ($REGROUP_LOCAL_RANK).
         timeouts: heartbeat interval and connect timeout.
-        on_urgent: called on the background thread with each AbortGeneration and
-            StartGeneration (a newer one ends the generation this rank is in) and with a
-            LinkLost, before they are queued. It must be quick and must not raise.
+        on_urgent: called on the background thread with each AbortGeneration,
+            StartGeneration (a newer one ends the generation this rank is in) and StepOutcome,
+            and with a LinkLost, before they are queued. It must be quick and must not raise.
     """
 
     def __init__(self, path: str, local_rank: int, timeouts: Timeouts,
@@ -249,7 +250,7 @@ class AgentLink:
                     kind = reply.WhichOneof("body")
                     if kind == "welcome":
                         self.agent_epoch = reply.welcome.epoch
-                    if kind in ("abort", "start") and self._on_urgent is not None:
+                    if kind in ("abort", "start", "outcome") and self._on_urgent is not None:
                         try:
                             self._on_urgent(reply)
                         except Exception:  # noqa: BLE001

@@ -40,7 +40,7 @@ def test_the_hello_comes_first_and_heartbeats_follow_at_the_interval(agent):
         link.close()
 
 
-def test_replies_are_queued_in_order_and_an_abort_reaches_the_callback_at_once(agent):
+def test_replies_are_queued_in_order_and_an_outcome_and_an_abort_reach_the_callback_at_once(agent):
     urgent = []
     link = _link(agent, urgent.append)
     try:
@@ -50,7 +50,8 @@ def test_replies_are_queued_in_order_and_an_abort_reaches_the_callback_at_once(a
         agent.send(1, FakeAgent.stop(pb.StopTraining.MODE_EXIT, "bye"))
         kinds = [link.get(5).WhichOneof("body") for _ in range(4)]
         assert kinds == ["welcome", "outcome", "abort", "stop"]
-        assert len(urgent) == 1 and urgent[0].abort.reason == "rank 2 died"
+        assert [u.WhichOneof("body") for u in urgent] == ["outcome", "abort"]
+        assert urgent[1].abort.reason == "rank 2 died"
     finally:
         link.close()
 

@@ -7,12 +7,12 @@ manifests, fencing by generation, loading) are regroup.checkpoint.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from regroup._proto import wire_pb2 as pb
 from regroup.api import CheckpointError, TrainerConfig
 from regroup.membership import NO_GENERATION
-from regroup.state import cpu_clone
+from regroup.state import Snapshot, cpu_clone
 
 if TYPE_CHECKING:
     from regroup.step import Step
@@ -21,8 +21,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("regroup")
 
 
-def maybe_checkpoint(t: Trainer, step: Step) -> None:
-    """After a commit: every ``checkpoint_interval`` steps, replica 0 writes its shards."""
+def maybe_checkpoint(t: Trainer, step: Step, snapshot: Optional[Snapshot] = None) -> None:
+    """After a commit: every ``checkpoint_interval`` steps, replica 0 writes its shards.
+
+    ``snapshot``: the start of the step in flight when the commit is heard during it (the vote
+    off the critical path): the model's buffers and the random generators are taken from it,
+    as they were when the committed step ended; parameters and optimizer are the committed
+    step's (the step in flight is not applied yet)."""
     interval = t.config.checkpoint_interval
     if t.checkpointer is None or not interval or (step.number + 1) % interval:
         return
@@ -34,7 +39,14 @@ def maybe_checkpoint(t: Trainer, step: Step) -> None:
         t.checkpointer.wait(t.config.timeouts.checkpoint)
     except CheckpointError as e:
         log.warning("regroup: %s", e)
-    state = cpu_clone(t.state.state_dict(step.number))
+    state = t.state.state_dict(step.number)
+    if snapshot is not None:
+        model = state["model"]
+        for name, value in snapshot.buffers.items():
+            if name in model:
+                model[name] = value
+        state["rng"] = snapshot.rng
+    state = cpu_clone(state)
     t.checkpointer.write_async(state, step=step.number, epoch=g.epoch, generation=g.number,
                                position=g.tp_rank, replica_size=g.tp, meta=meta(t.config))
 

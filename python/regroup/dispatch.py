@@ -38,7 +38,7 @@ class NewStart(Exception):
 
 def on_urgent(t: Trainer, item: Any) -> None:
     """On the link thread: an abort, a newer generation's start or a lost link. Free the
-    training thread at once.
+    training thread at once. (An outcome is only noted: see Trainer.outcome_arrived.)
 
     A start ends the generation this rank is in as an abort does (the manager has moved on:
     that generation can commit nothing more), even when no abort came before it: a rank stuck
@@ -46,6 +46,9 @@ def on_urgent(t: Trainer, item: Any) -> None:
     The start itself is queued and handled by the training thread.
     """
     m = t.membership
+    if not isinstance(item, LinkLost) and item.WhichOneof("body") == "outcome":
+        t.outcome_arrived(item.outcome)  # noted for the heartbeats; taken by the training thread
+        return
     if isinstance(item, LinkLost):
         mark, reason = LINK_LOST, item.reason
     elif item.WhichOneof("body") == "start":

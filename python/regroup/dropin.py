@@ -16,7 +16,9 @@ The loop stays as it is: ``sampler.set_epoch``, ``for x, y in loader``, a mean l
 How it maps onto the trainer (regroup.trainer, one implementation of recovery for both modes):
 
 - A step is one optimizer step. ``opt.step()`` is its commit: it votes through the agent and
-  applies the user's optimizer step only once every rank of the generation voted for it.
+  applies the user's optimizer step at once, keeping what it changed (regroup.undo) until the
+  outcome comes, which is heard before the next step's ``opt.step()`` (or at the epoch's end):
+  the vote travels while the script computes the next step.
 - The loader hands each rank its share of the step's samples. The samples of a step are those
   the unmodified script's ``DistributedSampler`` gives the job's full data-parallel size ``W``
   (``WORLD_SIZE``), so a fault-free run trains on exactly the batches of the unmodified script;
@@ -30,7 +32,9 @@ How it maps onto the trainer (regroup.trainer, one implementation of recovery fo
 - A failure in the step (an abort, a failed collective, a rolled-back vote) never raises into
   the script: DDP's reduce returns, ``opt.step()`` applies nothing, and the loader, asked for the
   next batch, restores the step's start (buffers, RNG, the schedulers', scalers' and learning
-  rates' state), waits for the next generation and gives the same step's batches again.
+  rates' state), waits for the next generation and gives the same step's batches again. When it
+  is the previous step's vote that was rolled back (heard at this step's ``opt.step()``), both
+  are undone and the loader gives the previous step's batches again.
 
 Without an agent (``REGROUP_AGENT_SOCKET`` unset: plain torchrun, or one process) every name
 here is the plain torch one: the script trains exactly as before, which is the reference of the
@@ -53,7 +57,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 import torch.distributed as dist
 
-from regroup.api import ConfigError, StepFailed, StepRolledBack, TrainerConfig, UsageError
+from regroup.api import ConfigError, StepFailed, TrainerConfig, UsageError
 from regroup.state import Snapshot, TrainingState, without_callables
 from regroup.step import Step, is_communication_error
 from regroup.stops import Stop
@@ -547,10 +551,18 @@ class _Session:
             return  # done before (a rank that joined mid-run passes over the epochs it missed)
         # The epoch's length in steps is known once the first step told the batches per step.
         for step in t.steps(_UNBOUNDED, _finish=False):
+            if step.number >= epochs.bounds(epoch)[1]:
+                # The epoch's last step, its outcome cut off by an abort, was kept by the next
+                # generation's plan: the next epoch's pass begins the step after it.
+                return
             yield from self._step_batches(loader, step, epoch)
             self._end_step(step)
-            if step.committed and t.committed_step + 1 >= epochs.bounds(epoch)[1]:
-                return
+            if step.committed and t.applied_step + 1 >= epochs.bounds(epoch)[1]:
+                # The epoch's last step: its outcome is heard before the script's per-epoch
+                # code runs (a rollback gives that step's batches again, in this epoch).
+                t.hear_outcome()
+                if t.committed_step + 1 >= epochs.bounds(epoch)[1]:
+                    return
 
     def _step_batches(self, loader: DataLoader, step: Step, epoch: int) -> Iterator[Any]:
         assert self.loop is not None
@@ -720,30 +732,10 @@ class _Session:
             t.commit(step)
         except StepFailed as e:
             step.failure = e
-            self._settle(step)
         except Stop as e:
             step.stop = e
         finally:
             t.state.pending = None
-
-    def _settle(self, step: Step) -> None:
-        """A vote whose outcome was not heard (an abort came first): the next generation's plan
-        says whether the step was committed. Wait for it here, while the gradients are still
-        those of the vote, so that a committed step is applied as the script goes on."""
-        t = self.trainer
-        if t.voted is None or t.voted.step != step.number:
-            return
-        t.leave()
-        try:
-            t.await_generation()
-        except Stop as e:
-            step.stop = e
-            return
-        if t.committed_step >= step.number:
-            step.failure = None
-            step.committed = True
-        else:
-            step.failure = StepRolledBack(step.number, False)
 
 
 _END = object()

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Forming a generation: from a StartGeneration to a rank that can run the generation's steps.
 
-:func:`enter` does it in order: settle this rank's vote (a step it voted for may have been
-committed after the abort), check that it is not ahead of the generation, build the process
+:func:`enter` does it in order: settle this rank's vote (a step it voted for and applied may
+have been committed after the abort, or must be undone), check that it is not ahead of the generation, build the process
 groups on the generation's own store, sync the state (regroup.sync), then build the
 DistributedDataParallel wrapper if the script uses one. A failure leaves the rank outside the
 generation, waiting for the next one (reported to the agent unless an abort explains it).
@@ -25,7 +25,7 @@ from regroup._proto import wire_pb2 as pb
 from regroup.abort import GroupSockets
 from regroup.api import AgentConnectionError, CheckpointError, ConfigError, StateSyncError, TrainerConfig
 from regroup.group import Layout, ProcessGroups, build_groups
-from regroup.step import Generation, Step
+from regroup.step import Generation
 from regroup.sync import sync_state
 
 if TYPE_CHECKING:
@@ -92,8 +92,9 @@ def plan_layout(config: TrainerConfig, start: Any) -> Tuple[Layout, int, int]:
 
 
 def settle_vote(t: Trainer, plan: Any, layout: Layout, begin: int, count: int) -> None:
-    """The step this rank voted for before the abort: applied when the new generation resumes
-    after it (it was committed after all), else its start is restored."""
+    """The step this rank voted for and applied before the abort, its outcome unheard: kept
+    when the new generation resumes after it (it was committed after all), else undone (its
+    start put back) before this rank can serve or checkpoint state."""
     voted = t.voted
     if voted is None:
         return
@@ -104,20 +105,11 @@ def settle_vote(t: Trainer, plan: Any, layout: Layout, begin: int, count: int) -
     committed_by = (plan.committed_epoch, plan.committed_generation)
     own_vote = committed_by == (0, 0) or committed_by == voted.mark
     if plan.committed_step == voted.step == t.committed_step + 1 and own_vote:
-        t.report_phase(pb.PHASE_APPLYING, voted.step)
-        t.state.step_optimizer(voted.step)
-        t.committed_step = voted.step
         t.heard_commit_step = max(t.heard_commit_step, voted.step)
-        log.info("regroup: applied step %d, committed after the abort", voted.step)
-        if t.on_commit is not None:
-            done = Step(t, voted.step, Generation(plan.epoch, plan.generation, layout.rank,
-                                                  layout.world_size, layout.dp, layout.replica,
-                                                  layout.replica_size, layout.position, begin,
-                                                  count, plan.committed_step))
-            done.committed = True
-            t.on_commit(done)
+        t.finalize_vote(voted, None, checkpoint=False)
+        log.info("regroup: step %d, applied when voted, was committed after the abort", voted.step)
     else:
-        t.state.restore(voted.snapshot)
+        t.restore_voted(voted)
     t.state.zero_grad()
 
 

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Settling a rank's vote when it enters a new generation (forming.settle_vote): its own vote is
-applied only when the step was committed by the generation it voted in."""
+"""Settling a rank's vote when it enters a new generation (forming.settle_vote): the step it
+applied when it voted is kept only when the step was committed by the generation it voted in,
+and undone otherwise."""
 
 from __future__ import annotations
 
@@ -17,20 +18,20 @@ class _State:
     def __init__(self) -> None:
         self.calls: List[str] = []
 
-    def step_optimizer(self, step: int = -1) -> None:
-        self.calls.append("apply")
-
-    def restore(self, snapshot: object) -> None:
-        self.calls.append(f"restore {snapshot}")
-
     def zero_grad(self) -> None:
         self.calls.append("zero_grad")
 
 
 def _rank(voted_in: tuple) -> SimpleNamespace:
-    t = SimpleNamespace(state=_State(), committed_step=87, heard_commit_step=87, on_commit=None)
+    t = SimpleNamespace(state=_State(), committed_step=87, heard_commit_step=87)
     t.voted = _Voted(88, voted_in, "before-88")
-    t.report_phase = lambda *a: None
+
+    def finalize_vote(voted, in_flight, checkpoint=True):
+        t.state.calls.append(f"keep {voted.step}")
+        t.committed_step = voted.step
+
+    t.finalize_vote = finalize_vote
+    t.restore_voted = lambda voted: t.state.calls.append(f"undo {voted.step} to {voted.snapshot}")
     return t
 
 
@@ -42,7 +43,7 @@ def _plan(committed_by: tuple) -> pb.GenerationPlan:
 def test_a_vote_of_the_generation_that_committed_the_step_is_applied():
     t = _rank((2, 2))
     settle_vote(t, _plan((2, 2)), Layout(8, 6, 1), 0, 1)
-    assert t.state.calls == ["apply", "zero_grad"] and t.committed_step == 88
+    assert t.state.calls == ["keep 88", "zero_grad"] and t.committed_step == 88
 
 
 def test_a_vote_of_an_aborted_generation_is_dropped_when_another_one_committed_the_step():
@@ -51,10 +52,10 @@ def test_a_vote_of_an_aborted_generation_is_dropped_when_another_one_committed_t
     # the old vote made the replicas disagree at the next checksum.
     t = _rank((2, 2))
     settle_vote(t, _plan((2, 3)), Layout(8, 6, 1), 0, 1)
-    assert t.state.calls == ["restore before-88", "zero_grad"] and t.committed_step == 87
+    assert t.state.calls == ["undo 88 to before-88", "zero_grad"] and t.committed_step == 87
 
 
 def test_a_plan_that_does_not_know_the_committing_generation_keeps_the_old_rule():
     t = _rank((1, 9))  # a restarted manager heard the commit from the agents
     settle_vote(t, _plan((0, 0)), Layout(8, 6, 1), 0, 1)
-    assert t.state.calls == ["apply", "zero_grad"] and t.committed_step == 88
+    assert t.state.calls == ["keep 88", "zero_grad"] and t.committed_step == 88

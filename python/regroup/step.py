@@ -168,7 +168,10 @@ class Step:
         number: the global step index.
         epoch: the epoch it belongs to.
         generation: the generation it runs in.
-        committed: whether it was committed.
+        committed: whether ``trainer.commit(step)`` went through: the step is applied. Its vote
+            may still be in flight (the script goes on meanwhile): it is final once
+            ``trainer.committed_step`` reaches it; if the vote is rolled back instead, the
+            trainer puts back the step's start and yields it again.
         failure: why it failed, when it did.
     """
 
@@ -184,6 +187,9 @@ class Step:
         self._entered = False
         self._closed = False
         self.snapshot: Optional[Snapshot] = None
+        # The applied step before this one, when its vote was rolled back while this step was
+        # in flight: leaving the block puts back its start (regroup.trainer).
+        self.rewind: Any = None
 
     @property
     def model(self) -> torch.nn.Module:

@@ -33,9 +33,7 @@ def handle_stop(t: Trainer, stop: Stop) -> None:
     """StopTraining: EXIT raises; DUMP writes a checkpoint and exits 0; LEAVE exits 0;
     STANDBY is handled where it arrives."""
     log.warning("regroup: StopTraining %s: %s", stop.mode.name, stop.reason)
-    if t.voted is not None:
-        t.state.restore(t.voted.snapshot)
-        t.voted = None
+    t.drop_vote()  # a step applied whose vote is in flight: its start put back
     t.state.zero_grad()
     if stop.mode == StopMode.DUMP and t.committed_step >= 0:
         try:

@@ -4,9 +4,9 @@ receive it from a rank at their position in a replica that holds it (regroup.sta
 
 Who owns the plan. The manager decides who is in the generation and the step it resumes after
 (``GenerationPlan.committed_step``: the step commit); the ranks of the new generation decide,
-here, who sends the state to whom. Only a rank knows for sure what it holds at that moment: it may
-have applied, while forming the generation, a step it voted for whose commit it never heard
-(regroup.forming.settle_vote); a rank that was told of a generation but never finished its state
+here, who sends the state to whom. Only a rank knows for sure what it holds at that moment: it
+kept or undid, while forming the generation, a step it voted for and applied whose commit it
+never heard (regroup.forming.settle_vote); a rank that was told of a generation but never finished its state
 sync holds only its own initialisation; the manager's record of each rank comes from heartbeats,
 a beat behind. So every rank says whether it holds the state, in one all-gather over the new
 generation's group (the census), and every rank computes the same transfers from the same answers

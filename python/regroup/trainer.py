@@ -11,13 +11,16 @@
                 with mb:                             # dropout seeded by (seed, step, micro-batch)
                     loss = loss_fn(step.model(x), y) # summed over the samples, not averaged
                     step.backward(loss)
-            trainer.commit(step)                     # reduce, vote, apply on commit
+            trainer.commit(step)                     # reduce, vote, apply (undone if not committed)
         print(step.number, step.generation.world_size)
 
 Under ``regroup-agent`` ($REGROUP_AGENT_SOCKET set) every step is voted on through the agent
-and applied only when the manager commits it; an abort, a rolled-back vote or a failed
-collective restores the step-start state, rebuilds the process group when the generation
-changed, and yields the same step again. Without an agent (a plain single process, or torchrun
+and is final only when the manager commits it. The vote is off the critical path: a rank
+applies the step when it votes, keeping what undoes it (regroup.undo), computes the next step
+while the vote travels, and hears the outcome before its next vote. An abort, a rolled-back
+vote or a failed collective restores the step-start state (the voted step's, when that is the
+vote rolled back), rebuilds the process group when the generation changed, and yields the step
+again. Without an agent (a plain single process, or torchrun
 style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) the same script trains without recovery: that is
 the reference run of the exactness tests.
 
@@ -56,6 +59,7 @@ from regroup.group import default_backend
 from regroup.state import Snapshot, TrainingState, reduce_gradients
 from regroup.step import Generation, MicroBatch, Step, is_communication_error
 from regroup.stops import Stop, handle_stop
+from regroup.undo import Undo
 
 __all__ = ["Generation", "MicroBatch", "Step", "Trainer", "is_communication_error"]
 
@@ -64,9 +68,14 @@ log = logging.getLogger("regroup")
 
 @dataclasses.dataclass
 class _Voted:
+    """A step this rank voted for and applied, whose outcome it has not heard: ``snapshot`` and
+    ``undo`` together are the state at the step's start (buffers and RNG; what the apply changed)."""
+
     step: int
     mark: Mark
     snapshot: Snapshot
+    undo: Optional[Undo] = None
+    done: Optional[Step] = None      # the script's Step object (for on_commit and checkpoints)
 
 
 class Trainer:
@@ -125,16 +134,23 @@ class Trainer:
         self.membership = Membership()   # the generation being formed or run, and its aborts
         self.busy = False                # the training thread is in a step or a rebuild
         self.watchdog = Watchdog()
-        self.voted: Optional[_Voted] = None
+        self.voted: Optional[_Voted] = None  # the applied step whose vote is in flight
+        self._undo = Undo()
+        self._voted_at = 0.0
+        self._commit_arrived = -1        # the last step whose commit the link thread saw arrive
         self.pause_deadline: Optional[float] = None
         self._opened = False
         self.closed = False
         self.metrics = {"aborts": 0, "generations": 0, "abort_to_unblocked_s": [], "rebuild_s": [],
                         "state_bytes_sent": 0,
                         # Seconds spent, summed over the steps committed here (bench/steady.py):
-                        # the gradient reduce (without DDP), the checksums, and from the vote to
-                        # its outcome (the agent and manager's round trip, and the slowest rank).
-                        "committed_steps": 0, "reduce_s": 0.0, "checksum_s": 0.0, "vote_s": 0.0}
+                        # the gradient reduce (without DDP), the checksums, and the vote's:
+                        # vote_s: blocked waiting for an outcome (the vote is off the critical
+                        # path: only what the next step's compute did not hide);
+                        # vote_round_trip_s: from each vote to its outcome taken; undo_s:
+                        # copying what the apply changes (regroup.undo).
+                        "committed_steps": 0, "reduce_s": 0.0, "checksum_s": 0.0, "vote_s": 0.0,
+                        "vote_round_trip_s": 0.0, "undo_s": 0.0}
 
     # -- public properties ----------------------------------------------------------------------
 
@@ -172,14 +188,20 @@ class Trainer:
             raise ConfigError(f"total_steps={total_steps!r} must be an integer >= 0")
         self.open()
         try:
-            while self.committed_step + 1 < total_steps:
+            while True:
                 if self.generation is None:
                     self.await_generation()
                     continue
                 self._poll_boundary()
                 if self.generation is None:
                     continue
-                step = Step(self, self.committed_step + 1, self.generation)
+                number = self.applied_step + 1
+                if number >= total_steps:
+                    if self.voted is None:
+                        break
+                    self.hear_outcome()  # the last step's vote: committed, or that step again
+                    continue
+                step = Step(self, number, self.generation)
                 self._begin(step)
                 yield step
                 self._end(step)
@@ -192,10 +214,18 @@ class Trainer:
             self.watchdog.disarm()
 
     def commit(self, step: Step) -> None:
-        """Reduces the gradients (unless done), votes, and applies the step if it is committed.
+        """Reduces the gradients (unless done), votes for the step and applies it.
+
+        The vote is off the critical path: the step is applied as soon as this rank voted, and
+        the script goes on with the next step while the vote travels. Its outcome is heard
+        before the next step's vote (or at the loop's end): a commit makes the step final
+        (``committed_step``, ``on_commit``, checkpoints); an abort puts back the state of the
+        step's start (kept until then, regroup.undo) and that step is yielded again.
 
         Raises:
-            StepFailed: the step was not committed (absorbed by the step's ``with`` block).
+            StepFailed: the step was not applied (absorbed by the step's ``with`` block): an
+                abort, a failed collective, or the previous step's vote rolled back (then the
+                loop yields that previous step again).
             UsageError: the step is not the one in flight, or was already committed.
         """
         if step._trainer is not self or step._closed or step.committed:
@@ -206,41 +236,161 @@ class Trainer:
         if not step.reduced:
             self.reduce(step)
         self.check_aborted(step)
+        self.metrics["reduce_s"] += time.perf_counter() - timed
+        if self.voted is not None:
+            self._await_outcome(step)  # the previous step's: at most one vote in flight
+            self.check_aborted(step)
         s = step.number
         interval = self.config.checksum_interval
         summed = time.perf_counter()
+        # Of the committed state: every earlier step's outcome is heard by now.
         checksum = self.state.checksum() if interval and s % interval == 0 else 0
         voted = time.perf_counter()
-        self.metrics["reduce_s"] += summed - timed
         self.metrics["checksum_s"] += voted - summed
         if not self.managed:
             self._apply(step)
-            self.metrics["committed_steps"] += 1
+            self.finalize_vote(_Voted(s, self.membership.active, step.snapshot, None, step), None)
             return
         assert self.link is not None and step.snapshot is not None
-        self.voted = _Voted(s, self.membership.active, step.snapshot)
-        self.report_phase(pb.PHASE_VOTED, s)
         self.link.vote(step.generation.number, s, True, checksum)
-        deadline = None if self.config.timeouts.outcome is None else time.monotonic() + self.config.timeouts.outcome
-        while True:
-            item = next_item(self, deadline, f"the outcome of step {s}")
-            if item is None:
-                raise CollectiveFailed(s, f"no outcome for step {s} within {self.config.timeouts.outcome} s")
-            kind = item.WhichOneof("body")
-            if kind == "outcome":
-                o = item.outcome
-                if o.generation != step.generation.number or o.step != s:
-                    continue  # an outcome of an earlier vote
-                if o.commit:
-                    self.metrics["vote_s"] += time.perf_counter() - voted
-                    self.heard_commit_step = max(self.heard_commit_step, s)
-                    self._apply(step)
-                    self.metrics["committed_steps"] += 1
+        self._undo.take(self.state)
+        self.voted = _Voted(s, self.membership.active, step.snapshot, self._undo, step)
+        self._voted_at = time.perf_counter()
+        self.metrics["undo_s"] += self._voted_at - voted
+        self._apply(step)
+
+    @property
+    def applied_step(self) -> int:
+        """The last step applied here: ``committed_step``, or the step whose vote is in flight."""
+        return self.voted.step if self.voted is not None else self.committed_step
+
+    def hear_outcome(self) -> None:
+        """Between steps: waits for the outcome of the vote in flight, if any. A commit makes
+        the step final; a rollback puts back its start (the loop yields it again); an abort or a
+        newer generation leaves it to the next generation's plan (regroup.forming.settle_vote).
+
+        Raises:
+            TrainingStopped, AgentConnectionError: as ``steps()``.
+        """
+        if self.voted is None or not self.managed:
+            return
+        try:
+            self._await_outcome(None)
+        except NewStart as new:
+            self.leave()
+            forming.enter(self, new.start)
+
+    def _await_outcome(self, step: Optional[Step]) -> None:
+        """Waits for the outcome of ``self.voted``. With a step in flight (``step``) an abort
+        of the generation raises GenerationAborted and a rollback StepRolledBack; between steps
+        a rollback restores the voted step's start, and an abort returns (the plan settles it)."""
+        voted = self.voted
+        assert voted is not None and self.link is not None
+        waited = time.perf_counter()
+        limit = self.config.timeouts.outcome
+        deadline = None if limit is None else time.monotonic() + limit
+        try:
+            while self.voted is voted:
+                if step is None and (self.generation is None or self.membership.aborted()):
+                    return  # its generation ended: the next one's plan says
+                item = next_item(self, deadline, f"the outcome of step {voted.step}")
+                if item is None:
+                    if step is not None:
+                        raise CollectiveFailed(step.number, f"no outcome for step {voted.step} within {limit} s")
+                    log.warning("regroup: no outcome for step %d within %s s; leaving the generation",
+                                voted.step, limit)
+                    self.leave()
                     return
-                self.voted = None
-                self._rollback(step)
-                raise StepRolledBack(s, o.checksum_mismatch)
-            dispatch(self, item, step)
+                if not self._take_outcome(item, step):
+                    dispatch(self, item, step)
+        finally:
+            self.metrics["vote_s"] += time.perf_counter() - waited
+
+    def _rollback_pending(self, item: Any) -> bool:
+        """Whether ``item`` rolls back the vote in flight. Only taken where every rank of the
+        generation takes it at the same point of its collectives: in the next step's commit,
+        after its reduce (or between steps at the loop's or an epoch's end). Taken earlier, one
+        rank would redo the step's reduce while its peers reduce the next step's."""
+        if isinstance(item, LinkLost) or item.WhichOneof("body") != "outcome":
+            return False
+        o, voted = item.outcome, self.voted
+        return voted is not None and not o.commit and o.generation == voted.mark[1] and o.step == voted.step
+
+    def _take_outcome(self, item: Any, step: Optional[Step]) -> bool:
+        """Handles ``item`` if it is an outcome (returns whether it was one)."""
+        if isinstance(item, LinkLost) or item.WhichOneof("body") != "outcome":
+            return False
+        o, voted = item.outcome, self.voted
+        if voted is None or o.generation != voted.mark[1] or o.step != voted.step:
+            return True  # an outcome of an earlier vote
+        self.metrics["vote_round_trip_s"] += time.perf_counter() - self._voted_at
+        if o.commit:
+            self.heard_commit_step = max(self.heard_commit_step, voted.step)
+            self.finalize_vote(voted, step)
+            return True
+        self.voted = None
+        if step is not None:
+            # The step in flight was computed on a step that did not commit: both are undone
+            # when the step's block is left (the voted step's start is put back), and the loop
+            # yields the voted step again.
+            step.rewind = voted
+            raise StepRolledBack(voted.step, o.checksum_mismatch)
+        self.restore_voted(voted)
+        self.state.zero_grad()
+        return True
+
+    def outcome_arrived(self, o: Any) -> None:
+        """On the link thread, as an outcome arrives (the training thread takes it later): a
+        commit of the vote in flight is told in the heartbeats at once. The rank holds that step
+        committed, and reports the step it computes, not the vote (a fault in it is that step's,
+        for the poison-step guard)."""
+        voted = self.voted
+        if voted is None or not o.commit or o.step != voted.step or o.generation != voted.mark[1]:
+            return
+        self._commit_arrived = o.step
+        link = self.link
+        if link is not None and link.phase == pb.PHASE_VOTED and link.step == o.step:
+            link.set_status(o.step + 1, pb.PHASE_COMPUTING, beat_now=True)
+
+    def _poll_outcome(self, step: Step) -> None:
+        """During the next step: takes the outcome if it already came (never waits)."""
+        assert self.link is not None
+        while self.voted is not None:
+            item = self.link.get_nowait()
+            if item is None:
+                return
+            if self._rollback_pending(item) or not self._take_outcome(item, step):
+                self.link.unget(item)  # a rollback is taken at the commit (see _rollback_pending)
+                return
+            if self.voted is None:
+                self.report_phase(pb.PHASE_COMPUTING, step.number)
+
+    def finalize_vote(self, voted: _Voted, in_flight: Optional[Step], checkpoint: bool = True) -> None:
+        """Step ``voted.step`` was committed: it is final (its undo dropped)."""
+        self.voted = None
+        if voted.undo is not None:
+            voted.undo.drop()
+        self.committed_step = voted.step
+        self.metrics["committed_steps"] += 1
+        done = voted.done
+        if done is not None and self.on_commit is not None:
+            self.on_commit(done)
+        if done is not None and checkpoint:
+            # With a step in flight, the model's buffers and the RNG are that step's; its
+            # snapshot holds them as they were at this commit.
+            checkpointing.maybe_checkpoint(self, done, in_flight.snapshot if in_flight is not None else None)
+
+    def restore_voted(self, voted: _Voted) -> None:
+        """Puts back the state of the voted step's start (its apply undone)."""
+        if voted.undo is not None and voted.undo.held:
+            voted.undo.restore(self.state)
+        self.state.restore(voted.snapshot)
+
+    def drop_vote(self) -> None:
+        """The vote in flight will not be heard (a stop): its step is undone."""
+        if self.voted is not None:
+            voted, self.voted = self.voted, None
+            self.restore_voted(voted)
 
     def close(self) -> None:
         """Ends the link to the agent and destroys the process groups (idempotent)."""
@@ -248,6 +398,10 @@ class Trainer:
             return
         self.closed = True
         self.watchdog.disarm()
+        if self.voted is not None:
+            # Left with a vote in flight (a script that broke out of its loop): the state it
+            # keeps is the committed one.
+            self.drop_vote()
         self.leave(forget=False)
         if self.link is not None:
             self.link.close()
@@ -259,6 +413,9 @@ class Trainer:
         Raises:
             CheckpointError: no checkpoint directory, or the write failed.
         """
+        self.hear_outcome()
+        if self.voted is not None:  # its generation ended first: write the committed state
+            self.drop_vote()
         return checkpointing.checkpoint_now(self)
 
     # -- opening and finishing ------------------------------------------------------------------
@@ -302,6 +459,12 @@ class Trainer:
 
     def report_phase(self, phase: int, step: Optional[int] = None) -> None:
         """Tells the agent where this rank is (``step``: the step it works on, default the next)."""
+        voted = self.voted
+        if voted is not None and voted.step != self._commit_arrived and \
+                phase in (pb.PHASE_COMPUTING, pb.PHASE_REDUCING, pb.PHASE_APPLYING):
+            # A vote in flight: this rank holds the step before it committed, whatever it
+            # computes (its agent takes a rank computing step s for one that holds step s - 1).
+            phase, step = pb.PHASE_VOTED, voted.step
         if self.link is not None:
             # Leaving a step is told at once (the manager waits for it), and so is the first
             # moment of a new step: a rank that fails early in a step is then blamed on that step,
@@ -337,8 +500,7 @@ class Trainer:
             self.busy = False
             return
         if step.stop is not None:
-            if self.voted is None or self.voted.step != step.number:
-                self._rollback(step)
+            self._rollback(step)  # and the vote in flight, if any, when the stop is handled
             self.busy = False
             raise step.stop
         if step.failure is None:
@@ -349,8 +511,11 @@ class Trainer:
         self.busy = False
 
     def check_aborted(self, step: Step) -> None:
-        """Raises GenerationAborted when the step's generation was aborted."""
+        """Raises GenerationAborted when the step's generation was aborted (and takes the
+        previous step's outcome if it came: a rollback raises StepRolledBack)."""
         self.membership.check(step.number)
+        if self.voted is not None and self.link is not None:
+            self._poll_outcome(step)
 
     def reduce(self, step: Step) -> None:
         """The step's gradient reduce (without DDP: summed over the replicas, divided by G)."""
@@ -375,17 +540,14 @@ class Trainer:
         self.report_phase(pb.PHASE_APPLYING, step.number)
         self.state.step_optimizer(step.number)
         self.state.zero_grad()
-        self.committed_step = step.number
-        self.voted = None
         step.committed = True
         self.busy = False  # an abort from here on concerns the next step, not this one
-        if self.on_commit is not None:
-            self.on_commit(step)
-        checkpointing.maybe_checkpoint(self, step)
         self.report_phase(pb.PHASE_COMPUTING, step.number + 1)
 
     def _rollback(self, step: Step) -> None:
-        if step.snapshot is not None:
+        if step.rewind is not None:
+            self.restore_voted(step.rewind)  # the step before, which did not commit
+        elif step.snapshot is not None:
             self.state.restore(step.snapshot)
         self.state.zero_grad()
 
@@ -415,9 +577,9 @@ class Trainer:
         """After a failed step: restore its start, and leave the generation unless only the vote
         was rolled back (then the same generation continues, unless an abort follows)."""
         failure = step.failure
-        voted = self.voted is not None and self.voted.step == step.number
-        if not voted:
-            self._rollback(step)
+        # A step applied while its vote travels stays applied (held with its undo) until the
+        # outcome, or the next generation's plan, settles it (regroup.forming.settle_vote).
+        self._rollback(step)
         if isinstance(failure, StepRolledBack) and not self.membership.aborted():
             return
         # An abort, a fault, or a newer generation: this generation is over.
@@ -447,6 +609,11 @@ class Trainer:
                 break
             if isinstance(item, LinkLost):
                 raise AgentConnectionError(f"lost the agent: {item.reason}")
+            if self._rollback_pending(item):
+                self.link.unget(item)  # taken at the next step's commit (see _rollback_pending)
+                break
+            if self._take_outcome(item, None):
+                continue
             try:
                 dispatch(self, item, None)
             except NewStart as new:

@@ -113,13 +113,20 @@ class FakeJob:
     def launch(self, r: int, extra: Sequence[str] = ()) -> subprocess.Popen:
         self.launches += 1
         before = len(self.agent.hellos[r])
-        argv = [PYTHON, str(EXAMPLE), *BASE, "--steps", str(self.steps), "--out", str(self.out),
-                "--ledger", str(self.ledger), *self.extra, *extra]
-        p = self.procs.start(argv, self.agent.env(r, r, self.nproc), log=self.tmp / f"rank{r}.{self.launches}.log")
+        p = self.procs.start(self.command(extra), self.environment(r),
+                             log=self.tmp / f"rank{r}.{self.launches}.log")
         self.processes[r] = p
         wait_for(lambda: len(self.agent.hellos[r]) > before or p.poll() is not None, 120, f"rank {r}'s hello")
         assert p.poll() is None, self.log(r)
         return p
+
+    def command(self, extra: Sequence[str]) -> List[str]:
+        """The trainer's command line (the example, with this job's arguments)."""
+        return [PYTHON, str(EXAMPLE), *BASE, "--steps", str(self.steps), "--out", str(self.out),
+                "--ledger", str(self.ledger), *self.extra, *extra]
+
+    def environment(self, r: int) -> Dict[str, str]:
+        return self.agent.env(r, r, self.nproc)
 
     def log(self, r: int) -> str:
         logs = sorted(self.tmp.glob(f"rank{r}.*.log"))
@@ -207,10 +214,14 @@ def test_every_step_is_voted_and_applied_only_on_commit(job, tmp_path_factory):
     j.form([0, 1])
     assert j.agent.next(0, ["ack"], 60).ack.directive_id == j.directive
     j.run_until(3)
-    # No commit: nobody moves past the vote.
+    # No commit: step 4 is applied and step 5 computed, but nobody votes for step 5, and every
+    # rank reports the vote of step 4 (it holds step 3 committed, not 4).
     votes = j.votes(4)
     time.sleep(0.5)
     assert all(j.agent.last_phase(r) == pb.PHASE_VOTED for r in range(2))
+    assert all(j.agent.heartbeats[r][-1][1].step == 4 for r in range(2))
+    with pytest.raises(AssertionError):
+        j.agent.next(0, ["vote"], 0.3)
     j.outcome(4)
     beats = [t for t, _ in j.agent.heartbeats[0]]
     gaps = sorted(b - a for a, b in zip(beats, beats[1:]))
@@ -250,6 +261,68 @@ def test_a_rolled_back_step_is_restored_and_done_again(job, tmp_path_factory):
     j.votes(3)
     j.outcome(3, commit=False, mismatch=True)
     j.finish(tmp_path_factory)
+
+
+# The vote off the critical path: a rank applies step s when it votes for it and computes s + 1
+# while the vote travels. An outcome heard late, while s + 1 computes, must leave the run exactly
+# where an uninterrupted run is, with each step's samples committed once.
+
+
+def _in_next_step(j: FakeJob, step: int) -> None:
+    """Waits until every rank of the generation computes ``step`` (inside its --step-sleep),
+    the vote of ``step - 1`` unanswered."""
+    for r in j.ranks:
+        wait_for(lambda: f"step={step} sleeping" in j.log(r), 60, f"rank {r} to compute step {step}")
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("late", ["abort", "commit-then-abort", "rollback"])
+def test_an_outcome_heard_while_the_next_step_computes_leaves_the_run_exact(job, tmp_path_factory, late, optimizer):
+    """Step 6 is applied by both ranks when they vote; the outcome comes while step 7 computes:
+    an abort before the commit (step 6 undone, done again in the next generation), a commit with
+    the abort right behind it (step 6 kept, step 7 done again), or a rollback in the same
+    generation (step 7's work dropped, step 6 done again)."""
+    j = job(extra=["--optimizer", optimizer, "--step-sleep", "0.3", "--verbose"])
+    j.launch(0), j.launch(1)
+    j.form([0, 1])
+    j.run_until(5)
+    j.votes(6)
+    _in_next_step(j, 7)
+    if late == "rollback":
+        j.outcome(6, commit=False)
+    else:
+        if late == "commit-then-abort":
+            j.outcome(6)
+        j.abort("a rank lost while step 7 computes")
+        j.form([0, 1])              # resumes after step 5 (abort) or 6 (commit-then-abort)
+    if late != "commit-then-abort":
+        j.votes(6)                  # step 6 again, not step 7
+        j.outcome(6)
+    j.finish(tmp_path_factory, ["--optimizer", optimizer])
+
+
+def test_a_checkpoint_written_while_the_next_step_computes_holds_the_committed_state(
+        job, tmp_path, procs, tmp_path_factory):
+    ckpt = tmp_path / "ckpt"
+    j = job(extra=["--optimizer", "adam", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "4"])
+    j.launch(0), j.launch(1)
+    j.form([0, 1])
+    j.run_until(8)                  # step 7's commit is heard during step 8: the checkpoint of 7
+    j.votes(9)
+    for r in range(2):
+        j.agent.send(r, FakeAgent.stop(pb.StopTraining.MODE_EXIT, "end here"))
+    for r in range(2):
+        j.processes[r].wait(timeout=60)
+    from regroup.checkpoint import Checkpointer
+
+    assert Checkpointer(str(ckpt)).newest().step == 7
+    out = tmp_path / "resumed.pt"
+    p = procs.start([PYTHON, str(EXAMPLE), *BASE, "--optimizer", "adam", "--steps", "20",
+                     "--checkpoint-dir", str(ckpt), "--out", str(out)], {"OMP_NUM_THREADS": "1"},
+                    log=tmp_path / "resume.log")
+    assert p.wait(timeout=120) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    error = relative_error(reference(tmp_path_factory, 20, ["--optimizer", "adam"]), torch.load(out))
+    assert error <= TOLERANCE, f"norm-relative error {error:.3e}: the checkpoint held another state"
 
 
 @pytest.mark.parametrize("ddp", [False, True], ids=["library-reduce", "ddp"])

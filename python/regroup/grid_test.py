@@ -81,10 +81,10 @@ def test_any_backend_torch_knows_is_taken_and_an_unknown_one_is_named():
         assert resolve_backend("hccl") == "hccl"
 
 
-def _run(procs, tmp_path, what: str, ranks: int) -> None:
-    """Runs ``ranks`` workers of ``what`` (this file as a script) to their end."""
+def run_workers(procs, tmp_path, ranks: int, script: str = __file__, what: str = "") -> None:
+    """Runs ``ranks`` workers, ``script [what] RANK TMP_PATH``, to their end (each exits 0)."""
     env = {"PYTHONPATH": os.path.dirname(HERE), "OMP_NUM_THREADS": "1"}
-    workers = [procs.start([PYTHON, __file__, what, str(r), str(tmp_path)], env,
+    workers = [procs.start([PYTHON, script, *([what] if what else []), str(r), str(tmp_path)], env,
                            log=tmp_path / f"r{r}.log") for r in range(ranks)]
     for r, w in enumerate(workers):
         assert w.wait(timeout=240) == 0, (tmp_path / f"r{r}.log").read_text()[-3000:]
@@ -139,7 +139,7 @@ def _grid_worker(rank: int, directory: str) -> None:
 
 
 def test_an_8_rank_grid_builds_its_groups_and_rebuilds_them_after_a_scale_in(tmp_path, procs):
-    _run(procs, tmp_path, "grid", 8)
+    run_workers(procs, tmp_path, 8, what="grid")
     for r in range(8):
         result = json.loads((tmp_path / f"grid{r}.json").read_text())
         assert sorted(result) == (["1", "2"] if r < 4 else ["1"])
@@ -186,7 +186,7 @@ def _custom_worker(rank: int, directory: str) -> None:
 
 
 def test_a_backend_without_an_abort_falls_back_to_the_collective_timeout_logged_once(tmp_path, procs):
-    _run(procs, tmp_path, "custom", 2)
+    run_workers(procs, tmp_path, 2, what="custom")
     for r in range(2):
         fallback = json.loads((tmp_path / f"custom{r}.json").read_text())
         assert len(fallback) == 1, fallback

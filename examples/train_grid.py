@@ -52,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ffn", type=int, default=32, help="the blocks' inner width (split by --tp)")
     p.add_argument("--blocks", type=int, default=4, help="blocks (split by --pp)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
+    p.add_argument("--scaled-in-sleep", type=float, default=0.0, metavar="S",
+                   help="tests: S seconds of extra work per step while the generation has fewer "
+                        "replicas than this process has seen, so that a replacement has time to start")
     own, rest = p.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         p.print_help()
@@ -214,9 +217,11 @@ def main(argv=None) -> int:
         pipe = Pipeline(model, sum_loss, example_in, example_out, schedule=args.schedule)
     ledger = os.open(args.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.ledger else None
 
+    most_dp = 0
     for step in trainer.steps(args.steps):
         g = step.generation
         model.tp_group = g.tp_group
+        most_dp = max(most_dp, g.dp)
         loss_sum, lines = 0.0, {}
         with step:
             mbs = list(step.microbatches())
@@ -234,6 +239,8 @@ def main(argv=None) -> int:
                     loss_sum += loss.item()
             if args.step_sleep:
                 time.sleep(args.step_sleep)
+            if args.scaled_in_sleep and g.dp < most_dp:
+                time.sleep(args.scaled_in_sleep)
             step.reduce_gradients()
             if ledger is not None and g.tp_rank == 0:
                 record = {"g": [g.epoch, g.number], "step": step.number, "replica": g.replica, "mb": lines}

@@ -2,10 +2,12 @@
 """The Megatron-core adapter: flags and sizes from the script's arguments, and parallel_state's
 groups rebuilt on every generation, equal to Regroup's grid, before and after a scale-in.
 
-What runs here (CPU, gloo): the argument handling and megatron-core 0.16's
-``parallel_state.initialize_model_parallel`` on 8 then 4 ranks. What does not: a Megatron-core
-model's forward and backward (its layers and RNG tracker want CUDA), Megatron-LM's ``pretrain()``
-loop and MindSpeed's; NCCL.
+What runs here (CPU, gloo): the argument handling, megatron-core 0.16's
+``parallel_state.initialize_model_parallel`` on 8 then 4 ranks, and a tiny GPTModel built on the
+rebuilt groups (its layers split by stage, its linear layers by tensor-parallel rank). What does
+not: that model's forward and backward (megatron-core's attention takes its buffers on CUDA:
+``GlobalMemoryBuffer.get_tensor`` calls ``torch.cuda.current_device()``), Megatron-LM's
+``pretrain()`` loop and MindSpeed's; NCCL.
 """
 
 import json
@@ -63,6 +65,27 @@ def test_a_job_disagreeing_with_the_script_is_refused_naming_both():
         adapter.config(dataset_size=64, micro_batch_size=2, microbatches_per_step=4, tensor_parallel=4)
 
 
+def _tiny_gpt(ps) -> dict:
+    """A tiny GPT built with this generation's parallel_state (CPU initialisation): its layers
+    split by stage and its linear layers by tensor-parallel rank. Its forward pass is not run:
+    megatron-core's attention takes its buffers on CUDA (GlobalMemoryBuffer.get_tensor)."""
+    import torch
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(num_layers=4, hidden_size=32, ffn_hidden_size=128, num_attention_heads=4,
+                               tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                               use_cpu_initialization=True, params_dtype=torch.float32,
+                               pipeline_dtype=torch.float32)
+    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=64,
+                     max_sequence_length=16, pre_process=ps.is_pipeline_first_stage(),
+                     post_process=ps.is_pipeline_last_stage())
+    return {"layers": len(model.decoder.layers),
+            "fc1": list(model.decoder.layers[0].mlp.linear_fc1.weight.shape),
+            "embedding": hasattr(model, "embedding"), "output": hasattr(model, "output_layer")}
+
+
 def _worker(rank: int, directory: str) -> None:
     import time
 
@@ -96,6 +119,8 @@ def _worker(rank: int, directory: str) -> None:
             "regroup": {k: dist.get_process_group_ranks(getattr(groups, f"{k}_group"))
                         for k in ("tp", "pp", "mp") if getattr(groups, f"{k}_group") is not None},
         }
+        if generation == 2:
+            got["gpt"] = _tiny_gpt(ps)
         got["expected"] = {k: layout.mine(k) for k in ("tp", "pp", "dp", "mp")}
         got["expected"]["ranks"] = [layout.tp_rank, layout.stage, layout.replica]
         out[generation] = got
@@ -129,6 +154,11 @@ def test_parallel_state_is_rebuilt_per_generation_and_equals_the_grid_after_a_sc
             assert got["after_destroy"] is False
     # After the scale-in to 4 ranks (dp 1), rank 3 is stage 1, tp rank 1, alone in its dp group.
     assert json.loads((tmp_path / "mc3.json").read_text())["2"]["dp"] == [3]
+    # The tiny GPT of generation 2: 2 of its 4 layers a stage, fc1's 128 rows halved by tp 2, the
+    # embedding on stage 0 (ranks 0, 1), the output layer on stage 1 (ranks 2, 3).
+    for r in range(4):
+        gpt = json.loads((tmp_path / f"mc{r}.json").read_text())["2"]["gpt"]
+        assert gpt == {"layers": 2, "fc1": [64, 32], "embedding": r < 2, "output": r >= 2}, (r, gpt)
 
 
 if __name__ == "__main__":

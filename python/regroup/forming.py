@@ -24,7 +24,7 @@ from regroup import contract
 from regroup._proto import wire_pb2 as pb
 from regroup.abort import GroupSockets
 from regroup.api import AgentConnectionError, CheckpointError, ConfigError, StateSyncError, TrainerConfig
-from regroup.group import Layout, ProcessGroups, build_groups
+from regroup.group import Layout, ProcessGroups, build_groups, run_builders
 from regroup.step import Generation, Step
 from regroup.sync import sync_state
 
@@ -235,6 +235,7 @@ def single_process_groups(layout: Layout, backend: str) -> ProcessGroups:
     dist.init_process_group(backend, store=store, rank=0, world_size=1)
     groups = ProcessGroups(layout, backend, store, GroupSockets(0))
     groups.dp_group = dist.group.WORLD
+    run_builders(groups)  # a framework's groups (regroup.megatron) in a world of one too
     return groups
 
 

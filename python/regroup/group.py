@@ -356,6 +356,12 @@ def on_build(name: str, build: Callable[[ProcessGroups], Any],
         _teardowns.append((name, teardown))
 
 
+def run_builders(groups: ProcessGroups) -> None:
+    """Runs the builders of :func:`on_build` on a generation's groups (its grid is built)."""
+    for name, build in list(_builders):
+        groups.extra[name] = build(groups)
+
+
 def remove_builder(name: str) -> None:
     _builders[:] = [(n, f) for n, f in _builders if n != name]
     _teardowns[:] = [(n, f) for n, f in _teardowns if n != name]
@@ -500,8 +506,7 @@ def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: s
                                 world_size=layout.world_size, timeout=timeout)
         groups = ProcessGroups(layout, backend, store, sockets)
         build_grid(groups, timeout)
-        for name, build in list(_builders):
-            groups.extra[name] = build(groups)
+        run_builders(groups)
         sockets.end()
         return groups
     except BaseException:

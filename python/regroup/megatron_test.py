@@ -65,6 +65,35 @@ def test_a_job_disagreeing_with_the_script_is_refused_naming_both():
         adapter.config(dataset_size=64, micro_batch_size=2, microbatches_per_step=4, tensor_parallel=4)
 
 
+@needs_megatron
+def test_a_single_process_trainer_under_the_seed_flags_has_parallel_state_while_it_trains(monkeypatch):
+    import torch
+    from megatron.core import parallel_state as ps
+
+    import regroup
+
+    for name in ("WORLD_SIZE", "RANK", "REGROUP_AGENT_SOCKET"):
+        monkeypatch.delenv(name, raising=False)
+    adapter = activate(["--enable-elastic-training", "--tensor-model-parallel-size", "1"])
+    try:
+        model = torch.nn.Linear(2, 1)
+        trainer = regroup.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                  config=adapter.config(dataset_size=8, micro_batch_size=2,
+                                                        microbatches_per_step=2, backend="gloo"))
+        seen = []
+        for step in trainer.steps(2):
+            with step:
+                seen.append(ps.model_parallel_is_initialized() and ps.get_data_parallel_world_size())
+                for mb in step.microbatches():
+                    step.backward(model(torch.ones(len(mb.indices), 2)).sum())
+                trainer.commit(step)
+        trainer.close()
+        assert seen == [1, 1] and adapter.generations == 1
+        assert not ps.model_parallel_is_initialized()  # torn down with the generation
+    finally:
+        deactivate()
+
+
 def _tiny_gpt(ps) -> dict:
     """A tiny GPT built with this generation's parallel_state (CPU initialisation): its layers
     split by stage and its linear layers by tensor-parallel rank. Its forward pass is not run:

@@ -71,6 +71,11 @@ def test_any_backend_torch_knows_is_taken_and_an_unknown_one_is_named():
     assert resolve_backend("gloo") == "gloo"
     with pytest.raises(ConfigError, match="'nosuch' is not known to torch.distributed"):
         resolve_backend("nosuch")
+    import torch.distributed as dist
+
+    if not dist.is_mpi_available():
+        with pytest.raises(ConfigError, match="'mpi': this torch .* was built without it"):
+            resolve_backend("mpi")
     import importlib.util
 
     if importlib.util.find_spec("torch_npu") is None:

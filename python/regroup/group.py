@@ -325,6 +325,9 @@ def resolve_backend(name: Optional[str]) -> str:
         hint = " (install and import torch_npu for hccl)" if name.lower() == "hccl" else \
             " (register it with torch.distributed.Backend.register_backend first)"
         raise ConfigError(f"backend={name!r} is not known to torch.distributed{hint}")
+    available = getattr(dist, f"is_{name.lower()}_available", None)  # gloo, nccl, mpi, ucc
+    if available is not None and not available():
+        raise ConfigError(f"backend={name!r}: this torch ({torch.__version__}) was built without it")
     return name
 
 

@@ -173,7 +173,8 @@ def activate(argv: Optional[List[str]] = None, gloo_groups: Optional[bool] = Non
         return None
     tp, pp = parse_sizes(argv)
     try:
-        import megatron.core.parallel_state  # noqa: F401
+        import importlib
+        importlib.import_module("megatron.core.parallel_state")
     except ImportError as e:
         raise ConfigError(f"{' / '.join(FLAGS)} asks for Regroup's Megatron-core adapter, but "
                           f"megatron.core cannot be imported: {e}") from None

@@ -52,6 +52,12 @@ def test_sizes_and_flags_come_from_the_scripts_own_arguments():
         parse_sizes(["--context-parallel-size", "2"])
 
 
+@pytest.mark.skipif(MEGATRON, reason="megatron-core is importable here")
+def test_the_seed_flags_without_megatron_core_are_refused_saying_so():
+    with pytest.raises(ConfigError, match="megatron.core cannot be imported"):
+        activate(["--enable-elastic-training"])
+
+
 def test_a_job_disagreeing_with_the_script_is_refused_naming_both():
     adapter = Adapter(2, 2)
     adapter.check(2, 2)

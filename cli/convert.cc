@@ -998,7 +998,10 @@ class Converter {
                kCredentialKey + "=$(openssl rand -hex 32)");
       Note(Kind::kCheck, at + ".image",
            "the trainer image must hold regroup-agent and the Python package regroup, and the "
-           "training script must use regroup.Trainer instead of MindCluster's TaskD and MindIO");
+           "training script must use regroup.Trainer instead of MindCluster's TaskD and MindIO "
+           "(a Megatron-core script keeps its --enable-elastic-training and "
+           "--enable-high-availability flags: regroup.megatron.activate() then rebuilds its "
+           "parallel_state every generation, and its loop runs regroup.Trainer's steps)");
       credential_noted_ = true;
     }
   }

@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO / "python"))
 from regroup.testing import descendants, read_ledger, trainers_of, wait_for  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "train_mlp.py"
+GRID = REPO / "examples" / "train_grid.py"       # a dp x tp x pp grid (JobSpec.pp > 1)
 DROPIN = REPO / "examples" / "ddp_regroup.py"     # the drop-in: a DDP script with five lines changed
 PLAIN = REPO / "examples" / "ddp_plain.py"        # the same script unchanged: the drop-in's reference
 SEED = REPO / "integration" / "seed"   # MindCluster's train_start.sh and manager.py
@@ -104,6 +105,7 @@ class JobSpec:
     nproc: int = 2
     steps: int = 40
     tp: int = 1
+    pp: int = 1                           # > 1: examples/train_grid.py, pipeline stages (torch 2.x)
     optimizer: str = "sgd"
     step_sleep: float = 0.1
     strategies: str = "retry,recover-in-place,recover,elastic-training,dump,exit"
@@ -131,7 +133,7 @@ class JobSpec:
 
     @property
     def script(self) -> Path:
-        return DROPIN if self.dropin else EXAMPLE
+        return DROPIN if self.dropin else GRID if self.pp > 1 else EXAMPLE
 
     @property
     def steps_per_epoch(self) -> int:
@@ -165,6 +167,7 @@ class JobSpec:
             return [*self._dropin_args(), "--step-sleep", str(self.step_sleep), "--ledger", str(ledger),
                     "--out", str(out), *self.extra_train]
         return [*self._data_args(), "--checksum-interval", "5", "--tp", str(self.tp),
+                *(["--pp", str(self.pp)] if self.pp > 1 else []),
                 "--step-sleep", str(self.step_sleep), "--ledger", str(ledger), "--out", str(out),
                 *(["--quiet"] if self.quiet else []),
                 *(["--checkpoint-dir", str(ledger.parent / "checkpoints"), "--checkpoint-interval",
@@ -184,6 +187,7 @@ class JobSpec:
     def annotations(self) -> Dict[str, str]:
         a = {"recover-strategy": self.strategies,
              "regroup.io/tensor-parallel": str(self.tp),
+             "regroup.io/pipeline-parallel": str(self.pp),
              "regroup.io/global-batch-size": str(self.micro_batch * self.microbatches),
              "regroup.io/micro-batch-size": str(self.micro_batch),
              "regroup.io/checksum-interval": "5",
@@ -202,7 +206,7 @@ class JobSpec:
         """The job as a Volcano Job (what a user submits, and what the manager reads): a manager
         task and the worker task, or in MindCluster's own flow the worker task alone."""
         min_dp = self.min_dp or 1
-        replicas_per_pod = max(1, self.nproc // self.tp)
+        replicas_per_pod = max(1, self.nproc // (self.tp * self.pp))
         min_pods = -(-min_dp // replicas_per_pod)
         if self.seed_flow:
             tasks = [{"name": "worker", "replicas": self.nodes,

@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster import DROPIN, EXAMPLE, PLAIN, PYTHON, REPO, Cluster, JobSpec  # noqa: E402
+from cluster import DROPIN, EXAMPLE, GRID, PLAIN, PYTHON, REPO, Cluster, JobSpec  # noqa: E402
 from volcano_loop import VolcanoLoop, volcano_unavailable  # noqa: E402
 from regroup.testing import (check_dropin_ledger, check_ledger, read_ledger, relative_error,  # noqa: E402
                              run_plain_ddp, wait_for)
@@ -112,14 +112,14 @@ def reference_weights(job: JobSpec) -> Path:
             ledger.unlink(missing_ok=True)
             run_plain_ddp(args, world, tmp, ledger=ledger)
         else:
-            subprocess.run([PYTHON, str(EXAMPLE), *args, "--out", str(tmp)], check=True, timeout=600,
+            subprocess.run([PYTHON, str(job.script), *args, "--out", str(tmp)], check=True, timeout=600,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
         tmp.rename(path)
     return path
 
 
 def _source_digest() -> str:
-    h = hashlib.sha256(EXAMPLE.read_bytes() + DROPIN.read_bytes() + PLAIN.read_bytes())
+    h = hashlib.sha256(EXAMPLE.read_bytes() + DROPIN.read_bytes() + PLAIN.read_bytes() + GRID.read_bytes())
     for f in sorted((REPO / "python" / "regroup").glob("*.py")):
         h.update(f.read_bytes())
     return h.hexdigest()
@@ -242,6 +242,7 @@ class Scenario:
     needs_volcano: bool = False  # skipped where Volcano in the loop is not available
     kube: Optional[bool] = None  # runs with --kube (default: where it runs with Volcano)
     needs_kube: bool = False  # skipped without --kube
+    needs_pipelining: bool = False  # skipped where the trainers' torch has no pipelining (1.13)
 
 
 SCENARIOS: Dict[int, Scenario] = {}
@@ -390,11 +391,14 @@ def scheduler_restart_during_wait(c: Cluster, r: Result) -> None:
     check_strategy(c, r, ["wait", "scale_in"], ["restart_job"])
 
 
-def lose_a_node_scale_in_then_out(c: Cluster, r: Result, lost: str, index: int) -> None:
+def lose_a_node_scale_in_then_out(c: Cluster, r: Result, lost: str, index: int, started: bool = False,
+                                  small: str = "2 ranks", full: str = "4 ranks") -> None:
     """Kills ``lost`` (the node of pod ``index``), waits for the scale-in and a few steps at the
-    smaller size, then adds a node with the replacement pod and waits for the scale-out."""
-    c.start()
-    c.wait_step(8)
+    smaller size (``small``), then adds a node with the replacement pod and waits for the
+    scale-out (``full``). ``started``: the job runs already."""
+    if not started:
+        c.start()
+        c.wait_step(8)
     f = c.kill_node(c.node_of(index))
     c.wait_event("directive", "scale_in", after_ms=int(f["at"] * 1000))
     c.wait_step(c.last_step() + 5)
@@ -402,7 +406,7 @@ def lose_a_node_scale_in_then_out(c: Cluster, r: Result, lost: str, index: int) 
     g = c.note("add a node", node=node.name)
     c.replace_pod(index, node)
     c.wait_event("directive", "scale_out", after_ms=int(g["at"] * 1000))
-    c.wait_event("generation", "4 ranks", after_ms=int(g["at"] * 1000))
+    c.wait_event("generation", full, after_ms=int(g["at"] * 1000))
     codes = c.wait_pods_exit()
     r.promise("the survivor and the readmitted pod exited 0", set(codes.values()) == {0}, str(codes))
     measure(c, r, f, until=g)
@@ -411,8 +415,8 @@ def lose_a_node_scale_in_then_out(c: Cluster, r: Result, lost: str, index: int) 
     check_strategy(c, r, ["scale_in", "scale_out"], ["wait", "restart_job"])
     # With Volcano the scheduler's node report can decide before the manager's own detection
     # (a broken stream has the liveness timeout to resume), so the story starts at the decision.
-    check_story(c, r, [("directive", "scale_in"), ("generation", "2 ranks"),
-                       ("directive", "scale_out"), ("generation", "4 ranks"), ("done", "")])
+    check_story(c, r, [("directive", "scale_in"), ("generation", small),
+                       ("directive", "scale_out"), ("generation", full), ("done", "")])
 
 
 @scenario(4, "elastic-training with prefer-elastic: scales in at once, out when the replacement registers",
@@ -750,6 +754,27 @@ def device_plugin_fault(c: Cluster, r: Result) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@scenario(40, "a dp 2 x tp 2 x pp 2 grid on 8 ranks (2 pods x 4): a killed rank restarts in place, a lost "
+              "node scales in to dp 1, its return scales out; groups and pipeline schedule rebuilt each time",
+          lambda: JobSpec(nproc=4, tp=2, pp=2, steps=150, strategies="recover-in-place,elastic-training,exit",
+                          prefer_elastic=True, micro_batch=4, microbatches=4, dataset=64, step_sleep=0.05,
+                          # scaled in, a step takes 1 s more: the replacement pod's four trainers
+                          # import torch 2.x (tens of seconds on a loaded machine) before training ends
+                          extra_train=["--scaled-in-sleep", "1.0"]),
+          needs_pipelining=True)
+def grid_kill_lose_return(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(5)
+    node = c.node_of(1)
+    c.wait_warm(node)
+    f = c.kill_trainer(node, 3)   # the last stage's second tensor-parallel rank of replica 1
+    c.wait_event("resumed", after_ms=int(f["at"] * 1000))
+    c.wait_event("generation", "8 ranks", after_ms=int(f["at"] * 1000))  # the rank is back
+    measure(c, r, f)
+    lose_a_node_scale_in_then_out(c, r, node, 1, started=True, small="4 ranks", full="8 ranks")
+    check_strategy(c, r, ["restart_in_place", "scale_in", "scale_out"], ["wait", "restart_job"])
+
+
 def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: bool = True,
         kube: bool = False) -> Result:
     s = SCENARIOS[number]
@@ -757,6 +782,11 @@ def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: b
     result = Result(number, s.title)
     if s.needs_kube and not kube:
         result.skipped = "needs the real Kubernetes control plane (scenarios.py --kube, integration/kube_test.py)"
+        return result
+    if s.needs_pipelining and subprocess.run([PYTHON, "-c", "import torch.distributed.pipelining"],
+                                             capture_output=True, timeout=120).returncode:
+        result.skipped = (f"needs torch.distributed.pipelining (torch 2.4 or later) in {PYTHON}: "
+                          "scripts/torch2 test runs it")
         return result
     start = time.monotonic()
     with Cluster(workdir, job, network=network, log=lambda m: log(f"  [{number}] {m}"),

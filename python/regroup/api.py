@@ -244,8 +244,15 @@ class TrainerConfig:
             ``regroup.io/global-batch-size`` and ``micro-batch-size`` the manager's count must
             equal this one.
         seed: the seed of the permutations and of the per-micro-batch random numbers.
-        tensor_parallel: ranks per data-parallel replica (``regroup.io/tensor-parallel`` times
-            pipeline-parallel); the manager's plan must agree.
+        tensor_parallel: with ``pipeline_parallel`` None (the default, as before it existed):
+            ranks per data-parallel replica (``regroup.io/tensor-parallel`` times
+            ``pipeline-parallel``), one tensor-parallel group of the whole replica. With
+            ``pipeline_parallel`` given: the tensor-parallel size alone. The manager's plan must
+            agree.
+        pipeline_parallel: pipeline stages per replica (``regroup.io/pipeline-parallel``): the
+            generation builds tensor-, pipeline-, model- and data-parallel groups of the
+            dp x tp x pp grid (regroup.group), and the plan's tensor and pipeline sizes must each
+            equal the script's. None: the whole-replica meaning of ``tensor_parallel`` above.
         shuffle: permute samples each epoch (False: identity order, for tests).
         checksum_interval: compare a parameter checksum across replicas every this many steps
             (0: never). Keep it equal to ``regroup.io/checksum-interval``.
@@ -256,7 +263,10 @@ class TrainerConfig:
         keep_checkpoints: complete checkpoints kept; older ones are removed (0: keep all).
         ddp: wrap the model in DistributedDataParallel (sum hook, ``broadcast_buffers=False``),
             built after each state sync.
-        backend: "gloo", "nccl", or None for NCCL when CUDA is available, else gloo.
+        backend: any backend torch.distributed knows ("gloo", "nccl", "hccl" with torch_npu, a
+            registered one; checked when the trainer starts), or None for NCCL when CUDA is
+            available, else gloo. gloo and NCCL collectives in flight are aborted at once; a
+            backend without an abort (regroup.group.ABORTS) waits for the collective timeout.
         exit_on_stop: on DUMP and LEAVE, exit the process with code 0 (False: raise
             TrainingStopped from ``steps()`` instead).
         scheduler_interval: when the trainer steps the LR scheduler: "step" (after every
@@ -269,6 +279,7 @@ class TrainerConfig:
     microbatches_per_step: int
     seed: int = 0
     tensor_parallel: int = 1
+    pipeline_parallel: Optional[int] = None
     shuffle: bool = True
     checksum_interval: int = 100
     checkpoint_dir: Optional[str] = None
@@ -295,6 +306,8 @@ class TrainerConfig:
             positive(name)
         for name in ("checksum_interval", "checkpoint_interval", "keep_checkpoints"):
             non_negative(name)
+        if self.pipeline_parallel is not None:
+            positive("pipeline_parallel")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"seed={self.seed!r} must be an integer")
         if self.global_batch_size > self.dataset_size:
@@ -302,14 +315,19 @@ class TrainerConfig:
                 f"the global batch ({self.microbatches_per_step} micro-batches x "
                 f"{self.micro_batch_size} samples = {self.global_batch_size}) is larger than the "
                 f"dataset ({self.dataset_size} samples): not one step fits in an epoch")
-        if self.backend not in (None, "gloo", "nccl"):
-            raise ConfigError(f"backend={self.backend!r} must be 'gloo', 'nccl' or None")
+        if self.backend is not None and (not isinstance(self.backend, str) or not self.backend):
+            raise ConfigError(f"backend={self.backend!r} must be a torch.distributed backend's name or None")
         if self.checkpoint_interval and not self.checkpoint_dir:
             raise ConfigError(f"checkpoint_interval={self.checkpoint_interval} needs a checkpoint_dir")
         if not isinstance(self.timeouts, Timeouts):
             raise ConfigError(f"timeouts={self.timeouts!r} must be a regroup.Timeouts")
         if self.scheduler_interval not in ("step", "epoch"):
             raise ConfigError(f"scheduler_interval={self.scheduler_interval!r} must be 'step' or 'epoch'")
+
+    @property
+    def replica_size(self) -> int:
+        """Ranks per data-parallel replica (tp x pp)."""
+        return self.tensor_parallel * (self.pipeline_parallel or 1)
 
     @property
     def global_batch_size(self) -> int:

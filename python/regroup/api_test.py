@@ -36,7 +36,12 @@ def test_config_names_the_bad_field():
     with pytest.raises(api.ConfigError, match="checkpoint_dir"):
         api.TrainerConfig(dataset_size=10, micro_batch_size=1, microbatches_per_step=1, checkpoint_interval=5)
     with pytest.raises(api.ConfigError, match="backend"):
-        api.TrainerConfig(dataset_size=10, micro_batch_size=1, microbatches_per_step=1, backend="mpi")
+        api.TrainerConfig(dataset_size=10, micro_batch_size=1, microbatches_per_step=1, backend="")
+    with pytest.raises(api.ConfigError, match="pipeline_parallel=0"):
+        api.TrainerConfig(dataset_size=10, micro_batch_size=1, microbatches_per_step=1, pipeline_parallel=0)
+    # Any backend's name is taken here (hccl too); whether torch knows it is checked when the
+    # trainer starts (regroup.group.resolve_backend).
+    api.TrainerConfig(dataset_size=10, micro_batch_size=1, microbatches_per_step=1, backend="hccl")
 
 
 def test_config_derives_the_global_batch_and_steps_per_epoch():

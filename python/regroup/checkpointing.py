@@ -68,7 +68,7 @@ def checkpoint_now(t: Trainer) -> str:
         raise CheckpointError("no checkpoint_dir is configured: nothing can be dumped")
     g = t.generation
     epoch, number = (g.epoch, g.number) if g is not None else (t.membership.active if t.membership.active != NO_GENERATION else (0, 0))
-    tp = g.tp if g is not None else t.config.tensor_parallel
+    tp = g.tp if g is not None else t.config.replica_size
     position = g.tp_rank if g is not None else t.membership.position
     t.checkpointer.wait(t.config.timeouts.checkpoint)
     path = t.checkpointer.write(t.state.state_dict(t.committed_step), step=t.committed_step,

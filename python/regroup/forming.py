@@ -24,7 +24,7 @@ from regroup import contract
 from regroup._proto import wire_pb2 as pb
 from regroup.abort import GroupSockets
 from regroup.api import AgentConnectionError, CheckpointError, ConfigError, StateSyncError, TrainerConfig
-from regroup.group import Layout, ProcessGroups, build_groups
+from regroup.group import Layout, ProcessGroups, build_groups, run_builders
 from regroup.step import Generation
 from regroup.sync import sync_state
 
@@ -46,13 +46,14 @@ def enter_standalone(t: Trainer) -> None:
     start = pb.StartGeneration(directive_id=0)
     plan = start.plan
     plan.epoch, plan.generation, plan.world_size = 0, 1, world
-    plan.tensor_parallel, plan.pipeline_parallel = t.config.tensor_parallel, 1
-    plan.data_parallel = world // t.config.tensor_parallel if world % t.config.tensor_parallel == 0 else 0
+    replica_size = t.config.replica_size
+    plan.tensor_parallel, plan.pipeline_parallel = t.config.tensor_parallel, t.config.pipeline_parallel or 1
+    plan.data_parallel = world // replica_size if world % replica_size == 0 else 0
     plan.store_host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     plan.store_port = int(os.environ.get("MASTER_PORT", "29500"))
     plan.committed_step = t.committed_step
     start.assignment.rank = rank
-    start.assignment.replica = rank // t.config.tensor_parallel
+    start.assignment.replica = rank // replica_size
     enter(t, start)
     if t.generation is None:
         raise StateSyncError("the process group could not be formed (see the log)")
@@ -66,13 +67,24 @@ def plan_layout(config: TrainerConfig, start: Any) -> Tuple[Layout, int, int]:
         ConfigError: the job and the script disagree on the sizes.
     """
     plan, a = start.plan, start.assignment
-    replica_size = max(1, plan.tensor_parallel) * max(1, plan.pipeline_parallel)
-    if replica_size != config.tensor_parallel:
-        raise ConfigError(f"generation {plan.generation} has replicas of {replica_size} ranks "
-                          f"(tensor {plan.tensor_parallel} x pipeline {plan.pipeline_parallel}) but "
-                          f"the script has tensor_parallel={config.tensor_parallel}: give the job "
-                          "and the script the same sizes")
-    layout = Layout(plan.world_size, a.rank, replica_size)
+    tp, pp = max(1, plan.tensor_parallel), max(1, plan.pipeline_parallel)
+    if config.pipeline_parallel is None:
+        # tensor_parallel is the whole replica, one tensor-parallel group (its meaning before
+        # pipeline_parallel existed): the plan's split is not the script's concern.
+        if tp * pp != config.tensor_parallel:
+            raise ConfigError(f"generation {plan.generation} has replicas of {tp * pp} ranks "
+                              f"(tensor {tp} x pipeline {pp}) but the script has "
+                              f"tensor_parallel={config.tensor_parallel}: give the job and the "
+                              "script the same sizes")
+        layout = Layout(plan.world_size, a.rank, tp * pp)
+    else:
+        if (tp, pp) != (config.tensor_parallel, config.pipeline_parallel):
+            raise ConfigError(f"generation {plan.generation} has tensor parallel {tp} x pipeline "
+                              f"parallel {pp} (regroup.io/tensor-parallel, pipeline-parallel) but "
+                              f"the script has tensor_parallel={config.tensor_parallel} x "
+                              f"pipeline_parallel={config.pipeline_parallel}: give the job and the "
+                              "script the same sizes")
+        layout = Layout.grid(plan.world_size, a.rank, tp, pp)
     M = config.microbatches_per_step
     if plan.microbatches_per_step:
         if plan.microbatches_per_step != M:
@@ -215,6 +227,7 @@ def single_process_groups(layout: Layout, backend: str) -> ProcessGroups:
     dist.init_process_group(backend, store=store, rank=0, world_size=1)
     groups = ProcessGroups(layout, backend, store, GroupSockets(0))
     groups.dp_group = dist.group.WORLD
+    run_builders(groups)  # a framework's groups (regroup.megatron) in a world of one too
     return groups
 
 

@@ -1,15 +1,33 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A generation's process groups: its own store, the default group, tensor- and data-parallel groups.
+"""A generation's process groups: its own store, the default group, and the grid's groups.
 
 Every generation gets a fresh store (a TCPStore on the port the manager named, hosted by the
 generation's rank 0) and fresh groups; the previous ones are destroyed first, so descriptors and
 threads do not pile up over many rebuilds. The sockets the groups open are noted as they are
 built (``regroup.abort.GroupSockets``) so that an abort can shut exactly them down.
 
-Ranks are laid out as the manager numbers them: replica ``k`` holds ranks ``[k*R, (k+1)*R)``
-where ``R = tensor_parallel * pipeline_parallel``; a rank's position in its replica is
-``rank % R``. The tensor-parallel group of a rank is its replica; its data-parallel group is
-every rank at the same position (with ``R == 1``, the whole world).
+The grid, dp x tp x pp. Ranks are laid out as the manager numbers them: replica ``k`` (a
+data-parallel replica, a whole tp x pp grid, the unit of failure) holds ranks ``[k*R, (k+1)*R)``
+where ``R = tp * pp``. Inside a replica the tensor-parallel rank varies fastest, then the
+pipeline stage: a rank's position is ``rank % R = stage * tp + tp_rank``. This is Megatron-core's
+``order="tp-pp-dp"`` (its ``initialize_model_parallel`` takes it), not its default
+``"tp-dp-pp"``: with dp inside pp a replica's ranks would be spread over the whole job, and a
+pod could not hold whole replicas (docs/design.md, "Elastic sizing"). Each generation builds:
+
+- the tensor-parallel group: the ``tp`` ranks of one stage of one replica;
+- the pipeline-parallel group: the ``pp`` ranks of one tensor-parallel rank of one replica, in
+  stage order (with the neighbours ``pp_prev``/``pp_next``, global ranks, None at the ends);
+- the model-parallel group: the whole replica (tp x pp);
+- the data-parallel group: the ranks at the same position in every replica.
+
+A group of one rank is not built (None), except the data-parallel group (the default group
+when a replica is one rank). Groups with the same ranks are one group.
+
+The abort of an in-flight collective is per backend (:data:`ABORTS`): gloo's is the socket
+shutdown of ``regroup.abort`` (and the training thread's waits that an abort ends), NCCL's is
+torch's communicator abort. Any other backend torch.distributed knows (``hccl`` from torch_npu,
+a registered custom one) has none: a collective in flight ends at the collective timeout, which
+is logged once per process.
 """
 
 from __future__ import annotations
@@ -21,7 +39,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -34,22 +52,49 @@ log = logging.getLogger("regroup")
 
 @dataclasses.dataclass
 class Layout:
-    """Where a rank sits in a generation."""
+    """Where a rank sits in a generation's dp x tp x pp grid (see the module's docstring).
+
+    Attributes:
+        world_size: ranks in the generation.
+        rank: this rank.
+        replica_size: ranks per data-parallel replica (tp x pp).
+        pipeline_parallel: pipeline stages per replica (it divides ``replica_size``); the
+            tensor-parallel size is ``replica_size // pipeline_parallel``.
+    """
 
     world_size: int
     rank: int
     replica_size: int
+    pipeline_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.replica_size < 1 or self.world_size % self.replica_size:
             raise ConfigError(f"a world of {self.world_size} ranks cannot hold replicas of "
                               f"{self.replica_size} ranks (tensor x pipeline parallel)")
+        if self.pipeline_parallel < 1 or self.replica_size % self.pipeline_parallel:
+            raise ConfigError(f"replicas of {self.replica_size} ranks cannot hold "
+                              f"{self.pipeline_parallel} pipeline stages")
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is outside a world of {self.world_size}")
+
+    @classmethod
+    def grid(cls, world_size: int, rank: int, tp: int, pp: int) -> "Layout":
+        """The layout of a dp x ``tp`` x ``pp`` grid."""
+        if tp < 1 or pp < 1:
+            raise ConfigError(f"tensor parallel {tp} and pipeline parallel {pp} must be positive")
+        return cls(world_size, rank, tp * pp, pp)
 
     @property
     def dp(self) -> int:
         return self.world_size // self.replica_size
+
+    @property
+    def tp(self) -> int:
+        return self.replica_size // self.pipeline_parallel
+
+    @property
+    def pp(self) -> int:
+        return self.pipeline_parallel
 
     @property
     def replica(self) -> int:
@@ -57,13 +102,71 @@ class Layout:
 
     @property
     def position(self) -> int:
+        """This rank's place in its replica: ``stage * tp + tp_rank``."""
         return self.rank % self.replica_size
 
+    @property
+    def tp_rank(self) -> int:
+        return self.position % self.tp
+
+    @property
+    def stage(self) -> int:
+        """This rank's pipeline stage (0 .. pp - 1)."""
+        return self.position // self.tp
+
     def replica_ranks(self, replica: int) -> List[int]:
+        """The ranks of a replica: its model-parallel group."""
         return list(range(replica * self.replica_size, (replica + 1) * self.replica_size))
 
     def position_ranks(self, position: int) -> List[int]:
+        """The ranks at ``position`` of every replica: a data-parallel group."""
         return list(range(position, self.world_size, self.replica_size))
+
+    def tp_ranks(self, replica: int, stage: int) -> List[int]:
+        """The tensor-parallel group of a stage of a replica."""
+        first = replica * self.replica_size + stage * self.tp
+        return list(range(first, first + self.tp))
+
+    def pp_ranks(self, replica: int, tp_rank: int) -> List[int]:
+        """The pipeline-parallel group of a tensor-parallel rank of a replica, in stage order."""
+        first = replica * self.replica_size + tp_rank
+        return list(range(first, first + self.replica_size, self.tp))
+
+    def all_groups(self) -> List[Tuple[str, List[int]]]:
+        """Every group of the grid as ``(kind, ranks)``, in the order every rank builds them
+        (groups of one rank, but data-parallel ones, left out)."""
+        out: List[Tuple[str, List[int]]] = []
+        for replica in range(self.dp):
+            for stage in range(self.pp):
+                out.append(("tp", self.tp_ranks(replica, stage)))
+            for tp_rank in range(self.tp):
+                out.append(("pp", self.pp_ranks(replica, tp_rank)))
+            out.append(("mp", self.replica_ranks(replica)))
+        for position in range(self.replica_size):
+            out.append(("dp", self.position_ranks(position)))
+        return [(kind, ranks) for kind, ranks in out if len(ranks) > 1 or kind == "dp"]
+
+    def mine(self, kind: str) -> List[int]:
+        """This rank's group of ``kind`` ("tp", "pp", "mp" or "dp")."""
+        if kind == "tp":
+            return self.tp_ranks(self.replica, self.stage)
+        if kind == "pp":
+            return self.pp_ranks(self.replica, self.tp_rank)
+        if kind == "mp":
+            return self.replica_ranks(self.replica)
+        if kind == "dp":
+            return self.position_ranks(self.position)
+        raise ValueError(f"no group kind {kind!r}")
+
+    @property
+    def pp_prev(self) -> Optional[int]:
+        """The global rank of the previous pipeline stage's rank (None at the first stage)."""
+        return self.rank - self.tp if self.stage > 0 else None
+
+    @property
+    def pp_next(self) -> Optional[int]:
+        """The global rank of the next pipeline stage's rank (None at the last stage)."""
+        return self.rank + self.tp if self.stage < self.pp - 1 else None
 
 
 class ProcessGroups:
@@ -71,10 +174,14 @@ class ProcessGroups:
 
     Attributes:
         layout: this rank's place.
-        backend: "gloo" or "nccl".
-        tp_group: the group of this rank's replica (None when a replica is one rank).
+        backend: the torch.distributed backend ("gloo", "nccl", "hccl", ...).
+        tp_group: this rank's tensor-parallel group (None when tp is 1).
+        pp_group: this rank's pipeline-parallel group, in stage order (None when pp is 1).
+        mp_group: this rank's model-parallel group, its whole replica (None when a replica is
+            one rank; the tensor-parallel group when pp is 1, the pipeline one when tp is 1).
         dp_group: the group of the ranks at this rank's position in every replica (the default
             group when a replica is one rank).
+        extra: what the builders of :func:`on_build` returned, by name (a framework's groups).
         sockets: the groups' sockets, for an abort.
     """
 
@@ -84,16 +191,41 @@ class ProcessGroups:
         self.store = store
         self.sockets = sockets
         self.tp_group: Any = None
+        self.pp_group: Any = None
+        self.mp_group: Any = None
         self.dp_group: Any = None
+        self.extra: Dict[str, Any] = {}
         self.destroyed = False
+
+    def subgroups(self) -> List[Any]:
+        """The generation's groups other than the default one (each once)."""
+        out: List[Any] = []
+        for g in (self.tp_group, self.pp_group, self.mp_group, self.dp_group):
+            if g is not None and not any(g is o for o in out):
+                out.append(g)
+        return out
+
+    def abort_inflight(self) -> bool:
+        """Ends the collectives in flight on these groups, the backend's way (:data:`ABORTS`);
+        True when the backend has a way. Without one a collective ends at the collective
+        timeout, which is logged once per process. Called by the abort, after the groups'
+        sockets were shut down."""
+        if self.destroyed:
+            return False
+        piece = ABORTS.get(self.backend)
+        if piece is None:
+            _no_abort_once(self.backend, self.sockets.collective_s)
+            return False
+        return piece(self)
 
     def abort_nccl(self) -> bool:
         """Aborts the NCCL communicators of these groups (torch 2.x), so a rank blocked in an
-        NCCL collective comes out; True when torch had a way to. Untested here (no GPU in CI)."""
+        NCCL collective comes out; True when torch had a way to. Untested here (no GPU in CI;
+        ``bench/gpu/nccl_check.py`` runs it on a GPU machine)."""
         if self.backend != "nccl" or self.destroyed:
             return False
         done = False
-        for g in (self.tp_group, self.dp_group, dist.group.WORLD):
+        for g in self.subgroups() + [dist.group.WORLD]:
             if g is None or g is dist.GroupMember.NON_GROUP_MEMBER:
                 continue
             abort_group = getattr(dist.distributed_c10d, "_abort_process_group", None)
@@ -121,14 +253,121 @@ class ProcessGroups:
         if left:
             # A collective left behind by an abort still runs in gloo (until its timeout): keep
             # its groups alive past the destroy, or their destructors would wait for it here.
-            park(_live_groups() + [self.tp_group, self.dp_group, self.store], left,
+            park(_live_groups() + self.subgroups() + [self.store], left,
                  self.sockets.collective_s + 30.0)
             log.info("regroup: %d collective(s) left behind by the abort; their groups are "
                      "released when gloo gives up on them", len(left))
+        for name, fn in _teardowns:
+            try:
+                fn(self)
+            except Exception as e:  # noqa: BLE001 - the groups go below all the same
+                log.warning("regroup: tearing down %s failed: %s", name, e)
         _destroy_default()
-        self.tp_group = None
-        self.dp_group = None
+        self.tp_group = self.pp_group = self.mp_group = self.dp_group = None
+        self.extra = {}
         self.store = None
+
+
+# -- the abort of a collective in flight, per backend ---------------------------------------------
+
+
+def _abort_gloo(groups: ProcessGroups) -> bool:
+    # The abort already shut the groups' sockets down (regroup.abort.GroupSockets.shutdown), and
+    # the training thread waits on gloo only through GroupSockets, which that shutdown wakes.
+    return True
+
+
+def _abort_nccl(groups: ProcessGroups) -> bool:
+    return groups.abort_nccl()
+
+
+ABORTS: Dict[str, Callable[[ProcessGroups], bool]] = {"gloo": _abort_gloo, "nccl": _abort_nccl}
+"""The per-backend abort of a collective in flight: backend name -> ``fn(groups)``, True when it
+ended them. Add one with :func:`register_abort`."""
+
+_warned_lock = threading.Lock()
+_warned: set = set()
+
+
+def register_abort(backend: str, fn: Callable[[ProcessGroups], bool]) -> None:
+    """Registers how to abort ``backend``'s collectives in flight (``fn(groups)``; True when it
+    did): an abort calls it after shutting the groups' sockets down."""
+    ABORTS[backend] = fn
+
+
+def _no_abort_once(backend: str, collective_s: float) -> None:
+    with _warned_lock:
+        if backend in _warned:
+            return
+        _warned.add(backend)
+    log.warning("regroup: backend %r has no abort of a collective in flight: after an abort a rank "
+                "waiting in one comes out at the collective timeout (%.0f s), or its abort watchdog "
+                "restarts it (logged once)", backend, collective_s)
+
+
+def resolve_backend(name: Optional[str]) -> str:
+    """The backend to use: ``name``, or NCCL with CUDA, else gloo. Any backend torch.distributed
+    knows is taken (``hccl`` once torch_npu is imported: it is imported here if need be).
+
+    Raises:
+        ConfigError: torch.distributed does not know the backend.
+    """
+    if name is None:
+        return default_backend()
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"backend={name!r} must be the name of a torch.distributed backend")
+    if not hasattr(dist.Backend, name.upper()) and name.lower() == "hccl":
+        try:
+            __import__("torch_npu")  # registers hccl with torch.distributed
+        except ImportError:
+            pass
+    if not hasattr(dist.Backend, name.upper()):
+        hint = " (install and import torch_npu for hccl)" if name.lower() == "hccl" else \
+            " (register it with torch.distributed.Backend.register_backend first)"
+        raise ConfigError(f"backend={name!r} is not known to torch.distributed{hint}")
+    available = getattr(dist, f"is_{name.lower()}_available", None)  # gloo, nccl, mpi, ucc
+    if available is not None and not available():
+        raise ConfigError(f"backend={name!r}: this torch ({torch.__version__}) was built without it")
+    return name
+
+
+def backend_device(backend: str) -> torch.device:
+    """Where a backend's tensors live: CUDA for NCCL, the NPU for hccl, else the CPU."""
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    npu = getattr(torch, "npu", None)
+    if backend == "hccl" and npu is not None:
+        return torch.device("npu", npu.current_device())
+    return torch.device("cpu")
+
+
+# -- builders of more groups (a framework's), run inside the noted window -------------------------
+
+_builders: List[Tuple[str, Callable[[ProcessGroups], Any]]] = []
+_teardowns: List[Tuple[str, Callable[[ProcessGroups], None]]] = []
+
+
+def on_build(name: str, build: Callable[[ProcessGroups], Any],
+             teardown: Optional[Callable[[ProcessGroups], None]] = None) -> None:
+    """Runs ``build(groups)`` in every generation once the grid's groups are built, before the
+    sockets are noted (so an abort shuts down the groups it makes too); what it returns is
+    ``groups.extra[name]``. ``teardown(groups)`` runs when the generation's groups are destroyed,
+    before the default group is. Registering a name again replaces it."""
+    remove_builder(name)
+    _builders.append((name, build))
+    if teardown is not None:
+        _teardowns.append((name, teardown))
+
+
+def run_builders(groups: ProcessGroups) -> None:
+    """Runs the builders of :func:`on_build` on a generation's groups (its grid is built)."""
+    for name, build in list(_builders):
+        groups.extra[name] = build(groups)
+
+
+def remove_builder(name: str) -> None:
+    _builders[:] = [(n, f) for n, f in _builders if n != name]
+    _teardowns[:] = [(n, f) for n, f in _teardowns if n != name]
 
 
 def _live_groups() -> List[Any]:
@@ -215,15 +454,32 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def build_grid(groups: ProcessGroups, timeout: datetime.timedelta) -> None:
+    """Builds the grid's groups (the default group is up): every rank creates every group, in
+    the same order (torch requires it); a rank keeps its own."""
+    layout = groups.layout
+    if layout.replica_size == 1:
+        groups.dp_group = dist.group.WORLD
+        return
+    made: Dict[Tuple[int, ...], Any] = {}
+    for kind, ranks in layout.all_groups():
+        key = tuple(ranks)
+        if key not in made:
+            made[key] = dist.new_group(ranks, timeout=timeout, backend=groups.backend)
+        if ranks == layout.mine(kind):
+            setattr(groups, f"{kind}_group", made[key])
+
+
 def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: str,
                  rendezvous_s: float, collective_s: float, aborted: threading.Event,
                  sockets: Optional[GroupSockets] = None) -> ProcessGroups:
-    """Forms a generation's groups: store, default group, tensor- and data-parallel groups.
+    """Forms a generation's groups: store, default group, the grid's groups, and those of the
+    builders registered with :func:`on_build`.
 
     Args:
         store_host, store_port: the generation's store (hosted by rank 0).
         layout: this rank's place.
-        backend: "gloo" or "nccl".
+        backend: a torch.distributed backend (see :func:`resolve_backend`).
         rendezvous_s: how long forming the groups may take.
         collective_s: the collectives' timeout.
         aborted: set by an abort; a rank still connecting gives up.
@@ -252,18 +508,8 @@ def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: s
         dist.init_process_group(backend, store=store, rank=layout.rank,
                                 world_size=layout.world_size, timeout=timeout)
         groups = ProcessGroups(layout, backend, store, sockets)
-        if layout.replica_size == 1:
-            groups.dp_group = dist.group.WORLD
-        else:
-            # Every rank creates every group, in the same order (torch requires it).
-            for replica in range(layout.dp):
-                g = dist.new_group(layout.replica_ranks(replica), timeout=timeout, backend=backend)
-                if replica == layout.replica:
-                    groups.tp_group = g
-            for position in range(layout.replica_size):
-                g = dist.new_group(layout.position_ranks(position), timeout=timeout, backend=backend)
-                if position == layout.position:
-                    groups.dp_group = g
+        build_grid(groups, timeout)
+        run_builders(groups)
         sockets.end()
         return groups
     except BaseException:

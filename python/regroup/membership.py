@@ -116,7 +116,7 @@ class Membership:
             since_abort = time.monotonic() - self.abort_at
             self.abort_at = None
         if groups is not None:
-            retire_groups(groups.tp_group, groups.dp_group)
+            retire_groups(*groups.subgroups())
             started = time.monotonic()
             groups.destroy()
             log.info("regroup: left generation %d%s; its groups destroyed in %.1f ms", self.active[1],
@@ -140,8 +140,8 @@ class Membership:
             self.abort_at = time.monotonic()
             if self.sockets is not None:
                 self.sockets.shutdown(include_store=True)
-            if self.groups is not None and self.groups.backend == "nccl":
-                self.groups.abort_nccl()
+            if self.groups is not None:
+                self.groups.abort_inflight()  # the backend's own abort, if it has one
             return new
 
     def ended_by(self, mark: Mark) -> bool:

@@ -97,6 +97,23 @@ class Generation:
         """The group of the ranks at this rank's position in every replica."""
         return self._groups.dp_group if self._groups is not None else None
 
+    @property
+    def pp_group(self) -> Any:
+        """This rank's pipeline-parallel group, in stage order (None with one stage;
+        ``TrainerConfig.pipeline_parallel``). Like every group, only for this generation."""
+        return self._groups.pp_group if self._groups is not None else None
+
+    @property
+    def model_parallel_group(self) -> Any:
+        """The group of this rank's whole replica (tp x pp; None with one rank per replica)."""
+        return self._groups.mp_group if self._groups is not None else None
+
+    @property
+    def groups(self) -> Optional[ProcessGroups]:
+        """All of the generation's groups and its layout (``.layout``: tp, pp, stage, tp_rank,
+        pp_prev, pp_next; regroup.group)."""
+        return self._groups
+
 
 class MicroBatch:
     """One micro-batch of a step: its global sample indices and its random numbers.

@@ -55,7 +55,7 @@ from regroup.api import (EXIT_ABORT_STUCK, AgentConnectionError, CheckpointError
 from regroup.checkpoint import CheckpointInfo, Checkpointer
 from regroup.dispatch import NewStart, dispatch, next_item, on_urgent
 from regroup.membership import Mark, Membership
-from regroup.group import default_backend
+from regroup.group import backend_device, resolve_backend
 from regroup.state import Snapshot, TrainingState, reduce_gradients
 from regroup.step import Generation, MicroBatch, Step, is_communication_error
 from regroup.stops import Stop, handle_stop
@@ -121,9 +121,8 @@ class Trainer:
         socket_path = agent_socket if agent_socket is not None else os.environ.get("REGROUP_AGENT_SOCKET")
         self.managed = bool(socket_path)
         self._socket_path = socket_path
-        self.backend = config.backend or default_backend()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" \
-            else torch.device("cpu")
+        self.backend = resolve_backend(config.backend)
+        self.device = backend_device(self.backend)
         self.committed_step = -1
         self.heard_commit_step = -1
         self.checkpointer = Checkpointer(config.checkpoint_dir, config.keep_checkpoints) \

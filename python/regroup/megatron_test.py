@@ -1,0 +1,200 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Megatron-core adapter: flags and sizes from the script's arguments, and parallel_state's
+groups rebuilt on every generation, equal to Regroup's grid, before and after a scale-in.
+
+What runs here (CPU, gloo): the argument handling, megatron-core 0.16's
+``parallel_state.initialize_model_parallel`` on 8 then 4 ranks, and a tiny GPTModel built on the
+rebuilt groups (its layers split by stage, its linear layers by tensor-parallel rank). What does
+not: that model's forward and backward (megatron-core's attention takes its buffers on CUDA:
+``GlobalMemoryBuffer.get_tensor`` calls ``torch.cuda.current_device()``), Megatron-LM's
+``pretrain()`` loop and MindSpeed's; NCCL.
+"""
+
+import json
+import os
+import sys
+import threading
+
+if __name__ == "__main__":  # a worker: this folder's megatron.py must not shadow megatron-core
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+    sys.path.insert(0, os.path.dirname(_here))
+
+import pytest  # noqa: E402
+
+from regroup.api import ConfigError  # noqa: E402
+from regroup.group import Layout  # noqa: E402
+from regroup.megatron import Adapter, activate, deactivate, enabled, parse_sizes  # noqa: E402
+from regroup.testing import free_port  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+try:
+    from megatron.core import parallel_state
+    MEGATRON = parallel_state is not None
+except Exception:  # noqa: BLE001 - ImportError, or a megatron that needs a newer torch
+    MEGATRON = False
+needs_megatron = pytest.mark.skipif(
+    not MEGATRON, reason="megatron-core is not importable here (scripts/torch2 installs it in the torch 2.x venv)")
+
+SEED_ARGS = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size=2",
+             "--num-layers", "4", "--enable-high-availability", "--enable-elastic-training"]
+
+
+def test_sizes_and_flags_come_from_the_scripts_own_arguments():
+    assert parse_sizes(SEED_ARGS) == (2, 2)
+    assert parse_sizes(["--num-layers", "4"]) == (1, 1)
+    assert enabled(SEED_ARGS) and not enabled(["--tensor-model-parallel-size", "2"])
+    assert activate(["--tensor-model-parallel-size", "2"]) is None  # no seed flag: nothing changes
+    with pytest.raises(ConfigError, match="--tensor-model-parallel-size 'two' is not a whole number"):
+        parse_sizes(["--tensor-model-parallel-size", "two"])
+    with pytest.raises(ConfigError, match="--context-parallel-size 2: the Regroup adapter rebuilds"):
+        parse_sizes(["--context-parallel-size", "2"])
+
+
+@pytest.mark.skipif(MEGATRON, reason="megatron-core is importable here")
+def test_the_seed_flags_without_megatron_core_are_refused_saying_so():
+    with pytest.raises(ConfigError, match="megatron.core cannot be imported"):
+        activate(["--enable-elastic-training"])
+
+
+def test_a_job_disagreeing_with_the_script_is_refused_naming_both():
+    adapter = Adapter(2, 2)
+    adapter.check(2, 2)
+    with pytest.raises(ConfigError, match=r"regroup.io/tensor-parallel=4 and regroup.io/pipeline-parallel=1 "
+                                          r"but the script has --tensor-model-parallel-size 2 and "
+                                          r"--pipeline-model-parallel-size 2"):
+        adapter.check(4, 1)
+    config = adapter.config(dataset_size=64, micro_batch_size=2, microbatches_per_step=4)
+    assert (config.tensor_parallel, config.pipeline_parallel, config.replica_size) == (2, 2, 4)
+    with pytest.raises(ConfigError, match="comes from the script's Megatron arguments"):
+        adapter.config(dataset_size=64, micro_batch_size=2, microbatches_per_step=4, tensor_parallel=4)
+
+
+@needs_megatron
+def test_a_single_process_trainer_under_the_seed_flags_has_parallel_state_while_it_trains(monkeypatch):
+    import torch
+    from megatron.core import parallel_state as ps
+
+    import regroup
+
+    for name in ("WORLD_SIZE", "RANK", "REGROUP_AGENT_SOCKET"):
+        monkeypatch.delenv(name, raising=False)
+    adapter = activate(["--enable-elastic-training", "--tensor-model-parallel-size", "1"])
+    try:
+        model = torch.nn.Linear(2, 1)
+        trainer = regroup.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                  config=adapter.config(dataset_size=8, micro_batch_size=2,
+                                                        microbatches_per_step=2, backend="gloo"))
+        seen = []
+        for step in trainer.steps(2):
+            with step:
+                seen.append(ps.model_parallel_is_initialized() and ps.get_data_parallel_world_size())
+                for mb in step.microbatches():
+                    step.backward(model(torch.ones(len(mb.indices), 2)).sum())
+                trainer.commit(step)
+        trainer.close()
+        assert seen == [1, 1] and adapter.generations == 1
+        assert not ps.model_parallel_is_initialized()  # torn down with the generation
+    finally:
+        deactivate()
+
+
+def _tiny_gpt(ps) -> dict:
+    """A tiny GPT built with this generation's parallel_state (CPU initialisation): its layers
+    split by stage and its linear layers by tensor-parallel rank. Its forward pass is not run:
+    megatron-core's attention takes its buffers on CUDA (GlobalMemoryBuffer.get_tensor)."""
+    import torch
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(num_layers=4, hidden_size=32, ffn_hidden_size=128, num_attention_heads=4,
+                               tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                               use_cpu_initialization=True, params_dtype=torch.float32,
+                               pipeline_dtype=torch.float32)
+    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=64,
+                     max_sequence_length=16, pre_process=ps.is_pipeline_first_stage(),
+                     post_process=ps.is_pipeline_last_stage())
+    return {"layers": len(model.decoder.layers),
+            "fc1": list(model.decoder.layers[0].mlp.linear_fc1.weight.shape),
+            "embedding": hasattr(model, "embedding"), "output": hasattr(model, "output_layer")}
+
+
+def _worker(rank: int, directory: str) -> None:
+    import time
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from regroup.abort import GroupSockets
+    from regroup.group import build_groups
+
+    adapter = activate(SEED_ARGS)
+    side = dist.FileStore(os.path.join(directory, "side"), 8)
+    out = {}
+    for generation, world in ((1, 8), (2, 4)):
+        if rank >= world:
+            break  # this rank's node was lost: the scale-in leaves it out
+        if rank == 0:
+            side.set(f"port{generation}", str(free_port()))
+        port = int(side.get(f"port{generation}"))
+        sockets = GroupSockets(port)
+        layout = Layout.grid(world, rank, 2, 2)
+        groups = build_groups(store_host="127.0.0.1", store_port=port, layout=layout, backend="gloo",
+                              rendezvous_s=60, collective_s=60, aborted=threading.Event(), sockets=sockets)
+        assert groups.extra["megatron"] is ps
+        got = {
+            "tp": dist.get_process_group_ranks(ps.get_tensor_model_parallel_group()),
+            "pp": dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()),
+            "dp": dist.get_process_group_ranks(ps.get_data_parallel_group()),
+            "mp": dist.get_process_group_ranks(ps.get_model_parallel_group()),
+            "ranks": [ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
+                      ps.get_data_parallel_rank()],
+            "regroup": {k: dist.get_process_group_ranks(getattr(groups, f"{k}_group"))
+                        for k in ("tp", "pp", "mp") if getattr(groups, f"{k}_group") is not None},
+        }
+        if generation == 2:
+            got["gpt"] = _tiny_gpt(ps)
+        got["expected"] = {k: layout.mine(k) for k in ("tp", "pp", "dp", "mp")}
+        got["expected"]["ranks"] = [layout.tp_rank, layout.stage, layout.replica]
+        out[generation] = got
+        dist.barrier()
+        sockets.shutdown(include_store=True)  # the abort
+        groups.destroy()
+        out[generation]["after_destroy"] = ps.model_parallel_is_initialized()
+        side.add(f"done{generation}", 1)
+        while int(side.add(f"done{generation}", 0)) < world:
+            time.sleep(0.005)
+    out["generations"] = adapter.generations
+    deactivate()
+    with open(os.path.join(directory, f"mc{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+@needs_megatron
+def test_parallel_state_is_rebuilt_per_generation_and_equals_the_grid_after_a_scale_in(tmp_path, procs):
+    from regroup.grid_test import run_workers
+
+    run_workers(procs, tmp_path, 8, script=__file__)
+    for r in range(8):
+        result = json.loads((tmp_path / f"mc{r}.json").read_text())
+        assert result["generations"] == (2 if r < 4 else 1)
+        for generation in (["1", "2"] if r < 4 else ["1"]):
+            got = result[generation]
+            for kind in ("tp", "pp", "dp", "mp", "ranks"):
+                assert got[kind] == got["expected"][kind], (r, generation, kind, got)
+            for kind, ranks in got["regroup"].items():
+                assert ranks == got[kind], (r, generation, kind, got)  # parallel_state's are Regroup's
+            assert got["after_destroy"] is False
+    # After the scale-in to 4 ranks (dp 1), rank 3 is stage 1, tp rank 1, alone in its dp group.
+    assert json.loads((tmp_path / "mc3.json").read_text())["2"]["dp"] == [3]
+    # The tiny GPT of generation 2: 2 of its 4 layers a stage, fc1's 128 rows halved by tp 2, the
+    # embedding on stage 0 (ranks 0, 1), the output layer on stage 1 (ranks 2, 3).
+    for r in range(4):
+        gpt = json.loads((tmp_path / f"mc{r}.json").read_text())["2"]["gpt"]
+        assert gpt == {"layers": 2, "fc1": [64, 32], "embedding": r < 2, "output": r >= 2}, (r, gpt)
+
+
+if __name__ == "__main__":
+    _worker(int(sys.argv[1]), sys.argv[2])

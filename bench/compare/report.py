@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -439,7 +440,7 @@ def main() -> int:
     res = Path(args.results).resolve()
     rel = res.relative_to(HERE) if res.is_relative_to(HERE) else res
     m = machine()
-    parts = [f"Measured {m['date']} on {m['cores']} cores ({m['cpu']}), {m['memory']}, Linux {m['kernel']}, "
+    parts = [f"Tables made {m['date']} (each part's runs are dated in the text above) on {m['cores']} cores ({m['cpu']}), {m['memory']}, Linux {m['kernel']}, "
              f"Python {m['python']}, torch {m['torch']}; load average when the report was made: {m['loadavg']}.\n"]
     scale = read_jsonl(res / "scale.jsonl")
     if scale:
@@ -454,8 +455,9 @@ def main() -> int:
     peers = read_jsonl(res / "peers.jsonl")
     if peers:
         peers_plot(peers, res)
-        parts.append("### Side by side with torchft and nvidia-resiliency-ext (torch "
-                     f"{next((r.get('torch') for r in peers if r.get('torch')), '2.15.0')})\n\n" + peers_table(peers) +
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(min(r.get("invocation", 0) for r in peers)))
+        parts.append("### Side by side with torchft and nvidia-resiliency-ext\n\n"
+                     f"Trainers on the pinned torch 2.15.0 venv; invocation started {when}.\n\n" + peers_table(peers) +
                      f"\n![peers]({rel}/peers.png)\n")
     text = "\n".join(parts)
     (res / "tables.md").write_text(text)

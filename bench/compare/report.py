@@ -197,6 +197,18 @@ def scale_section(rows, outdir: Path) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
+def plot_timeline(ax, run: dict, color: str, label: str) -> None:
+    """One run's committed steps against time, its faults dotted."""
+    tl = run.get("timeline", [])
+    if tl:
+        ax.plot([t for t, _, _ in tl], [st for _, st, _ in tl], ".", ms=3, color=color, label=label)
+    for x in run.get("faults", []):
+        if "at_s" in x:
+            ax.axvline(x["at_s"], color=color, ls=":", lw=1)
+    ax.set_xlabel("seconds since launch")
+    ax.set_ylabel("committed step")
+
+
 def recovery_section(rows, outdir: Path) -> str:
     runs = [r for r in rows if not r.get("baseline")]
     base = [r for r in rows if r.get("baseline")]
@@ -271,15 +283,7 @@ def recovery_section(rows, outdir: Path) -> str:
         if not good[s]:
             continue
         r = next((r for r in good[s] if both and r.get("rep") == both[0]), good[s][0])
-        tl = r.get("timeline", [])
-        if not tl:
-            continue
-        ax.plot([t for t, _, _ in tl], [st for _, st, _ in tl], ".", ms=3, color=colors[s], label=LABEL[s])
-        for x in r.get("faults", []):
-            if "at_s" in x:
-                ax.axvline(x["at_s"], color=colors[s], ls=":", lw=1)
-    ax.set_xlabel("seconds since launch")
-    ax.set_ylabel("committed step")
+        plot_timeline(ax, r, colors[s], LABEL[s])
     ax.set_title("Committed steps over time, one run each" + (f" (repetition {both[0]})" if both else "")
                  + "; dotted: trainer killed, node killed, node back")
     ax.grid(True, alpha=0.3)
@@ -417,13 +421,7 @@ def peers_plot(rows, outdir: Path) -> None:
         r = next((r for r in rows if r.get("system") == s and r.get("ok") and not r.get("baseline")), None)
         if not r:
             continue
-        tl = r.get("timeline", [])
-        ax.plot([t for t, _, _ in tl], [st for _, st, _ in tl], ".", ms=3, color=colors[s], label=PEERS[s])
-        for x in r.get("faults", []):
-            if "at_s" in x:
-                ax.axvline(x["at_s"], color=colors[s], ls=":", lw=1)
-    ax.set_xlabel("seconds since launch")
-    ax.set_ylabel("committed step")
+        plot_timeline(ax, r, colors[s], PEERS[s])
     ax.set_title("one run each; dotted: trainer killed, node killed, node back", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)

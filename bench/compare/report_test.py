@@ -93,6 +93,9 @@ class Table(unittest.TestCase):
         self.assertIn("| 0 / 0 | 48 / 0 | n/a / n/a |", text)
         self.assertIn("1.0e-07 / 1.0e-08", text)
         self.assertIn("1 failed (TimeoutError: the last step)", text)
+        with tempfile.TemporaryDirectory() as d:
+            report.peers_plot(rows, Path(d))
+            self.assertGreater(Path(d, "peers.png").stat().st_size, 1000)
         # the script cost is computed from the scripts themselves
         self.assertRegex(text, r"\| \+\d+ / -\d+ \| \+\d+ / -\d+ \| \+\d+ / -\d+ \|")
 

@@ -324,7 +324,7 @@ def peers_table(rows, here: Path = HERE) -> str:
     notes: list = []
 
     def fault_vals(s, fault, key):
-        vals, why = [], None
+        vals, why, left = [], None, []
         for r in faulty[s]:
             for x in r.get("faults", []):
                 if x.get("fault") != fault:
@@ -333,13 +333,18 @@ def peers_table(rows, here: Path = HERE) -> str:
                     why = x["unsupported"]
                 elif isinstance(x.get(key), (int, float)):
                     vals.append(float(x[key]))
+                elif key != "redone" and isinstance(r.get("job_s"), (int, float)) and "at_s" in x:
+                    left.append(r["job_s"] - x["at_s"])  # the job ended first
+        if not vals and not why and left:
+            why = (f"{PEERS[s]}: the job ended {f(min(left), 0)} to {f(max(left), 0)} s after the fault, before "
+                   "the node was back at full size (its step is short, the returning processes' start long)")
         return vals, why
 
     def cell(vals, why, digits=2):
         if why:
             if why not in notes:
                 notes.append(why)
-            return f"not supported ({notes.index(why) + 1})"
+            return f"{'not back by the end' if 'job ended' in why else 'not supported'} ({notes.index(why) + 1})"
         return f(median(vals), digits) if vals else "n/a"
 
     peers = [s for s in systems if s != "regroup"]

@@ -75,6 +75,7 @@ class Table(unittest.TestCase):
             {"fault": "trainer", "resume_s": resume, "pause_s": resume, "redone": 0},
             {"fault": "node", "resume_s": resume * 2, "pause_s": resume * 2, "redone": 1},
             dict({"fault": "return", "redone": 0}, **({"unsupported": "cannot grow"} if system == "nvrx"
+                                                      else {"at_s": 20.0} if system == "torchft"
                                                       else {"resume_s": 3.0, "pause_s": 0.5}))]
         return dict({"system": system, "baseline": baseline, "ok": True, "steps": 60, "job_s": 30.0,
                      "steady_step_s": 0.25, "loadavg_before": "3.5 2 1", "faults": faults}, **kw)
@@ -88,8 +89,10 @@ class Table(unittest.TestCase):
         text = report.peers_table(rows)
         self.assertIn("torchft 0.2.0", text)
         self.assertIn("| a trainer process killed | fault -> next committed step (s) | 0.50 | 2.00 | 5.00 | 0.25 | 0.10 |", text)
-        self.assertIn("not supported (1)", text)
-        self.assertIn("(1) cannot grow.", text)
+        self.assertIn("not supported (2)", text)
+        self.assertIn("(2) cannot grow.", text)
+        self.assertIn("not back by the end (1)", text)
+        self.assertIn("(1) torchft 0.2.0: the job ended 10 to 10 s after the fault", text)
         self.assertIn("| 0 / 0 | 48 / 0 | n/a / n/a |", text)
         self.assertIn("1.0e-07 / 1.0e-08", text)
         self.assertIn("1 failed (TimeoutError: the last step)", text)

@@ -323,6 +323,12 @@ def peers_table(rows, here: Path = HERE) -> str:
     failed = {s: [r for r in rows if r.get("system") == s and not r.get("ok")] for s in systems}
     notes: list = []
 
+    def failed_why(s):
+        if not faulty[s] and failed[s]:
+            return (f"{PEERS[s]}: every run with faults failed ({len(failed[s])}): "
+                    f"{str(failed[s][0].get('error', '?'))[:120]}")
+        return None
+
     def fault_vals(s, fault, key):
         vals, why, left = [], None, []
         for r in faulty[s]:
@@ -335,6 +341,8 @@ def peers_table(rows, here: Path = HERE) -> str:
                     vals.append(float(x[key]))
                 elif key != "redone" and isinstance(r.get("job_s"), (int, float)) and "at_s" in x:
                     left.append(r["job_s"] - x["at_s"])  # the job ended first
+        if not vals and not why:
+            why = failed_why(s)
         if not vals and not why and left:
             why = (f"{PEERS[s]}: the job ended {f(min(left), 0)} to {f(max(left), 0)} s after the fault, before "
                    "the node was back at full size (its step is short, the returning processes' start long)")
@@ -344,7 +352,8 @@ def peers_table(rows, here: Path = HERE) -> str:
         if why:
             if why not in notes:
                 notes.append(why)
-            return f"{'not back by the end' if 'job ended' in why else 'not supported'} ({notes.index(why) + 1})"
+            kind = "not back by the end" if "job ended" in why else "failed" if "failed" in why else "not supported"
+            return f"{kind} ({notes.index(why) + 1})"
         return f(median(vals), digits) if vals else "n/a"
 
     peers = [s for s in systems if s != "regroup"]
@@ -365,12 +374,13 @@ def peers_table(rows, here: Path = HERE) -> str:
         row(fname, "longest stop (s)", {s: fault_vals(s, fault, "pause_s") for s in systems})
         row(fname, "steps redone", {s: fault_vals(s, fault, "redone") for s in systems}, ratios=False, digits=0)
 
-    def run_vals(rs, key, sub=None):
+    def run_vals(rs, key, sub=None, s=None):
         v = [r.get(key) if sub is None else (r.get(key) or {}).get(sub) for r in rs]
-        return [float(x) for x in v if isinstance(x, (int, float))], None
+        v = [float(x) for x in v if isinstance(x, (int, float))]
+        return v, (failed_why(s) if s and not v else None)
 
-    lost = {s: run_vals(faulty[s], "samples_lost") for s in systems}
-    rep = {s: run_vals(faulty[s], "samples_repeated") for s in systems}
+    lost = {s: run_vals(faulty[s], "samples_lost", s=s) for s in systems}
+    rep = {s: run_vals(faulty[s], "samples_repeated", s=s) for s in systems}
     out.append("| all three, one run | samples lost / repeated vs the fault-free run | " + " | ".join(
         f"{cell(*lost[s], digits=0)} / {cell(*rep[s], digits=0)}" for s in systems) + " | " + " | ".join("-" for _ in peers) + " |")
     w = {s: run_vals(faulty[s], "weights_vs_fault_free", "rel_l2") for s in systems}
@@ -378,7 +388,7 @@ def peers_table(rows, here: Path = HERE) -> str:
     out.append("| all three, one run | final weights vs the fault-free run: relative L2 / max abs | " + " | ".join(
         (f"{median(w[s][0]):.1e} / {median(wm[s][0]):.1e}" if w[s][0] else "n/a") for s in systems) + " | " +
         " | ".join("-" for _ in peers) + " |")
-    row("all three, one run", "job time (s)", {s: run_vals(faulty[s], "job_s") for s in systems})
+    row("all three, one run", "job time (s)", {s: run_vals(faulty[s], "job_s", s=s) for s in systems})
     row("none", "steady-state step (s, median between commits after step 5)",
         {s: run_vals(clean[s], "steady_step_s") for s in systems}, digits=3)
     row("none", "job time (s)", {s: run_vals(clean[s], "job_s") for s in systems})

@@ -85,22 +85,26 @@ class Table(unittest.TestCase):
                                                                weights_vs_fault_free={"rel_l2": 1e-7, "max_abs": 1e-8}),
                 self.run_row("torchft", True, 0), self.run_row("torchft", False, 2.0, samples_lost=48, samples_repeated=0),
                 self.run_row("nvrx", False, 5.0),
-                {"system": "nvrx", "baseline": False, "ok": False, "error": "TimeoutError: the last step"}]
+                {"system": "nvrx", "baseline": False, "ok": False, "error": "TimeoutError: the last step"},
+                self.run_row("torchrun-ckpt10", True, 0),
+                {"system": "torchrun-ckpt10", "baseline": False, "ok": False, "error": "TimeoutError: recovery"}]
         text = report.peers_table(rows)
         self.assertIn("torchft 0.2.0", text)
-        self.assertIn("| a trainer process killed | fault -> next committed step (s) | 0.50 | 2.00 | 5.00 | 0.25 | 0.10 |", text)
-        self.assertIn("not supported (2)", text)
-        self.assertIn("(2) cannot grow.", text)
-        self.assertIn("not back by the end (1)", text)
-        self.assertIn("(1) torchft 0.2.0: the job ended 10 to 10 s after the fault", text)
-        self.assertIn("| 0 / 0 | 48 / 0 | n/a / n/a |", text)
+        self.assertIn("| a trainer process killed | fault -> next committed step (s) | 0.50 | failed (1) | 2.00 | 5.00 | - | 0.25 | 0.10 |", text)
+        self.assertIn("(1) torchrun, ckpt every 10 steps: every run with faults failed (1): TimeoutError: recovery.", text)
+        self.assertIn("not supported (3)", text)
+        self.assertIn("(3) cannot grow.", text)
+        self.assertIn("not back by the end (2)", text)
+        self.assertIn("(2) torchft 0.2.0: the job ended 10 to 10 s after the fault", text)
+        self.assertIn("| 0 / 0 | failed (1) / failed (1) | 48 / 0 | n/a / n/a |", text)
         self.assertIn("1.0e-07 / 1.0e-08", text)
         self.assertIn("1 failed (TimeoutError: the last step)", text)
         with tempfile.TemporaryDirectory() as d:
             report.peers_plot(rows, Path(d))
             self.assertGreater(Path(d, "peers.png").stat().st_size, 1000)
         # the script cost is computed from the scripts themselves
-        self.assertRegex(text, r"\| \+\d+ / -\d+ \| \+\d+ / -\d+ \| \+\d+ / -\d+ \|")
+        self.assertRegex(text, r"\| \+\d+ / -\d+ \| \+\d+ / -\d+ \(the same script as Regroup's\) \| "
+                               r"\+\d+ / -\d+ \| \+\d+ / -\d+ \|")
 
 
 if __name__ == "__main__":

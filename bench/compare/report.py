@@ -421,15 +421,17 @@ def peers_plot(rows, outdir: Path) -> None:
             meds.append(median([float(t) for t in v if isinstance(t, (int, float))]))
         xs = [k + i * width for k in range(len(FAULTS))]
         ax.bar([x for x, m in zip(xs, meds) if m is not None], [m for m in meds if m is not None], width,
-               color=colors[s], label=PEERS[s])
+               color=colors[s])
         for x, m in zip(xs, meds):
-            if m is None:
-                ax.text(x, 0.1, "n/s", ha="center", fontsize=7, rotation=90)
+            if m is None:  # no figure: the table says why
+                ax.text(x, 0.03, "no figure", ha="center", va="bottom", fontsize=6, rotation=90,
+                        color=colors[s], transform=ax.get_xaxis_transform())
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(FAULTS))])
     ax.set_xticklabels(["trainer killed", "node lost", "node back (full size)"], fontsize=8)
     ax.set_ylabel("fault -> next committed step (s), median")
     ax.set_yscale("log")
-    ax.legend(fontsize=7)
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=colors[s], label=PEERS[s]) for s in systems], fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     ax = axes[1]
     for s in systems:

@@ -51,12 +51,16 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BUILD, HERE, PYTHON, append_jsonl, free_port, loadavg, read_jsonl  # noqa: E402
+from common import (BUILD, HERE, PYTHON, append_jsonl, free_port, lineage, loadavg, read_jsonl,  # noqa: E402
+                    sample_diff, steady_step_s, weights_diff)
 
 sys.path.insert(0, str(HERE.parents[1] / "python"))
 from regroup.testing import descendants  # noqa: E402
 
 TRAIN = HERE / "train_bench.py"
+# Part C: each peer's own script (train_bench.py serves Regroup and torchrun).
+SCRIPT = {"regroup": TRAIN, "torchrun": TRAIN, "torchft": HERE / "train_torchft.py", "nvrx": HERE / "train_nvrx.py"}
+NEVER = re.compile(r"(?!)")
 NPROC = 2
 NODES = 2
 
@@ -72,6 +76,15 @@ DETECT = {
         "node": re.compile(r"failed \(exitcode|Worker group FAILED", re.I),
         "return": re.compile(r"new nodes|Detected \d+ new", re.I),
     },
+    # Part C does not time detection for the peers (no line of theirs is comparable).
+    "torchft": {"trainer": NEVER, "node": NEVER, "return": NEVER},
+    "nvrx": {"trainer": NEVER, "node": NEVER, "return": NEVER},
+}
+# What a peer cannot do here, said in the results instead of an empty cell.
+UNSUPPORTED = {
+    ("nvrx", "return"): "nvidia-resiliency-ext 0.4.1's in-process restart only shrinks the job (its rank "
+                        "assignment drops terminated ranks); a new process cannot join a running Wrapper, "
+                        "and bringing ranks back is its in-job restart (ft_launcher), which restarts every rank",
 }
 
 
@@ -115,7 +128,8 @@ class Logged:
 class Run:
     def __init__(self, system: str, ckpt: int, args, workdir: Path):
         self.system = system
-        self.kind = "regroup" if system == "regroup" else "torchrun"
+        self.kind = system if system in ("regroup", "torchft", "nvrx") else "torchrun"
+        self.python = getattr(args, "python", None) or PYTHON
         self.ckpt = ckpt
         self.args = args
         self.dir = workdir
@@ -131,19 +145,40 @@ class Run:
     # -- the node launcher: the one function to swap for the integration cluster's ------------
 
     def launch_node(self, node_rank: int, name: str) -> Logged:
-        train = [str(TRAIN), "--steps", str(self.args.steps), "--events", str(self.events),
-                 "--checkpoint-dir", str(self.ckpt_dir), "--checkpoint-interval", str(self.ckpt)]
+        train = [str(SCRIPT[self.kind]), "--steps", str(self.args.steps), "--events", str(self.events)]
+        if self.kind in ("regroup", "torchrun"):
+            train += ["--checkpoint-dir", str(self.ckpt_dir), "--checkpoint-interval", str(self.ckpt)]
+        if getattr(self.args, "final", False):
+            train += ["--final", str(self.dir / "final.bin")]
         env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        if self.kind == "regroup":
+        if self.kind in ("torchft", "nvrx"):
+            # A node is its processes under one shell (killing the node kills the tree):
+            # torchft: one replica group per `torchrun --nproc_per_node=1`, as its examples run it;
+            # nvrx: one plain process per rank, the in-process wrapper inside.
+            cmds = []
+            for local in range(NPROC):
+                r = node_rank * NPROC + local
+                q = " ".join(f"'{a}'" for a in train)
+                if self.kind == "torchft":
+                    cmds.append(f"REPLICA_GROUP_ID={r} exec '{self.python}' -m torch.distributed.run --standalone "
+                                f"--nnodes=1 --nproc_per_node=1 --max_restarts=10 {q} --groups {NODES * NPROC}")
+                else:
+                    cmds.append(f"RANK={r} exec '{self.python}' {q}")
+            if self.kind == "torchft":
+                env["TORCHFT_LIGHTHOUSE"] = f"http://127.0.0.1:{self.port}"
+            else:
+                env.update(WORLD_SIZE=str(NODES * NPROC), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
+            argv = ["bash", "-c", " & ".join(f"({c})" for c in cmds) + " & wait"]
+        elif self.kind == "regroup":
             argv = [str(BUILD / "regroup-agent"), "--manager", f"127.0.0.1:{self.mport}", "--job-id", self.job,
                     "--nnodes", str(NODES), "--nproc-per-node", str(NPROC), "--node-rank", str(node_rank),
                     "--master-addr", "127.0.0.1", "--host", "127.0.0.1",
-                    "--socket-dir", str(self.dir / f"sock-{name}"), "--python", PYTHON, *train]
+                    "--socket-dir", str(self.dir / f"sock-{name}"), "--python", self.python, *train]
         else:
             env["LOGLEVEL"] = "INFO"
             # --redirects/--tee non-zero: Debian's torch 1.13 on Python 3.11 crashes at start with
             # the default 0 (an IntFlag zero-member quirk).
-            argv = [PYTHON, "-m", "torch.distributed.run", "--redirects=2", "--tee=2",
+            argv = [self.python, "-m", "torch.distributed.run", "--redirects=2", "--tee=2",
                     f"--nnodes=1:{NODES}", f"--nproc_per_node={NPROC}", "--rdzv_backend=c10d",
                     f"--rdzv_endpoint=127.0.0.1:{self.port}", f"--rdzv_id={self.job}",
                     f"--rdzv_conf=is_host={1 if name == 'node0' else 0}",
@@ -156,6 +191,13 @@ class Run:
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.kind == "torchft":
+            # The lighthouse as torchft's README starts it, in its own process (like its own pod).
+            lh = str(Path(self.python).parent / "torchft_lighthouse")
+            self.manager = Logged("lighthouse", [lh, "--min_replicas", "1", "--quorum_tick_ms", "100",
+                                                 "--join_timeout_ms", "10000", "--bind", f"127.0.0.1:{self.port}"],
+                                  {}, self.dir / "lighthouse.log")
+            self.control.append(self.manager)
         if self.kind == "regroup":
             port_file = self.dir / "manager.port"
             argv = [str(BUILD / "regroup-manager"), "--job-id", self.job, "--nodes", str(NODES),
@@ -208,8 +250,8 @@ class Run:
         while not pred():
             if time.time() > deadline:
                 raise TimeoutError(f"{what}: not within {timeout:.0f} s")
-            if self.kind == "regroup" and self.manager and self.manager.proc.poll() is not None:
-                raise RuntimeError(f"{what}: the manager exited")
+            if self.kind in ("regroup", "torchft") and self.manager and self.manager.proc.poll() is not None:
+                raise RuntimeError(f"{what}: the {self.manager.name} exited")
             if all(p.proc.poll() is not None for p in self.nodes.values()):
                 if not pred():
                     raise RuntimeError(f"{what}: every node exited")
@@ -223,7 +265,7 @@ class Run:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if any(c.endswith(b"train_bench.py") for c in cmd):
+            if any(c.endswith(str(SCRIPT[self.kind].name).encode()) for c in cmd) and b"torch.distributed.run" not in cmd:
                 pids.append(pid)
         return sorted(pids)
 
@@ -300,12 +342,13 @@ class Run:
                 # 3. node 1 returns
                 self.wait(lambda: self.max_step() >= a.at_return, a.phase_timeout, "step for the node's return")
                 t_f = time.time()
+                tf3 = t_f
+            if not a.baseline and (self.kind, "return") not in UNSUPPORTED:
                 old = self.nodes.pop("node1")
                 self.nodes["node1-old"] = old
                 if old in self.control:
                     self.control.remove(old)
                 self.launch_node(1, "node1")
-                tf3 = t_f
                 self.wait(lambda: any(c["t"] > t_f and c["world"] == NODES * NPROC for c in self.commits())
                           or self.max_step() >= a.steps - 1, a.phase_timeout, "full size after the node's return")
             self.wait(lambda: self.max_step() >= a.steps - 1, a.phase_timeout * 2, "the last step")
@@ -318,6 +361,9 @@ class Run:
                                     self.measure("return", tf3, True)]
                 for f in result["faults"]:
                     f["at_s"] = round(f["t"] - t0, 3)
+                    if (self.kind, f["fault"]) in UNSUPPORTED:
+                        f["unsupported"] = UNSUPPORTED[(self.kind, f["fault"])]
+            result["steady_step_s"] = steady_step_s(result["timeline"])
             result["ok"] = True
         except Exception as e:  # noqa: BLE001
             result["ok"] = False
@@ -340,6 +386,8 @@ class Run:
             while time.time() < deadline and any(p.proc.poll() is None for p in self.nodes.values()):
                 time.sleep(0.1)
             self.stop()
+        if result.get("ok"):
+            result["lineage"] = lineage(read_jsonl(self.events))  # after every process wrote its records
         result["loadavg_after"] = loadavg()
         result["workdir"] = str(self.dir)
         return result
@@ -360,7 +408,14 @@ def main() -> int:
     p.add_argument("--out", default=str(HERE / "results" / "recovery.jsonl"))
     p.add_argument("--workdir", default=None, help="keep logs here (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the work directories")
+    p.add_argument("--python", default=PYTHON, help="the trainers' python (part C: the torch 2.x venv)")
+    p.add_argument("--peers", action="store_true",
+                   help="part C: per repetition, each system (in an order rotated every repetition) runs "
+                        "once without faults, then with them; samples and final weights are compared with "
+                        "that fault-free run")
     args = p.parse_args()
+    if args.peers:
+        return peers(args)
     base = Path(args.workdir or tempfile.mkdtemp(prefix="regroup-recovery-"))
     systems = args.systems.split(",")
     out = Path(args.out)
@@ -373,13 +428,52 @@ def main() -> int:
             ckpt = args.ckpt if system == "regroup" else int(system.split("ckpt")[1])
             run_args = argparse.Namespace(**vars(args))
             run_args.baseline = baseline
+            run_args.final = False
             wd = base / f"rep{rep}-{system}{'-baseline' if baseline else ''}"
             r = Run(system, ckpt, run_args, wd).run()
+            r.pop("lineage", None)
             r["rep"] = rep
             print(json.dumps(r), flush=True)
             append_jsonl(out, r)
             if not args.keep and r.get("ok"):
                 shutil.rmtree(wd, ignore_errors=True)
+    return 0
+
+
+def peers(args) -> int:
+    """Part C: Regroup, torchrun, torchft and nvidia-resiliency-ext, alternated."""
+    base = Path(args.workdir or tempfile.mkdtemp(prefix="regroup-peers-"))
+    systems = args.systems.split(",")
+    out = Path(args.out)
+    invocation = int(time.time())
+    for rep in range(args.reps):
+        k = rep % len(systems)
+        for system in systems[k:] + systems[:k]:
+            ckpt = int(system.split("ckpt")[1]) if "ckpt" in system else args.ckpt
+            ref = None
+            for baseline in (True, False):
+                run_args = argparse.Namespace(**vars(args))
+                run_args.baseline = baseline
+                run_args.final = True
+                wd = base / f"rep{rep}-{system}{'-baseline' if baseline else ''}"
+                r = Run(system, ckpt, run_args, wd).run()
+                r.update(rep=rep, part="c", invocation=invocation, python=args.python)
+                counts = r.pop("lineage", None)
+                if baseline:
+                    ref = (counts, wd / "final.bin") if r.get("ok") else None
+                elif ref and counts is not None:
+                    d = sample_diff(ref[0], counts)
+                    r["samples_lost"], r["samples_repeated"], r["samples_steps_skipped"] = d["lost"], d["repeated"], d["skipped"]
+                    try:
+                        r["weights_vs_fault_free"] = weights_diff(ref[1], wd / "final.bin")
+                    except ValueError as e:
+                        r["weights_error"] = str(e)
+                print(json.dumps(r), flush=True)
+                append_jsonl(out, r)
+                if not args.keep and r.get("ok") and not baseline:
+                    shutil.rmtree(wd, ignore_errors=True)
+            if not args.keep and ref:
+                shutil.rmtree(ref[1].parent, ignore_errors=True)
     return 0
 
 

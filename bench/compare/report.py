@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, machine, median, read_jsonl  # noqa: E402
+from common import HERE, changed_lines, machine, median, read_jsonl  # noqa: E402
 
 import matplotlib  # noqa: E402
 
@@ -196,6 +197,18 @@ def scale_section(rows, outdir: Path) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
+def plot_timeline(ax, run: dict, color: str, label: str) -> None:
+    """One run's committed steps against time, its faults dotted."""
+    tl = run.get("timeline", [])
+    if tl:
+        ax.plot([t for t, _, _ in tl], [st for _, st, _ in tl], ".", ms=3, color=color, label=label)
+    for x in run.get("faults", []):
+        if "at_s" in x:
+            ax.axvline(x["at_s"], color=color, ls=":", lw=1)
+    ax.set_xlabel("seconds since launch")
+    ax.set_ylabel("committed step")
+
+
 def recovery_section(rows, outdir: Path) -> str:
     runs = [r for r in rows if not r.get("baseline")]
     base = [r for r in rows if r.get("baseline")]
@@ -270,15 +283,7 @@ def recovery_section(rows, outdir: Path) -> str:
         if not good[s]:
             continue
         r = next((r for r in good[s] if both and r.get("rep") == both[0]), good[s][0])
-        tl = r.get("timeline", [])
-        if not tl:
-            continue
-        ax.plot([t for t, _, _ in tl], [st for _, st, _ in tl], ".", ms=3, color=colors[s], label=LABEL[s])
-        for x in r.get("faults", []):
-            if "at_s" in x:
-                ax.axvline(x["at_s"], color=colors[s], ls=":", lw=1)
-    ax.set_xlabel("seconds since launch")
-    ax.set_ylabel("committed step")
+        plot_timeline(ax, r, colors[s], LABEL[s])
     ax.set_title("Committed steps over time, one run each" + (f" (repetition {both[0]})" if both else "")
                  + "; dotted: trainer killed, node killed, node back")
     ax.grid(True, alpha=0.3)
@@ -289,6 +294,159 @@ def recovery_section(rows, outdir: Path) -> str:
     return text
 
 
+# ------------------------------------------------------------------------------------------------
+# Part C: the peers
+# ------------------------------------------------------------------------------------------------
+
+PEERS = {"regroup": "Regroup", "torchrun-ckpt10": "torchrun, ckpt every 10 steps", "torchft": "torchft 0.2.0",
+         "nvrx": "nvidia-resiliency-ext 0.4.1, in-process restart"}
+SCRIPTS = {"regroup": "train_bench.py", "torchrun-ckpt10": "train_bench.py", "torchft": "train_torchft.py",
+           "nvrx": "train_nvrx.py"}
+
+
+def script_cost(system: str, here: Path = HERE) -> str:
+    """Lines changed from train_plain.py (code lines; comments, blank lines, docstring left out)."""
+    name = SCRIPTS.get(system)
+    if not name or not (here / name).exists():
+        return "n/a"
+    d = changed_lines((here / "train_plain.py").read_text(), (here / name).read_text())
+    note = " (the same script as Regroup's)" if system.startswith("torchrun") else ""
+    return f"+{d['added']} / -{d['removed']}{note}"
+
+
+def peers_table(rows, here: Path = HERE) -> str:
+    """The peers' table: medians per system over the complete runs with faults (and, for the
+    steady step and fault-free job time, the fault-free runs); cells a peer cannot fill say why."""
+    systems = [s for s in PEERS if any(r.get("system") == s for r in rows)]
+    faulty = {s: [r for r in rows if r.get("system") == s and not r.get("baseline") and r.get("ok")] for s in systems}
+    clean = {s: [r for r in rows if r.get("system") == s and r.get("baseline") and r.get("ok")] for s in systems}
+    failed = {s: [r for r in rows if r.get("system") == s and not r.get("ok")] for s in systems}
+    notes: list = []
+
+    def failed_why(s):
+        if not faulty[s] and failed[s]:
+            return (f"{PEERS[s]}: every run with faults failed ({len(failed[s])}): "
+                    f"{str(failed[s][0].get('error', '?'))[:120]}")
+        return None
+
+    def fault_vals(s, fault, key):
+        vals, why, left = [], None, []
+        for r in faulty[s]:
+            for x in r.get("faults", []):
+                if x.get("fault") != fault:
+                    continue
+                if x.get("unsupported"):
+                    why = x["unsupported"]
+                elif isinstance(x.get(key), (int, float)):
+                    vals.append(float(x[key]))
+                elif key != "redone" and isinstance(r.get("job_s"), (int, float)) and "at_s" in x:
+                    left.append(r["job_s"] - x["at_s"])  # the job ended first
+        if not vals and not why:
+            why = failed_why(s)
+        if not vals and not why and left:
+            why = (f"{PEERS[s]}: the job ended {f(min(left), 0)} to {f(max(left), 0)} s after the fault, before "
+                   "the node was back at full size (its step is short, the returning processes' start long)")
+        return vals, why
+
+    def cell(vals, why, digits=2):
+        if why:
+            if why not in notes:
+                notes.append(why)
+            kind = "not back by the end" if "job ended" in why else "failed" if "failed" in why else "not supported"
+            return f"{kind} ({notes.index(why) + 1})"
+        return f(median(vals), digits) if vals else "n/a"
+
+    peers = [s for s in systems if s != "regroup"]
+    head = "| fault | measure | " + " | ".join(PEERS[s] for s in systems) + " | " + \
+        " | ".join(f"Regroup / {PEERS[s].split(',')[0]}" for s in peers) + " |"
+    out = [head, "|---|---|" + "---|" * (len(systems) + len(peers))]
+
+    def row(fault_name, measure, per, ratios=True, digits=2):
+        cells = [cell(*per[s], digits=digits) for s in systems]
+        rs = []
+        for s in peers:
+            a, b = median(per.get("regroup", ([], None))[0]), median(per[s][0])
+            rs.append(ratio(a, b) if ratios and not per[s][1] else "-")
+        out.append(f"| {fault_name} | {measure} | " + " | ".join(cells) + " | " + " | ".join(rs) + " |")
+
+    for fault, fname in FAULTS:
+        row(fname, "fault -> next committed step (s)", {s: fault_vals(s, fault, "resume_s") for s in systems})
+        row(fname, "longest stop (s)", {s: fault_vals(s, fault, "pause_s") for s in systems})
+        row(fname, "steps redone", {s: fault_vals(s, fault, "redone") for s in systems}, ratios=False, digits=0)
+
+    def run_vals(rs, key, sub=None, s=None):
+        v = [r.get(key) if sub is None else (r.get(key) or {}).get(sub) for r in rs]
+        v = [float(x) for x in v if isinstance(x, (int, float))]
+        return v, (failed_why(s) if s and not v else None)
+
+    lost = {s: run_vals(faulty[s], "samples_lost", s=s) for s in systems}
+    rep = {s: run_vals(faulty[s], "samples_repeated", s=s) for s in systems}
+    out.append("| all three, one run | samples lost / repeated vs the fault-free run | " + " | ".join(
+        f"{cell(*lost[s], digits=0)} / {cell(*rep[s], digits=0)}" for s in systems) + " | " + " | ".join("-" for _ in peers) + " |")
+    w = {s: run_vals(faulty[s], "weights_vs_fault_free", "rel_l2") for s in systems}
+    wm = {s: run_vals(faulty[s], "weights_vs_fault_free", "max_abs") for s in systems}
+    out.append("| all three, one run | final weights vs the fault-free run: relative L2 / max abs | " + " | ".join(
+        (f"{median(w[s][0]):.1e} / {median(wm[s][0]):.1e}" if w[s][0] else "n/a") for s in systems) + " | " +
+        " | ".join("-" for _ in peers) + " |")
+    row("all three, one run", "job time (s)", {s: run_vals(faulty[s], "job_s", s=s) for s in systems})
+    row("none", "steady-state step (s, median between commits after step 5)",
+        {s: run_vals(clean[s], "steady_step_s") for s in systems}, digits=3)
+    row("none", "job time (s)", {s: run_vals(clean[s], "job_s") for s in systems})
+    out.append("| - | training script: lines changed from a plain DDP script (+ added / - removed) | " +
+               " | ".join(script_cost(s, here) for s in systems) + " | " + " | ".join("-" for _ in peers) + " |")
+    text = "\n".join(out) + "\n\n"
+    for i, n in enumerate(notes):
+        text += f"({i + 1}) {n}.\n"
+    steps = next((r.get("steps") for r in rows), "?")
+    text += ("\nRuns of " + f"{steps} steps" + ": " + "; ".join(
+        f"{PEERS[s]}: {len(faulty[s])} with faults, {len(clean[s])} without"
+        + (f", {len(failed[s])} failed ({'; '.join(str(r.get('error', '?'))[:100] for r in failed[s])})" if failed[s] else "")
+        for s in systems) + ".\n")
+    loads = [str(r.get("loadavg_before", "?")).split()[0] for r in rows]
+    text += f"1-minute load average before each run: {', '.join(loads)}.\n"
+    return text
+
+
+def peers_plot(rows, outdir: Path) -> None:
+    systems = [s for s in PEERS if any(r.get("system") == s for r in rows)]
+    colors = {"regroup": "tab:green", "torchrun-ckpt10": "tab:orange", "torchft": "tab:blue", "nvrx": "tab:purple"}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [1, 1.6]})
+    ax = axes[0]
+    width = 0.8 / max(1, len(systems))
+    for i, s in enumerate(systems):
+        meds = []
+        for fault, _ in FAULTS:
+            v = [x.get("resume_s") for r in rows if r.get("system") == s and r.get("ok") and not r.get("baseline")
+                 for x in r.get("faults", []) if x.get("fault") == fault and not x.get("unsupported")]
+            meds.append(median([float(t) for t in v if isinstance(t, (int, float))]))
+        xs = [k + i * width for k in range(len(FAULTS))]
+        ax.bar([x for x, m in zip(xs, meds) if m is not None], [m for m in meds if m is not None], width,
+               color=colors[s])
+        for x, m in zip(xs, meds):
+            if m is None:  # no figure: the table says why
+                ax.text(x, 0.03, "no figure", ha="center", va="bottom", fontsize=6, rotation=90,
+                        color=colors[s], transform=ax.get_xaxis_transform())
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(FAULTS))])
+    ax.set_xticklabels(["trainer killed", "node lost", "node back (full size)"], fontsize=8)
+    ax.set_ylabel("fault -> next committed step (s), median")
+    ax.set_yscale("log")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=colors[s], label=PEERS[s]) for s in systems], fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax = axes[1]
+    for s in systems:
+        r = next((r for r in rows if r.get("system") == s and r.get("ok") and not r.get("baseline")), None)
+        if not r:
+            continue
+        plot_timeline(ax, r, colors[s], PEERS[s])
+    ax.set_title("one run each; dotted: trainer killed, node killed, node back", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(outdir / "peers.png", dpi=110)
+    plt.close(fig)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--results", default=str(HERE / "results"))
@@ -297,7 +455,7 @@ def main() -> int:
     res = Path(args.results).resolve()
     rel = res.relative_to(HERE) if res.is_relative_to(HERE) else res
     m = machine()
-    parts = [f"Measured {m['date']} on {m['cores']} cores ({m['cpu']}), {m['memory']}, Linux {m['kernel']}, "
+    parts = [f"Tables made {m['date']} (each part's runs are dated in the text above) on {m['cores']} cores ({m['cpu']}), {m['memory']}, Linux {m['kernel']}, "
              f"Python {m['python']}, torch {m['torch']}; load average when the report was made: {m['loadavg']}.\n"]
     scale = read_jsonl(res / "scale.jsonl")
     if scale:
@@ -309,6 +467,13 @@ def main() -> int:
         parts.append("### Recovery end to end\n\n" + recovery_section(rec, res) +
                      f"\n![resume times]({rel}/recovery_resume.png)\n"
                      f"![timeline]({rel}/recovery_timeline.png)\n")
+    peers = read_jsonl(res / "peers.jsonl")
+    if peers:
+        peers_plot(peers, res)
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(min(r.get("invocation", 0) for r in peers)))
+        parts.append("### Side by side with torchft and nvidia-resiliency-ext\n\n"
+                     f"Trainers on the pinned torch 2.15.0 venv; invocation started {when}.\n\n" + peers_table(peers) +
+                     f"\n![peers]({rel}/peers.png)\n")
     text = "\n".join(parts)
     (res / "tables.md").write_text(text)
     print(text)

@@ -22,6 +22,7 @@
 #include "cli/status_command.h"
 #include "common/credential.h"
 #include "common/job_token.h"
+#include "common/safe_file.h"
 #include "common/text.h"
 #include "common/version.h"
 #include "plugin/job_spec.h"
@@ -130,9 +131,9 @@ int Convert(const std::string& path, const std::string& out_path,
   if (out_path.empty() || out_path == "-") {
     std::cout << result->yaml;
   } else {
-    std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
-    if (!(out << result->yaml) || !out.flush()) {
-      std::cerr << "error: cannot write " << out_path << "\n";
+    if (auto written = regroup::WriteFileAtomically(out_path, result->yaml, "", 0644);
+        !written.ok()) {
+      std::cerr << "error: " << written.message() << "\n";
       return 2;
     }
   }

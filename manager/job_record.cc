@@ -9,13 +9,13 @@
 #include <algorithm>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
+#include "common/safe_file.h"
 
 namespace regroup::manager {
 
@@ -128,26 +128,13 @@ StatusOr<std::optional<JobRecord>> LoadJobRecord(const std::string& path) {
 }
 
 Status SaveJobRecord(const std::string& path, const JobRecord& record) {
-  const std::string tmp = path + ".tmp";
-  const std::string text = JobRecordJson(record);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0)
-    return FailedPrecondition("cannot write the job record " + tmp + ": " + std::strerror(errno));
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ok = ::fsync(fd) == 0 && ok;
-  const int saved = errno;
-  ok = ::close(fd) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(ok ? errno : saved);
-    std::remove(tmp.c_str());
-    return FailedPrecondition("cannot write the job record " + path + ": " + why);
-  }
-  return Status::Ok();
+  return WriteFileAtomically(path, JobRecordJson(record), "job record");
 }
 
 StatusOr<bool> UpdateJobRecord(const std::string& path, const JobRecord& mine, std::string* why) {
   const std::string lock_path = path + ".lock";
-  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  // O_NOFOLLOW: a symlink planted at the lock's name is an error, never a file opened elsewhere.
+  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (lock < 0)
     return FailedPrecondition("cannot lock the job record " + lock_path + ": " + std::strerror(errno));
   ::flock(lock, LOCK_EX);  // released by close

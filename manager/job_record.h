@@ -5,8 +5,9 @@
 // the pods declared lost (zombies if they come back) and the job's end across a restart.
 //
 // It lives in a small JSON file on storage that outlives the manager (the job's checkpoint
-// folder, a volume), written to a temporary name, flushed and renamed, so a crash leaves either
-// the old record or the new one.
+// folder, a volume), written through WriteFileAtomically (common/safe_file.h): a new temporary
+// file, flushed and renamed, so a crash leaves either the old record or the new one and a
+// symlink planted beside it is never followed.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 namespace regroup::manager {
 namespace {
@@ -56,13 +57,40 @@ TEST(JobRecord, SavesAtomicallyAndLoadsBack) {
   auto loaded = LoadJobRecord(path);
   ASSERT_TRUE(loaded.ok() && loaded->has_value());
   EXPECT_EQ(**loaded, Sample());
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(entry.path().filename(), "record.json") << "no temporary is left behind";
   std::ofstream(path) << "{\"version\": 1,";  // torn by hand: an error, never an empty record
   EXPECT_EQ(LoadJobRecord(path).status().message(),
             path + ": the job record is not a JSON object");
   const std::string nowhere = (dir / "missing" / "record.json").string();
   EXPECT_EQ(SaveJobRecord(nowhere, Sample()).message(),
-            "cannot write the job record " + nowhere + ".tmp: No such file or directory");
+            "cannot write the job record " + nowhere + ": cannot create a temporary file in " +
+                (dir / "missing").string() + ": No such file or directory");
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 40, finding 4: a symlink planted at <record>.tmp made the manager truncate and overwrite
+// its target (the temporary was opened without O_EXCL or O_NOFOLLOW).
+TEST(JobRecord, ASymlinkPlantedAtTheTemporaryNameIsNeverFollowed) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("regroup-record-link-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "record.json").string();
+  const std::string victim = (dir / "victim").string();
+  std::ofstream(victim) << "precious";
+  std::filesystem::create_symlink(victim, path + ".tmp");
+  std::filesystem::create_symlink(victim, path + ".lock");
+  ASSERT_TRUE(SaveJobRecord(path, Sample()).ok());
+  std::string why;
+  auto updated = UpdateJobRecord(path, Sample(), &why);
+  EXPECT_FALSE(updated.ok()) << "a symlink at the lock's name is refused, never followed";
+  std::ifstream in(victim);
+  std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "precious") << "the symlink's target was written";
+  EXPECT_TRUE(std::filesystem::is_symlink(path + ".tmp"));
+  auto loaded = LoadJobRecord(path);
+  ASSERT_TRUE(loaded.ok() && loaded->has_value()) << loaded.status().message();
+  EXPECT_EQ(**loaded, Sample());
   std::filesystem::remove_all(dir);
 }
 

@@ -24,6 +24,9 @@ struct JobRecord {
   // The most lost pods remembered: the oldest are forgotten first (a pod lost that long ago
   // has long been replaced), so the record stays small (under 300 KB at 256-byte uids).
   static constexpr size_t kMaxLost = 1024;
+  // The largest epoch or generation a record may hold: far above any epoch granted (the wall
+  // clock in ms), far below where the next incarnation's epoch + 1 would wrap.
+  static constexpr uint64_t kMaxEpoch = uint64_t{1} << 62;
 
   struct Member {
     int64_t node_rank = 0;

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <iterator>
 
+#include <nlohmann/json.hpp>
+
 namespace regroup::manager {
 namespace {
 
@@ -38,11 +40,44 @@ TEST(JobRecord, ABadRecordIsAnErrorThatNamesWhatIsWrong) {
   EXPECT_EQ(ParseJobRecord(R"({"version": 2})").status().message(),
             "the job record has version 2; this manager reads version 1");
   EXPECT_EQ(ParseJobRecord(R"({"version": 1, "job_id": "j", "epoch": "x"})").status().message(),
-            "the job record's \"epoch\" has the wrong type");
+            "the job record's \"epoch\" is \"x\"; it must be an integer from 0 to " +
+                std::to_string(JobRecord::kMaxEpoch));
   JobRecord many = Sample();
   many.lost.assign(JobRecord::kMaxLost + 1, "u");
   EXPECT_EQ(ParseJobRecord(JobRecordJson(many)).status().message(),
             "the job record lists 1025 lost pods, more than 1024");
+}
+
+// Issue 40, finding 5: an epoch of 2^64-1 wrapped to 0 at the next incarnation's +1 (the manager
+// fenced itself at every restart), and -5 read as 2^64-5. Every number is range-checked, and the
+// refusal names the field and the value (LoadJobRecord adds the file).
+TEST(JobRecord, EveryNumberIsRangeCheckedAndARefusalNamesTheFieldAndTheValue) {
+  auto with = [](const std::string& field, const std::string& value) {
+    nlohmann::json j = nlohmann::json::parse(JobRecordJson(Sample()));
+    nlohmann::json v = nlohmann::json::parse(value);
+    if (field == "node_rank") j["members"][0]["node_rank"] = v;
+    else if (field == "mode") j["stop"]["mode"] = v;
+    else j[field] = v;
+    return ParseJobRecord(j.dump()).status().message();
+  };
+  const std::string most = std::to_string(JobRecord::kMaxEpoch);
+  EXPECT_EQ(with("epoch", "18446744073709551615"),
+            "the job record's \"epoch\" is 18446744073709551615; it must be an integer from 0 "
+            "to " + most);
+  EXPECT_EQ(with("epoch", "-5"),
+            "the job record's \"epoch\" is -5; it must be an integer from 0 to " + most);
+  EXPECT_EQ(with("epoch", "1.5"),
+            "the job record's \"epoch\" is 1.5; it must be an integer from 0 to " + most);
+  EXPECT_EQ(with("leader_epoch", "-1"),
+            "the job record's \"leader_epoch\" is -1; it must be an integer from 0 to " + most);
+  EXPECT_EQ(with("generation", "-1"),
+            "the job record's \"generation\" is -1; it must be an integer from 0 to " + most);
+  EXPECT_EQ(with("node_rank", "4294967296"),
+            "the job record's \"node_rank\" is 4294967296; it must be an integer from 0 to "
+            "2147483647");
+  EXPECT_EQ(with("mode", "4294967299"),
+            "the job record's \"mode\" is 4294967299; it must be an integer from 0 to 2147483647");
+  EXPECT_TRUE(ParseJobRecord(JobRecordJson(Sample())).ok());
 }
 
 TEST(JobRecord, SavesAtomicallyAndLoadsBack) {

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "manager/http_server.h"
 #include "manager/prometheus_text.h"
 
 namespace regroup::manager {
@@ -67,19 +68,14 @@ Status ManagerServer::Start() {
                       "text/plain");
     };
     // With a certificate, HTTP is HTTPS with it too: the credential never crosses in clear.
-    if (!options_.tls_cert_file.empty()) {
-      auto https = std::make_unique<httplib::SSLServer>(options_.tls_cert_file.c_str(),
-                                                        options_.tls_key_file.c_str());
-      if (!https->is_valid()) {
-        Stop();
-        return InvalidArgument("regroup-manager cannot serve HTTPS on " + options_.http_listen +
-                               " with the certificate " + options_.tls_cert_file + " and key " +
-                               options_.tls_key_file);
-      }
-      http_ = std::move(https);
-    } else {
-      http_ = std::make_unique<httplib::Server>();
+    // Each connection is bounded in bytes, header lines and time (http_server.h).
+    auto http = MakeHttpServer(options_.tls_cert_file, options_.tls_key_file);
+    if (!http.ok()) {
+      Stop();
+      return InvalidArgument("regroup-manager cannot serve HTTPS on " + options_.http_listen +
+                             ": " + http.status().message());
     }
+    http_ = std::move(*http);
     http_->Get("/metrics", [this, allowed, refuse](const httplib::Request& req,
                                                    httplib::Response& res) {
       if (!allowed(req, /*metrics=*/true)) return refuse(req, res);

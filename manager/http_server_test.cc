@@ -10,11 +10,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include <atomic>
 #include <fstream>
+#include <sstream>
 #include <thread>
 #include <vector>
 
+#include "common/credential.h"
+#include "common/grpc_settings.h"
 #include "manager/service.h"
 
 namespace regroup::manager {
@@ -149,6 +155,40 @@ TEST(ManagerHttp, TricklingClientsNeverBlockAnotherClientsStatus) {
   stop = true;
   for (auto& t : tricklers) t.join();
   server->Stop();
+}
+
+// Issue 40, finding 7: every session refused for its credential logged a line (10,000 lines in
+// 7 s); registrations refused were already limited to one line a second.
+TEST(ManagerHttp, RefusedSessionsAreLoggedOneLineASecond) {
+  std::ostringstream lines;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(lines);
+  spdlog::default_logger()->sinks().push_back(sink);
+  auto server = StartWithHttp();
+  auto channel = MakeChannel("127.0.0.1:" + std::to_string(server->port())).value();
+  auto stub = v1::Manager::NewStub(channel);
+  constexpr int kTries = 200;
+  const auto started = std::chrono::steady_clock::now();
+  for (int i = 0; i < kTries; ++i) {
+    grpc::ClientContext context;
+    AttachCredential(context, "guess");
+    context.set_deadline(std::chrono::system_clock::now() + 10s);
+    auto stream = stub->Session(&context);
+    v1::ManagerMessage m;
+    while (stream->Read(&m)) {
+    }
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  const auto seconds =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started);
+  server->Stop();
+  spdlog::default_logger()->sinks().pop_back();
+  const std::string text = lines.str();
+  int logged = 0;
+  for (size_t at = text.find("refused a session"); at != std::string::npos;
+       at = text.find("refused a session", at + 1))
+    ++logged;
+  EXPECT_GE(logged, 1);
+  EXPECT_LE(logged, seconds.count() + 1) << kTries << " refusals in " << seconds.count() << " s";
 }
 
 }  // namespace

@@ -131,7 +131,10 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::ManagerMessage>* ManagerServer::Se
   grpc::Status auth = CheckCredential(*context, options_.credential);
   if (!auth.ok()) {
     ++refusals_;
-    spdlog::warn("refused a session: {}", auth.error_message());
+    std::lock_guard lock(session_refusal_mu_);  // not mu_: a flood must not stall the job
+    if (auto held = session_refusal_log_.Allow(LogLimit::Clock::now()))
+      spdlog::warn("refused a session: {}{}", auth.error_message(),
+                   *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
     return new Rejected(auth);
   }
   std::lock_guard lock(mu_);

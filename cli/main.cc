@@ -254,7 +254,20 @@ int main(int argc, char** argv) {
                     "jsonpath='{.metadata.uid}')")
       ->required();
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ConversionError& e) {
+    // CLI11 says "Could not convert: --timeout-ms = abc" and exits 104: name the flag plainly.
+    std::string what = e.what();
+    const auto at = what.find(": ");
+    const auto eq = what.find(" = ");
+    if (at != std::string::npos && eq != std::string::npos && eq > at)
+      what = what.substr(at + 2, eq - at - 2) + ": \"" + what.substr(eq + 3) + "\" is not a number";
+    std::cerr << "error: " << what << "\n";
+    return 2;
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
 
   if (token->parsed()) return Token(key_file, token_job, token_uid);
 

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "agent/process.h"
+#include "common/address.h"
 
 namespace regroup::agent {
 namespace {
@@ -349,6 +350,8 @@ class Parser {
                             : host) +
                        ":9601";
     }
+    // Checked as the manager checks its own: 127.0.0.1:P+65536 must not reach port P.
+    if (manager_given_) REGROUP_RETURN_IF_ERROR(CheckHostPort(o.manager_addr, "--manager", false));
     // A server name alone would be ignored and the connection left plaintext.
     if (!o.tls_server_name.empty() && o.tls_ca_file.empty())
       return InvalidArgument("flag --tls-server-name (or REGROUP_TLS_SERVER_NAME) " +

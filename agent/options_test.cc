@@ -39,6 +39,16 @@ TEST(CommandLine, TakesTorchrunFlagsInEitherSpelling) {
   EXPECT_EQ(TrainerArgv(o), (std::vector<std::string>{"python3", "-u", "train.py", "--lr", "0.1"}));
 }
 
+// Issue 40, finding 8: --manager's port was not checked, and 127.0.0.1:P+65536 reached port P
+// (the credential went to a port the user did not name). Checked as the manager's own flags.
+TEST(CommandLine, TheManagerAddressIsCheckedAsTheManagersOwnFlags) {
+  EXPECT_EQ(Error({"--manager", "127.0.0.1:75537", "train.py"}),
+            "--manager \"127.0.0.1:75537\": the port must be a number from 1 to 65535");
+  EXPECT_EQ(Error({"train.py"}, {{"REGROUP_MANAGER_ADDR", "127.0.0.1:0"}}),
+            "--manager \"127.0.0.1:0\": the port must be from 1 to 65535");
+  EXPECT_EQ(Parse({"--manager", "[::1]:9601", "train.py"}).options.manager_addr, "[::1]:9601");
+}
+
 TEST(CommandLine, NnodesTakesARange) {
   auto cl = Parse({"--nnodes=1:4", "train.py"});
   EXPECT_EQ(cl.options.nnodes_min, 1);

@@ -186,8 +186,12 @@ void TrainerServer::ReadFrom(Connection& c) {
     auto result = c.reader.Next(&payload);
     if (result == FrameReader::Result::kNeedMore) break;
     if (result == FrameReader::Result::kTooLarge) {
+      // Before its hello a connection may send kMaxHelloBytes (issue 40: the message named the
+      // 16 MiB of later frames).
+      const size_t limit = c.local_rank < 0 ? kMaxHelloBytes : max_frame_bytes_;
       CloseWithError(c, "a frame of " + std::to_string(c.reader.refused_length()) +
-                            " bytes is over the limit of " + std::to_string(max_frame_bytes_));
+                            " bytes is over the limit of " + std::to_string(limit) +
+                            (c.local_rank < 0 ? " bytes before a hello" : " bytes"));
       return;
     }
     TrainerMessage message;

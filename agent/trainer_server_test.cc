@@ -14,6 +14,9 @@
 #include <mutex>
 #include <thread>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sstream>
 #include <gtest/gtest.h>
 
 namespace regroup::agent {
@@ -264,8 +267,17 @@ TEST_F(TrainerServerTest, ConnectionsThatNeverSayHelloAreBoundedAndTimedOut) {
 
   // One of them starts a frame larger than a hello may be.
   const char big[4] = {'\x00', '\x02', '\x00', '\x00'};  // 128 KiB announced
+  std::ostringstream said;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(said);
+  spdlog::default_logger()->sinks().push_back(sink);
   ASSERT_EQ(write(silent[0], big, 4), 4);
   EXPECT_TRUE(Closed(silent[0]));
+  spdlog::default_logger()->sinks().pop_back();
+  // Issue 40, finding 9: the message named the 16 MiB limit of later frames.
+  EXPECT_NE(said.str().find("a frame of 131072 bytes is over the limit of 65536 bytes before a "
+                            "hello"),
+            std::string::npos)
+      << said.str();
 
   // A trainer that says hello is not affected, and may then send large frames.
   skew_ms_ = 0;

@@ -22,6 +22,7 @@
 #include "cli/status_command.h"
 #include "common/credential.h"
 #include "common/job_token.h"
+#include "common/safe_file.h"
 #include "common/text.h"
 #include "common/version.h"
 #include "plugin/job_spec.h"
@@ -131,9 +132,9 @@ int Convert(const std::string& path, const std::string& out_path,
   if (out_path.empty() || out_path == "-") {
     std::cout << result->yaml;
   } else {
-    std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
-    if (!(out << result->yaml) || !out.flush()) {
-      std::cerr << "error: cannot write " << out_path << "\n";
+    if (auto written = regroup::WriteFileAtomically(out_path, result->yaml, "", 0644);
+        !written.ok()) {
+      std::cerr << "error: " << written.message() << "\n";
       return 2;
     }
   }
@@ -264,7 +265,20 @@ int main(int argc, char** argv) {
                     "jsonpath='{.metadata.uid}')")
       ->required();
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ConversionError& e) {
+    // CLI11 says "Could not convert: --timeout-ms = abc" and exits 104: name the flag plainly.
+    std::string what = e.what();
+    const auto at = what.find(": ");
+    const auto eq = what.find(" = ");
+    if (at != std::string::npos && eq != std::string::npos && eq > at)
+      what = what.substr(at + 2, eq - at - 2) + ": \"" + what.substr(eq + 3) + "\" is not a number";
+    std::cerr << "error: " << what << "\n";
+    return 2;
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
 
   if (token->parsed()) return Token(key_file, token_job, token_uid);
 

@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/grpc_settings.h"
 
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
 #include "common/files.h"
 
 namespace regroup {
@@ -74,6 +79,34 @@ StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
   return grpc::CreateCustomChannel(target, grpc::SslCredentials(ssl), args);
 }
 
+namespace {
+
+// The certificate's public key is the key's (issue 40: a mismatch was reported as "cannot
+// listen ... in use" once gRPC failed to build the server).
+Status KeyMatchesCertificate(const std::string& cert_pem, const std::string& key_pem,
+                             const std::string& cert_file, const std::string& key_file) {
+  BIO* cert_bio = BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size()));
+  BIO* key_bio = BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size()));
+  X509* cert = cert_bio ? PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr) : nullptr;
+  EVP_PKEY* key = key_bio ? PEM_read_bio_PrivateKey(key_bio, nullptr, nullptr, nullptr) : nullptr;
+  Status out = Status::Ok();
+  if (!cert)
+    out = InvalidArgument("the TLS certificate " + cert_file + " holds no PEM certificate");
+  else if (!key)
+    out = InvalidArgument("the TLS key " + key_file + " holds no PEM private key");
+  else if (X509_check_private_key(cert, key) != 1)
+    out = InvalidArgument("the TLS key " + key_file + " does not match the TLS certificate " +
+                          cert_file);
+  ERR_clear_error();
+  EVP_PKEY_free(key);
+  X509_free(cert);
+  BIO_free(key_bio);
+  BIO_free(cert_bio);
+  return out;
+}
+
+}  // namespace
+
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const std::string& tls_cert_file, const std::string& tls_key_file) {
   if (tls_cert_file.empty() && tls_key_file.empty()) return grpc::InsecureServerCredentials();
@@ -83,6 +116,9 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
   if (!cert.ok()) return cert.status();
   auto key = ReadSmallFile(tls_key_file, "TLS key");
   if (!key.ok()) return key.status();
+  if (Status matched = KeyMatchesCertificate(*cert, *key, tls_cert_file, tls_key_file);
+      !matched.ok())
+    return matched;
   grpc::SslServerCredentialsOptions ssl;
   ssl.pem_key_cert_pairs.push_back({*key, *cert});
   return grpc::SslServerCredentials(ssl);

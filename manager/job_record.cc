@@ -9,13 +9,13 @@
 #include <algorithm>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
+#include "common/safe_file.h"
 
 namespace regroup::manager {
 
@@ -48,6 +48,21 @@ Status Read(const json& j, const char* key, T& out, bool required = true) {
   return Status::Ok();
 }
 
+// An integer field within [0, most]: the refusal names the field and the value as the file has it
+// (issue 40: 2^64-1 wrapped at the next epoch's +1, and -5 read as 2^64-5).
+template <typename T>
+Status ReadCount(const json& j, const char* key, T& out, uint64_t most) {
+  if (!j.contains(key)) return InvalidArgument(std::string("the job record has no \"") + key + "\"");
+  const json& v = j.at(key);
+  if (!v.is_number_unsigned() || v.get<uint64_t>() > most)
+    return InvalidArgument(std::string("the job record's \"") + key + "\" is " + v.dump() +
+                           "; it must be an integer from 0 to " + std::to_string(most));
+  out = static_cast<T>(v.get<uint64_t>());
+  return Status::Ok();
+}
+
+constexpr uint64_t kMaxInt32 = 2147483647;
+
 }  // namespace
 
 StatusOr<JobRecord> ParseJobRecord(const std::string& text) {
@@ -60,12 +75,12 @@ StatusOr<JobRecord> ParseJobRecord(const std::string& text) {
                            "; this manager reads version 1");
   JobRecord r;
   REGROUP_RETURN_IF_ERROR(Read(j, "job_id", r.job_id));
-  REGROUP_RETURN_IF_ERROR(Read(j, "epoch", r.epoch));
-  REGROUP_RETURN_IF_ERROR(Read(j, "leader_epoch", r.leader_epoch));
+  REGROUP_RETURN_IF_ERROR(ReadCount(j, "epoch", r.epoch, JobRecord::kMaxEpoch));
+  REGROUP_RETURN_IF_ERROR(ReadCount(j, "leader_epoch", r.leader_epoch, JobRecord::kMaxEpoch));
   if (r.leader_epoch > r.epoch)
     return InvalidArgument("the job record's leader_epoch " + std::to_string(r.leader_epoch) +
                            " is above its epoch " + std::to_string(r.epoch));
-  REGROUP_RETURN_IF_ERROR(Read(j, "generation", r.generation));
+  REGROUP_RETURN_IF_ERROR(ReadCount(j, "generation", r.generation, JobRecord::kMaxEpoch));
   REGROUP_RETURN_IF_ERROR(Read(j, "lost", r.lost));
   if (r.lost.size() > JobRecord::kMaxLost)
     return InvalidArgument("the job record lists " + std::to_string(r.lost.size()) +
@@ -75,14 +90,14 @@ StatusOr<JobRecord> ParseJobRecord(const std::string& text) {
   for (const auto& m : j["members"]) {
     if (!m.is_object()) return InvalidArgument("a member of the job record is not an object");
     JobRecord::Member member;
-    REGROUP_RETURN_IF_ERROR(Read(m, "node_rank", member.node_rank));
+    REGROUP_RETURN_IF_ERROR(ReadCount(m, "node_rank", member.node_rank, kMaxInt32));
     REGROUP_RETURN_IF_ERROR(Read(m, "uid", member.uid));
     r.members.push_back(std::move(member));
   }
   REGROUP_RETURN_IF_ERROR(Read(j, "restarting", r.restarting, /*required=*/false));
   if (j.contains("stop")) {
     r.stopped = true;
-    REGROUP_RETURN_IF_ERROR(Read(j["stop"], "mode", r.stop_mode));
+    REGROUP_RETURN_IF_ERROR(ReadCount(j["stop"], "mode", r.stop_mode, kMaxInt32));
     REGROUP_RETURN_IF_ERROR(Read(j["stop"], "reason", r.stop_reason));
   }
   return r;
@@ -128,26 +143,13 @@ StatusOr<std::optional<JobRecord>> LoadJobRecord(const std::string& path) {
 }
 
 Status SaveJobRecord(const std::string& path, const JobRecord& record) {
-  const std::string tmp = path + ".tmp";
-  const std::string text = JobRecordJson(record);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0)
-    return FailedPrecondition("cannot write the job record " + tmp + ": " + std::strerror(errno));
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ok = ::fsync(fd) == 0 && ok;
-  const int saved = errno;
-  ok = ::close(fd) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(ok ? errno : saved);
-    std::remove(tmp.c_str());
-    return FailedPrecondition("cannot write the job record " + path + ": " + why);
-  }
-  return Status::Ok();
+  return WriteFileAtomically(path, JobRecordJson(record), "job record");
 }
 
 StatusOr<bool> UpdateJobRecord(const std::string& path, const JobRecord& mine, std::string* why) {
   const std::string lock_path = path + ".lock";
-  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  // O_NOFOLLOW: a symlink planted at the lock's name is an error, never a file opened elsewhere.
+  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (lock < 0)
     return FailedPrecondition("cannot lock the job record " + lock_path + ": " + std::strerror(errno));
   ::flock(lock, LOCK_EX);  // released by close

@@ -5,8 +5,9 @@
 // the pods declared lost (zombies if they come back) and the job's end across a restart.
 //
 // It lives in a small JSON file on storage that outlives the manager (the job's checkpoint
-// folder, a volume), written to a temporary name, flushed and renamed, so a crash leaves either
-// the old record or the new one.
+// folder, a volume), written through WriteFileAtomically (common/safe_file.h): a new temporary
+// file, flushed and renamed, so a crash leaves either the old record or the new one and a
+// symlink planted beside it is never followed.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,9 @@ struct JobRecord {
   // The most lost pods remembered: the oldest are forgotten first (a pod lost that long ago
   // has long been replaced), so the record stays small (under 300 KB at 256-byte uids).
   static constexpr size_t kMaxLost = 1024;
+  // The largest epoch or generation a record may hold: far above any epoch granted (the wall
+  // clock in ms), far below where the next incarnation's epoch + 1 would wrap.
+  static constexpr uint64_t kMaxEpoch = uint64_t{1} << 62;
 
   struct Member {
     int64_t node_rank = 0;

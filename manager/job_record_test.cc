@@ -8,6 +8,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
 
 namespace regroup::manager {
 namespace {
@@ -37,11 +40,44 @@ TEST(JobRecord, ABadRecordIsAnErrorThatNamesWhatIsWrong) {
   EXPECT_EQ(ParseJobRecord(R"({"version": 2})").status().message(),
             "the job record has version 2; this manager reads version 1");
   EXPECT_EQ(ParseJobRecord(R"({"version": 1, "job_id": "j", "epoch": "x"})").status().message(),
-            "the job record's \"epoch\" has the wrong type");
+            "the job record's \"epoch\" is \"x\"; it must be an integer from 0 to " +
+                std::to_string(JobRecord::kMaxEpoch));
   JobRecord many = Sample();
   many.lost.assign(JobRecord::kMaxLost + 1, "u");
   EXPECT_EQ(ParseJobRecord(JobRecordJson(many)).status().message(),
             "the job record lists 1025 lost pods, more than 1024");
+}
+
+// Issue 40, finding 5: an epoch of 2^64-1 wrapped to 0 at the next incarnation's +1 (the manager
+// fenced itself at every restart), and -5 read as 2^64-5. Every number is range-checked, and the
+// refusal names the field and the value (LoadJobRecord adds the file).
+TEST(JobRecord, EveryNumberIsRangeCheckedAndARefusalNamesTheFieldAndTheValue) {
+  auto with = [](const std::string& field, const std::string& value) {
+    nlohmann::json j = nlohmann::json::parse(JobRecordJson(Sample()));
+    nlohmann::json v = nlohmann::json::parse(value);
+    if (field == "node_rank") j["members"][0]["node_rank"] = v;
+    else if (field == "mode") j["stop"]["mode"] = v;
+    else j[field] = v;
+    return ParseJobRecord(j.dump()).status().message();
+  };
+  const std::string most = std::to_string(JobRecord::kMaxEpoch);
+  EXPECT_EQ(with("epoch", "18446744073709551615"),
+            "the job record's \"epoch\" is 18446744073709551615; it must be an integer from 0 "
+            "to " + most);
+  EXPECT_EQ(with("epoch", "-5"),
+            "the job record's \"epoch\" is -5; it must be an integer from 0 to " + most);
+  EXPECT_EQ(with("epoch", "1.5"),
+            "the job record's \"epoch\" is 1.5; it must be an integer from 0 to " + most);
+  EXPECT_EQ(with("leader_epoch", "-1"),
+            "the job record's \"leader_epoch\" is -1; it must be an integer from 0 to " + most);
+  EXPECT_EQ(with("generation", "-1"),
+            "the job record's \"generation\" is -1; it must be an integer from 0 to " + most);
+  EXPECT_EQ(with("node_rank", "4294967296"),
+            "the job record's \"node_rank\" is 4294967296; it must be an integer from 0 to "
+            "2147483647");
+  EXPECT_EQ(with("mode", "4294967299"),
+            "the job record's \"mode\" is 4294967299; it must be an integer from 0 to 2147483647");
+  EXPECT_TRUE(ParseJobRecord(JobRecordJson(Sample())).ok());
 }
 
 TEST(JobRecord, SavesAtomicallyAndLoadsBack) {
@@ -56,13 +92,40 @@ TEST(JobRecord, SavesAtomicallyAndLoadsBack) {
   auto loaded = LoadJobRecord(path);
   ASSERT_TRUE(loaded.ok() && loaded->has_value());
   EXPECT_EQ(**loaded, Sample());
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(entry.path().filename(), "record.json") << "no temporary is left behind";
   std::ofstream(path) << "{\"version\": 1,";  // torn by hand: an error, never an empty record
   EXPECT_EQ(LoadJobRecord(path).status().message(),
             path + ": the job record is not a JSON object");
   const std::string nowhere = (dir / "missing" / "record.json").string();
   EXPECT_EQ(SaveJobRecord(nowhere, Sample()).message(),
-            "cannot write the job record " + nowhere + ".tmp: No such file or directory");
+            "cannot write the job record " + nowhere + ": cannot create a temporary file in " +
+                (dir / "missing").string() + ": No such file or directory");
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 40, finding 4: a symlink planted at <record>.tmp made the manager truncate and overwrite
+// its target (the temporary was opened without O_EXCL or O_NOFOLLOW).
+TEST(JobRecord, ASymlinkPlantedAtTheTemporaryNameIsNeverFollowed) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("regroup-record-link-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "record.json").string();
+  const std::string victim = (dir / "victim").string();
+  std::ofstream(victim) << "precious";
+  std::filesystem::create_symlink(victim, path + ".tmp");
+  std::filesystem::create_symlink(victim, path + ".lock");
+  ASSERT_TRUE(SaveJobRecord(path, Sample()).ok());
+  std::string why;
+  auto updated = UpdateJobRecord(path, Sample(), &why);
+  EXPECT_FALSE(updated.ok()) << "a symlink at the lock's name is refused, never followed";
+  std::ifstream in(victim);
+  std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "precious") << "the symlink's target was written";
+  EXPECT_TRUE(std::filesystem::is_symlink(path + ".tmp"));
+  auto loaded = LoadJobRecord(path);
+  ASSERT_TRUE(loaded.ok() && loaded->has_value()) << loaded.status().message();
+  EXPECT_EQ(**loaded, Sample());
   std::filesystem::remove_all(dir);
 }
 

@@ -21,6 +21,7 @@
 #include "common/credential.h"
 #include "common/grpc_settings.h"
 #include "common/log_limit.h"
+#include "common/safe_file.h"
 #include "manager/options.h"
 #include "manager/remote_decisions.h"
 #include "manager/service.h"
@@ -184,18 +185,11 @@ std::function<const std::optional<JobRecord>&()> WatchRecord(const std::string& 
   };
 }
 
-// Writes the port to a temporary name and renames it, so a reader never sees half a number.
+// Writes the port atomically (common/safe_file.h), so a reader never sees half a number.
 Status WritePortFile(const std::string& port_file, int port) {
-  const std::string tmp = port_file + ".tmp";
-  std::ofstream out(tmp);
-  out << port << "\n";
-  out.close();
-  if (!out || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-    Status failed = regroup::InvalidArgument("--port-file: cannot write " + port_file + ": " +
-                                             std::strerror(errno));
-    std::remove(tmp.c_str());
-    return failed;
-  }
+  Status written = regroup::WriteFileAtomically(port_file, std::to_string(port) + "\n",
+                                                /*what=*/"", 0644);
+  if (!written.ok()) return regroup::InvalidArgument("--port-file: " + written.message());
   return Status::Ok();
 }
 

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "manager/http_server.h"
 #include "manager/prometheus_text.h"
 
 namespace regroup::manager {
@@ -67,19 +68,14 @@ Status ManagerServer::Start() {
                       "text/plain");
     };
     // With a certificate, HTTP is HTTPS with it too: the credential never crosses in clear.
-    if (!options_.tls_cert_file.empty()) {
-      auto https = std::make_unique<httplib::SSLServer>(options_.tls_cert_file.c_str(),
-                                                        options_.tls_key_file.c_str());
-      if (!https->is_valid()) {
-        Stop();
-        return InvalidArgument("regroup-manager cannot serve HTTPS on " + options_.http_listen +
-                               " with the certificate " + options_.tls_cert_file + " and key " +
-                               options_.tls_key_file);
-      }
-      http_ = std::move(https);
-    } else {
-      http_ = std::make_unique<httplib::Server>();
+    // Each connection is bounded in bytes, header lines and time (http_server.h).
+    auto http = MakeHttpServer(options_.tls_cert_file, options_.tls_key_file);
+    if (!http.ok()) {
+      Stop();
+      return InvalidArgument("regroup-manager cannot serve HTTPS on " + options_.http_listen +
+                             ": " + http.status().message());
     }
+    http_ = std::move(*http);
     http_->Get("/metrics", [this, allowed, refuse](const httplib::Request& req,
                                                    httplib::Response& res) {
       if (!allowed(req, /*metrics=*/true)) return refuse(req, res);
@@ -135,7 +131,10 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::ManagerMessage>* ManagerServer::Se
   grpc::Status auth = CheckCredential(*context, options_.credential);
   if (!auth.ok()) {
     ++refusals_;
-    spdlog::warn("refused a session: {}", auth.error_message());
+    std::lock_guard lock(session_refusal_mu_);  // not mu_: a flood must not stall the job
+    if (auto held = session_refusal_log_.Allow(LogLimit::Clock::now()))
+      spdlog::warn("refused a session: {}{}", auth.error_message(),
+                   *held ? " (and " + std::to_string(*held) + " more not logged)" : "");
     return new Rejected(auth);
   }
   std::lock_guard lock(mu_);

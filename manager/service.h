@@ -94,6 +94,8 @@ class ManagerServer final : public v1::Manager::CallbackService {
   std::atomic<uint64_t> refusals_{0};
   // A zombie retrying, or a flood of bad messages, logs one line a second (under mu_).
   LogLimit registration_refusal_log_{std::chrono::seconds(1)};
+  std::mutex session_refusal_mu_;  // a session refused for its credential: one line a second
+  LogLimit session_refusal_log_{std::chrono::seconds(1)};
   LogLimit message_refusal_log_{std::chrono::seconds(1)};
   LogLimit record_log_{std::chrono::seconds(10)};
 };

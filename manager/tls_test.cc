@@ -230,6 +230,29 @@ TEST_F(Tls, APlaintextClientIsRefused) {
 }
 
 // A CA file that cannot serve is an error naming the path, never the system's roots.
+// Issue 40, finding 9: a certificate given with another's key was reported as "cannot listen ...
+// (in use, or not an address of this host)".
+TEST_F(Tls, AKeyThatDoesNotMatchItsCertificateIsNamed) {
+  JobSpec spec;
+  spec.id = "default/tls";
+  spec.pods = 1;
+  spec.processes_per_pod = 1;
+  auto resolved = spec.Resolve();
+  JobControlOptions ro;
+  ro.epoch = 7;
+  ServerOptions so;
+  so.listen = "127.0.0.1:0";
+  so.credential = kCredential;
+  so.tls_cert_file = certs_->Path("ip.crt");
+  so.tls_key_file = certs_->Path("named.key");
+  ManagerServer server(std::make_unique<JobControl>(spec, resolved.config, ro,
+                                                    std::make_unique<EmbeddedDecisions>(spec)),
+                       so);
+  Status st = server.Start();
+  EXPECT_EQ(st.message(), "the TLS key " + certs_->Path("named.key") +
+                              " does not match the TLS certificate " + certs_->Path("ip.crt"));
+}
+
 TEST_F(Tls, ACaFileThatCannotBeUsedIsAnErrorNamingIt) {
   const std::string empty = certs_->Path("empty.crt");
   std::ofstream(empty).close();

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "plugin/coordinator.h"
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -22,6 +25,11 @@ namespace regroup::coordinator {
 namespace {
 
 using Reactor = grpc::ServerBidiReactor<v1::ManagerReport, v1::CoordinatorDirective>;
+
+// Streams that have not said hello (issue 40: 15,000 of them held 303 MB): at most this many are
+// kept, more are refused, and each is closed when it has said none within kHelloWithin.
+constexpr size_t kMaxBeforeHello = 64;
+constexpr auto kHelloWithin = std::chrono::seconds(5);
 
 // A stream refused before its first message: a wrong credential, or the coordinator stopping.
 class Rejected final : public Reactor {
@@ -53,6 +61,7 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
       return InvalidArgument("the coordinator cannot listen on " + options_.listen +
                              " (in use, or not an address of this host): choose another "
                              "address or port");
+    sweeper_ = std::thread([this] { Sweep(); });
     return Status::Ok();
   }
 
@@ -65,6 +74,8 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
       for (auto& [id, stream] : streams_)
         stream->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"));
     }
+    sweep_cv_.notify_all();
+    if (sweeper_.joinable()) sweeper_.join();
     if (server_) {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
       server_->Wait();
@@ -107,9 +118,18 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
     std::lock_guard lock(mu_);
     if (stopping_)
       return new Rejected(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"));
+    if (streams_.size() - std::min(streams_.size(), attachments_.attached_count()) >=
+        kMaxBeforeHello) {
+      const std::string why = std::to_string(kMaxBeforeHello) +
+                              " streams have said no hello yet, the most: refused a stream from " +
+                              context->peer();
+      LogBeforeHello(why);
+      return new Rejected(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, why));
+    }
     auto* stream = new Stream(this, next_stream_++, "the manager is gone", context);
     streams_[stream->id()] = stream;
-    callers_[stream->id()] = Caller{std::move(token), context->peer()};
+    callers_[stream->id()] =
+        Caller{std::move(token), context->peer(), std::chrono::steady_clock::now()};
     return stream;
   }
 
@@ -151,6 +171,34 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
     }
   }
 
+  // Closes every stream that has said no hello within kHelloWithin, twice a second.
+  void Sweep() {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      sweep_cv_.wait_for(lock, std::chrono::milliseconds(500));
+      if (stopping_) return;
+      const auto late = std::chrono::steady_clock::now() - kHelloWithin;
+      for (auto& [id, caller] : callers_) {
+        if (caller.closed || caller.opened > late || attachments_.attached(id)) continue;
+        auto stream = streams_.find(id);
+        if (stream == streams_.end()) continue;
+        caller.closed = true;
+        const std::string why = "a stream from " + caller.peer + " said no hello within " +
+                                std::to_string(kHelloWithin.count()) + " s";
+        LogBeforeHello(why);
+        stream->second->Close(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why));
+      }
+    }
+  }
+
+  // A stream refused or closed before its hello, one line a second at most; holds mu_.
+  void LogBeforeHello(const std::string& why) {
+    if (const std::optional<uint64_t> held = before_hello_log_.Allow(LogLimit::Clock::now()))
+      std::fprintf(stderr, "regroup coordinator: %s%s\n", why.c_str(),
+                   *held ? (" (" + std::to_string(*held) + " more since the last line)").c_str()
+                         : "");
+  }
+
   // A refused identity is logged (naming the job and the peer, never a token), one line a
   // second at most, however often it is tried; holds mu_.
   void LogDenied(const Attachments::Outgoing& o) {
@@ -171,9 +219,14 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
   struct Caller {
     std::string token;  // the credential its call carries, checked at its hello
     std::string peer;
+    std::chrono::steady_clock::time_point opened;
+    bool closed = false;  // closed for saying no hello in time
   };
   std::map<uint64_t, Caller> callers_;  // by stream, as streams_
   LogLimit denied_log_{std::chrono::seconds(1)};
+  LogLimit before_hello_log_{std::chrono::seconds(1)};
+  std::condition_variable sweep_cv_;
+  std::thread sweeper_;
   uint64_t next_stream_ = 1;
   bool stopping_ = false;
   std::unique_ptr<grpc::Server> server_;

@@ -58,6 +58,14 @@ echo '{"version": 1, "job_id": "t/other", "epoch": 5, "leader_epoch": 5, "genera
 expect_refused "is the record of job t/other, not t/flags" "${job[@]}" --record "$dir/other.json"
 echo '{"version": 1, "job_id": "t/flags"' >"$dir/torn.json"
 expect_refused "$dir/torn.json: the job record is not a JSON object" "${job[@]}" --record "$dir/torn.json"
+# Issue 40, finding 5: an epoch of 2^64-1 wrapped (the manager fenced itself at every start and
+# the log said nothing); -5 read as 2^64-5. Refused at the start, naming the file, field and value.
+for epoch in 18446744073709551615 -5; do
+  printf '{"version":1,"job_id":"t/flags","epoch":%s,"leader_epoch":0,"generation":0,"members":[],"lost":[]}' \
+    "$epoch" >"$dir/epoch.json"
+  expect_refused "--record: $dir/epoch.json: the job record's \"epoch\" is $epoch" "${job[@]}" \
+    --record "$dir/epoch.json"
+done
 mkdir "$dir/record-dir"
 expect_refused "the job record file $dir/record-dir is a directory" "${job[@]}" --record "$dir/record-dir"
 

@@ -84,6 +84,13 @@ out=$(yes 'kind: Job' | timeout 20 "$ctl" validate /dev/stdin 2>&1); rc=$?
 out=$(timeout 20 "$ctl" simulate "$src/examples/jobs/elastic-job.yaml" /dev/zero 2>&1); rc=$?
 [ $rc -eq 2 ] || fail "/dev/zero as a fault script must be refused (exit 2), got $rc: $out"
 
+# Issue 40, finding 8: a numeric flag that is not a number exited 104 with CLI11's bare words.
+for flag in --timeout-ms; do
+  out=$(timeout 20 "$ctl" status $flag abc 2>&1); rc=$?
+  [ $rc -eq 2 ] || fail "status $flag abc must exit 2, got $rc: $out"
+  grep -qF "error: $flag: \"abc\" is not a number" <<<"$out" || fail "status $flag abc: $out"
+done
+
 out=$("$ctl" keys) || fail "keys"
 grep -qF '`wait-reschedule-timeout` | annotation | an integer from 30 to 270 | 270' <<<"$out" || fail "$out"
 

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import threading
 import time
@@ -73,9 +74,25 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_atomic(path: Path, write) -> None:
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}"
+    """Writes ``path`` through a new temporary file beside it, flushed and renamed into place.
+
+    The temporary's name is random and it is created with O_CREAT|O_EXCL|O_NOFOLLOW, so a file or
+    a symlink planted at any name is never opened (issue 40: a predictable name opened with
+    ``open(..., "wb")`` truncated a planted symlink's target). The C++ programs' rule is the same
+    (common/safe_file.h).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(8)}"
+        try:
+            fd = os.open(tmp, flags, 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name beside {path}")
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

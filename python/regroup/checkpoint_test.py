@@ -46,6 +46,24 @@ def test_no_temporary_file_is_left_and_the_manifest_names_the_shards(tmp_path):
     assert path.name == "step-000000000003.e7.g9"  # fenced by generation
 
 
+def test_a_symlink_planted_at_a_temporary_name_is_never_followed(tmp_path):
+    # Issue 40, finding 4 (the files-written-safely rule): the temporary name was predictable
+    # (".NAME.tmp-PID-THREAD") and opened with open(..., "wb"), so a symlink planted there had its
+    # target truncated and overwritten with the shard or the manifest.
+    import threading
+    c = Checkpointer(str(tmp_path), keep=0)
+    target = c.path_for(5, 1, 1)
+    target.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    for name in (shard_name(0, 1), "manifest.json"):
+        (target / f".{name}.tmp-{os.getpid()}-{threading.get_ident()}").symlink_to(victim)
+    c.write(_state(5), step=5, epoch=1, generation=1, position=0, replica_size=1)
+    assert victim.read_text() == "precious"
+    assert c.newest().step == 5
+    assert torch.equal(Checkpointer.load(c.newest(), 0)["model"]["w"], torch.full((3,), 5.0))
+
+
 def test_the_newest_complete_checkpoint_wins_and_old_ones_are_pruned(tmp_path):
     c = Checkpointer(str(tmp_path), keep=2)
     for step in (9, 19, 29):

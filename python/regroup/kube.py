@@ -18,12 +18,16 @@ mount). Its service account needs ``get`` on pods and on the owner's kind in the
 
 from __future__ import annotations
 
+import http.client
+import itertools
 import json
 import os
+import re
+import socket
 import ssl
-import urllib.error
+import threading
+import time
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Mapping, Optional
@@ -32,8 +36,10 @@ SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # Owners whose metadata holds a training job's keys: (apiVersion, kind) -> the API path's group part.
 OWNERS = {("batch.volcano.sh/v1alpha1", "Job"): "apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs/{name}",
           ("mindxdl.gitee.com/v1", "AscendJob"): "apis/mindxdl.gitee.com/v1/namespaces/{ns}/ascendjobs/{name}"}
-TIMEOUT_S = 5.0
+TIMEOUT_S = 10.0  # one deadline for a whole job_keys call: every connection, handshake and byte
 MAX_BYTES = 4 << 20  # an object larger than this is not a pod or a job
+MAX_DEPTH = 100  # a pod or a job nests a few tens of levels; more is not one (json would recurse)
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
 class KubeError(RuntimeError):
@@ -53,13 +59,32 @@ def in_cluster(environ: Mapping[str, str] = os.environ) -> bool:
     return bool(environ.get("KUBERNETES_SERVICE_HOST")) and (sa / "token").is_file()
 
 
+def _depth(body: bytes) -> int:
+    """How deep the JSON text's arrays and objects nest (strings skipped), without recursing."""
+    brackets = _STRING.sub(b"", body).translate(None, delete=bytes(set(range(256)) - set(b"[]{}")))
+    return max(itertools.accumulate(1 if c in b"[{" else -1 for c in brackets), default=0)
+
+
 class _Client:
-    def __init__(self, environ: Mapping[str, str]):
+    """GETs from the API server, none of them past one deadline. It follows no redirect: the token
+    goes only to the API server the pod was given, over TLS (issue 40: urllib followed a redirect
+    to plain HTTP and sent the token in clear)."""
+
+    def __init__(self, environ: Mapping[str, str], timeout_s: float = None):
         sa = Path(environ.get("REGROUP_SERVICEACCOUNT_DIR") or SERVICEACCOUNT_DIR)
         host = environ.get("KUBERNETES_SERVICE_HOST", "")
         port = environ.get("KUBERNETES_SERVICE_PORT", "443")
         if not host:
             raise KubeError("KUBERNETES_SERVICE_HOST is not set: not in a Kubernetes pod")
+        try:
+            self.port = int(port)
+            if not 0 < self.port < 65536:
+                raise ValueError
+        except ValueError:
+            raise KubeError(f"KUBERNETES_SERVICE_PORT {port!r} is not a port (1 to 65535)") from None
+        self.host = host
+        self.timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
+        self.deadline = time.monotonic() + self.timeout_s
         try:
             self.token = (sa / "token").read_text().strip()
         except OSError as e:
@@ -74,25 +99,58 @@ class _Client:
             self.tls = ssl.create_default_context(cafile=str(sa / "ca.crt"))
         except (OSError, ssl.SSLError) as e:
             raise KubeError(f"cannot load the API server's CA {sa / 'ca.crt'}: {e}") from None
-        self.base = f"https://{'[' + host + ']' if ':' in host else host}:{port}/"
 
     def get(self, path: str) -> dict:
-        request = urllib.request.Request(self.base + path, headers={
-            "Authorization": "Bearer " + self.token, "Accept": "application/json"})
+        left = self.deadline - time.monotonic()
+        late = f"GET /{path}: no complete answer within {self.timeout_s:g} s"
+        if left <= 0:
+            raise KubeError(late)
+        conn = http.client.HTTPSConnection(self.host, self.port, timeout=left, context=self.tls)
+        # The deadline holds however slowly the server trickles: at it the socket is shut, and
+        # whatever read waits on it ends.
+        expired = threading.Event()
+
+        def expire():
+            expired.set()
+            if conn.sock is not None:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        timer = threading.Timer(left, expire)
+        timer.daemon = True
+        timer.start()
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=self.tls) as r:
-                body = r.read(MAX_BYTES + 1)
-        except urllib.error.HTTPError as e:
-            hint = " (the pod's service account needs get on it: deploy/examples/manager-rbac.yaml)" \
-                if e.code == 403 else ""
-            raise KubeError(f"GET /{path}: HTTP {e.code} {e.reason}{hint}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise KubeError(f"GET /{path}: {getattr(e, 'reason', e)}") from None
+            conn.request("GET", "/" + path, headers={
+                "Authorization": "Bearer " + self.token, "Accept": "application/json"})
+            r = conn.getresponse()
+            if 300 <= r.status < 400:
+                raise KubeError(f"GET /{path}: HTTP {r.status} {r.reason}, a redirect to "
+                                f"{r.getheader('Location', 'nowhere')!r}: the API client follows none "
+                                f"(the service account's token goes to the API server only)")
+            if r.status != 200:
+                hint = " (the pod's service account needs get on it: deploy/examples/manager-rbac.yaml)" \
+                    if r.status == 403 else ""
+                raise KubeError(f"GET /{path}: HTTP {r.status} {r.reason}{hint}")
+            body = r.read(MAX_BYTES + 1)
+        except (http.client.HTTPException, OSError, ValueError) as e:
+            if expired.is_set():
+                raise KubeError(late) from None
+            raise KubeError(f"GET /{path}: {getattr(e, 'reason', None) or e}") from None
+        finally:
+            timer.cancel()
+            conn.close()
+        if expired.is_set():
+            raise KubeError(late)
         if len(body) > MAX_BYTES:
             raise KubeError(f"GET /{path}: the answer is over {MAX_BYTES} bytes")
+        if _depth(body) > MAX_DEPTH:
+            raise KubeError(f"GET /{path}: the answer nests arrays or objects deeper than {MAX_DEPTH} "
+                            f"levels: not a Kubernetes object")
         try:
             doc = json.loads(body)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise KubeError(f"GET /{path}: not JSON ({e})") from None
         if not isinstance(doc, dict):
             raise KubeError(f"GET /{path}: not a JSON object")
@@ -112,17 +170,20 @@ def _string_map(meta: dict, key: str, what: str) -> Dict[str, str]:
     return {k: v for k, v in value.items() if _job_key(k)}
 
 
-def job_keys(environ: Mapping[str, str] = os.environ) -> JobKeys:
+def job_keys(environ: Mapping[str, str] = os.environ, timeout_s: float = None) -> JobKeys:
     """The labels and annotations of this pod and of the job that owns it.
 
     The pod is ``$POD_NAME`` (else ``$REGROUP_POD_NAME``, else ``$HOSTNAME``, which Kubernetes sets
     to the pod's name) in ``$POD_NAMESPACE`` (else ``$REGROUP_NAMESPACE``, else the service
     account's namespace).
 
+    Every GET of the call ends by one deadline, ``timeout_s`` (TIMEOUT_S) after the call starts.
+
     Raises:
-        KubeError: not in a pod, the API unreachable or refusing, or an object malformed.
+        KubeError: not in a pod, the API unreachable, refusing, redirecting or too slow, or an
+        object malformed; the message names the API path.
     """
-    client = _Client(environ)
+    client = _Client(environ, timeout_s)
     pod_name = environ.get("POD_NAME") or environ.get("REGROUP_POD_NAME") or environ.get("HOSTNAME") or ""
     namespace = environ.get("POD_NAMESPACE") or environ.get("REGROUP_NAMESPACE") or client.namespace
     if not pod_name or not namespace:

@@ -3,12 +3,14 @@
 service account's token, as in a cluster (the server here answers the two GETs a pod makes)."""
 
 import json
+import socket
 import ssl
 import stat
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -171,3 +173,120 @@ def test_a_manager_py_in_a_pod_starts_the_manager_with_the_jobs_keys(api, tmp_pa
     at = args.index("--keys-source")
     assert args[at + 1].startswith("the Kubernetes API: Job team-a/llama")
     assert "--listen" not in args  # $REGROUP_MANAGER_LISTEN, else the manager's 0.0.0.0:9601
+
+
+# -- a hostile API server (issue 40, finding 6) -------------------------------------------------
+
+class _Hostile:
+    """A TLS server with the API server's certificate that answers every request with `answer`
+    (a function of the connection), to be what a compromised or misrouted API server can be."""
+
+    def __init__(self, certificate, answer, tls=True):
+        self.answer, self.requests, self.stop = answer, [], threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.tls = None
+        if tls:
+            self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.tls.load_cert_chain(certificate / "ca.crt", certificate / "key.pem")
+        self.port = self.sock.getsockname()[1]
+        self.threads = [threading.Thread(target=self._serve, daemon=True)]
+        self.threads[0].start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            t = threading.Thread(target=self._one, args=(conn,), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _one(self, conn):
+        try:
+            conn.settimeout(5)
+            if self.tls:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                head += chunk
+            self.requests.append(head.decode(errors="replace"))
+            self.answer(conn, self)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+        self.sock.close()
+
+
+def _env_for(api_env, port):
+    return {**api_env, "KUBERNETES_SERVICE_PORT": str(port)}
+
+
+def test_a_redirect_is_never_followed_and_the_token_never_leaves_for_it(api, certificate):
+    # urllib followed a redirect to plain HTTP, sent the token in clear there, and took the empty
+    # answer for the pod's keys.
+    plain = _Hostile(certificate, lambda c, s: c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"),
+                     tls=False)
+
+    def redirect(conn, server):
+        conn.sendall(f"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:{plain.port}/steal\r\n"
+                     f"Content-Length: 0\r\n\r\n".encode())
+
+    hostile = _Hostile(certificate, redirect)
+    try:
+        with pytest.raises(kube.KubeError, match=r"GET /api/v1/namespaces/team-a/pods/llama-worker-0: HTTP 302 .*"
+                                                 r"a redirect to .*follows none"):
+            kube.job_keys(_env_for(api, hostile.port))
+        assert plain.requests == [], "the client followed the redirect"
+        assert TOKEN in hostile.requests[0]
+    finally:
+        hostile.close()
+        plain.close()
+
+
+def test_one_deadline_bounds_a_whole_call_to_a_trickling_server(api, certificate):
+    # The 5 s timeout was per read: a server trickling a byte a second held job_keys for 90 s.
+    def trickle(conn, server):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        for _ in range(600):  # 60 s at most, far past the 1 s deadline
+            if server.stop.is_set():
+                return
+            conn.sendall(b" ")
+            time.sleep(0.1)
+
+    hostile = _Hostile(certificate, trickle)
+    try:
+        with pytest.raises(kube.KubeError, match=r"GET /api/v1/namespaces/team-a/pods/llama-worker-0: "
+                                                 r"no complete answer within 1 s"):
+            kube.job_keys(_env_for(api, hostile.port), timeout_s=1.0)
+    finally:
+        hostile.close()
+
+
+def test_deeply_nested_json_is_a_clear_error_not_a_recursion_error(api, certificate):
+    # 100,000 nested arrays raised an uncaught RecursionError and init_manager crashed.
+    body = b"[" * 100000 + b"]" * 100000
+
+    def nested(conn, server):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    hostile = _Hostile(certificate, nested)
+    try:
+        with pytest.raises(kube.KubeError, match=r"GET /api/v1/namespaces/team-a/pods/llama-worker-0: .*deeper than "
+                                                 r"100 levels"):
+            kube.job_keys(_env_for(api, hostile.port))
+        said = []
+        assert kube.job_keys_or_none(_env_for(api, hostile.port), log=said.append) is None
+        assert "deeper than 100 levels" in said[0]
+    finally:
+        hostile.close()

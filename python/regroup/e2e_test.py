@@ -135,8 +135,10 @@ class Cluster:
             parts.append(f"== {f.name}\n" + f.read_text()[-3000:])
         return "\n".join(parts)
 
-    def finish(self, tmp_path_factory, ref_extra: Sequence[str], agents: Sequence[str]) -> str:
-        """Waits for the named agents to exit 0; checks weights and ledger; returns the status."""
+    def finish(self, tmp_path_factory, ref_extra: Sequence[str], agents: Sequence[str],
+               expected: Optional[Dict[str, torch.Tensor]] = None) -> str:
+        """Waits for the named agents to exit 0; checks weights (against ``expected``, default
+        the single-process reference) and ledger; returns the status."""
         for name in agents:
             try:
                 code = self.agents[name].wait(timeout=240)
@@ -145,7 +147,9 @@ class Cluster:
             assert code == 0, f"agent {name} exited with {code}\n{self.status()}\n{self.logs()}"
         status = self.status()
         print(status)
-        error = relative_error(reference(tmp_path_factory, self.steps, ref_extra), torch.load(self.out))
+        if expected is None:
+            expected = reference(tmp_path_factory, self.steps, ref_extra)
+        error = relative_error(expected, torch.load(self.out))
         assert error <= TOLERANCE, f"norm-relative error {error:.3e}\n{status}"
         check_ledger(self.ledger, self.steps, **DATA)
         return status

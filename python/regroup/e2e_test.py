@@ -58,10 +58,11 @@ class Cluster:
     """A manager and its agents on this machine, every process owned by the test."""
 
     def __init__(self, tmp_path: Path, procs, binaries, steps: int, train: Sequence[str], tp: int = 1,
-                 script: Path = EXAMPLE, annotations: Sequence[str] = ANNOTATIONS):
+                 script: Path = EXAMPLE, annotations: Sequence[str] = ANNOTATIONS, labels: Sequence[str] = ()):
         self.tmp = tmp_path
         self.script = script
         self.annotations = list(annotations)
+        self.labels = ["fault-scheduling=force", *labels]
         self.procs = procs
         self.binaries = binaries
         self.steps = steps
@@ -85,7 +86,7 @@ class Cluster:
             port_file.unlink()  # a previous manager's
         argv = [self.binaries["manager"], "--job-id", "mlp", "--nodes", str(nodes), "--nproc-per-node", str(nproc),
                 "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", "60",
-                "--label", "fault-scheduling=force"]
+                *[x for label in self.labels for x in ("--label", label)]]
         for a in self.annotations + [f"regroup.io/tensor-parallel={self.tp}"]:
             argv += ["--annotation", a]
         self.manager = self.procs.start(argv, self.env, log=self.tmp / "manager.log")

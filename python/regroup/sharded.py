@@ -4,7 +4,8 @@
 A replica is ``tensor_parallel`` ranks (the shard group): its model is sharded over them with
 FSDP2's ``fully_shard`` and replicated across the replicas. Gradients are reduce-scattered
 within the replica, summed across the replicas, and divided by the global batch (the step
-contract: never averaged). Every rank of a replica takes its own contiguous part of each of the
+contract: never averaged); every collective on gloo is waited for so that an abort frees the
+rank at once (a rank stuck until the watchdog would lose its shard). Every rank of a replica takes its own contiguous part of each of the
 replica's micro-batches (:meth:`HSDPState.share`), so every rank of a replica runs as many
 forward and backward passes as the others, as FSDP's collectives need.
 
@@ -17,8 +18,9 @@ rank loses its replica's shard of that rank, which only a peer replica holds. Wi
 (regroup.sync names why).
 
 Each generation builds a fresh :class:`~torch.distributed.device_mesh.DeviceMesh` over its own
-process groups (``DeviceMesh.from_group``: the replicate dimension is the data-parallel group of
-the rank's position, the shard dimension its replica), shards a fresh copy of the module on it
+process groups (``DeviceMesh.from_group`` over the rank's replica: FSDP reduce-scatters the
+gradients there; the sum across the replicas is the trainer's own reduce over the position's
+data-parallel group, with the division by the global batch), shards a fresh copy of the module on it
 (from a meta-device template kept at construction: no memory but the structure), and moves the
 local shards of the previous generation's module (or, on the first, the module's own values)
 into it. The optimizer object stays the same: its parameters and state are re-keyed to the new
@@ -145,9 +147,11 @@ class HSDPState(TrainingState):
             raise ConfigError(f"the replicas changed size ({self.replica_size} -> "
                               f"{layout.replica_size}): HSDP resizes by whole replicas")
         device = "cuda" if groups.backend == "nccl" else "cpu"
-        grid = torch.arange(layout.world_size).view(layout.dp, layout.replica_size)
-        mesh = DeviceMesh.from_group([groups.dp_group, groups.tp_group], device, mesh=grid,
-                                     mesh_dim_names=("replicate", "shard"))
+        # FSDP shards over the replica only; the sum across replicas is the trainer's own reduce
+        # (regroup.state.reduce_gradients over the position's data-parallel group, divided by G),
+        # which an abort frees at once, as FSDP's own waits on its collectives would not be.
+        mesh = DeviceMesh.from_group(groups.tp_group, device, mesh=layout.replica_ranks(layout.replica),
+                                     mesh_dim_names=("shard",))
         old = self.model
         # The sharded parameters noted when they were made: a step broken by an abort may leave
         # the module's registered parameters the unsharded ones.
@@ -165,8 +169,10 @@ class HSDPState(TrainingState):
                 olds = dict(old.named_buffers())
                 for name, b in new.named_buffers():
                     b.copy_(olds[name])
-        new.set_gradient_divide_factor(float(self.global_batch))
+        new.set_gradient_divide_factor(1.0)          # summed only: the trainer divides by G
         new.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM/AVG
+        if groups.backend == "gloo":
+            _abortable_comms(new, groups.sockets)
         self._params = list(new.parameters())
         self._rekey_optimizer(old_params, self._params)
         self.model = new
@@ -212,6 +218,16 @@ class HSDPState(TrainingState):
 
     def live_model(self) -> Any:
         return self.wrapper
+
+    def materialize_grads(self) -> List[torch.Tensor]:
+        """The local shards of the gradients (reduce-scattered within the replica), zeros where
+        none was computed: what the trainer sums across the replicas and divides by G."""
+        grads = []
+        for p in self._params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(_local(p.grad))
+        return grads
 
     def share(self, indices: torch.Tensor) -> torch.Tensor:
         """This rank's contiguous part of a micro-batch of its replica."""
@@ -270,6 +286,35 @@ class HSDPState(TrainingState):
             p = params[int(i)]
             opt.state[p] = {k: self._as_param(v.clone() if isinstance(v, torch.Tensor) else v, p)
                             for k, v in st.items()}
+
+
+def _abortable_comms(module: Any, sockets: Any) -> None:
+    """FSDP's all-gather and reduce-scatter issued asynchronously and waited for with
+    ``GroupSockets.wait``, so that an abort frees a rank blocked in one at once (FSDP's own
+    ``work.wait()`` may miss gloo's wake-up when the abort shuts the sockets down, and a peer lost
+    without a reset, a node cut off, never ends it: the watchdog would exit the rank, losing its
+    shard). Left as FSDP's defaults, with a warning, where this torch lacks the hooks."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+    except ImportError:
+        log.warning("regroup: this torch has no FSDP custom collectives: an abort frees a rank "
+                    "blocked in FSDP's all-gather only through the watchdog")
+        return
+
+    class AllGather(DefaultAllGather):
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
+            sockets.wait(super().__call__(output_tensor, input_tensor, group, async_op=True), "FSDP's all-gather")
+            return None
+
+    class ReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any, async_op: bool = False) -> Any:
+            # gloo's reduce-scatter has no future: run it on a helper thread instead
+            sockets.call(super().__call__, output_tensor, input_tensor, group, op, False,
+                         what="FSDP's reduce-scatter")
+            return None
+
+    module.set_custom_all_gather(AllGather())
+    module.set_custom_reduce_scatter(ReduceScatter())
 
 
 class _NoModel(torch.nn.Module):

@@ -360,7 +360,7 @@ class Trainer:
         self.check_aborted(step)
         self.report_phase(pb.PHASE_REDUCING, step.number)
         grads = self.state.materialize_grads()
-        if self.membership.ddp is None:
+        if self.membership.ddp is None or self.config.sharding:  # sharded: across replicas here
             groups = self.membership.groups
             size = groups.layout.dp if groups is not None else 1
             try:

@@ -800,6 +800,7 @@ def hsdp_killed_rank_lost_node_return(c: Cluster, r: Result) -> None:
     c.wait_warm(second)
     f = c.kill_trainer(second, 1)
     c.wait_event("generation", "4 ranks", after_ms=int(f["at"] * 1000))   # the replica is back
+    c.wait_step(c.last_step() + 3)                                         # and trains
     measure(c, r, f)
     g, h, pod = lose_a_node_then_return(c, r)
     measure(c, r, g, until=h)

@@ -787,7 +787,7 @@ def trainers_lack_fsdp2() -> Optional[str]:
 
 @scenario(30, "HSDP (FSDP2, 2 replicas x 2 shards): a killed rank, then a lost node and its return; "
               "each replica's shards come back from the peer replica's rank at the same position",
-          lambda: JobSpec(steps=200, tp=2, optimizer="adam", shard="hsdp", step_sleep=0.15,
+          lambda: JobSpec(steps=400, tp=2, optimizer="adam", shard="hsdp", step_sleep=0.2,
                           strategies="recover-in-place,elastic-training,exit", prefer_elastic=True))
 def hsdp_killed_rank_lost_node_return(c: Cluster, r: Result) -> None:
     why = trainers_lack_fsdp2()

@@ -64,6 +64,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None, help="default: 0.05 for SGD, 0.01 for Adam")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica (1 or 2)")
     p.add_argument("--ddp", action="store_true", help="use the DistributedDataParallel wrapper")
+    p.add_argument("--shard", choices=("none", "hsdp"), default="none",
+                   help="hsdp: the full model sharded with FSDP2 over each replica's --tp ranks, "
+                        "replicated across replicas (torch >= 2.6); each rank computes its part "
+                        "of every micro-batch of its replica")
     p.add_argument("--checksum-interval", type=int, default=10)
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-interval", type=int, default=0)
@@ -213,7 +217,8 @@ def main(argv=None) -> int:
     tp_rank = int(os.environ.get("RANK", "0")) % tp  # the manager numbers replicas' ranks in order
 
     x, y = make_data(args, dtype)
-    model = ShardedMLP(args, dtype, tp, tp_rank)
+    hsdp = args.shard == "hsdp"
+    model = ShardedMLP(args, dtype, 1, 0) if hsdp else ShardedMLP(args, dtype, tp, tp_rank)
     if args.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=args.lr or 0.05, momentum=0.9)
     else:
@@ -226,7 +231,7 @@ def main(argv=None) -> int:
         dataset_size=args.dataset, micro_batch_size=args.micro_batch,
         microbatches_per_step=args.microbatches, seed=args.seed, tensor_parallel=tp,
         checksum_interval=args.checksum_interval, checkpoint_dir=args.checkpoint_dir,
-        checkpoint_interval=args.checkpoint_interval, ddp=args.ddp,
+        checkpoint_interval=args.checkpoint_interval, ddp=args.ddp, sharding="hsdp" if hsdp else None,
         timeouts=regroup.Timeouts(abort_exit=args.abort_exit))
 
     def on_commit(step: regroup.Step) -> None:
@@ -254,8 +259,10 @@ def main(argv=None) -> int:
                     print(f"step={step.number} sleeping {args.step_sleep} s", file=sys.stderr, flush=True)
                 time.sleep(args.step_sleep)
             step.reduce_gradients()
-            if ledger is not None and g.tp_rank == 0:
+            if ledger is not None and (g.tp_rank == 0 or hsdp):
                 record = {"g": [g.epoch, g.number], "step": step.number, "replica": g.replica, "mb": lines}
+                if hsdp:  # each rank computed its part of the micro-batches
+                    record["part"] = g.tp_rank
                 os.write(ledger, (json.dumps(record) + "\n").encode())
             trainer.commit(step)
         if step.committed and g.tp_rank == 0 and not args.quiet:
@@ -265,6 +272,8 @@ def main(argv=None) -> int:
     if args.out:
         g = trainer.generation
         params = parameters_of(trainer.module)
+        if hsdp and g is not None:  # each rank's local shards (dim 0), joined in position order
+            params = {name: p.to_local().clone() for name, p in params.items()}
         if g is None or g.world_size == 1 or (g.replica == 0 and g.tp == 1):
             if g is None or g.rank == 0:
                 save_atomic(params, args.out)
@@ -277,7 +286,9 @@ def main(argv=None) -> int:
                     if time.monotonic() > deadline:
                         raise SystemExit(f"the other shards of {args.out} did not appear within 60 s")
                     time.sleep(0.05)
-                save_atomic(merge_shards([torch.load(n) for n in names]), args.out)
+                shards = [torch.load(n) for n in names]
+                save_atomic({k: torch.cat([s[k] for s in shards], 0) for k in shards[0]} if hsdp
+                            else merge_shards(shards), args.out)
     if ledger is not None:
         os.close(ledger)
     return 0

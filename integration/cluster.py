@@ -130,6 +130,9 @@ class JobSpec:
     # elastic minimum once the job runs), rather than the elastic minimum
     min_available_every_pod: bool = False
     dropin: bool = False
+    # examples/train_mlp.py --shard: "hsdp" shards the model with FSDP2 over each replica's tp
+    # ranks (torch >= 2.6); its reference is the same layout's fault-free run (reference_ranks)
+    shard: str = "none"
 
     @property
     def script(self) -> Path:
@@ -160,7 +163,7 @@ class JobSpec:
     def _data_args(self) -> List[str]:
         return ["--float64", "--dataset", str(self.dataset), "--micro-batch", str(self.micro_batch),
                 "--microbatches", str(self.microbatches), "--seed", str(self.seed), "--steps", str(self.steps),
-                "--optimizer", self.optimizer]
+                "--optimizer", self.optimizer, *(["--shard", self.shard] if self.shard != "none" else [])]
 
     def train_args(self, ledger: Path, out: Path) -> List[str]:
         if self.dropin:
@@ -179,7 +182,16 @@ class JobSpec:
         or for the drop-in the unmodified script on every rank of the full-size job."""
         if self.dropin:
             return [*self._dropin_args(), *self.extra_train]
+        if self.shard != "none":  # the layout's own run: a rank computes its part of a micro-batch
+            return [*self._data_args(), "--quiet", "--tp", str(self.tp)]
         return [*self._data_args(), "--quiet"]
+
+    @property
+    def reference_ranks(self) -> int:
+        """Processes of the reference run: one, but the full-size job's for a sharded or drop-in
+        job (one replica would do for a sharded job: a rank's part of a micro-batch depends on
+        its position only)."""
+        return self.nodes * self.nproc if (self.dropin or self.shard != "none") else 1
 
     def labels(self) -> Dict[str, str]:
         return {"fault-scheduling": self.fault_scheduling, "pod-rescheduling": "on", **self.extra_labels}

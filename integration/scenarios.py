@@ -24,13 +24,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster import DROPIN, EXAMPLE, GRID, PLAIN, PYTHON, REPO, Cluster, JobSpec  # noqa: E402
 from volcano_loop import VolcanoLoop, volcano_unavailable  # noqa: E402
-from regroup.testing import (check_dropin_ledger, check_ledger, read_ledger, relative_error,  # noqa: E402
+from regroup.testing import (check_dropin_ledger, check_ledger, free_port, read_ledger, relative_error,  # noqa: E402
                              run_plain_ddp, wait_for)
 
 TOLERANCE = 1e-9
@@ -111,11 +111,32 @@ def reference_weights(job: JobSpec) -> Path:
             ledger = path.with_suffix(".ledger")
             ledger.unlink(missing_ok=True)
             run_plain_ddp(args, world, tmp, ledger=ledger)
+        elif job.reference_ranks > 1:
+            run_ranks([PYTHON, str(EXAMPLE), *args, "--out", str(tmp)], job.reference_ranks)
         else:
             subprocess.run([PYTHON, str(job.script), *args, "--out", str(tmp)], check=True, timeout=600,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
         tmp.rename(path)
     return path
+
+
+def run_ranks(argv: Sequence[str], world: int) -> None:
+    """``argv`` on ``world`` processes with torchrun's environment (no control plane)."""
+    port = free_port()
+    ranks = [subprocess.Popen(list(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(r), "WORLD_SIZE": str(world),
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for r in range(world)]
+    try:
+        for r in ranks:
+            _, err = r.communicate(timeout=600)
+            if r.returncode:
+                raise RuntimeError(f"a reference rank exited with {r.returncode}: {err.decode()[-2000:]}")
+    finally:
+        for r in ranks:
+            if r.poll() is None:
+                r.kill()
+                r.wait(timeout=10)
 
 
 def _source_digest() -> str:
@@ -317,7 +338,10 @@ def wait_then_scale_in_out(c: Cluster, r: Result) -> None:
     lose_a_node_wait_scale_in_then_out(c, r)
 
 
-def lose_a_node_wait_scale_in_then_out(c: Cluster, r: Result) -> None:
+def lose_a_node_then_return(c: Cluster, r: Result) -> Tuple[dict, dict, Any]:
+    """Node 1 dies; after the scale-in and a few steps a new node and the replacement pod come,
+    training runs at full size again and every pod exits. Returns the loss's and the return's
+    notes and the replacement pod."""
     f = c.kill_node(c.node_of(1))
     c.wait_event("directive", "scale_in", timeout=90, after_ms=int(f["at"] * 1000))
     c.wait_step(c.last_step() + 5)
@@ -328,6 +352,11 @@ def lose_a_node_wait_scale_in_then_out(c: Cluster, r: Result) -> None:
     c.wait_event("generation", "4 ranks", after_ms=int(g["at"] * 1000))
     codes = c.wait_pods_exit()
     r.promise("the survivors and the replacement exited 0", set(codes.values()) == {0}, str(codes))
+    return f, g, pod
+
+
+def lose_a_node_wait_scale_in_then_out(c: Cluster, r: Result) -> None:
+    f, g, pod = lose_a_node_then_return(c, r)
     rec = measure(c, r, f, until=g)
     r.promise("recover waited wait-reschedule-timeout before scaling in",
               rec.resume_ms is not None and rec.resume_ms >= 30_000, f"resumed {rec.resume_ms} ms after the loss")
@@ -747,6 +776,45 @@ def device_plugin_fault(c: Cluster, r: Result) -> None:
     r.promise("the healthy pod's trainers were not restarted", c.trainers(c.node_of(0)) == survivor_before,
               f"before {survivor_before}, after {c.trainers(c.node_of(0))}")
     finish_with_replacement(c, r, f, pod, never=["restart_job", "restart_in_place"])
+
+
+def trainers_lack_fsdp2() -> Optional[str]:
+    """Why the trainers' torch cannot shard with FSDP2 (None when it can)."""
+    probe = subprocess.run([PYTHON, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                            "from regroup.sharded import fsdp2_available as a; print(int(a()))",
+                            str(REPO / "python")], capture_output=True, text=True, timeout=120)
+    if probe.stdout.strip() == "1":
+        return None
+    return (f"HSDP needs FSDP2 (torch >= 2.6) in the trainers' python {PYTHON} "
+            "(set REGROUP_PYTHON to scripts/torch2's)")
+
+
+@scenario(30, "HSDP (FSDP2, 2 replicas x 2 shards): a killed rank, then a lost node and its return; "
+              "each replica's shards come back from the peer replica's rank at the same position",
+          lambda: JobSpec(steps=400, tp=2, optimizer="adam", shard="hsdp", step_sleep=0.2,
+                          strategies="recover-in-place,elastic-training,exit", prefer_elastic=True))
+def hsdp_killed_rank_lost_node_return(c: Cluster, r: Result) -> None:
+    why = trainers_lack_fsdp2()
+    if why:
+        r.skipped = why
+        return
+    c.start()
+    c.wait_step(8)
+    second = c.node_of(1)
+    c.wait_warm(second)
+    f = c.kill_trainer(second, 1)
+    c.wait_event("generation", "4 ranks", after_ms=int(f["at"] * 1000))   # the replica is back
+    c.wait_step(c.last_step() + 3)                                         # and trains
+    measure(c, r, f)
+    g, h, pod = lose_a_node_then_return(c, r)
+    measure(c, r, g, until=h)
+    measure(c, r, h, detected_kinds=("register",))
+    check_training(c, r)
+    check_strategy(c, r, ["restart_in_place", "scale_in", "scale_out"])
+    check_story(c, r, [("fault", "process_exit"), ("restart_in_place", ""), ("generation", "4 ranks"),
+                       ("fault", "pod_lost"), ("directive", "scale_in"), ("generation", "2 ranks"),
+                       ("register", pod.node.name), ("directive", "scale_out"), ("generation", "4 ranks"),
+                       ("done", "")])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -271,6 +271,9 @@ class TrainerConfig:
             TrainingStopped from ``steps()`` instead).
         scheduler_interval: when the trainer steps the LR scheduler: "step" (after every
             committed step) or "epoch" (after an epoch's last step). The script never steps it.
+        sharding: None (every replica holds the whole model), or "hsdp": the model is sharded
+            with FSDP2 over each replica's ``tensor_parallel`` ranks and replicated across the
+            replicas (regroup.sharded; torch >= 2.6).
         timeouts: see :class:`Timeouts`.
     """
 
@@ -290,6 +293,7 @@ class TrainerConfig:
     exit_on_stop: bool = True
     scheduler_interval: str = "step"
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
+    sharding: Optional[str] = None
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -323,6 +327,14 @@ class TrainerConfig:
             raise ConfigError(f"timeouts={self.timeouts!r} must be a regroup.Timeouts")
         if self.scheduler_interval not in ("step", "epoch"):
             raise ConfigError(f"scheduler_interval={self.scheduler_interval!r} must be 'step' or 'epoch'")
+        if self.sharding not in (None, "hsdp"):
+            raise ConfigError(f"sharding={self.sharding!r} must be 'hsdp' or None")
+        if self.sharding is not None:
+            from regroup.sharded import require_fsdp2
+            require_fsdp2(f"sharding={self.sharding!r}")
+        if self.sharding is not None and self.ddp:
+            raise ConfigError(f"sharding={self.sharding!r} reduces the gradients itself: ddp=True "
+                              "cannot be combined with it")
 
     @property
     def replica_size(self) -> int:

@@ -59,7 +59,7 @@ class Cluster:
 
     def __init__(self, tmp_path: Path, procs, binaries, steps: int, train: Sequence[str], tp: int = 1,
                  script: Path = EXAMPLE, annotations: Sequence[str] = ANNOTATIONS, python: str = PYTHON,
-                 library: Optional[str] = str(Path(__file__).resolve().parents[1])):
+                 library: Optional[str] = str(Path(__file__).resolve().parents[1]), labels: Sequence[str] = ()):
         """``python`` runs the trainers; ``library`` is put on their PYTHONPATH (None: the
         ``regroup`` installed into that python is the one they import)."""
         self.tmp = tmp_path
@@ -67,6 +67,7 @@ class Cluster:
         self.library = library
         self.script = script
         self.annotations = list(annotations)
+        self.labels = ["fault-scheduling=force", *labels]
         self.procs = procs
         self.binaries = binaries
         self.steps = steps
@@ -90,7 +91,7 @@ class Cluster:
             port_file.unlink()  # a previous manager's
         argv = [self.binaries["manager"], "--job-id", "mlp", "--nodes", str(nodes), "--nproc-per-node", str(nproc),
                 "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", "60",
-                "--label", "fault-scheduling=force"]
+                *[x for label in self.labels for x in ("--label", label)]]
         for a in self.annotations + [f"regroup.io/tensor-parallel={self.tp}"]:
             argv += ["--annotation", a]
         self.manager = self.procs.start(argv, self.env, log=self.tmp / "manager.log")
@@ -140,8 +141,10 @@ class Cluster:
             parts.append(f"== {f.name}\n" + f.read_text()[-3000:])
         return "\n".join(parts)
 
-    def finish(self, tmp_path_factory, ref_extra: Sequence[str], agents: Sequence[str]) -> str:
-        """Waits for the named agents to exit 0; checks weights and ledger; returns the status."""
+    def finish(self, tmp_path_factory, ref_extra: Sequence[str], agents: Sequence[str],
+               expected: Optional[Dict[str, torch.Tensor]] = None) -> str:
+        """Waits for the named agents to exit 0; checks weights (against ``expected``, default
+        the single-process reference) and ledger; returns the status."""
         for name in agents:
             try:
                 code = self.agents[name].wait(timeout=240)
@@ -150,7 +153,9 @@ class Cluster:
             assert code == 0, f"agent {name} exited with {code}\n{self.status()}\n{self.logs()}"
         status = self.status()
         print(status)
-        error = relative_error(reference(tmp_path_factory, self.steps, ref_extra), torch.load(self.out))
+        if expected is None:
+            expected = reference(tmp_path_factory, self.steps, ref_extra)
+        error = relative_error(expected, torch.load(self.out))
         assert error <= TOLERANCE, f"norm-relative error {error:.3e}\n{status}"
         check_ledger(self.ledger, self.steps, **DATA)
         return status

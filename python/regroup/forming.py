@@ -97,9 +97,9 @@ def plan_layout(config: TrainerConfig, start: Any) -> Tuple[Layout, int, int]:
                               f"[{begin}, {begin + count}) of {M}")
     else:
         begin, count = contract.replica_range(M, layout.dp, layout.replica)
-    if config.ddp and count == 0:
+    if (config.ddp or config.sharding) and count == 0:
         raise ConfigError(f"replica {layout.replica} has no micro-batch in a step ({M} micro-batches "
-                          f"over {layout.dp} replicas): the DDP wrapper needs at least one")
+                          f"over {layout.dp} replicas): the DDP wrapper and sharding need at least one")
     return layout, begin, count
 
 
@@ -160,9 +160,12 @@ def enter(t: Trainer, start: Any) -> None:
         t.membership.formed(groups)
         if t.membership.aborted():
             raise RuntimeError("aborted while forming the groups")
+        t.state.regroup(groups)  # a sharded state (regroup.sharded) reshards on the new groups
         sync_state(t, plan, layout, groups)
         if t.config.ddp:
             t.membership.ddp = build_ddp(t.state.model, groups, t.config.global_batch_size)
+        else:
+            t.membership.ddp = t.state.live_model()
     except (RuntimeError, StateSyncError, CheckpointError) as e:
         aborted = t.membership.aborted()
         if isinstance(e, CheckpointError) or (not t.managed):

@@ -196,6 +196,20 @@ class TrainingState:
                     b.copy_(snap.buffers[name])
         set_rng_state(snap.rng)
 
+    # -- a generation (regroup.sharded overrides these) ---------------------------------------
+
+    def regroup(self, groups: Any) -> None:
+        """Called when a generation's groups are built, before its state sync: a sharded state
+        rebuilds its sharding on them. The plain state has nothing to do."""
+
+    def live_model(self) -> Any:
+        """The generation's model wrapper, when the state makes one (else None)."""
+        return None
+
+    def share(self, indices: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a micro-batch of its replica (all of it unless sharded)."""
+        return indices
+
     # -- gradients ------------------------------------------------------------------------------
 
     def parameters(self) -> List[torch.nn.Parameter]:

@@ -225,7 +225,7 @@ class Step:
         end = g.microbatch_begin + g.microbatch_count
         for j in range(g.microbatch_begin, end):
             t.check_aborted(self)
-            yield MicroBatch(j, t.sampler.microbatch(self.number, j), self.number,
+            yield MicroBatch(j, t.state.share(t.sampler.microbatch(self.number, j)), self.number,
                              contract.microbatch_seed(t.config.seed, self.number, j), j == end - 1, t)
 
     def samples(self) -> torch.Tensor:

@@ -157,17 +157,21 @@ def committed_ledger(records: Iterable[dict]) -> Dict[int, Dict[int, List[int]]]
         g = tuple(r["g"])
         if r["step"] not in best or g > best[r["step"]]:
             best[r["step"]] = g  # type: ignore[assignment]
-    last: Dict[Tuple[int, int], dict] = {}
+    # Under sharding (examples/train_mlp.py --shard) each rank of a replica computes a part of
+    # each micro-batch and writes its own line, with "part": its position; the parts are joined
+    # in position order.
+    last: Dict[Tuple[int, int, int], dict] = {}
     for r in records:
         if tuple(r["g"]) == best[r["step"]]:
-            last[(r["step"], r["replica"])] = r
+            last[(r["step"], r["replica"], r.get("part", 0))] = r
     out: Dict[int, Dict[int, List[int]]] = {}
-    for (step, _), r in sorted(last.items()):
+    owner: Dict[Tuple[int, int], int] = {}
+    for (step, replica, _), r in sorted(last.items()):
         mbs = out.setdefault(step, {})
         for j, samples in r["mb"].items():
-            if int(j) in mbs:
+            if owner.setdefault((step, int(j)), replica) != replica:
                 raise AssertionError(f"micro-batch {j} of step {step} computed by two replicas in generation {r['g']}")
-            mbs[int(j)] = samples
+            mbs.setdefault(int(j), []).extend(samples)
     return out
 
 

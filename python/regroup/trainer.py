@@ -56,6 +56,7 @@ from regroup.checkpoint import CheckpointInfo, Checkpointer
 from regroup.dispatch import NewStart, dispatch, next_item, on_urgent
 from regroup.membership import Mark, Membership
 from regroup.group import backend_device, resolve_backend
+from regroup.sharded import make_state
 from regroup.state import Snapshot, TrainingState, reduce_gradients
 from regroup.step import Generation, MicroBatch, Step, is_communication_error
 from regroup.stops import Stop, handle_stop
@@ -107,7 +108,7 @@ class Trainer:
                               "wrapper itself, after each state sync (config.ddp=True)")
         self.config = config
         # The drop-in (regroup.dropin) brings its own state: the script steps its optimizer.
-        self.state = _state if _state is not None else TrainingState(model, optimizer, scheduler, extra_state)
+        self.state = _state if _state is not None else make_state(config, model, optimizer, scheduler, extra_state)
         if _state is None:
             self.state.scheduler_every = 1 if config.scheduler_interval == "step" else config.steps_per_epoch
             self.state.guard(
@@ -523,7 +524,7 @@ class Trainer:
         self.check_aborted(step)
         self.report_phase(pb.PHASE_REDUCING, step.number)
         grads = self.state.materialize_grads()
-        if self.membership.ddp is None:
+        if self.membership.ddp is None or self.config.sharding:  # sharded: across replicas here
             groups = self.membership.groups
             size = groups.layout.dp if groups is not None else 1
             try:

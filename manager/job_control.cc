@@ -1025,16 +1025,6 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
   // it in the generation that committed it, and apply it from their vote).
   commit_.CatchUp(pods_);  // committed by a generation this incarnation did not run
-  // After a restart: the step every rank of the generation before voted for, which that
-  // generation would have committed had its manager lived, is not redone (issue 37).
-  if (!FormedAGeneration())
-    if (auto voted = commit_.VotedByAll(pods_, config_.checksum_interval)) {
-      commit_.TakeVoted(voted->first, voted->second);
-      Event(now, "commit",
-            "step " + std::to_string(voted->first) + ", voted for by every rank of generation (" +
-                std::to_string(voted->second.first) + ", " + std::to_string(voted->second.second) +
-                ") before this manager started, is taken as committed");
-    }
   if (!StateHeld(replicas, now)) return false;
   // Who holds the committed state (HoldsCommittedState), as of the generation that committed it.
   std::set<std::pair<int64_t, uint32_t>> holders;

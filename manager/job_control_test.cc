@@ -964,48 +964,6 @@ TEST(JobControl, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
   EXPECT_EQ(sim.starts_[0].plan().epoch(), 2u);
 }
 
-// Issue 37: the old manager died after every rank voted for step 41 and before anyone heard its
-// outcome. The restarted manager takes the step as committed by generation (1, 9), whose ranks
-// apply it from their votes: nothing is redone.
-TEST(JobControl, RestartedManagerTakesTheStepEveryRankOfTheLastGenerationVotedFor) {
-  JobControlOptions o;
-  o.epoch = 2;
-  ScriptedAgents sim(2, 2, kForce, kElastic, o);
-  for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Register(n, "", Voted(Survivor(2, 40), 41), 2).ok());
-  sim.Run(20);
-  ASSERT_EQ(sim.rt->generation(), 10u);
-  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 41);
-  EXPECT_EQ(sim.starts_[0].plan().committed_epoch(), 1u) << "committed by the generation voted in";
-  EXPECT_EQ(sim.starts_[0].plan().committed_generation(), 9u);
-  EXPECT_EQ(Logged(sim, "commit", "voted for by every rank of generation (1, 9)"), 1);
-}
-
-// ...but not when a rank of that generation did not vote for it, a pod of it is not back, or the
-// step's votes carried checksums: then the step is redone.
-TEST(JobControl, RestartedManagerRedoesAStepNotEveryRankOfTheLastGenerationVotedFor) {
-  const auto resumes_after = [](std::vector<std::vector<v1::LocalRank>> pods, uint32_t had,
-                                Map annotations) {
-    JobControlOptions o;
-    o.epoch = 2;
-    ScriptedAgents sim(3, 2, kForce, annotations, o);
-    for (size_t n = 0; n < pods.size(); ++n)
-      EXPECT_TRUE(sim.Register(static_cast<int64_t>(n), "", pods[n], had).ok());
-    sim.Run(6000);
-    EXPECT_GT(sim.rt->generation(), 0u);
-    return sim.starts_[0].plan().committed_step();
-  };
-  const auto voted = Voted(Survivor(2, 40), 41);
-  std::vector<v1::LocalRank> one_did_not = voted;
-  one_did_not[1] = Survivor(2, 40)[1];
-  EXPECT_EQ(resumes_after({voted, voted, voted}, 3, kElastic), 41) << "every rank voted";
-  EXPECT_EQ(resumes_after({voted, voted, one_did_not}, 3, kElastic), 40) << "one did not vote";
-  // The third pod came back as a fresh one (a replacement: no rank of it was in that generation).
-  EXPECT_EQ(resumes_after({voted, voted, {}}, 3, kElastic), 40) << "a pod of it is not back";
-  Map checksummed = kElastic;
-  checksummed["regroup.io/checksum-interval"] = "41";
-  EXPECT_EQ(resumes_after({voted, voted, voted}, 3, checksummed), 40) << "its checksums unseen";
-}
-
 TEST(JobControl, AMinorityOfTheLastGenerationMustNotFormOne) {
   JobControlOptions o;
   o.epoch = 3;

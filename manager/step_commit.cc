@@ -121,36 +121,6 @@ void StepCommit::CatchUp(const Pods& pods) {
   mark_ = HeardMark(pods, heard);
 }
 
-std::optional<std::pair<int64_t, CommitMark>> StepCommit::VotedByAll(
-    const Pods& pods, int64_t checksum_interval) const {
-  const int64_t step = HighestHeard(pods) + 1;
-  if (checksum_interval > 0 && step % checksum_interval == 0) return std::nullopt;
-  CommitMark mark{0, 0};
-  for (const Agent& a : pods.all())
-    for (const auto& lr : a.ranks)
-      if (a.state != AgentState::kLost && lr.voted_generation() != 0 && lr.voted_step() == step)
-        mark = {lr.voted_epoch(), lr.voted_generation()};
-  if (mark.second == 0) return std::nullopt;
-  uint32_t pods_in = 0, agents = 0;
-  for (const Agent& a : pods.all()) {
-    if (a.state == AgentState::kLost || a.pod_uid.empty()) continue;
-    bool in = false;
-    for (const auto& lr : a.ranks) {
-      const CommitMark voted{lr.voted_epoch(), lr.voted_generation()};
-      if (lr.generation() != mark.second && voted != mark) continue;  // not of that generation
-      if (!lr.alive() || !a.failed.empty() || voted != mark || lr.voted_step() != step ||
-          std::max(lr.committed_step(), lr.heard_commit_step()) != step - 1)
-        return std::nullopt;
-      in = true;
-    }
-    if (!in) continue;
-    ++pods_in;
-    agents = std::max(agents, a.last_generation_agents);
-  }
-  if (pods_in == 0 || pods_in < agents) return std::nullopt;
-  return std::make_pair(step, mark);
-}
-
 bool StepCommit::Holds(int64_t pod, uint32_t local, const Agent& a, const RankLayout& running,
                        bool same_pod, const CommitMark& running_mark) const {
   if (local >= a.ranks.size() || a.restarting.count(local)) return false;

@@ -60,21 +60,6 @@ class StepCommit {
   int64_t HighestHeard(const Pods& pods) const;
   // A step committed by a generation this incarnation did not run becomes the committed one.
   void CatchUp(const Pods& pods);
-  // After a manager restart, before this incarnation formed a generation: the step after the
-  // highest heard committed that every rank of the generation before voted for, none of them
-  // hearing its outcome (the old incarnation went before it decided, or before its decision was
-  // heard), with that generation's mark. Nothing unless every pod of that generation is back (as
-  // many as its agents report it had), no process of theirs died, and each of their ranks in it
-  // voted for that step in it; nor for a step whose votes carried checksums (every
-  // `checksum_interval` steps: the replicas' agreement was not seen). The Python library votes
-  // only for a step it can commit (a vote against one would be counted here as for it).
-  std::optional<std::pair<int64_t, CommitMark>> VotedByAll(const Pods& pods,
-                                                           int64_t checksum_interval) const;
-  // Takes that step as committed by that generation (its ranks apply it from their votes).
-  void TakeVoted(int64_t step, const CommitMark& mark) {
-    step_ = step;
-    mark_ = mark;
-  }
   // The process restarted since the last commit: it holds no vote of its own.
   void Restarted(int64_t pod, uint32_t local) { restarted_since_commit_.insert({pod, local}); }
 

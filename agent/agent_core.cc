@@ -988,7 +988,8 @@ void AgentCore::OnTrainerMessage(Millis now, uint32_t r, const v1::TrainerMessag
       const v1::TrainerFault& fault = message.fault();
       // A trainer's text goes on to the manager, its events and the scheduler: bounded here.
       std::string detail = BoundedText(fault.detail(), kMaxDetailBytes);
-      spdlog::warn("local rank {} reports a fault ({}) at step {}: {}", r,
+      spdlog::warn("local rank {} reports {} ({}) at step {}: {}", r,
+                   fault.early() ? "a failed collective at once" : "a fault",
                    v1::FaultKind_Name(fault.kind()), fault.step(), detail);
       v1::AgentMessage m = NewMessage();
       auto* report = m.mutable_fault();
@@ -997,6 +998,8 @@ void AgentCore::OnTrainerMessage(Millis now, uint32_t r, const v1::TrainerMessag
       report->set_step(fault.step());
       report->set_generation(fault.generation());
       report->set_detail(std::move(detail));
+      report->set_early(fault.early());
+      report->set_peer(BoundedText(fault.peer(), 256));  // a host name or address
       SendEvent(std::move(m));
       break;
     }

@@ -2,6 +2,7 @@
 #include "manager/job_control.h"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 
 #include <nlohmann/json.hpp>
@@ -448,6 +449,13 @@ Status JobControl::OnFault(int64_t pod, const v1::FaultReport& f, int64_t now) {
               std::to_string(generation()) + "): " + BoundedText(f.detail(), 256));
     return Status::Ok();
   }
+  // Reported the moment the collective failed: a sign of which pod is gone, not yet a fault (the
+  // trainer reports the fault after its abort grace if nothing aborts its generation first).
+  if (f.early()) {
+    peer_reports_.Add(generation(), pod, PodAtHost(f.peer(), pod), now);
+    SettleLostPeers(now);
+    return Status::Ok();
+  }
   // A collective failed while a pod of the generation has no stream: that pod is gone (its peers
   // lost their connections to it), not merely reconnecting. Declared lost at once, so the
   // decision sees the lost pod, not only a failed collective.
@@ -661,6 +669,11 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
   if (state_ == State::kJoining) {
     Event(now, "disconnect", "pod " + a.pod_uid + " disconnected before the first generation");
     return;
+  }
+  if (state_ == State::kTraining && a.state == AgentState::kActive) {
+    // Unless its peers' collectives with it failed already: its node is gone.
+    SettleLostPeers(now);
+    if (a.state == AgentState::kLost || state_ == State::kStopped) return;
   }
   if (state_ == State::kTraining && a.state == AgentState::kActive) {
     // A broken stream is not a lost pod: it has its liveness timeout to resume its session
@@ -1337,6 +1350,50 @@ int64_t JobControl::HangTimeoutMs() const {
                   config_.hang_step_factor * commit_.MedianStepMs());
 }
 
+int64_t JobControl::StallBoundMs() const {
+  return std::min(HangTimeoutMs(), std::max<int64_t>(1000, 2 * commit_.MedianStepMs()));
+}
+
+std::optional<Pods::Finding> JobControl::FirstStalled(int64_t now) const {
+  if (commit_.holding() || commit_.MedianStepMs() <= 0) return std::nullopt;
+  const int64_t bound = StallBoundMs();
+  const std::vector<RankPlace>& places = running().places();
+  const auto phase_order = [](v1::Phase p) {
+    return p == v1::PHASE_REDUCING ? 1 : p == v1::PHASE_VOTED || p == v1::PHASE_APPLYING ? 2 : 0;
+  };
+  for (size_t g = 0; g < places.size(); ++g) {
+    const Agent& a = pods_[places[g].pod];
+    const uint32_t l = places[g].local_rank;
+    if (l >= a.ranks.size() || l >= a.step_since_ms.size()) continue;
+    const v1::LocalRank& lr = a.ranks[l];
+    if (!lr.alive() || !lr.has_cpu_idle_ms() ||
+        (lr.phase() != v1::PHASE_COMPUTING && lr.phase() != v1::PHASE_REDUCING))
+      continue;
+    if (now - a.step_since_ms[l] <= bound || lr.cpu_idle_ms() < bound) continue;
+    const bool silent = lr.beat_age_ms() >= bound;
+    bool behind = false, peers_beat = true;
+    for (size_t o = 0; o < places.size(); ++o) {
+      if (o == g) continue;
+      const Agent& b = pods_[places[o].pod];
+      if (places[o].local_rank >= b.ranks.size()) continue;
+      const v1::LocalRank& other = b.ranks[places[o].local_rank];
+      if (!other.alive()) continue;
+      behind |= other.step() > lr.step() ||
+                (other.step() == lr.step() && phase_order(other.phase()) > phase_order(lr.phase()));
+      peers_beat &= other.beat_age_ms() < bound;
+    }
+    if (!behind && !(silent && peers_beat)) continue;
+    return Pods::Finding{
+        static_cast<int64_t>(g), lr.step(),
+        "rank " + std::to_string(g) + " stopped making progress: at step " +
+            std::to_string(lr.step()) + " for " + std::to_string(now - a.step_since_ms[l]) +
+            " ms, its process idle for " + std::to_string(lr.cpu_idle_ms()) + " ms, " +
+            (behind ? "its peers waiting for it" : "silent while its peers beat") +
+            " (bound " + std::to_string(bound) + " ms: max(1 s, 2 x the median step))"};
+  }
+  return std::nullopt;
+}
+
 // A rank holds the trained state once the generation committed a step, or if it joined holding
 // it; one that joined without it (a replica rejoining at the last step's boundary) has nobody
 // left to send it, so training is over once every holder finished.
@@ -1398,7 +1455,51 @@ void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now)
   Fault(v1::FAULT_KIND_POD_LOST, {pod}, running().RanksOf(pod), -1, why, now);
 }
 
+int64_t JobControl::PodAtHost(const std::string& host, int64_t reporter) const {
+  if (host.empty()) return -1;
+  int64_t found = -1;
+  for (size_t i = 0; i < pods_.size(); ++i) {
+    const auto n = static_cast<int64_t>(i);
+    if (n == reporter || pods_[n].host != host || running().RanksOf(n).empty()) continue;
+    if (found >= 0) return -1;  // two pods share the address: it names neither
+    found = n;
+  }
+  return found;
+}
+
+void JobControl::SettleLostPeers(int64_t now) {
+  if (state_ != State::kTraining) return;
+  const int64_t window = LivenessMs();
+  for (size_t i = 0; i < pods_.size() && state_ == State::kTraining; ++i) {
+    const auto n = static_cast<int64_t>(i);
+    const Agent& a = pods_[n];
+    if (a.state != AgentState::kActive || running().RanksOf(n).empty()) continue;
+    // Only the word of pods that train beside it, and are heard from themselves, counts.
+    std::set<int64_t> by = peer_reports_.Reporters(generation(), n, window, now);
+    for (auto it = by.begin(); it != by.end();)
+      it = pods_[*it].usable() && !running().RanksOf(*it).empty() ? std::next(it) : by.erase(it);
+    std::string names;
+    for (int64_t r : by) names += (names.empty() ? "" : ", ") + pods_[r].pod_uid;
+    if (!a.connected && (!by.empty() || peer_reports_.Unnamed(generation(), window, now))) {
+      LoseSilentPod(n,
+                    "the stream of pod " + a.pod_uid + " broke and " +
+                        (by.empty() ? std::string("a survivor's collective failed")
+                                    : "the collectives of pod " + names + " with it failed"),
+                    now);
+      continue;
+    }
+    const int64_t silent = now - a.last_seen_ms;
+    if (a.connected && by.size() >= PeerReports::kQuorum &&
+        silent >= 2 * static_cast<int64_t>(heartbeat_interval_ms_))
+      LoseSilentPod(n,
+                    "the collectives of pods " + names + " with pod " + a.pod_uid +
+                        " failed and it sent nothing for " + std::to_string(silent) + " ms",
+                    now);
+  }
+}
+
 void JobControl::DetectFailures(int64_t now) {
+  SettleLostPeers(now);
   // Silent pods, while training and while a recovery waits, the first generation's included (a
   // pod that dies then must not hold its node rank against its replacement until TCP gives up).
   if (auto silent = pods_.FirstSilent(now)) {
@@ -1409,6 +1510,9 @@ void JobControl::DetectFailures(int64_t now) {
   if (auto hang = pods_.FirstHang(running(), generation(), HangTimeoutMs(), commit_.holding(), now))
     Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(hang->index)}, hang->step, hang->why,
           now);
+  else if (auto stalled = FirstStalled(now))
+    Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(stalled->index)}, stalled->step,
+          stalled->why, now);
 }
 
 // After a manager restart, only a majority of the last generation may form a new one

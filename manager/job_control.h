@@ -33,6 +33,7 @@
 #include "manager/join_window.h"
 #include "manager/event_log.h"
 #include "manager/generations.h"
+#include "manager/peer_reports.h"
 #include "manager/pods.h"
 #include "manager/rank_layout.h"
 #include "manager/reconciliation.h"
@@ -191,6 +192,13 @@ class JobControl {
   v1::Header MakeHeader() const;
 
   Status OnFault(int64_t pod, const v1::FaultReport& fault, int64_t now);
+  // The pod of the running generation (other than `reporter`) whose agent registered from
+  // `host`, or -1: none, or more than one (they share an address).
+  int64_t PodAtHost(const std::string& host, int64_t reporter) const;
+  // Declares lost, at once, a pod of the running generation that its peers' reports of failed
+  // collectives show gone (peer_reports.h): its stream broke too, or ranks of PeerReports::kQuorum
+  // other pods named it and it has been silent for two heartbeat intervals.
+  void SettleLostPeers(int64_t now);
   void OnProcessExit(int64_t pod, const v1::ProcessExit& exit, int64_t now);
   Status OnVotes(int64_t pod, const v1::Votes& votes, int64_t now);
   void OnLeave(int64_t pod, const v1::Leave& leave, int64_t now);
@@ -323,6 +331,15 @@ class JobControl {
   // generation is over.
   void CommitHeld(int64_t now);
   int64_t HangTimeoutMs() const;
+  // How long a rank that holds its peers up may stop making progress: max(1 s, 2 x the median
+  // step), at most the hang timeout (issue 37).
+  int64_t StallBoundMs() const;
+  // The first rank of the running generation that stopped making progress past StallBoundMs
+  // while its peers wait for it: at its step that long, its main thread idle that long (a frozen,
+  // stopped or deadlocked process; one starved of CPU still runs), and behind a peer (one at a
+  // later step, or in the gradient collective or voted while it computes) or silent that long
+  // while its peers beat. Nothing when the commit waits for the lease, or no step committed yet.
+  std::optional<Pods::Finding> FirstStalled(int64_t now) const;
   int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }
   // Every rank of these replicas is ready (ReplicaReady).
   bool Ready(const std::vector<int64_t>& replicas) const;
@@ -353,6 +370,7 @@ class JobControl {
   std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (pod, pid) EarlierProcessDied told
   int64_t state_lost_step_ = -2;  // the committed step whose state_lost the decision maker heard
   StepCommit commit_;  // the vote and the commit
+  PeerReports peer_reports_;  // the survivors' reports of failed collectives, by the peer named
 
   std::optional<v1::ManagerMessage> stop_;     // the StopTraining that ended the job or this
                                                // incarnation

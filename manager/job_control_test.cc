@@ -818,6 +818,54 @@ TEST(JobControl, AHungStepIsDetected) {
   EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kAbort), 1);
 }
 
+// Issue 37: rank 2 (pod 1, local 0) stops making progress at step 5 (deadlocked: its heartbeat
+// thread still beats, its main thread runs nothing) while the other ranks wait for it in the
+// gradient collective. Found within max(1 s, 2 x the median step), long before the 30 s hang
+// timeout; one that still runs (`cpu_idle_ms` stays low: starved, not stuck) is not.
+void StallAtStep5(ScriptedAgents& sim, bool runs, int64_t* found_after) {
+  sim.RegisterAll();
+  sim.Run(20);
+  for (int64_t step = 0; step < 5; ++step) {  // steps of about 100 ms commit
+    sim.Run(100, step);
+    for (int64_t n = 0; n < 2; ++n) ASSERT_TRUE(sim.Vote(n, step).ok());
+    sim.Collect();
+  }
+  ASSERT_EQ(sim.rt->committed_step(), 4);
+  const int64_t stalled_at = sim.now;
+  const uint64_t g = sim.rt->generation();
+  *found_after = -1;
+  (void)sim.TickWith(250, [&](int64_t node) -> Status {
+    v1::AgentMessage m;
+    for (uint32_t l = 0; l < 2; ++l) {
+      const bool stuck = node == 1 && l == 0;
+      v1::LocalRank r = ScriptedAgents::Live(
+          l, stuck ? v1::PHASE_COMPUTING : v1::PHASE_REDUCING, 5, g, 4);
+      r.set_cpu_idle_ms(stuck && !runs ? static_cast<uint32_t>(sim.now - stalled_at) : 10);
+      *m.mutable_heartbeat()->add_ranks() = r;
+    }
+    if (*found_after < 0 && Logged(sim, "fault", "stopped making progress") > 0)
+      *found_after = sim.now - stalled_at;
+    return sim.Send(node, m);
+  });
+}
+
+TEST(JobControl, ARankThatStopsMakingProgressIsFoundWithinTwoStepsWhileItsPeersWaitForIt) {
+  const Map annotations = {{"recover-strategy", "recover-in-place"},
+                           {"regroup.io/hang-timeout-min-s", "30"}};
+  ScriptedAgents sim(2, 2, kForce, annotations);
+  int64_t found_after = -1;
+  StallAtStep5(sim, /*runs=*/false, &found_after);
+  ASSERT_GE(found_after, 0) << "found before the 30 s hang timeout";
+  EXPECT_GT(found_after, 1000) << "not before the bound: max(1 s, 2 x ~100 ms)";
+  EXPECT_LE(found_after, 1100);
+  EXPECT_EQ(Logged(sim, "fault", "hang: rank 2 stopped making progress"), 1) << FirstFault(sim);
+
+  ScriptedAgents starved(2, 2, kForce, annotations);
+  StallAtStep5(starved, /*runs=*/true, &found_after);
+  EXPECT_EQ(found_after, -1) << "a rank that runs is slow, not stuck";
+  EXPECT_EQ(FirstFault(starved), "");
+}
+
 TEST(JobControl, StaleAndForeignMessagesAreRefusedAndChangeNothing) {
   ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
@@ -1579,6 +1627,109 @@ TEST(JobControl, ACollectiveFailingWhileAPodsStreamIsDownDeclaresThatPodLostAtOn
   ASSERT_TRUE(sim.Send(0, CollectiveError(0)).ok());
   EXPECT_TRUE(sim.rt->IsFenced("pod-1"));
   EXPECT_FALSE(sim.rt->training());
+}
+
+// A trainer's report, the moment its collective failed, naming the peer at `host` (TrainerFault.
+// early): a sign of a lost pod, not a fault of its own.
+v1::AgentMessage CollectiveFailedWith(uint64_t generation, const std::string& host) {
+  v1::AgentMessage m = CollectiveError(generation);
+  m.mutable_fault()->set_early(true);
+  m.mutable_fault()->set_peer(host);
+  m.mutable_fault()->set_detail("Connection closed by peer [" + host + "]:41233");
+  return m;
+}
+
+// Issue 37: a node dies with its agent's stream still open (no FIN yet, say); its peers'
+// collectives with it fail at once. The reports of three survivors settle the loss two heartbeat
+// intervals into its silence, long before its liveness timeout.
+TEST(JobControl, ThreeSurvivorsReportsSettleANodeLossBeforeTheLivenessTimeout) {
+  ScriptedAgents sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  const int64_t lost_at = sim.now;
+  sim.Gone(3);  // silent from now on; its stream stays open
+  for (int64_t n : {0, 1, 2})
+    ASSERT_TRUE(sim.Send(n, CollectiveFailedWith(sim.rt->generation(), "10.0.0.3")).ok());
+  EXPECT_TRUE(sim.rt->training()) << "an early report is no fault of its own";
+  EXPECT_FALSE(sim.rt->IsFenced("pod-3")) << "heard from just now";
+  int64_t fenced_at = -1;
+  for (int64_t t = 0; t < 1000 && fenced_at < 0; t += 20) {
+    sim.Run(20, 0);
+    if (sim.rt->IsFenced("pod-3")) fenced_at = sim.now;
+  }
+  ASSERT_GE(fenced_at, 0);
+  const int64_t liveness = 5 * sim.rt->heartbeat_interval_ms();
+  EXPECT_LT(fenced_at - lost_at, liveness) << "settled by the reports, not the timeout";
+  EXPECT_LE(fenced_at - lost_at, 2 * sim.rt->heartbeat_interval_ms() + 20);
+  EXPECT_EQ(Logged(sim, "fault", "with pod pod-3 failed"), 1);
+  for (int64_t n : {0, 1, 2}) EXPECT_FALSE(sim.rt->IsFenced("pod-" + std::to_string(n)));
+}
+
+// One survivor's word is not enough against a pod whose stream is up: it may be the survivor's
+// own link that failed. The silent pod gets its liveness timeout.
+TEST(JobControl, OneSurvivorsReportAloneDoesNotSettleANodeLoss) {
+  ScriptedAgents sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  const int64_t lost_at = sim.now;
+  sim.Gone(3);
+  ASSERT_TRUE(sim.Send(0, CollectiveFailedWith(sim.rt->generation(), "10.0.0.3")).ok());
+  int64_t fenced_at = -1;
+  for (int64_t t = 0; t < 1500 && fenced_at < 0; t += 20) {
+    sim.Run(20, 0);
+    if (sim.rt->IsFenced("pod-3")) fenced_at = sim.now;
+  }
+  ASSERT_GE(fenced_at, 0) << "its silence ends it";
+  EXPECT_GE(fenced_at - lost_at, 5 * sim.rt->heartbeat_interval_ms());
+  EXPECT_EQ(Logged(sim, "fault", "with pod pod-3 failed"), 0);
+}
+
+// Reports naming a pod that keeps beating (one of its trainers died: its agent reports the exit)
+// declare nothing lost, and neither does a broken stream that a report did not name, nor a stream
+// that resumes within its grace.
+TEST(JobControl, PeerReportsNeverDeclareAPodThatIsStillHeardLost) {
+  ScriptedAgents sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  for (int64_t n : {0, 1, 2})
+    ASSERT_TRUE(sim.Send(n, CollectiveFailedWith(sim.rt->generation(), "10.0.0.3")).ok());
+  sim.Run(400, 0);  // pod 3 beats on
+  EXPECT_FALSE(sim.rt->IsFenced("pod-3"));
+  EXPECT_TRUE(sim.rt->training());
+  // Pod 2's stream resets while pod 3 is the one named: pod 2 has its grace, and resumes.
+  sim.rt->Disconnected(sim.streams_[2], sim.now);
+  EXPECT_FALSE(sim.rt->IsFenced("pod-2"));
+  std::vector<v1::LocalRank> ranks;
+  for (uint32_t l = 0; l < 2; ++l)
+    ranks.push_back(ScriptedAgents::Live(l, v1::PHASE_COMPUTING, 0, sim.rt->generation(), -1));
+  ASSERT_TRUE(sim.Register(2, "", ranks).ok());
+  sim.Run(100, 0);
+  EXPECT_FALSE(sim.rt->IsFenced("pod-2"));
+  EXPECT_TRUE(sim.rt->training());
+}
+
+// The demo's node loss: the node's processes are killed, its agent's stream breaks and its peers'
+// collectives fail at once; one early report settles it (the stream and the connections dropped
+// together), where the broken stream alone would wait out its grace.
+TEST(JobControl, ABrokenStreamAndOneEarlyReportNamingItsPodSettleANodeLossAtOnce) {
+  ScriptedAgents sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  sim.rt->Disconnected(sim.streams_[3], sim.now);
+  sim.Gone(3);
+  EXPECT_FALSE(sim.rt->IsFenced("pod-3")) << "a lone broken stream gets its grace";
+  ASSERT_TRUE(sim.Send(1, CollectiveFailedWith(sim.rt->generation(), "10.0.0.3")).ok());
+  EXPECT_TRUE(sim.rt->IsFenced("pod-3"));
+  EXPECT_EQ(Logged(sim, "fault", "the collectives of pod pod-1 with it failed"), 1);
+  // The other order: the report first, then the stream breaks.
+  ScriptedAgents other(4, 2, kForce, kElastic);
+  other.RegisterAll();
+  other.Run(20, 0);
+  ASSERT_TRUE(other.Send(1, CollectiveFailedWith(other.rt->generation(), "10.0.0.3")).ok());
+  EXPECT_FALSE(other.rt->IsFenced("pod-3"));
+  other.rt->Disconnected(other.streams_[3], other.now);
+  EXPECT_TRUE(other.rt->IsFenced("pod-3"));
+  EXPECT_FALSE(other.rt->IsFenced("pod-1"));
 }
 
 // Found by the integration scenario 6: a collective of generation 1 failed as it ended, its

@@ -150,10 +150,14 @@ class AgentLink:
         v.generation, v.step, v.ok, v.checksum = generation, step, ok, checksum
         self.send(message)
 
-    def fault(self, kind: int, generation: int, step: int, detail: str) -> None:
+    def fault(self, kind: int, generation: int, step: int, detail: str, early: bool = False,
+              peer: str = "") -> None:
+        """A fault; ``early``: a collective failed just now, sent before the wait for an abort as
+        a sign of which peer (``peer``, its host) is gone (TrainerFault in proto/)."""
         message = pb.TrainerMessage()
         f = message.fault
         f.kind, f.generation, f.step, f.detail = kind, generation, step, detail[:4000]
+        f.early, f.peer = early, peer[:256]
         self.send(message)
 
     def ack(self, directive_id: int) -> None:

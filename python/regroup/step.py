@@ -53,6 +53,17 @@ def is_communication_error(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and bool(_COMM_ERROR.search(str(error)))
 
 
+# The peer a failed collective names: gloo's errors end with it, "[10.1.0.3]:41233" ("Connection
+# closed by peer [10.1.0.3]:41233", "Read error [...]:...: Connection reset by peer").
+_PEER = re.compile(r"\[([0-9A-Za-z.:-]+)\]:\d+")
+
+
+def failed_peer(error: BaseException) -> str:
+    """The host of the peer a failed collective's error names, or ""."""
+    m = _PEER.search(str(error))
+    return m.group(1) if m else ""
+
+
 @dataclasses.dataclass
 
 

@@ -36,6 +36,7 @@ This module is the loop and the state it keeps; the rest is beside it, one conce
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -58,7 +59,7 @@ from regroup.membership import Mark, Membership
 from regroup.group import backend_device, resolve_backend
 from regroup.sharded import make_state
 from regroup.state import Snapshot, TrainingState, reduce_gradients
-from regroup.step import Generation, MicroBatch, Step, is_communication_error
+from regroup.step import Generation, MicroBatch, Step, failed_peer, is_communication_error
 from regroup.stops import Stop, handle_stop
 from regroup.undo import Undo
 
@@ -557,6 +558,13 @@ class Trainer:
             return GenerationAborted(step.number, self.membership.active[1], self.membership.abort_reason)
         if not self.managed:
             raise error
+        # At once, a sign for the manager of which peer is gone (its pod may be lost: its peers'
+        # reports settle that sooner than its broken stream's grace); the fault itself follows.
+        with contextlib.suppress(AgentConnectionError):
+            assert self.link is not None
+            self.link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, step.generation.number, step.number,
+                            f"rank {step.generation.rank} at step {step.number}: {error}", early=True,
+                            peer=failed_peer(error))
         deadline = time.monotonic() + self.config.timeouts.abort_grace
         while time.monotonic() < deadline and not self.membership.aborted():
             time.sleep(0.005)

@@ -26,11 +26,11 @@ import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
 # $REGROUP_LIBRARY: another tree's python/ (bench/steady.py --before: the library before a
-# change), imported here, before train_bench imports it from this tree.
+# change), imported here, before job.py imports it from this tree.
 sys.path.insert(0, os.environ.get("REGROUP_LIBRARY") or str(REPO / "python"))
 import regroup  # noqa: E402
 sys.path.insert(0, str(REPO / "bench" / "compare"))
-from train_bench import make_data, make_model  # noqa: E402  (the comparison's MLP and data)
+from job import make_data, make_model  # noqa: E402  (the comparison's MLP and data)
 
 
 def parse_args(argv=None):

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
 # $REGROUP_LIBRARY: another tree's python/ (bench/steady.py --before: the library before a
-# change), imported here, before job.py imports it from this tree.
+# change), imported here, first, so that it is the one every module here uses.
 sys.path.insert(0, os.environ.get("REGROUP_LIBRARY") or str(REPO / "python"))
 import regroup  # noqa: E402
 sys.path.insert(0, str(REPO / "bench" / "compare"))

@@ -354,8 +354,15 @@ class Trainer:
             link.set_status(o.step + 1, pb.PHASE_COMPUTING, beat_now=True)
 
     def _poll_outcome(self, step: Step) -> None:
-        """During the next step: takes the outcome if it already came (never waits)."""
+        """During the next step: takes the outcome if it already came (never waits).
+
+        Not with sharded state: a commit may write a checkpoint, and FSDP's ``state_dict``
+        reshards parameters that the step in flight had gathered, so that rank alone would
+        gather them again, and its peers' collectives would no longer match (a hang). The
+        outcome is then taken at the step's commit, where every rank takes it at the same point."""
         assert self.link is not None
+        if self.config.sharding:
+            return
         while self.voted is not None:
             item = self.link.get_nowait()
             if item is None:

@@ -815,11 +815,6 @@ def hsdp_killed_rank_lost_node_return(c: Cluster, r: Result) -> None:
                        ("done", "")])
 
 
-# ---------------------------------------------------------------------------------------------
-# Running
-# ---------------------------------------------------------------------------------------------
-
-
 @scenario(40, "a dp 2 x tp 2 x pp 2 grid on 8 ranks (2 pods x 4): a killed rank restarts in place, a lost "
               "node scales in to dp 1, its return scales out; groups and pipeline schedule rebuilt each time",
           lambda: JobSpec(nproc=4, tp=2, pp=2, steps=150, strategies="recover-in-place,elastic-training,exit",
@@ -839,6 +834,12 @@ def grid_kill_lose_return(c: Cluster, r: Result) -> None:
     measure(c, r, f)
     lose_a_node_scale_in_then_out(c, r, node, 1, started=True, small="4 ranks", full="8 ranks")
     check_strategy(c, r, ["restart_in_place", "scale_in", "scale_out"], ["wait", "restart_job"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+
 
 
 def run(number: int, workdir: Path, network: str = "auto", log=print, volcano: bool = True,

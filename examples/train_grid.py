@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -182,13 +181,7 @@ def sum_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.verbose:
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                            format=f"%(asctime)s {os.environ.get('RANK', '0')}:%(process)d %(message)s")
-    torch.set_num_threads(1)
-    dtype = torch.float64 if args.float64 else torch.float32
-    managed = bool(os.environ.get("REGROUP_AGENT_SOCKET"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dtype, managed, world = train_mlp.setup_process(args)
     grid = managed or world > 1
     tp, pp = (args.tp, args.pp) if grid else (1, 1)
     # The manager numbers a replica's ranks tp fastest, then stages (regroup.group).

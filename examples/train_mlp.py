@@ -204,15 +204,19 @@ class ExtraState(dict):
         self.update(state)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def setup_process(args) -> tuple:
+    """Logging, threads and the run's shape: (dtype, managed by an agent, world size)."""
     if args.verbose:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format=f"%(asctime)s {os.environ.get('RANK', '0')}:%(process)d %(message)s")
     torch.set_num_threads(1)
     dtype = torch.float64 if args.float64 else torch.float32
-    managed = bool(os.environ.get("REGROUP_AGENT_SOCKET"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return dtype, bool(os.environ.get("REGROUP_AGENT_SOCKET")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    dtype, managed, world = setup_process(args)
     tp = args.tp if (managed or world > 1) else 1
     tp_rank = int(os.environ.get("RANK", "0")) % tp  # the manager numbers replicas' ranks in order
 

@@ -44,13 +44,30 @@ _COMM_ERROR = re.compile(
     re.IGNORECASE)
 
 
+def _chain(error: BaseException) -> "list[BaseException]":
+    """The error and the errors it was raised from or while handling, innermost last (a library
+    that wraps a failed collective, as torch.distributed.pipelining's stages do, keeps the
+    collective's own error as the cause)."""
+    chain, seen = [], set()
+    e: Optional[BaseException] = error
+    while e is not None and id(e) not in seen:
+        chain.append(e)
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return chain
+
+
 def is_communication_error(error: BaseException) -> bool:
-    """Whether an exception looks like a failed collective rather than a bug in the script."""
-    for name in ("DistBackendError", "DistNetworkError", "DistStoreError"):
-        cls = getattr(dist, name, None)
-        if cls is not None and isinstance(error, cls):
+    """Whether an exception looks like a failed collective rather than a bug in the script: the
+    error itself, or one it was raised from."""
+    for e in _chain(error):
+        for name in ("DistBackendError", "DistNetworkError", "DistStoreError"):
+            cls = getattr(dist, name, None)
+            if cls is not None and isinstance(e, cls):
+                return True
+        if isinstance(e, RuntimeError) and _COMM_ERROR.search(str(e)):
             return True
-    return isinstance(error, RuntimeError) and bool(_COMM_ERROR.search(str(error)))
+    return False
 
 
 # The peer a failed collective names: gloo's errors end with it, "[10.1.0.3]:41233" ("Connection
@@ -59,9 +76,12 @@ _PEER = re.compile(r"\[([0-9A-Za-z.:-]+)\]:\d+")
 
 
 def failed_peer(error: BaseException) -> str:
-    """The host of the peer a failed collective's error names, or ""."""
-    m = _PEER.search(str(error))
-    return m.group(1) if m else ""
+    """The host of the peer a failed collective's error (or one it was raised from) names, or ""."""
+    for e in _chain(error):
+        m = _PEER.search(str(e))
+        if m:
+            return m.group(1)
+    return ""
 
 
 @dataclasses.dataclass

@@ -47,6 +47,18 @@ bool SameIncarnation(std::string& known, std::string_view uid) {
   return true;
 }
 
+// Whether `uid`, a pod as the scheduler reports it, is the pod whose agent `known` names: that
+// pod, or its agent readmitted as its own replacement (`<pod uid>/<n>`, PodOfUid). A restored
+// state knows the pod by its fingerprint (JobStateJson saves the pod's, not the agent's): a
+// match takes the uid back.
+bool SamePod(std::string& known, std::string_view uid) {
+  const std::string_view pod = PodOfUid(uid);
+  if (PodOfUid(known) == pod) return true;
+  if (!IsUidFingerprint(known) || known != UidFingerprint(pod)) return false;
+  known = std::string(uid);
+  return true;
+}
+
 // A lost pod, node or device: what MindCluster reschedules whatever fault-retry-times says (a
 // fault of the training's own, a process or a collective, counts against it).
 bool HasHardwareFault(const std::vector<PendingFault>& faults) {
@@ -166,8 +178,10 @@ Status Job::OnPod(int64_t index, std::string_view uid, PodPhase phase, std::stri
   const bool gone = phase == REGROUP_POD_FAILED || phase == REGROUP_POD_DELETED;
   if (slot.uid.empty()) slot.uid = std::string(uid);  // first sight: the original incarnation
 
-  const bool lost_one = SameIncarnation(slot.lost_uid, uid);
-  if (SameIncarnation(slot.uid, uid)) {
+  // The scheduler names pods: the slot's agent (or the lost one) may be a readmitted incarnation
+  // of the pod it reports, which is that pod all the same.
+  const bool lost_one = SamePod(slot.lost_uid, uid);
+  if (SamePod(slot.uid, uid)) {
     if (slot.phase == phase && (node.empty() || slot.node == node)) return Status::Ok();
     slot.phase = phase;
     if (!node.empty()) slot.node = std::string(node);
@@ -188,6 +202,12 @@ Status Job::OnPod(int64_t index, std::string_view uid, PodPhase phase, std::stri
   // the registered one lost, whose own report would then read as the old one ending. Had the
   // registered one ended too, its own report says so.
   if (gone && slot.status != PodSlot::Status::kLost) return Status::Ok();
+  // Nor while the slot's incarnation is present (pending or running), lost or not: the job
+  // controller makes a slot's next pod only once the last one is gone, so a live pod is the
+  // newest, and one seen ending now ended before it (simulation seed 142 with a coordinator and
+  // 12 faults: taken for the newest, it left the live one, which the engine had lost, never
+  // evicted, and the job restart waited for good).
+  if (gone && PodPresent(slot.phase)) return Status::Ok();
 
   // A new incarnation of the slot.
   if (slot.status != PodSlot::Status::kLost) {
@@ -286,7 +306,10 @@ Status Job::OnReplacementRegistered(int64_t index, std::string_view uid, int64_t
                               " is the incarnation that was lost (a zombie); a replacement "
                               "registers with its own new uid");
   if (slot.status != PodSlot::Status::kLost) {
-    if (SameIncarnation(slot.uid, uid)) return Status::Ok();  // already registered
+    if (SamePod(slot.uid, uid)) {  // already registered, or readmitted in its pod
+      slot.uid = std::string(uid);
+      return Status::Ok();
+    }
     return FailedPrecondition("pod " + std::to_string(index) + " of job " + spec_.id +
                               " is not lost, so uid " + std::string(uid) +
                               " cannot replace it (its uid is " + slot.uid + ")");

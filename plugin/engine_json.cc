@@ -278,11 +278,13 @@ Status ReadFaultGroups(const json& j, std::string_view field, int64_t pods,
 constexpr std::string_view kPodPhaseCodes = "pbrfd";  // in kPodPhaseNames' order
 
 // A uid as one pod's part of "uids" or "lost_uids": "." for none, else its fingerprint's
-// characters; `same` (for a lost uid that is the current one) is "=".
+// characters; `same` (for a lost uid that is what "uids" restores) is "=". "uids" keeps the
+// Kubernetes pod's fingerprint (PodOfUid), which the scheduler's reports name; "lost_uids" keeps
+// the lost agent's own (a readmitted incarnation of it is not the one that was lost).
 std::string UidCode(const std::string& uid, const std::string* same) {
   if (uid.empty()) return ".";
-  std::string fingerprint = UidFingerprint(uid);
-  if (same && !same->empty() && fingerprint == UidFingerprint(*same)) return "=";
+  std::string fingerprint = UidFingerprint(same ? std::string_view(uid) : PodOfUid(uid));
+  if (same && !same->empty() && fingerprint == UidFingerprint(PodOfUid(*same))) return "=";
   return fingerprint.substr(1);
 }
 

@@ -172,6 +172,43 @@ TEST_F(EngineTest, AReadmittedPodIsEvictedByThePodsUidNotItsAgents) {
   EXPECT_EQ(regroup::PodOfUid("ns/pod"), "ns/pod") << "only a number after the slash";
 }
 
+// Simulation seed 102092 with a coordinator and 12 faults: a pod readmitted as its own
+// replacement (`uid-2/2`, in the same Kubernetes pod) was taken for "replaced by a new
+// incarnation" when the scheduler reported its pod again (`uid-2`, as every pod is reported after
+// a scheduler restart); the job restart that followed waited for good for a replacement of a
+// pod the scheduler had no reason to replace. The scheduler's report names the pod, and the
+// pod's readmitted agent is that pod: before a restart and after one (from the saved state).
+TEST_F(EngineTest, AReadmittedPodIsThePodTheSchedulerReportsBeforeAndAfterARestart) {
+  Submit(kForce, {{"recover-strategy", "recover,elastic-training"},
+                  {"wait-reschedule-timeout", "30"}});
+  const json lost = {{"type", "fault"}, {"job", kJob}, {"kind", "pod_lost"}, {"pods", {2}}};
+  ASSERT_TRUE(engine_.ApplyEvents(lost, 100).ok());
+  Tick(400);
+  ASSERT_TRUE(engine_.ReportReplacementRegistered(kJob, 2, "uid-2/2", 500).ok());
+  EXPECT_EQ(Tick(700).kind, REGROUP_DIRECTIVE_RESUME);
+  const int64_t directive = job().directive().id;
+  // The scheduler reports the pod again: nothing changed.
+  ASSERT_TRUE(engine_.SetPodState(kJob, 2, "uid-2", REGROUP_POD_RUNNING, Node(2), 800).ok());
+  EXPECT_EQ(Tick(1000).id, directive) << job().StateJson().dump();
+  // A scheduler restart: the saved state, then every pod reported as the scheduler finds it.
+  const json state = job().StateJson();
+  Engine restarted;
+  ASSERT_TRUE(restarted.UpsertJob(job().spec(), nullptr, 0).ok());
+  Job& again = *restarted.FindJob(kJob);
+  ASSERT_TRUE(again.LoadState(state).ok());
+  for (int64_t i = 0; i < 4; ++i)
+    ASSERT_TRUE(restarted.SetPodState(kJob, i, Uid(i), REGROUP_POD_RUNNING, Node(i), 2000).ok());
+  restarted.Tick(2200);
+  EXPECT_EQ(again.directive().id, directive) << again.StateJson().dump();
+  EXPECT_EQ(again.directive().kind, REGROUP_DIRECTIVE_RESUME);
+  // The pod ending is still its agent's end, and the agent that was lost is still a zombie.
+  ASSERT_TRUE(restarted.SetPodState(kJob, 2, "uid-2", REGROUP_POD_FAILED, Node(2), 2500).ok());
+  restarted.Tick(2700);
+  EXPECT_NE(again.directive().id, directive);
+  EXPECT_EQ(restarted.ReportReplacementRegistered(kJob, 2, "uid-2", 2800).code(),
+            REGROUP_FAILED_PRECONDITION);
+}
+
 // A job that no longer wants its pods (it ended) keeps a failed pod: deleting it would only have
 // the job controller create it again.
 TEST_F(EngineTest, AFailedPodOfAJobThatStoppedIsNotEvicted) {

@@ -1273,9 +1273,11 @@ void JobControl::KeepTheRunningGenerationsRanks(
 // The ranks a restart in place names are of a generation this incarnation never ran (an earlier
 // manager's; it formed none yet): their places are not its to map. It restarts the processes of
 // its pods that died (whose deaths it reported as an earlier generation's), and its first
-// generation starts every rank: the join's own, or, once its join window closed and it waits for
-// a decision, the one this decision keeps, formed once they are back. (Waiting for a "rejoin"
-// of replicas it never had would hang it.)
+// generation starts every rank: the join's own if every pod is back first, else the one this
+// decision keeps, formed once they are back (bounded wait), as a scale-in or resume decided while
+// joining is. (Waiting for a "rejoin" of replicas it never had would hang it; so would dropping
+// the decision while joining: a join window that then closes with a pod missing that the
+// decision already left out reports a loss that changes nothing, and no decision follows.)
 void JobControl::BeforeTheFirstGeneration(const Directive& d, int64_t now) {
   std::string what;  // "pod 1 local ranks [1], ..."
   for (size_t n = 0; n < pods_.size(); ++n) {
@@ -1294,7 +1296,6 @@ void JobControl::BeforeTheFirstGeneration(const Directive& d, int64_t now) {
             "] are of a generation this incarnation never ran: it restarts " +
             (what.empty() ? std::string("no process of its pods") : what) +
             ", and its first generation starts every rank");
-  if (state_ == State::kJoining) return;
   reconcile_.Await(d);  // formed over the replicas it keeps once they are back (bounded wait)
 }
 
@@ -1580,6 +1581,13 @@ void JobControl::TryFirstGeneration(int64_t now) {
   for (int64_t p : missing) f.add_pods(static_cast<uint32_t>(p));
   f.set_step(-1);
   f.set_detail("node ranks " + Join(missing) + " did not register within the join window");
+  // The decision maker takes each missing pod's incarnation for lost and waits for a new one: a
+  // pod that registered and dropped is fenced now, so that it comes back as its own replacement
+  // under a new incarnation, not as the one the decision maker gave up on. (One still connected
+  // keeps its word: what it heard committed counts.)
+  for (int64_t p : missing)
+    if (!pods_[p].pod_uid.empty() && !pods_[p].connected && pods_[p].state != AgentState::kLost)
+      Fence(p, f.detail(), /*readmit=*/true);
   ReportFault(f, now);
 }
 

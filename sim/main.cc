@@ -3,7 +3,9 @@
 //
 //   regroup-sim --seeds 2000            seeds 1 to 2000; prints each failure and a replay line
 //   regroup-sim --seed 1234 --trace     replays one seed, printing every event
-//   regroup-sim --hours 2               the long mode: fresh seeds until the time is up
+//   regroup-sim --hours 2               the long mode: fresh seeds until the time is up; without
+//                                       --faults, one run in four is a dense schedule (12
+//                                       faults), reported on its own line
 //   regroup-sim --seeds 2000 --gaps     also names each seed with a census gap or a state lost,
 //                                       and its replay line
 //
@@ -54,19 +56,27 @@ int main(int argc, char** argv) {
 
   const auto start = std::chrono::steady_clock::now();
   const auto until = start + std::chrono::duration<double, std::ratio<3600>>(hours);
-  uint64_t ran = 0, failed = 0, events = 0, census_gaps = 0, gapped_seeds = 0, lost_seeds = 0;
-  std::map<std::string, uint64_t> outcomes;
-  auto run_one = [&](uint64_t s) {
+  // Figures per band of schedules: the faults drawn (0 to 6, or --faults), and in the long mode
+  // the dense one.
+  struct Band {
+    uint64_t ran = 0, failed = 0, events = 0, census_gaps = 0, gapped_seeds = 0, lost_seeds = 0;
+    std::map<std::string, uint64_t> outcomes;
+  };
+  constexpr int kDenseFaults = 12;
+  std::map<std::string, Band> bands;
+  auto run_one = [&](uint64_t s, int faults) {
     regroup::sim::Options o = base;
     o.seed = s;
+    o.faults = faults;
     const auto r = regroup::sim::Run(o);
-    ++ran;
-    events += r.events;
-    census_gaps += r.census_gaps;
-    gapped_seeds += r.census_gaps > 0;
-    lost_seeds += r.state_lost > 0;
+    Band& band = bands[faults == base.faults ? "" : "dense (" + std::to_string(faults) + " faults)"];
+    ++band.ran;
+    band.events += r.events;
+    band.census_gaps += r.census_gaps;
+    band.gapped_seeds += r.census_gaps > 0;
+    band.lost_seeds += r.state_lost > 0;
     if (r.ok) {
-      ++outcomes[r.outcome.substr(0, r.outcome.find(':'))];
+      ++band.outcomes[r.outcome.substr(0, r.outcome.find(':'))];
       if (seed)
         std::printf("seed %llu: ok at %lld ms: %s; %s; census gaps %llu; state lost %llu\n",
                     (unsigned long long)s, (long long)r.at_ms, r.setup.c_str(),
@@ -78,7 +88,7 @@ int main(int argc, char** argv) {
                     (unsigned long long)r.state_lost, r.setup.c_str(), regroup::sim::ReplayLine(o).c_str());
       return;
     }
-    ++failed;
+    ++band.failed;
     std::printf("seed %llu FAILED at %lld ms: %s\n  job: %s\n", (unsigned long long)s,
                 (long long)r.at_ms, r.violation.c_str(), r.setup.c_str());
     if (!base.trace) {
@@ -87,21 +97,29 @@ int main(int argc, char** argv) {
     }
     std::printf("  replay: %s\n", regroup::sim::ReplayLine(o).c_str());
   };
-  if (seed) run_one(seed);
-  for (uint64_t s = from; seeds && s < from + seeds; ++s) run_one(s);
+  if (seed) run_one(seed, base.faults);
+  for (uint64_t s = from; seeds && s < from + seeds; ++s) run_one(s, base.faults);
   // The long mode draws its seeds from the time it started, so every run explores new ones.
+  uint64_t long_runs = 0;
   for (uint64_t s = static_cast<uint64_t>(start.time_since_epoch().count()) | 1;
        hours > 0 && std::chrono::steady_clock::now() < until; s += 2)
-    run_one(s);
+    run_one(s, base.faults < 0 && ++long_runs % 4 == 0 ? kDenseFaults : base.faults);
 
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("regroup-sim: %llu seeds, %llu failed, %llu events in %.1f s;",
-              (unsigned long long)ran, (unsigned long long)failed, (unsigned long long)events,
-              secs);
-  for (const auto& [kind, n] : outcomes) std::printf(" %s %llu", kind.c_str(), (unsigned long long)n);
-  std::printf("; census gaps %llu in %llu seeds; state lost in %llu seeds\n",
-              (unsigned long long)census_gaps, (unsigned long long)gapped_seeds,
-              (unsigned long long)lost_seeds);
+  uint64_t failed = 0;
+  for (const auto& [name, b] : bands) {
+    failed += b.failed;
+    std::printf("regroup-sim%s%s: %llu seeds, %llu failed, %llu events", name.empty() ? "" : " ",
+                name.c_str(), (unsigned long long)b.ran, (unsigned long long)b.failed,
+                (unsigned long long)b.events);
+    if (name.empty()) std::printf(" in %.1f s", secs);
+    std::printf(";");
+    for (const auto& [kind, n] : b.outcomes)
+      std::printf(" %s %llu", kind.c_str(), (unsigned long long)n);
+    std::printf("; census gaps %llu in %llu seeds; state lost in %llu seeds\n",
+                (unsigned long long)b.census_gaps, (unsigned long long)b.gapped_seeds,
+                (unsigned long long)b.lost_seeds);
+  }
   return failed ? 1 : 0;
 }

@@ -17,12 +17,14 @@ std::string Explain(const Options& o, const Result& r) {
   return out;
 }
 
-// Seeds [from, from + count): every run must keep every invariant.
-void Sweep(uint64_t from, uint64_t count, bool coordinator = false) {
+// Seeds [from, from + count): every run must keep every invariant. `faults`: per run (-1: drawn
+// from the seed, 0 to 6).
+void Sweep(uint64_t from, uint64_t count, bool coordinator = false, int faults = -1) {
   for (uint64_t s = from; s < from + count; ++s) {
     Options o;
     o.seed = s;
     o.coordinator = coordinator;
+    o.faults = faults;
     const Result r = sim::Run(o);
     ASSERT_TRUE(r.ok) << Explain(o, r);
   }
@@ -54,6 +56,11 @@ TEST(Sim, Seeds3001To4000) { Sweep(3001, 1000); }
 // is cut off from a manager; a second manager's elder is cut off from it half the time.
 TEST(Sim, WithACoordinatorSeeds1To1000) { Sweep(1, 1000, /*coordinator=*/true); }
 TEST(Sim, WithACoordinatorSeeds1001To2000) { Sweep(1001, 1000, /*coordinator=*/true); }
+
+// A band of dense schedules, 12 faults a run (issue 40's finding 11): every run still ends in a
+// finished job or a stop its configuration allows.
+TEST(Sim, DenseSchedulesSeeds1To400) { Sweep(1, 400, /*coordinator=*/false, /*faults=*/12); }
+TEST(Sim, WithACoordinatorDenseSchedulesSeeds1To400) { Sweep(1, 400, true, 12); }
 
 // What the coordinator's seeds found, each a job that never finished before:
 //  - 164: a restarted manager's pods registered while it joined; the job restart decided next
@@ -204,6 +211,42 @@ TEST(Sim, AnIncarnationThatGivesUpStopsOnlyItself) {
   o.seed = 18721;
   const Result r = sim::Run(o);
   ASSERT_TRUE(r.ok) << Explain(o, r);
+}
+
+// Dense schedules (12 faults a run), issue 40's finding 11: every such run ends in a finished
+// job or a stop its configuration allows, never with every agent gone and nothing decided.
+// Seeds that failed liveness or another invariant once, each named with what it found:
+//  - 100637: a pod that registered with a restarted manager and dropped before its first
+//    generation was reported lost at the join window's end; the decision maker took its uid for
+//    a zombie, the manager welcomed it all the same, and the job restart waited for good for a
+//    replacement nobody would send (standalone, nobody recreates pods).
+//  - 102104: a pod declared lost while its stream was down reconnected to a second manager that
+//    was paused: nobody could tell it anything, and the simulation's bound on a pod in limbo
+//    counted that time against it (the check counts only time the manager it reaches runs).
+//  - 102092 (coordinator): a pod whose agent was readmitted as its own replacement
+//    (`<pod uid>/2`) was taken for replaced when the restarted scheduler reported its pod; the
+//    job restart that followed waited for good for a replacement nobody would make.
+//  - 100027 (coordinator): a restart in place decided while a restarted manager joined was
+//    dropped (its first generation would start every rank); the join window then closed with a
+//    pod missing that the decision already left out, a loss that called for no new decision,
+//    and the manager waited for one for good.
+//  - 142 (coordinator): the restarted scheduler reported a pod that ended before the slot's
+//    live one after it; taken for the newest, it left the live one (which the engine had lost)
+//    never evicted, and the job restart waited for good.
+TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
+  struct Case {
+    uint64_t seed;
+    bool coordinator;
+  };
+  for (const Case c : {Case{100637, false}, Case{102104, false}, Case{102092, true},
+                       Case{100027, true}, Case{142, true}}) {
+    Options o;
+    o.seed = c.seed;
+    o.faults = 12;
+    o.coordinator = c.coordinator;
+    const Result r = sim::Run(o);
+    EXPECT_TRUE(r.ok) << Explain(o, r);
+  }
 }
 
 TEST(Sim, ASeedReplaysExactly) {

@@ -1767,10 +1767,14 @@ void World::Watch() {
   }
   for (Pod* pod : slots_) {
     if (!pod || pod->dead) continue;
-    // What a pod can be told needs it reachable (not paused, its link not cut) and the manager
-    // it follows running (not paused).
+    // What a pod can be told needs it reachable (not paused, its link not cut), the manager it
+    // follows running (not paused), and so the manager its session reaches now (with two
+    // incarnations running, a pod whose stream broke may reconnect to the other).
     const Manager* m = ManagerOf(pod->agent->epoch());
-    if (pod->paused_until > now_ || pod->cut_until > now_ || (m && m->paused_until > now_)) {
+    const auto session = pod->stream ? streams_.find(pod->stream) : streams_.end();
+    const Manager* reached = session != streams_.end() ? ManagerOf(session->second.epoch) : nullptr;
+    if (pod->paused_until > now_ || pod->cut_until > now_ || (m && m->paused_until > now_) ||
+        (reached && reached->paused_until > now_)) {
       reachable_since_.erase(pod->uid());
       continue;
     }

@@ -690,10 +690,14 @@ void AgentCore::OnStop(const v1::StopTraining& stop) {
     Finish(0);
     return;
   }
+  // One incarnation's stop does not end the job: the pod must come back (restarted or replaced)
+  // to whichever incarnation runs it next, so the agent exits non-zero even after a dump. An
+  // exit 0 would end the pod for good.
+  const int done = stop.incarnation_only() ? 1 : 0;
   switch (stop.mode()) {
     case v1::StopTraining::MODE_STANDBY: tally_.Clear(); break;
-    case v1::StopTraining::MODE_DUMP: BeginStop(0, "dump", /*wait_for_trainers=*/true); break;
-    case v1::StopTraining::MODE_LEAVE: BeginStop(0, "leave", /*wait_for_trainers=*/true); break;
+    case v1::StopTraining::MODE_DUMP: BeginStop(done, "dump", /*wait_for_trainers=*/true); break;
+    case v1::StopTraining::MODE_LEAVE: BeginStop(done, "leave", /*wait_for_trainers=*/true); break;
     case v1::StopTraining::MODE_EXIT: BeginStop(1, "exit", /*wait_for_trainers=*/true); break;
     default:
       spdlog::warn("StopTraining without a mode: treated as exit");

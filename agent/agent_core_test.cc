@@ -410,6 +410,43 @@ TEST_F(AgentCoreTest, AProcessThatFailsBeforeItsHelloIsNotRefusedOnceATrainerHer
   EXPECT_EQ(log_.Lines({"regroup library"}), 0) << log_.text();
 }
 
+// A stop of one manager incarnation only (fenced, or it gave up waiting for a decision) does
+// not end the job: a newer incarnation may run it. The trainers still dump when told to, but the
+// agent exits non-zero, so that its pod is restarted or replaced and finds the newer manager; an
+// exit 0 would end the pod for good, and with every pod so ended no incarnation is left to end
+// the job (the simulation, 12 faults a run, seed 300388 with a coordinator).
+TEST_F(AgentCoreTest, AStopOfOneIncarnationOnlyEndsTheAgentNonZeroEvenWhenItDumps) {
+  for (const auto mode : {v1::StopTraining::MODE_DUMP, v1::StopTraining::MODE_LEAVE}) {
+    RecordingHost host;
+    AgentCore core(options_, &host);
+    core.Start(now_);
+    core.OnSessionOpened(now_);
+    v1::ManagerMessage stop;
+    stop.mutable_header()->set_job_id("job");
+    stop.mutable_header()->set_epoch(1);
+    stop.mutable_stop()->set_mode(mode);
+    stop.mutable_stop()->set_incarnation_only(true);
+    stop.mutable_stop()->set_reason("no decision: the coordinator was unreachable");
+    core.OnManagerMessage(now_, stop);
+    core.OnProcessExit(now_, 0, 0, 0);  // the trainer dumped and exited
+    ASSERT_TRUE(host.exit_code) << v1::StopTraining::Mode_Name(mode);
+    EXPECT_NE(*host.exit_code, 0) << v1::StopTraining::Mode_Name(mode);
+  }
+  // The job's own dump ends the pod with 0.
+  RecordingHost host;
+  AgentCore core(options_, &host);
+  core.Start(now_);
+  core.OnSessionOpened(now_);
+  v1::ManagerMessage stop;
+  stop.mutable_header()->set_job_id("job");
+  stop.mutable_header()->set_epoch(1);
+  stop.mutable_stop()->set_mode(v1::StopTraining::MODE_DUMP);
+  core.OnManagerMessage(now_, stop);
+  core.OnProcessExit(now_, 0, 0, 0);
+  ASSERT_TRUE(host.exit_code);
+  EXPECT_EQ(*host.exit_code, 0);
+}
+
 // A process killed by a signal says nothing of its script (the OOM killer, an operator).
 TEST_F(AgentCoreTest, ATrainerKilledBeforeAnyConnectedIsNotRefused) {
   options_.script = {"train.py"};

@@ -171,6 +171,8 @@ void AttachCore::OnDirective(const v1::CoordinatorDirective& m, bool first) {
   const bool ends_job =
       d.kind() == v1::Directive::KIND_EXIT || d.kind() == v1::Directive::KIND_DUMP;
   if (first && !ends_job && (!ever_attached_ || d.id() < newest_id_)) {
+    if (const std::optional<DirectiveKind> kind = DirectiveKindFromWire(d.kind()))
+      standing_ = FromProto(d, *kind);
     if (ever_attached_)
       spdlog::warn("the coordinator's directive ids went back from {} to {} (its engine lost the "
                    "job's state): taking {} as seen",
@@ -189,6 +191,7 @@ void AttachCore::OnDirective(const v1::CoordinatorDirective& m, bool first) {
     return;
   }
   unseen_ = FromProto(d, *kind);
+  standing_ = unseen_;
 }
 
 void AttachCore::NoteRefusal(const v1::Refusal& refusal) {

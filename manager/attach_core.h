@@ -77,6 +77,8 @@ class AttachCore {
 
   // The newest directive received and not yet returned.
   std::optional<Directive> Poll();
+  // The newest directive received, taken as seen or not (Decisions::Standing).
+  const std::optional<Directive>& Standing() const { return standing_; }
 
   // Queues a request for the lease when attached and a quarter of a lease has passed since the
   // last one (a second before the first grant); true when it queued one.
@@ -133,6 +135,7 @@ class AttachCore {
   v1::JobKeys job_keys_;           // from the answer to the first hello
   uint64_t newest_id_ = 0;         // the highest directive id received
   std::optional<Directive> unseen_;  // received, not yet returned by Poll
+  std::optional<Directive> standing_;  // the newest received, taken as seen or not
   std::string last_error_;
   size_t dropped_ = 0;
   std::optional<std::string> fenced_by_;

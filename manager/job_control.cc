@@ -1589,6 +1589,30 @@ void JobControl::TryFirstGeneration(int64_t now) {
     if (!pods_[p].pod_uid.empty() && !pods_[p].connected && pods_[p].state != AgentState::kLost)
       Fence(p, f.detail(), /*readmit=*/true);
   ReportFault(f, now);
+  // A standing decision that already leaves every missing pod out (one issued to an earlier
+  // incarnation, which this one took as seen at attach) is what the decision maker will keep:
+  // their loss changes nothing it decided, so no new directive follows. It is carried out once
+  // the replicas it keeps are back (bounded wait), unless a newer directive comes first.
+  const std::optional<Directive> standing = decisions_->Standing();
+  if (!standing || (standing->kind != REGROUP_DIRECTIVE_RESUME &&
+                    standing->kind != REGROUP_DIRECTIVE_SCALE_IN &&
+                    standing->kind != REGROUP_DIRECTIVE_SCALE_OUT &&
+                    standing->kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE))
+    return;
+  std::set<int64_t> kept;
+  for (int64_t r : standing->keep_replicas)
+    for (int64_t p : layout_.PodsOfReplica(r)) kept.insert(p);
+  if (kept.empty() ||
+      std::any_of(missing.begin(), missing.end(), [&](int64_t p) { return kept.count(p) > 0; }))
+    return;
+  Event(now, "wait",
+        "the standing " + std::string(DirectiveKindName(standing->kind)) +
+            " directive keeps replicas " +
+            Join(std::vector<int64_t>(standing->keep_replicas.begin(),
+                                      standing->keep_replicas.end())) +
+            " and leaves out node ranks " + Join(missing) +
+            ": forming it once they are back");
+  reconcile_.Await(*standing);
 }
 
 void JobControl::Tick(int64_t now) {

@@ -57,6 +57,9 @@ class Decisions {
   virtual void Tick(int64_t now) = 0;
   // A directive newer than the last one returned, if any.
   virtual std::optional<Directive> Poll() = 0;
+  // The decision maker's standing decision: its newest directive, one issued to an earlier
+  // incarnation (which a restarted manager takes as seen) included; nothing if it keeps none.
+  virtual std::optional<Directive> Standing() const { return std::nullopt; }
   // False while the decision maker cannot be reached (survivors then stay paused).
   virtual bool Available() const { return true; }
   // Why the decision maker fenced this incarnation (the coordinator serves a newer manager of

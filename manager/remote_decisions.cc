@@ -83,6 +83,11 @@ std::optional<Directive> RemoteDecisions::Poll() {
   return core_.Poll();
 }
 
+std::optional<Directive> RemoteDecisions::Standing() const {
+  std::lock_guard lock(mu_);
+  return core_.Standing();
+}
+
 bool RemoteDecisions::Available() const {
   std::lock_guard lock(mu_);
   return core_.attached();

@@ -84,6 +84,7 @@ class RemoteDecisions final : public Decisions {
   // The newest directive received and not yet returned. The directive the coordinator holds
   // when this manager first attaches was issued to an earlier incarnation: it is taken as seen.
   std::optional<Directive> Poll() override;
+  std::optional<Directive> Standing() const override;
   // True while attached.
   bool Available() const override;
   // Once the coordinator fenced this manager (it serves a newer one): it attaches no more.

@@ -233,13 +233,16 @@ TEST(Sim, AnIncarnationThatGivesUpStopsOnlyItself) {
 //  - 142 (coordinator): the restarted scheduler reported a pod that ended before the slot's
 //    live one after it; taken for the newest, it left the live one (which the engine had lost)
 //    never evicted, and the job restart waited for good.
+//  - 200460 (coordinator): a restarted manager took the coordinator's standing restart in place
+//    as seen; its join window closed with a pod missing that the decision left out, and no new
+//    decision followed. It now carries out the standing decision once its replicas are back.
 TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
   struct Case {
     uint64_t seed;
     bool coordinator;
   };
   for (const Case c : {Case{100637, false}, Case{102104, false}, Case{102092, true},
-                       Case{100027, true}, Case{142, true}}) {
+                       Case{100027, true}, Case{142, true}, Case{200460, true}}) {
     Options o;
     o.seed = c.seed;
     o.faults = 12;

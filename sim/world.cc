@@ -202,6 +202,7 @@ class Coordinated final : public manager::Decisions {
   }
   void Tick(int64_t) override {}
   std::optional<Directive> Poll() override { return core_.Poll(); }
+  std::optional<Directive> Standing() const override { return core_.Standing(); }
   bool Available() const override { return core_.attached(); }
   std::optional<std::string> FencedBy() const override { return core_.fenced_by(); }
   bool ReplacesPods() const override { return true; }
@@ -414,7 +415,7 @@ class World {
     bool committed = false;
   };
   std::map<std::pair<uint64_t, uint64_t>, Census> census_;
-  std::set<std::string> ever_lost_;          // uids some incarnation declared lost
+  std::set<std::pair<uint64_t, std::string>> ever_lost_;  // (epoch, uid) an incarnation declared lost
   std::map<std::string, int64_t> limbo_since_;      // lost uid, alive, since
   std::map<std::string, int64_t> reachable_since_;  // not paused, link not cut, since
   bool job_stopped_ = false;
@@ -834,7 +835,9 @@ void World::ManagerReceive(Stream& s, const v1::AgentMessage& message) {
         // stream closed here). Until then the node rank is a live pod's (a stalled manager may
         // read the replacement's Register before the old stream's end), and the replacement
         // registers again.
-        bool gone = ever_lost_.count(holder) > 0;
+        // (This incarnation's word only: another may have declared it lost before this one
+        // welcomed it.)
+        bool gone = ever_lost_.count({m.epoch, holder}) > 0;
         for (const auto& p : pods_) {
           if (p->uid() != holder || !p->dead) continue;
           bool open_here = false;
@@ -956,7 +959,7 @@ void World::Flush(Manager& m) {
   m.events_traced = job.events_logged();
   // Lost pods, as this incarnation sees them.
   for (Pod* pod : slots_)
-    if (pod && job.IsFenced(pod->uid())) ever_lost_.insert(pod->uid());
+    if (pod && job.IsFenced(pod->uid())) ever_lost_.insert({m.epoch, pod->uid()});
   if (m.core) FlushLink(m);
 }
 
@@ -1862,11 +1865,13 @@ Result World::RunSeed() {
               ")");
     }
   }
+  // Every pod gone and nothing decided (no finish, no stop of the job's own) is a liveness
+  // failure: the job is over and nobody can say why.
+  if (result_.ok && !finished_ && !job_stopped_)
+    Violate("liveness: every pod is gone and the job neither finished nor stopped");
   if (result_.ok) {
     result_.at_ms = now_;
-    result_.outcome = finished_ ? "finished"
-                      : job_stopped_ ? "stopped: " + stop_reason_
-                                     : "ended with every pod gone";
+    result_.outcome = finished_ ? "finished" : "stopped: " + stop_reason_;
   } else {
     result_.trace.assign(trace_.begin(), trace_.end());
   }

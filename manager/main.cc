@@ -211,6 +211,7 @@ int main(int argc, char** argv) {
   }
   const ManagerOptions& o = parsed->options;
   for (const std::string& notice : parsed->notices) spdlog::info("regroup-manager: {}", notice);
+  for (const std::string& risk : parsed->warnings) spdlog::warn("regroup-manager: {}", risk);
 
   auto spec = ReadJobSpec(o, env);
   if (!spec.ok()) return Refuse(spec.status().message());

@@ -32,7 +32,8 @@ openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -
 printf 'tls-s3cret\n' >token
 
 "$manager" --job-id default/tls-test --nodes 1 --nproc-per-node 1 --listen 127.0.0.1:0 \
-  --port-file port --credential-file token --tls-cert tls.crt --tls-key tls.key >manager.log 2>&1 &
+  --port-file port --credential-file token --record record.json --tls-cert tls.crt --tls-key tls.key \
+  >manager.log 2>&1 &
 pids+=($!)
 for _ in $(seq 200); do [ -s port ] && break; sleep 0.05; done
 [ -s port ] || fail "the manager did not start: $(cat manager.log)"

@@ -32,7 +32,8 @@ Status PrintStatus(const StatusOptions& options, std::ostream& out) {
   grpc::Status st = stub->GetStatus(&context, request, &s);
   if (!st.ok())
     return {REGROUP_FAILED_PRECONDITION, "the manager at " + options.manager +
-                                             " did not answer: " + st.error_message()};
+                                             " did not answer: " +
+                                             DescribeCallFailure(st, options.manager)};
   if (options.json) {
     std::string text;
     google::protobuf::util::JsonPrintOptions json;

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/grpc_settings.h"
 
+#include <cctype>
+#include <string_view>
+
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -9,6 +12,31 @@
 #include "common/files.h"
 
 namespace regroup {
+
+std::string DescribeCallFailure(const grpc::Status& status, const std::string& target) {
+  const std::string& message = status.error_message();
+  std::string lower = message;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // gRPC's words for a failed handshake ("Ssl handshake failed: SSL_ERROR_SSL: ... certificate
+  // verify failed"), and for a certificate without the name expected ("Peer name N is not in
+  // peer certificate"), which it checks once the handshake is done.
+  constexpr std::string_view kHandshake = "handshake failed";
+  size_t at = lower.find(kHandshake);
+  std::string reason;
+  if (at != std::string::npos) {
+    reason = message.substr(at + kHandshake.size());
+  } else if (lower.find("is not in peer certificate") != std::string::npos &&
+             (at = lower.find("peer name ")) != std::string::npos) {
+    reason = message.substr(at);
+  } else {
+    return message.empty() ? "code " + std::to_string(status.error_code()) : message;
+  }
+  while (!reason.empty() && (reason.front() == ':' || reason.front() == ' ')) reason.erase(0, 1);
+  return "the TLS handshake with " + target + " failed: " +
+         (reason.empty() ? std::string("gRPC gave no reason") : reason) +
+         " (check that the CA file given holds the CA that signed its certificate, and that the "
+         "certificate carries the server name expected)";
+}
 
 grpc::Status ToGrpcStatus(const Status& status) {
   grpc::StatusCode code = grpc::StatusCode::INTERNAL;

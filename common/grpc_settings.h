@@ -45,6 +45,11 @@ inline constexpr std::chrono::milliseconds kConnectTimeout{1000};
 StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& target, const ClientTls& tls = {},
     std::chrono::milliseconds connect_timeout = kConnectTimeout);
+// Why a call to `target` failed, in words: a TLS handshake failure (gRPC puts "Ssl handshake
+// failed: REASON", or "Peer name N is not in peer certificate", in a failed call's message) is
+// named as such, with the peer, the reason and what to check; any other failure is gRPC's
+// message.
+std::string DescribeCallFailure(const grpc::Status& status, const std::string& target);
 // Server credentials: TLS when a certificate and key are given, else insecure.
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const std::string& tls_cert_file, const std::string& tls_key_file);

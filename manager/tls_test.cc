@@ -195,6 +195,28 @@ TEST_F(Tls, ACertificateFromAnotherCaIsRefused) {
   server->Stop();
 }
 
+// Issue 40, finding 9: a client said only that nobody answered. A failed handshake is named as
+// such, with the peer and gRPC's reason (regroupctl status and the agent use these words).
+TEST_F(Tls, AFailedHandshakeIsNamedWithThePeerAndTheReason) {
+  auto stranger = StartManager("stranger");
+  const std::string at = "127.0.0.1:" + std::to_string(stranger->port());
+  std::string said = DescribeCallFailure(AskStatus(stranger->port(), "ca.crt"), at);
+  EXPECT_NE(said.find("the TLS handshake with " + at + " failed: SSL_ERROR_SSL"),
+            std::string::npos) << said;
+  EXPECT_NE(said.find("certificate verify failed"), std::string::npos) << said;
+  stranger->Stop();
+  auto ip = StartManager("ip");
+  const std::string ip_at = "127.0.0.1:" + std::to_string(ip->port());
+  said = DescribeCallFailure(AskStatus(ip->port(), "ca.crt", "other.default.svc"), ip_at);
+  EXPECT_NE(said.find("the TLS handshake with " + ip_at +
+                      " failed: Peer name other.default.svc is not in peer certificate"),
+            std::string::npos) << said;
+  ip->Stop();
+  // Nobody listening is not a handshake: gRPC's own words.
+  said = DescribeCallFailure(AskStatus(ip->port(), "ca.crt"), ip_at);
+  EXPECT_EQ(said.find("TLS handshake"), std::string::npos) << said;
+}
+
 TEST_F(Tls, AnExpiredCertificateIsRefused) {
   auto server = StartManager("expired");
   ExpectRefused(AskStatus(server->port(), "ca.crt"));

@@ -50,7 +50,18 @@ for refused in "" "--tls-ca ca.crt" "--tls-ca other-ca.crt --tls-server-name $na
   out=$(status $refused); rc=$?
   [ $rc -eq 1 ] || fail "status ${refused:-without TLS} must be refused (exit 1), got $rc: $out"
   grep -qF "did not answer" <<<"$out" || fail "status ${refused:-without TLS} said: $out"
+  # Issue 40, finding 9: a failed TLS handshake is named as such, with the peer and the reason.
+  if [ -n "$refused" ]; then
+    grep -qF "did not answer: the TLS handshake with $addr failed: " <<<"$out" \
+      || fail "status $refused must name the TLS handshake failure: $out"
+  fi
 done
+out=$(status --tls-ca other-ca.crt --tls-server-name $name)
+grep -qF "the TLS handshake with $addr failed: SSL_ERROR_SSL" <<<"$out" && grep -qF "certificate verify failed" <<<"$out" \
+  || fail "a server certificate the client does not trust: the reason must be named: $out"
+out=$(status --tls-ca ca.crt --tls-server-name other.tls-test.svc)
+grep -qF "the TLS handshake with $addr failed: Peer name other.tls-test.svc is not in peer certificate" <<<"$out" \
+  || fail "a certificate without the name expected must be named: $out"
 out=$(status --tls-ca missing.crt); rc=$?
 [ $rc -eq 1 ] || fail "a missing CA file must fail status, got $rc: $out"
 grep -qF -- "--tls-ca: cannot read the TLS CA file missing.crt" <<<"$out" || fail "status said: $out"
@@ -84,4 +95,16 @@ agent_refused "flag --tls-ca (or REGROUP_TLS_CA_FILE): cannot read the TLS CA fi
 agent_refused "holds no PEM certificate" --tls-ca "$dir/token"
 agent_refused "flag --tls-server-name (or REGROUP_TLS_SERVER_NAME) $name needs --tls-ca" \
   --tls-server-name $name
+# Issue 40, finding 9: an agent that does not trust the manager's certificate said only "no
+# manager answers". Its log names the TLS handshake failure, the peer and the reason, and so does
+# its last word when it gives up.
+out=$(timeout 30 "$agent" --manager "$addr" --job-id default/tls-test --credential-file token \
+  --tls-ca other-ca.crt --tls-server-name $name --socket-dir "$dir/sock3" --reconnect-timeout-s 6 \
+  --no-python -- "$trainer" --log "$dir/trainer3" 2>&1); rc=$?
+[ $rc -eq 1 ] || fail "an agent that trusts another CA must give up (exit 1), got $rc: $out"
+grep -qF "no manager answers at $addr yet: the TLS handshake with $addr failed: SSL_ERROR_SSL" <<<"$out" \
+  || fail "the agent must name the TLS handshake failure while it retries: $out"
+grep -qF "(--reconnect-timeout-s) (the TLS handshake with $addr failed: " <<<"$out" \
+  || fail "the agent's last word must name the TLS handshake failure: $out"
+grep -qF "certificate verify failed" <<<"$out" || fail "the agent must give the reason: $out"
 echo "TLS end to end: ok"

@@ -124,9 +124,16 @@ Status Agent::Setup() {
   }
 
   auto channel = MakeChannel(options_.manager_addr,
-                             {options_.tls_ca_file, options_.tls_server_name});
-  if (!channel.ok())
-    return InvalidArgument("flag --tls-ca (or REGROUP_TLS_CA_FILE): " + channel.status().message());
+                             {options_.tls_ca_file, options_.tls_server_name,
+                              options_.tls_cert_file, options_.tls_key_file});
+  if (!channel.ok()) {
+    const std::string why = channel.status().message();
+    return InvalidArgument((why.find("TLS CA file") != std::string::npos
+                                ? "flag --tls-ca (or REGROUP_TLS_CA_FILE): "
+                                : "flags --tls-cert/--tls-key (or REGROUP_TLS_CERT_FILE, "
+                                  "REGROUP_TLS_KEY_FILE): ") +
+                           why);
+  }
   channel_ = std::move(*channel);
   probe_ = std::make_unique<ConnectProbe>(channel_, options_.manager_addr, credential_,
                                           options_.job_id);

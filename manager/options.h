@@ -46,6 +46,7 @@ struct ManagerOptions {
   bool insecure = false;        // --insecure: no credential, every client accepted
   std::string tls_cert;         // --tls-cert
   std::string tls_key;          // --tls-key
+  std::string tls_client_ca;    // --tls-client-ca: mutual TLS, clients need a certificate
   int64_t join_window_s = 30;   // --join-window-s
   int64_t epoch = 0;            // --epoch; 0: the clock in ms (above the record's)
   std::string record_file;      // --record, $REGROUP_RECORD_FILE

@@ -124,10 +124,19 @@ Status Agent::Setup() {
   }
 
   auto channel = MakeChannel(options_.manager_addr,
-                             {options_.tls_ca_file, options_.tls_server_name});
-  if (!channel.ok())
-    return InvalidArgument("flag --tls-ca (or REGROUP_TLS_CA_FILE): " + channel.status().message());
+                             {options_.tls_ca_file, options_.tls_server_name,
+                              options_.tls_cert_file, options_.tls_key_file});
+  if (!channel.ok()) {
+    const std::string why = channel.status().message();
+    return InvalidArgument((why.find("TLS CA file") != std::string::npos
+                                ? "flag --tls-ca (or REGROUP_TLS_CA_FILE): "
+                                : "flags --tls-cert/--tls-key (or REGROUP_TLS_CERT_FILE, "
+                                  "REGROUP_TLS_KEY_FILE): ") +
+                           why);
+  }
   channel_ = std::move(*channel);
+  probe_ = std::make_unique<ConnectProbe>(channel_, options_.manager_addr, credential_,
+                                          options_.job_id);
   return Status::Ok();
 }
 
@@ -309,9 +318,20 @@ void Agent::Exit(int code, bool confirm, const std::string& sent_exits) {
 // The manager
 // ---------------------------------------------------------------------------------------------
 
+// A probe's answer within the core's first report that no manager answers (5 s).
+constexpr std::chrono::milliseconds kProbeDeadline{4000};
+
 void Agent::OpenSession() {
   session_ = std::make_unique<ManagerSession>(++session_ids_, channel_, credential_, &inbox_);
+  if (probe_) probe_->Start(kProbeDeadline);
   spdlog::debug("manager session {}: connecting to {}", session_->id(), options_.manager_addr);
+}
+
+std::string Agent::ConnectFailure() {
+  if (!probe_) return "";
+  std::string why = probe_->Last();
+  probe_->Start(kProbeDeadline);  // for the next report
+  return why;
 }
 
 void Agent::SendToManager(const v1::AgentMessage& message) {

@@ -55,6 +55,7 @@ class Agent final : private TrainerServer::Listener, private AgentHost {
 
   // AgentHost.
   void OpenSession() override;
+  std::string ConnectFailure() override;
   void SendToManager(const regroup::v1::AgentMessage& message) override;
   void CancelSession() override;
   bool SendToTrainer(uint32_t r, const regroup::v1::AgentReply& reply) override;
@@ -86,6 +87,7 @@ class Agent final : private TrainerServer::Listener, private AgentHost {
   // The manager link.
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ManagerSession> session_;
+  std::unique_ptr<ConnectProbe> probe_;  // why the channel does not connect, for the log
   uint64_t session_ids_ = 0;
 
   // Warm starts (warm_starter.h): null when off or given up.

@@ -164,9 +164,11 @@ void AgentCore::OnTimers(Millis now) {
     return;
   } else if (outage_since_ &&
              now - *outage_since_ >= std::chrono::seconds(options_.reconnect_timeout_s)) {
-    spdlog::error("no manager at {} for {} s (--reconnect-timeout-s): stopping the trainers and "
-                  "exiting",
-                  options_.manager_addr, options_.reconnect_timeout_s);
+    const std::string why = host_->ConnectFailure();
+    spdlog::error("no manager at {} for {} s (--reconnect-timeout-s){}: stopping the trainers "
+                  "and exiting",
+                  options_.manager_addr, options_.reconnect_timeout_s,
+                  why.empty() ? "" : " (" + why + ")");
     outage_since_.reset();
     BeginStop(1, "the manager is gone", /*wait_for_trainers=*/false);
     return;  // BeginStop ran the timers again
@@ -187,8 +189,9 @@ void AgentCore::OnTimers(Millis now) {
   // heartbeats of a slow dump still reach the manager.
   if (link_ == Link::kDown && !session_ && now >= reconnect_at_) Connect();
   if (link_ == Link::kConnecting && !stopping_ && now >= connect_report_at_) {
-    spdlog::warn("no manager answers at {} yet; giving up in {} ms", options_.manager_addr,
-                 OutageLeftMs());
+    const std::string why = host_->ConnectFailure();
+    spdlog::warn("no manager answers at {} yet{}; giving up in {} ms", options_.manager_addr,
+                 why.empty() ? "" : ": " + why, OutageLeftMs());
     connect_report_at_ = now + kConnectReport;
   }
   if (link_ == Link::kRegistering && now >= register_deadline_) {

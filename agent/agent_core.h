@@ -64,6 +64,9 @@ class AgentHost {
   // Opens a new session with the manager: OnSessionOpened, its messages, then OnSessionClosed
   // follow (or OnSessionClosed alone, when no stream opened).
   virtual void OpenSession() = 0;
+  // Why the manager cannot be reached, when the host knows (the last failed connection attempt:
+  // a TLS handshake failure named as such, with the peer and the reason); "" otherwise.
+  virtual std::string ConnectFailure() { return ""; }
   // Sends on the open session.
   virtual void SendToManager(const regroup::v1::AgentMessage& message) = 0;
   // Ends the open session at once (OnSessionClosed follows).

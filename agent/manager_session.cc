@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/credential.h"
+#include "common/grpc_settings.h"
 
 namespace regroup::agent {
 
@@ -162,6 +163,58 @@ void ManagerSession::Write() {
     changed_.notify_all();
     if (!ok) return;  // the reader sees the end and reports it
   }
+}
+
+struct ConnectProbe::Call {
+  grpc::ClientContext context;
+  regroup::v1::GetStatusRequest request;
+  regroup::v1::GetStatusResponse response;
+  std::unique_ptr<regroup::v1::Manager::Stub> stub;
+};
+
+ConnectProbe::ConnectProbe(std::shared_ptr<grpc::Channel> channel, std::string target,
+                           std::string credential, std::string job_id)
+    : channel_(std::move(channel)),
+      target_(std::move(target)),
+      credential_(std::move(credential)),
+      job_id_(std::move(job_id)) {}
+
+ConnectProbe::~ConnectProbe() {
+  std::unique_lock lock(state_->mutex);
+  if (state_->in_flight) state_->in_flight->context.TryCancel();
+  state_->ended.wait_for(lock, std::chrono::seconds(5), [this] { return !state_->in_flight; });
+}
+
+void ConnectProbe::Start(std::chrono::milliseconds deadline) {
+  std::lock_guard lock(state_->mutex);
+  if (state_->in_flight) return;
+  state_->ended_call.reset();
+  auto call = std::make_shared<Call>();
+  AttachCredential(call->context, credential_);
+  call->context.set_wait_for_ready(false);  // fails on the connection attempt's failure
+  call->context.set_deadline(std::chrono::system_clock::now() + deadline);
+  call->request.set_job_id(job_id_);
+  call->stub = regroup::v1::Manager::NewStub(channel_);
+  state_->in_flight = call;
+  call->stub->async()->GetStatus(
+      &call->context, &call->request, &call->response,
+      [state = state_, target = target_](grpc::Status status) {
+        std::lock_guard lock(state->mutex);
+        // A probe that only ran out of time learned nothing: the last reason stands.
+        if (status.ok() || status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+            status.error_code() == grpc::StatusCode::PERMISSION_DENIED)
+          state->last.clear();  // the manager answered
+        else if (status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+                 status.error_code() != grpc::StatusCode::CANCELLED)
+          state->last = DescribeCallFailure(status, target);
+        state->ended_call = std::move(state->in_flight);  // its context outlives this callback
+        state->ended.notify_all();
+      });
+}
+
+std::string ConnectProbe::Last() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->last;
 }
 
 }  // namespace regroup::agent

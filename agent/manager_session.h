@@ -108,4 +108,36 @@ class ManagerSession {
   std::thread writer_;
 };
 
+// Why the channel to the manager does not connect. A session's call waits for the channel
+// (wait_for_ready) and so never fails with the reason; a call that does not wait fails once the
+// connection attempt in progress failed, with gRPC's reason in its message (a TLS handshake
+// failure's among them). Start() sends one such call, a GetStatus (harmless where the manager
+// answers); Last() is the reason the last one gave, in words (regroup::DescribeCallFailure), or
+// "" when it answered or none has ended yet.
+class ConnectProbe {
+ public:
+  ConnectProbe(std::shared_ptr<grpc::Channel> channel, std::string target, std::string credential,
+               std::string job_id);
+  ~ConnectProbe();  // cancels the call in flight and waits for it to end
+  ConnectProbe(const ConnectProbe&) = delete;
+  ConnectProbe& operator=(const ConnectProbe&) = delete;
+
+  // Sends a probe that ends within `deadline`; nothing while one is in flight.
+  void Start(std::chrono::milliseconds deadline);
+  std::string Last() const;
+
+ private:
+  struct Call;
+  struct State {
+    mutable std::mutex mutex;
+    std::condition_variable ended;
+    std::shared_ptr<Call> in_flight;
+    std::shared_ptr<Call> ended_call;  // kept past its callback; freed by the next Start()
+    std::string last;
+  };
+  std::shared_ptr<grpc::Channel> channel_;
+  std::string target_, credential_, job_id_;
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
 }  // namespace regroup::agent

@@ -45,6 +45,8 @@ constexpr Flag kFlags[] = {
     {"credential-file", Kind::kAgent, true},
     {"tls-ca", Kind::kAgent, true},
     {"tls-server-name", Kind::kAgent, true},
+    {"tls-cert", Kind::kAgent, true},
+    {"tls-key", Kind::kAgent, true},
     {"reconnect-timeout-s", Kind::kAgent, true},
     {"stop-grace-s", Kind::kAgent, true},
     {"connect-timeout-s", Kind::kAgent, true},
@@ -197,6 +199,8 @@ class Parser {
         {"REGROUP_SOCKET_DIR", "socket-dir"},
         {"REGROUP_TLS_CA_FILE", "tls-ca"},
         {"REGROUP_TLS_SERVER_NAME", "tls-server-name"},
+        {"REGROUP_TLS_CERT_FILE", "tls-cert"},
+        {"REGROUP_TLS_KEY_FILE", "tls-key"},
         {"REGROUP_RECONNECT_TIMEOUT_S", "reconnect-timeout-s"},
         {"REGROUP_STOP_GRACE_S", "stop-grace-s"},
         {"REGROUP_CONNECT_TIMEOUT_S", "connect-timeout-s"},
@@ -246,6 +250,8 @@ class Parser {
     if (name == "credential-file") return text(&o.credential_file);
     if (name == "tls-ca") return text(&o.tls_ca_file);
     if (name == "tls-server-name") return text(&o.tls_server_name);
+    if (name == "tls-cert") return text(&o.tls_cert_file);
+    if (name == "tls-key") return text(&o.tls_key_file);
     if (name == "python") return text(&o.python);
     if (name == "reconnect-timeout-s")
       return integer(&o.reconnect_timeout_s, 1, 86400, "seconds, an integer from 1 to 86400");
@@ -357,6 +363,11 @@ class Parser {
       return InvalidArgument("flag --tls-server-name (or REGROUP_TLS_SERVER_NAME) " +
                              o.tls_server_name +
                              " needs --tls-ca (or REGROUP_TLS_CA_FILE): the manager's CA bundle");
+    if ((!o.tls_cert_file.empty() || !o.tls_key_file.empty()) &&
+        (o.tls_ca_file.empty() || o.tls_cert_file.empty() || o.tls_key_file.empty()))
+      return InvalidArgument("flags --tls-cert and --tls-key (or REGROUP_TLS_CERT_FILE, "
+                             "REGROUP_TLS_KEY_FILE), the agent's own certificate for a manager "
+                             "that requires one, go together and need --tls-ca");
     return out_;
   }
 
@@ -501,6 +512,10 @@ Agent options (environment fallback in brackets):
                               [REGROUP_TLS_CA_FILE] (plaintext)
   --tls-server-name NAME      the name the manager's certificate must carry, when it is not the
                               host of --manager [REGROUP_TLS_SERVER_NAME] (needs --tls-ca)
+  --tls-cert FILE, --tls-key FILE
+                              the agent's own certificate and key (PEM), for a manager that
+                              requires one (--tls-client-ca) [REGROUP_TLS_CERT_FILE,
+                              REGROUP_TLS_KEY_FILE] (needs --tls-ca; none)
   --reconnect-timeout-s S     give up after S seconds without a manager
                               [REGROUP_RECONNECT_TIMEOUT_S] (60)
   --stop-grace-s S            after a stop, wait S seconds for trainers to exit before

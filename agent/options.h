@@ -34,6 +34,8 @@ struct AgentOptions {
   std::string credential_file;  // --credential-file (LoadCredential reads the env fallbacks)
   std::string tls_ca_file;      // --tls-ca, REGROUP_TLS_CA_FILE; empty: plaintext
   std::string tls_server_name;  // --tls-server-name, REGROUP_TLS_SERVER_NAME; needs --tls-ca
+  std::string tls_cert_file;    // --tls-cert, REGROUP_TLS_CERT_FILE: the agent's own (mTLS)
+  std::string tls_key_file;     // --tls-key, REGROUP_TLS_KEY_FILE
   int reconnect_timeout_s = 60;  // --reconnect-timeout-s, REGROUP_RECONNECT_TIMEOUT_S
   int stop_grace_s = 30;         // --stop-grace-s, REGROUP_STOP_GRACE_S
   // --connect-timeout-s, REGROUP_CONNECT_TIMEOUT_S: warn once about a trainer that runs this

@@ -517,7 +517,7 @@ int main(int argc, char** argv) {
   }
   const std::string dir = dir_template;
   const std::string port_file = dir + "/port", log_file = dir + "/manager.log",
-                    credential_file = dir + "/credential";
+                    credential_file = dir + "/credential", record_file = dir + "/record.json";
   // Every RPC carries the job's credential, as in production.
   std::string credential;
   {
@@ -530,7 +530,8 @@ int main(int argc, char** argv) {
   }
   chmod(credential_file.c_str(), 0600);
   auto cleanup_files = [&] {
-    for (const auto& f : {port_file, log_file, credential_file}) std::remove(f.c_str());
+    for (const auto& f : {port_file, log_file, credential_file, record_file})
+      std::remove(f.c_str());
     rmdir(dir.c_str());
   };
 
@@ -546,7 +547,8 @@ int main(int argc, char** argv) {
     const std::string nodes = std::to_string(agents_n), np = std::to_string(nproc);
     execl(manager_bin.c_str(), manager_bin.c_str(), "--job-id", kJob, "--nodes", nodes.c_str(),
           "--nproc-per-node", np.c_str(), "--listen", "127.0.0.1:0", "--port-file",
-          port_file.c_str(), "--credential-file", credential_file.c_str(), "--join-window-s", "600",
+          port_file.c_str(), "--credential-file", credential_file.c_str(), "--record",
+          record_file.c_str(), "--join-window-s", "600",
           "--label", "fault-scheduling=force", "--annotation",
           "recover-strategy=recover-in-place,elastic-training", "--annotation",
           "regroup.io/report-window-ms=0", "--annotation", "regroup.io/prefer-elastic=true",

@@ -98,7 +98,8 @@ def one_run(variant: str, world: int, args, work: Path) -> dict:
             port_file = work / "manager.port"
             procs.append(start([str(BUILD / "regroup-manager"), "--job-id", "steady", "--nodes", "1",
                                 "--nproc-per-node", str(world), "--listen", "127.0.0.1:0",
-                                "--port-file", str(port_file), "--label", "fault-scheduling=force",
+                                "--port-file", str(port_file), "--record", str(work / "record.json"),
+                                "--label", "fault-scheduling=force",
                                 "--annotation", "regroup.io/global-batch-size=64",
                                 "--annotation", "regroup.io/micro-batch-size=8",
                                 "--annotation", f"regroup.io/checksum-interval={args.checksum_interval}"],

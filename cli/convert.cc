@@ -809,6 +809,16 @@ class Converter {
     for (const auto& [key, value] : spec.env)
       if (const KeySpec* k = FindKey(key); k && k->source == KeySource::kEnv)
         add("--env", key + "=" + value);
+    if (options_.coordinator.empty()) {
+      // Standalone, nothing but a durable record fences a second manager of the job, and the
+      // converter knows no storage that every manager pod reaches: it says so and asks.
+      command.push_back(Str("--no-record"));
+      Note(Kind::kCheck, "spec.tasks[manager].template.spec.containers[0].command --no-record",
+           "without a coordinator nothing fences a second manager of the job (a rescheduled "
+           "manager pod beside one cut off): mount storage every manager pod of the job reaches "
+           "(e.g. the checkpoint volume) and replace --no-record with --record "
+           "<that volume>/regroup-record.json");
+    }
   }
 
   Status TrainingTasks(YAML::Node tasks) {

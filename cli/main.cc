@@ -227,6 +227,12 @@ int main(int argc, char** argv) {
                      "the name the manager's certificate must carry, when it is not the host of "
                      "--manager (needs --tls-ca)")
       ->envname("REGROUP_TLS_SERVER_NAME");
+  status->add_option("--tls-cert", status_options.tls.cert_file,
+                     "this client's own certificate (PEM), for a manager that requires one "
+                     "(its --tls-client-ca; needs --tls-ca and --tls-key)")
+      ->envname("REGROUP_TLS_CERT_FILE");
+  status->add_option("--tls-key", status_options.tls.key_file, "... and its key (PEM)")
+      ->envname("REGROUP_TLS_KEY_FILE");
   status->add_option("--timeout-ms", status_options.timeout_ms, "the call's deadline")
       ->capture_default_str();
   status->add_flag("--json", status_options.json, "print the status as JSON");

@@ -18,9 +18,16 @@ Status PrintStatus(const StatusOptions& options, std::ostream& out) {
   auto credential = LoadCredential(options.credential_file);
   if (!credential.ok()) return credential.status();
   auto channel = MakeChannel(options.manager, options.tls);
-  if (!channel.ok())
-    return InvalidArgument((options.tls.ca_file.empty() ? "--tls-server-name: " : "--tls-ca: ") +
-                           channel.status().message());
+  if (!channel.ok()) {
+    const std::string why = channel.status().message();
+    const bool own = why.find("TLS client certificate") != std::string::npos ||
+                     why.find("TLS certificate") != std::string::npos ||
+                     why.find("TLS key") != std::string::npos;
+    return InvalidArgument((own                           ? "--tls-cert/--tls-key: "
+                            : options.tls.ca_file.empty() ? "--tls-server-name: "
+                                                          : "--tls-ca: ") +
+                           why);
+  }
   auto stub = v1::Manager::NewStub(*channel);
   grpc::ClientContext context;
   AttachCredential(context, *credential);
@@ -32,7 +39,8 @@ Status PrintStatus(const StatusOptions& options, std::ostream& out) {
   grpc::Status st = stub->GetStatus(&context, request, &s);
   if (!st.ok())
     return {REGROUP_FAILED_PRECONDITION, "the manager at " + options.manager +
-                                             " did not answer: " + st.error_message()};
+                                             " did not answer: " +
+                                             DescribeCallFailure(st, options.manager)};
   if (options.json) {
     std::string text;
     google::protobuf::util::JsonPrintOptions json;

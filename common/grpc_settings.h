@@ -34,6 +34,10 @@ struct ClientTls {
   // reached by IP address, or through a Service name its certificate does not list). Only with
   // ca_file: it is gRPC's SSL target name override.
   std::string server_name;
+  // The client's own certificate and key (PEM), for a server that requires one (mutual TLS:
+  // the server's --tls-client-ca). Both or neither, and only with ca_file.
+  std::string cert_file;
+  std::string key_file;
 };
 // The least time gRPC gives one connection attempt, TCP and TLS handshakes together. One second
 // is ample within a cluster and finds a moved server soon; a client that connects rarely and
@@ -41,12 +45,22 @@ struct ClientTls {
 inline constexpr std::chrono::milliseconds kConnectTimeout{1000};
 // A client channel to `target` with matching keepalives, over TLS when `tls.ca_file` is given.
 // A CA file that cannot be read or holds no certificate, or a server name without a CA file, is
-// an error naming the path: a channel never falls back to the system's roots or to plaintext.
+// an error naming the path: a channel never falls back to the system's roots or to plaintext. A
+// client certificate without its key (or the reverse), one whose key does not match it, or one
+// given without a CA file is an error naming the files.
 StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& target, const ClientTls& tls = {},
     std::chrono::milliseconds connect_timeout = kConnectTimeout);
-// Server credentials: TLS when a certificate and key are given, else insecure.
+// Why a call to `target` failed, in words: a TLS handshake failure (gRPC puts "Ssl handshake
+// failed: REASON", or "Peer name N is not in peer certificate", in a failed call's message) is
+// named as such, with the peer, the reason and what to check; any other failure is gRPC's
+// message.
+std::string DescribeCallFailure(const grpc::Status& status, const std::string& target);
+// Server credentials: TLS when a certificate and key are given, else insecure. With
+// `client_ca_file` (mutual TLS) every client must present a certificate that CA signed: a client
+// without one fails its handshake. It needs the certificate and key.
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
-    const std::string& tls_cert_file, const std::string& tls_key_file);
+    const std::string& tls_cert_file, const std::string& tls_key_file,
+    const std::string& client_ca_file = "");
 
 }  // namespace regroup

@@ -9,7 +9,7 @@
     # reading the job's credential from $REGROUP_CREDENTIAL_FILE
     export REGROUP_CREDENTIAL_FILE=$(mktemp) && openssl rand -hex 24 >"$REGROUP_CREDENTIAL_FILE"
     regroup-manager --job-id mlp --nodes 2 --nproc-per-node 2 --listen 127.0.0.1:9601 \
-        --label fault-scheduling=force --annotation recover-strategy=retry,recover-in-place,elastic-training
+        --record "$(mktemp -d)/record.json" --label fault-scheduling=force --annotation recover-strategy=retry,recover-in-place,elastic-training
     regroup-agent --manager 127.0.0.1:9601 --job-id mlp --nnodes 2 --nproc-per-node 2 \
         --node-rank 0 --master-addr 127.0.0.1 --python python3 examples/train_mlp.py --steps 40 --float64
     regroup-agent ... --node-rank 1 ...

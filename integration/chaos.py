@@ -333,8 +333,7 @@ class Chaos:
         argv = [c.bin["regroup-manager"], "--job", str(c.job_file), "--job-id", c.job.job_id,
                 "--listen", f"{c.manager_host}:{port}", "--http", f"{c.manager_host}:{http}",
                 "--credential-file", str(c.credential), "--join-window-s", "120"]
-        if c.record is not None:
-            argv += ["--record", str(c.record)]
+        argv += c.record_args()
         at = c._refresh()
         log = c.dir / f"second-manager-{n}.log"
         p = c._spawn(argv, log)

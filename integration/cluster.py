@@ -381,8 +381,7 @@ class Cluster:
         argv = [self.bin["regroup-manager"], *job, "--job-id", self.job.job_id,
                 "--listen", self.manager_addr, "--http", f"{self.manager_host}:{self.http_port}",
                 "--credential-file", str(self.credential), "--join-window-s", "120"]
-        if self.record is not None:
-            argv += ["--record", str(self.record)]
+        argv += self.record_args(coordinator)
         if coordinator:
             argv += ["--coordinator", coordinator]
         if coordinator_credential:
@@ -394,6 +393,14 @@ class Cluster:
         if self.manager.poll() is not None:
             raise RuntimeError(f"regroup-manager exited with {self.manager.returncode}:\n"
                                + (self.dir / f"manager-{self.manager_starts}.log").read_text()[-3000:])
+
+    def record_args(self, coordinator: Optional[str] = None) -> List[str]:
+        """The manager's durable record: ``--record`` when the cluster keeps one; else, standalone,
+        ``--no-record`` (a manager without a coordinator or a record is refused: the scenarios
+        that run without one accept that a second manager of the job would train beside it)."""
+        if self.record is not None:
+            return ["--record", str(self.record)]
+        return [] if coordinator else ["--no-record"]
 
     def _manager_up(self) -> bool:
         try:

@@ -211,6 +211,7 @@ int main(int argc, char** argv) {
   }
   const ManagerOptions& o = parsed->options;
   for (const std::string& notice : parsed->notices) spdlog::info("regroup-manager: {}", notice);
+  for (const std::string& risk : parsed->warnings) spdlog::warn("regroup-manager: {}", risk);
 
   auto spec = ReadJobSpec(o, env);
   if (!spec.ok()) return Refuse(spec.status().message());
@@ -247,6 +248,7 @@ int main(int argc, char** argv) {
   so.credential = *credential;
   so.tls_cert_file = o.tls_cert;
   so.tls_key_file = o.tls_key;
+  so.tls_client_ca_file = o.tls_client_ca;
   so.record_file = o.record_file;
   ManagerServer server(std::move(job), so);
   if (auto st = server.Start(); !st.ok()) return Refuse(st.message(), 1);

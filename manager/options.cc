@@ -53,6 +53,10 @@ void AddFlags(CLI::App& app, ManagerOptions& o) {
                "machine only; a warning says so at every start)");
   app.add_option("--tls-cert", o.tls_cert, "serve TLS with this certificate (PEM)");
   app.add_option("--tls-key", o.tls_key, "... and this key (PEM)");
+  app.add_option("--tls-client-ca", o.tls_client_ca,
+                 "mutual TLS: every gRPC client (agent, regroupctl) must present a certificate "
+                 "this CA bundle (PEM) signed; clients without one are refused at the handshake "
+                 "(needs --tls-cert/--tls-key)");
   app.add_option("--join-window-s", o.join_window_s, "how long the first rendezvous waits")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
@@ -64,7 +68,11 @@ void AddFlags(CLI::App& app, ManagerOptions& o) {
                  "the job's durable record (a small JSON file on storage that outlives this "
                  "manager, e.g. the checkpoint folder; default: $REGROUP_RECORD_FILE): it grants "
                  "epochs and keeps lost pods fenced, the job's end and the majority a restarted "
-                 "manager needs");
+                 "manager needs. A manager without --coordinator needs it, or --no-record");
+  app.add_flag("--no-record", o.no_record,
+               "run without --coordinator and without a durable record, accepting the risk that "
+               "a second manager started for this job trains beside this one with pods of its "
+               "own (nothing fences either); a warning says so at every start");
   app.add_option("--coordinator", o.coordinator,
                  "the coordinator HOST:PORT that makes the scheduling decisions and holds the "
                  "job's labels and annotations (default: $REGROUP_COORDINATOR_ADDR; else, in a "
@@ -156,7 +164,35 @@ StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args, con
     return InvalidArgument("--epoch cannot be given with --coordinator: the coordinator grants "
                            "this manager's epoch (the coordinator is " +
                            o.coordinator + ", from " + coordinator_from + ")");
+  REGROUP_RETURN_IF_ERROR(CheckFenced(out));
   return out;
+}
+
+Status CheckFenced(CommandLine& line) {
+  const ManagerOptions& o = line.options;
+  if (o.no_record && !o.record_file.empty())
+    return InvalidArgument("--no-record cannot be given with a record (" + o.record_file +
+                           ", from --record or $REGROUP_RECORD_FILE): give one of them");
+  if (!o.coordinator.empty()) {  // the coordinator's lease fences an older incarnation
+    if (o.no_record)
+      line.notices.push_back("--no-record: the coordinator at " + o.coordinator +
+                             " fences the job's managers; the flag changes nothing");
+    return Status::Ok();
+  }
+  if (!o.record_file.empty()) return Status::Ok();
+  if (!o.no_record)
+    return InvalidArgument(
+        "no durable record: a manager without --coordinator is fenced only by its job's record. "
+        "Give --record FILE (or $REGROUP_RECORD_FILE), a file on storage that every incarnation "
+        "of this job reaches (e.g. its checkpoint folder), so that a second manager started for "
+        "the job stops the older one; or give --no-record to accept the risk that a second "
+        "manager trains beside this one with pods of its own");
+  line.warnings.push_back(
+      "--no-record: no durable record and no coordinator: nothing fences another manager of this "
+      "job, so a second one started for it (a rescheduled pod, an operator's retry) trains beside "
+      "this one with pods of its own and both commit steps. Give --record FILE on storage every "
+      "incarnation of the job reaches to close this");
+  return Status::Ok();
 }
 
 StatusOr<JobSpec> ReadJobSpec(const ManagerOptions& o, const EnvLookup& env) {

@@ -46,9 +46,11 @@ struct ManagerOptions {
   bool insecure = false;        // --insecure: no credential, every client accepted
   std::string tls_cert;         // --tls-cert
   std::string tls_key;          // --tls-key
+  std::string tls_client_ca;    // --tls-client-ca: mutual TLS, clients need a certificate
   int64_t join_window_s = 30;   // --join-window-s
   int64_t epoch = 0;            // --epoch; 0: the clock in ms (above the record's)
   std::string record_file;      // --record, $REGROUP_RECORD_FILE
+  bool no_record = false;       // --no-record: standalone without a record, the risk accepted
 
   // The coordinator: --coordinator, $REGROUP_COORDINATOR_ADDR; else, in a Kubernetes pod given a
   // coordinator token, kInClusterCoordinator; else none (the embedded engine decides).
@@ -62,14 +64,22 @@ struct ManagerOptions {
 struct CommandLine {
   ManagerOptions options;
   std::vector<std::string> notices;  // defaults worth a log line (the in-cluster coordinator)
+  std::vector<std::string> warnings;  // risks the command line accepts (--no-record): logged
+                                      // as warnings at every start
   // --help or --version: what to print on stdout before exiting 0 (nothing else is parsed).
   std::optional<std::string> reply;
 };
 
 // Parses the arguments after the program name and applies the environment fallbacks. An error
 // names the flag (or the variable), the value and what is allowed; the caller prints it after
-// "regroup-manager: " and exits 2.
+// "regroup-manager: " and exits 2. A standalone manager (no coordinator) needs a durable record
+// (--record) or --no-record: nothing else fences a second manager of the job (docs/design.md,
+// "Generations, fencing and the step commit").
 StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args, const EnvLookup& env);
+
+// The rule ParseCommandLine applies last: with no coordinator, a record or --no-record (whose
+// warning it adds to `line.warnings`); --no-record with a record is an error.
+Status CheckFenced(CommandLine& line);
 
 // The job as the options give it: the --job file, then --job-id (else the file's id, else
 // $REGROUP_JOB_ID, $MINDX_TASK_ID), --nodes, --nproc-per-node and the KEY=VALUE flags over it.

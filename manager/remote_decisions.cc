@@ -8,13 +8,15 @@
 
 #include "common/clock.h"
 #include "common/credential.h"
+#include "common/grpc_settings.h"
 #include "common/wire.h"
 #include "regroup/v1/wire.grpc.pb.h"
 
 namespace regroup::manager {
 namespace {
 
-std::string Describe(const grpc::Status& s) {
+// A TLS handshake failure is named as such, with `target` and gRPC's reason.
+std::string Describe(const grpc::Status& s, const std::string& target) {
   static const char* kCodes[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
                                  "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
                                  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
@@ -22,7 +24,7 @@ std::string Describe(const grpc::Status& s) {
                                  "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
   const int code = static_cast<int>(s.error_code());
   std::string out = code >= 0 && code <= 16 ? kCodes[code] : std::to_string(code);
-  if (!s.error_message().empty()) out += ": " + s.error_message();
+  if (!s.error_message().empty()) out += ": " + regroup::DescribeCallFailure(s, target);
   return out;
 }
 
@@ -279,7 +281,7 @@ void RemoteDecisions::Run() {
       }
       cv_.notify_all();
       reader.join();
-      failure = "the stream ended (" + Describe(stream->Finish()) + ")";
+      failure = "the stream ended (" + Describe(stream->Finish(), options_.target) + ")";
       unattached_since_ms = SteadyMs();
     } else {
       if (read && first.has_refusal()) {
@@ -290,7 +292,7 @@ void RemoteDecisions::Run() {
         context.TryCancel();  // attached as another epoch, or an answer that is neither
       }
       const grpc::Status st = stream->Finish();
-      if (failure.empty()) failure = "cannot attach (" + Describe(st) + ")";
+      if (failure.empty()) failure = "cannot attach (" + Describe(st, options_.target) + ")";
     }
     {
       std::lock_guard lock(mu_);

@@ -34,7 +34,8 @@ ManagerServer::ManagerServer(std::unique_ptr<JobControl> job, ServerOptions opti
 ManagerServer::~ManagerServer() { Stop(); }
 
 Status ManagerServer::Start() {
-  auto creds = ServerCredentials(options_.tls_cert_file, options_.tls_key_file);
+  auto creds = ServerCredentials(options_.tls_cert_file, options_.tls_key_file,
+                                 options_.tls_client_ca_file);
   if (!creds.ok()) return creds.status();
   grpc::ServerBuilder builder;
   ConfigureServer(builder);

@@ -31,6 +31,8 @@ struct ServerOptions {
   std::string listen = "0.0.0.0:9601";  // port 0: chosen by the system
   std::string credential;                // empty: no credential required
   std::string tls_cert_file, tls_key_file;
+  // Mutual TLS: every gRPC client must present a certificate this CA signed (needs the two above).
+  std::string tls_client_ca_file;
   // "" : no HTTP endpoint; "127.0.0.1:0" for any port. On a loopback address /status and
   // /metrics are open; elsewhere each request needs "Authorization: Bearer <credential>", but
   // /metrics is open when `metrics_open` (an operator's explicit choice, for a scraper without

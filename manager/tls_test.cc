@@ -78,8 +78,10 @@ class Tls : public ::testing::Test {
   }
 
   // A one-pod manager serving TLS with the certificate `name` (.crt and .key).
+  // With `client_ca`, mutual TLS: clients need a certificate that CA signed.
   std::unique_ptr<ManagerServer> StartManager(const std::string& name,
-                                              const std::string& http = "") {
+                                              const std::string& http = "",
+                                              const std::string& client_ca = "") {
     JobSpec spec;
     spec.id = "default/tls";
     spec.pods = 1;
@@ -95,6 +97,7 @@ class Tls : public ::testing::Test {
     so.tls_cert_file = certs_->Path(name + ".crt");
     so.tls_key_file = certs_->Path(name + ".key");
     so.http_listen = http;
+    if (!client_ca.empty()) so.tls_client_ca_file = certs_->Path(client_ca);
     so.tick = 5ms;
     auto server = std::make_unique<ManagerServer>(std::move(job), so);
     Status st = server->Start();
@@ -102,11 +105,17 @@ class Tls : public ::testing::Test {
     return server;
   }
 
-  // GetStatus over a channel trusting `ca` (a file of the run), checking `server_name`.
+  // GetStatus over a channel trusting `ca` (a file of the run), checking `server_name`, and
+  // presenting the client certificate `client` (.crt and .key) when given.
   static grpc::Status AskStatus(int port, const std::string& ca,
-                                const std::string& server_name = "") {
-    auto channel =
-        MakeChannel("127.0.0.1:" + std::to_string(port), {certs_->Path(ca), server_name});
+                                const std::string& server_name = "",
+                                const std::string& client = "") {
+    ClientTls tls{certs_->Path(ca), server_name};
+    if (!client.empty()) {
+      tls.cert_file = certs_->Path(client + ".crt");
+      tls.key_file = certs_->Path(client + ".key");
+    }
+    auto channel = MakeChannel("127.0.0.1:" + std::to_string(port), tls);
     EXPECT_TRUE(channel.ok()) << channel.status().message();
     if (!channel.ok()) return {grpc::StatusCode::INTERNAL, channel.status().message()};
     auto stub = v1::Manager::NewStub(*channel);
@@ -193,6 +202,56 @@ TEST_F(Tls, ACertificateFromAnotherCaIsRefused) {
   auto server = StartManager("stranger");
   ExpectRefused(AskStatus(server->port(), "ca.crt"));
   server->Stop();
+}
+
+// Issue 40, finding 9: a client said only that nobody answered. A failed handshake is named as
+// such, with the peer and gRPC's reason (regroupctl status and the agent use these words).
+TEST_F(Tls, AFailedHandshakeIsNamedWithThePeerAndTheReason) {
+  auto stranger = StartManager("stranger");
+  const std::string at = "127.0.0.1:" + std::to_string(stranger->port());
+  std::string said = DescribeCallFailure(AskStatus(stranger->port(), "ca.crt"), at);
+  EXPECT_NE(said.find("the TLS handshake with " + at + " failed: SSL_ERROR_SSL"),
+            std::string::npos) << said;
+  EXPECT_NE(said.find("certificate verify failed"), std::string::npos) << said;
+  stranger->Stop();
+  auto ip = StartManager("ip");
+  const std::string ip_at = "127.0.0.1:" + std::to_string(ip->port());
+  said = DescribeCallFailure(AskStatus(ip->port(), "ca.crt", "other.default.svc"), ip_at);
+  EXPECT_NE(said.find("the TLS handshake with " + ip_at +
+                      " failed: Peer name other.default.svc is not in peer certificate"),
+            std::string::npos) << said;
+  ip->Stop();
+  // Nobody listening is not a handshake: gRPC's own words.
+  said = DescribeCallFailure(AskStatus(ip->port(), "ca.crt"), ip_at);
+  EXPECT_EQ(said.find("TLS handshake"), std::string::npos) << said;
+}
+
+// Mutual TLS (issue 40): a manager given a client CA serves only clients presenting a
+// certificate that CA signed; its certificates are the same Secret layout as the server's.
+TEST_F(Tls, WithAClientCaOnlyClientsWithACertificateItSignedAreServed) {
+  auto server = StartManager("ip", "", "ca.crt");
+  ExpectRefused(AskStatus(server->port(), "ca.crt"));  // no client certificate
+  ExpectRefused(AskStatus(server->port(), "ca.crt", "", "stranger"));  // another CA's
+  const grpc::Status served = AskStatus(server->port(), "ca.crt", "", "named");
+  EXPECT_TRUE(served.ok()) << served.error_message();
+  server->Stop();
+  // Without the client CA, a client certificate is not needed (and harmless).
+  auto plain = StartManager("ip");
+  EXPECT_TRUE(AskStatus(plain->port(), "ca.crt").ok());
+  EXPECT_TRUE(AskStatus(plain->port(), "ca.crt", "", "named").ok());
+  plain->Stop();
+  // A client certificate with another's key, or without its key, is an error naming the files.
+  auto mismatched = MakeChannel("127.0.0.1:1", {certs_->Path("ca.crt"), "",
+                                                certs_->Path("named.crt"), certs_->Path("ip.key")});
+  ASSERT_FALSE(mismatched.ok());
+  EXPECT_NE(mismatched.status().message().find("does not match the TLS certificate"),
+            std::string::npos)
+      << mismatched.status().message();
+  auto alone = MakeChannel("127.0.0.1:1", {certs_->Path("ca.crt"), "", certs_->Path("named.crt")});
+  ASSERT_FALSE(alone.ok());
+  EXPECT_NE(alone.status().message().find("needs both a certificate and a key file"),
+            std::string::npos)
+      << alone.status().message();
 }
 
 TEST_F(Tls, AnExpiredCertificateIsRefused) {

@@ -36,13 +36,21 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000));
   app.add_option("--menu", base.menu,
                  "fault kinds to draw from (default: all; crash_coordinator, cut_coordinator "
-                 "and pause_coordinator need --coordinator)")
+                 "and pause_coordinator need --coordinator; unrecorded_manager, a second "
+                 "manager started without --record, is drawn only when named)")
       ->delimiter(',')
-      ->check(CLI::IsMember(regroup::sim::CoordinatorFaultKinds()));
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> kinds = regroup::sim::CoordinatorFaultKinds();
+        for (const auto& k : regroup::sim::MenuOnlyFaultKinds()) kinds.push_back(k);
+        return kinds;
+      }()));
   app.add_flag("--coordinator", base.coordinator,
                "the coordinator decides, as under Volcano: managers attach to it, are granted "
                "their epochs there and commit under its lease; its crash, cut and pause join "
                "the menu");
+  app.add_flag("--accept-no-record", base.accept_no_record,
+               "an unrecorded_manager's launcher passes --no-record: it runs beside the first, "
+               "fenced by nothing");
   app.add_flag("--trace", base.trace, "print every event");
   bool gaps = false;
   app.add_flag("--gaps", gaps,

@@ -154,6 +154,59 @@ TEST(Sim, ASecondManagerBesideTheFirstNeverSplitsTheJob) {
   EXPECT_GT(superseded, 0u) << "no run had an older incarnation fenced while it ran";
 }
 
+// Issue 40, finding 1: two standalone managers of one job, neither given a record, both trained.
+// A second manager started the way a launcher without --record starts one (unrecorded_manager),
+// among faults that make pods reconnect: regroup-manager's command line refuses it, and the job
+// trains to the end. With a coordinator its lease fences, and the manager runs.
+Options Unrecorded(uint64_t seed, bool accept_no_record) {
+  Options o;
+  o.seed = seed;
+  o.faults = 6;
+  o.menu = {"unrecorded_manager", "kill_agent", "cut_link", "reset_connection", "pause_agent"};
+  o.accept_no_record = accept_no_record;
+  return o;
+}
+TEST(Sim, AManagerStartedWithoutARecordIsRefusedAndTheJobTrainsOn) {
+  uint64_t refused = 0;
+  for (uint64_t s = 1; s <= 200; ++s) {
+    const Options o = Unrecorded(s, /*accept_no_record=*/false);
+    const Result r = sim::Run(o);
+    ASSERT_TRUE(r.ok) << Explain(o, r);
+    EXPECT_EQ(r.outcome, "finished") << "seed " << s << ": " << r.setup;
+    refused += r.refused_starts;
+  }
+  EXPECT_GT(refused, 0u) << "no run started a manager without a record";
+  for (uint64_t s = 1; s <= 50; ++s) {
+    Options o;
+    o.seed = s;
+    o.faults = 4;
+    o.coordinator = true;
+    o.menu = {"unrecorded_manager", "kill_agent", "cut_link"};
+    const Result r = sim::Run(o);
+    ASSERT_TRUE(r.ok) << Explain(o, r);
+    EXPECT_EQ(r.refused_starts, 0u) << "seed " << s << ": the coordinator fences: " << r.setup;
+  }
+}
+
+// ... and why: the same runs with the launcher passing --no-record (the risk accepted) start the
+// second manager with no record, and in some of them the older one commits a step after the
+// newer one did: the split brain the issue found, which the fencing invariant catches.
+TEST(Sim, AManagerAcceptingNoRecordCanSplitTheJob) {
+  uint64_t split = 0;
+  for (uint64_t s = 1; s <= 200; ++s) {
+    const Options o = Unrecorded(s, /*accept_no_record=*/true);
+    const Result r = sim::Run(o);
+    EXPECT_EQ(r.refused_starts, 0u);
+    if (!r.ok) {
+      EXPECT_NE(r.violation.find("a fenced incarnation commits"), std::string::npos)
+          << Explain(o, r);
+      ++split;
+    }
+  }
+  EXPECT_GT(split, 0u) << "no run without a record split the job: the case no longer shows why "
+                          "the record is required";
+}
+
 // The seeds that resumed a generation from state none of its ranks held (a census gap: the real
 // trainers' census fails there), one per cause now fixed: a shard whose every copy was lost
 // (737, 913, 1075), a job restart that lived only in one incarnation's memory (227, 857, 1272,

@@ -20,6 +20,7 @@
 #include "agent/agent_core.h"
 #include "manager/attach_core.h"
 #include "manager/job_control.h"
+#include "manager/options.h"
 #include "plugin/attachments.h"
 
 namespace regroup::sim {
@@ -58,9 +59,15 @@ const std::vector<std::string>& FaultKinds() {
   return kinds;
 }
 
+const std::vector<std::string>& MenuOnlyFaultKinds() {
+  static const std::vector<std::string> kinds = {"unrecorded_manager"};
+  return kinds;
+}
+
 std::string ReplayLine(const Options& o) {
   std::string line = "regroup-sim --seed " + std::to_string(o.seed);
   if (o.coordinator) line += " --coordinator";
+  if (o.accept_no_record) line += " --accept-no-record";
   if (o.faults >= 0) line += " --faults " + std::to_string(o.faults);
   for (size_t i = 0; i < o.menu.size(); ++i) line += (i ? "," : " --menu ") + o.menu[i];
   return line + " --trace";
@@ -180,6 +187,7 @@ struct Manager {
   std::map<int64_t, uint64_t> by_node;  // node rank -> stream
   uint64_t events_traced = 0;
   int64_t paused_until = -1;  // SIGSTOP: it reads and ticks again then
+  bool recorded = true;       // standalone: it reads and writes the job's durable record
 };
 
 // The coordinator as a manager's decision maker (RemoteDecisions without its threads): facts go
@@ -292,7 +300,7 @@ class World {
   Manager* ManagerOf(uint64_t epoch) const;  // the running incarnation `epoch`, or null
   Manager* Newest() const;                   // the newest running incarnation, or null
   Manager* AnyManager();                     // a running incarnation drawn at random, or null
-  void StartManager();
+  void StartManager(bool recorded = true);
   void CrashManager(uint64_t epoch);
   void ManagerReceive(Stream& s, const v1::AgentMessage& message);
   void ManagerStreamDone(Stream& s);
@@ -552,6 +560,33 @@ void World::Inject(const std::string& kind) {
     });
     return;
   }
+  if (kind == "unrecorded_manager") {
+    // A second manager started as a launcher that gives no --record starts one (standalone, or
+    // with the coordinator's address): regroup-manager's command line decides whether it runs.
+    Manager* old = Newest();
+    if (!old) return;
+    std::vector<std::string> args = {"--job-id", kJobId, "--nodes", std::to_string(spec_.pods)};
+    if (options_.coordinator) args.insert(args.end(), {"--coordinator", "sim-coordinator:8899"});
+    if (options_.accept_no_record) args.push_back("--no-record");
+    const auto line = manager::ParseCommandLine(args, EnvOf({}));
+    if (!line.ok()) {
+      ++result_.refused_starts;
+      Trace("FAULT unrecorded_manager beside epoch " + std::to_string(old->epoch) +
+            ": refused: " + line.status().message());
+      return;
+    }
+    const uint64_t epoch = old->epoch;
+    const int64_t ms = Uniform(1000, 30000);
+    Trace("FAULT unrecorded_manager beside epoch " + std::to_string(epoch) + ", which ends in " +
+          std::to_string(ms) + " ms");
+    StartManager(/*recorded=*/!line->options.record_file.empty() || options_.coordinator);
+    After(ms, [this, epoch] {
+      if (!ManagerOf(epoch)) return;
+      Trace("manager epoch " + std::to_string(epoch) + " ends (its pod is deleted)");
+      CrashManager(epoch);
+    });
+    return;
+  }
   if (kind == "second_manager") {
     // A second incarnation starts while the first still runs (its node was cut off and it was
     // rescheduled, or an operator started one): new sessions reach either, and the older runs
@@ -748,7 +783,7 @@ void World::Reset(uint64_t id, const std::string& why) {
 // The manager
 // ---------------------------------------------------------------------------------------------
 
-void World::StartManager() {
+void World::StartManager(bool recorded) {
   if (options_.coordinator) {
     // regroup-manager with a coordinator: it serves no agent before it is granted its epoch.
     auto m = std::make_unique<Manager>();
@@ -761,17 +796,21 @@ void World::StartManager() {
     return;
   }
   JobControlOptions o;
-  o.epoch = ++last_epoch_;
+  o.epoch = ++last_epoch_;  // standalone the clock in ms: above every earlier incarnation's
   o.join_window_ms = 10000;
-  o.record = record_;
-  o.stored_record = [this]() -> const std::optional<manager::JobRecord>& { return record_; };
+  if (recorded) {
+    o.record = record_;
+    o.stored_record = [this]() -> const std::optional<manager::JobRecord>& { return record_; };
+  }
   auto m = std::make_unique<Manager>();
   m->epoch = o.epoch;
   m->mid = next_mid_++;
+  m->recorded = recorded;
   m->job = std::make_unique<JobControl>(spec_, config_, o,
                                         std::make_unique<EmbeddedDecisions>(spec_));
   managers_[o.epoch] = std::move(m);
-  Trace("manager epoch " + std::to_string(o.epoch) + " starts");
+  Trace("manager epoch " + std::to_string(o.epoch) + " starts" +
+        (recorded ? "" : ", without a record (--no-record)"));
   const uint64_t epoch = o.epoch;
   ManagerAfter(epoch, kTickMs, [this, epoch] { ManagerTick(epoch); });
 }
@@ -895,7 +934,7 @@ void World::ManagerStreamDone(Stream& s) {
 }
 
 void World::Flush(Manager& m) {
-  if (auto r = m.job->TakeRecord()) {
+  if (auto r = m.job->TakeRecord(); r && m.recorded) {
     std::string why;
     if (auto merged = manager::MergeJobRecord(record_, *r, &why)) record_ = std::move(*merged);
     else m.job->Superseded(why, now_);

@@ -14,7 +14,8 @@
 // and restart, a manager paused (0.1 to 12 s), a trainer paused (0.2 s to 40 s: past the hang
 // timeout, its rank is frozen), a second manager started beside the running one (new sessions
 // reach either; the older runs on for 1 to 30 s; the durable record they share and the majority
-// rule must keep one of them committing). After every event the invariants below are checked;
+// rule must keep one of them committing); on a menu only, a second manager started without a
+// record (unrecorded_manager: its command line is refused). After every event the invariants below are checked;
 // the first one broken ends the run with its seed, its time and the last events of the trace.
 //
 // With Options::coordinator the coordinator decides, as under Volcano: the scheduler's engine and
@@ -67,6 +68,9 @@ struct Options {
   // scheduler reports the pods to its engine. No durable record: the coordinator fences. Its
   // faults join the menu (CoordinatorFaultKinds).
   bool coordinator = false;
+  // The launcher of an unrecorded_manager fault passes --no-record (the job accepts the risk of
+  // a second manager training beside the first): the manager starts, fenced by nothing.
+  bool accept_no_record = false;
 };
 
 struct Result {
@@ -88,11 +92,20 @@ struct Result {
   // would hold the state at some position (a state_lost fault: the job goes to the checkpoint).
   // Each is a checkpoint the job pays for; where the simulated ranks did hold it, a needless one.
   uint64_t state_lost = 0;
+  // Manager starts regroup-manager's command line refused (an unrecorded_manager fault: a
+  // standalone manager without --record or --no-record).
+  uint64_t refused_starts = 0;
   std::vector<std::string> trace;   // the last events before a violation
 };
 
 // The fault kinds a run draws from.
 const std::vector<std::string>& FaultKinds();
+// Kinds a --menu may name that no default menu draws (so that every seed found before they were
+// added keeps its course): unrecorded_manager, a second manager started standalone as a launcher
+// that gives no --record starts one. regroup-manager's own command line (manager/options.h)
+// decides whether it runs: refused, unless Options::accept_no_record passes --no-record; then it
+// runs beside the first with no record, and nothing fences either.
+const std::vector<std::string>& MenuOnlyFaultKinds();
 // With a coordinator: those, a crash of the coordinator (the scheduler restarts; its engine comes
 // back from the state it last saved), a cut between one manager and the coordinator, and a pause
 // of the scheduler (last: a menu without it draws as before it was added).

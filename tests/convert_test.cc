@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // regroupctl convert: a MindCluster AscendJob into the Volcano Job for Regroup.
-#include <gtest/gtest.h>
+#include <algorithm>
 
+#include <gtest/gtest.h>
 
 #include <yaml-cpp/yaml.h>
 
@@ -196,6 +197,29 @@ TEST(Convert, ElasticExampleBecomesTheVolcanoJobForRegroup) {
   EXPECT_EQ(r.spec.processes_per_pod, 8);
   ASSERT_TRUE(r.spec.volcano);
   EXPECT_EQ(r.spec.volcano->manager_pods, 1);
+}
+
+// Issue 40, finding 1: a standalone manager needs a durable record or --no-record. Without a
+// coordinator the converter knows no shared storage: it gives --no-record and asks for a record.
+TEST(Convert, WithoutACoordinatorTheManagerRunsWithoutARecordAndTheReportAsksForOne) {
+  ConvertOptions standalone;
+  standalone.coordinator = "";
+  ConvertResult r =
+      MustConvert(Read("examples/mindcluster/pytorch-elastic-910b.yaml"), standalone);
+  const YAML::Node out = YAML::Load(r.yaml);
+  const auto command =
+      Strings(out["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"]);
+  EXPECT_EQ(command.back(), "--no-record");
+  bool asked = false;
+  for (const auto& n : r.notes)
+    asked |= n.kind == ConvertNote::Kind::kCheck &&
+             n.message.find("replace --no-record with --record") != std::string::npos;
+  EXPECT_TRUE(asked) << "the report must ask for a record";
+  // With the coordinator (the default), its lease fences: no flag.
+  const auto coordinated = Strings(YAML::Load(MustConvert(Read(
+      "examples/mindcluster/pytorch-elastic-910b.yaml")).yaml)["spec"]["tasks"][0]["template"]
+                                       ["spec"]["containers"][0]["command"]);
+  EXPECT_EQ(std::count(coordinated.begin(), coordinated.end(), "--no-record"), 0);
 }
 
 TEST(Convert, ElasticExampleReportSaysWhatChangedAndWhy) {

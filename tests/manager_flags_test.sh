@@ -7,6 +7,9 @@ manager=$1
 fail() { echo "FAIL: $*"; exit 1; }
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 printf 'flags-token\n' >"$dir/token"
+# The managers started here are standalone: each gets the durable record it needs from the
+# environment (a --record given wins), but for the case that proves it is needed.
+export REGROUP_RECORD_FILE="$dir/record.json"
 job=(--job-id t/flags --nodes 1 --listen 127.0.0.1:0 --credential-file "$dir/token")
 
 expect_refused() {  # expect_refused WANT ARGS...: exit 2 and WANT in the message
@@ -68,6 +71,23 @@ for epoch in 18446744073709551615 -5; do
 done
 mkdir "$dir/record-dir"
 expect_refused "the job record file $dir/record-dir is a directory" "${job[@]}" --record "$dir/record-dir"
+
+# Issue 40, finding 1: two standalone managers of one job without a record both trained. A manager
+# with no coordinator and no record is refused, naming the fix; --no-record starts it, warned.
+out=$(env -u REGROUP_RECORD_FILE timeout 10 "$manager" "${job[@]}" 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "no --record and no --no-record must exit 2, got $rc: $out"
+grep -qF -- "no durable record: a manager without --coordinator is fenced only by its job's record. Give --record FILE" \
+  <<<"$out" || fail "no record: the message must name --record FILE: $out"
+grep -qF -- "or give --no-record to accept the risk" <<<"$out" || fail "no record: name --no-record: $out"
+env -u REGROUP_RECORD_FILE "$manager" "${job[@]}" --no-record --port-file "$dir/norecord.port" \
+  >"$dir/norecord.log" 2>&1 &
+pid=$!
+for _ in $(seq 200); do [ -s "$dir/norecord.port" ] && break; sleep 0.05; done
+kill $pid 2>/dev/null; wait $pid 2>/dev/null
+[ -s "$dir/norecord.port" ] || fail "--no-record must start the manager: $(cat "$dir/norecord.log")"
+grep -qF -- "regroup-manager: --no-record: no durable record and no coordinator: nothing fences another manager" \
+  "$dir/norecord.log" || fail "--no-record must be logged as a warning: $(cat "$dir/norecord.log")"
+expect_refused "--no-record cannot be given with a record ($dir/record.json" "${job[@]}" --no-record
 
 # No credential: refused unless --insecure, which then starts with a warning saying so.
 out=$(env -u REGROUP_CREDENTIAL_FILE -u REGROUP_CREDENTIAL timeout 10 "$manager" --job-id t/flags \

@@ -173,7 +173,7 @@ if [ -n "$manager" ]; then
   dir=$(mktemp -d)
   printf 's3cret\n' >"$dir/cred"
   "$manager" --job-id default/status-test --nodes 2 --nproc-per-node 2 --listen 127.0.0.1:0 \
-    --port-file "$dir/port" --credential-file "$dir/cred" >"$dir/log" 2>&1 &
+    --port-file "$dir/port" --credential-file "$dir/cred" --record "$dir/record.json" >"$dir/log" 2>&1 &
   mpid=$!
   trap 'kill $mpid 2>/dev/null; wait $mpid 2>/dev/null; rm -rf "$dir" "$tmp" "$conv"' EXIT
   for _ in $(seq 100); do [ -s "$dir/port" ] && break; sleep 0.05; done

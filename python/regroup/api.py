@@ -413,7 +413,12 @@ def init_manager(config: Mapping[str, Any]) -> None:
             pod given ``coordinator_credential_file`` the coordinator's Service) and
             ``coordinator_credential_file`` (the job's token there; else
             ``$REGROUP_COORDINATOR_CREDENTIAL_FILE``): the decision maker, from which the manager
-            also learns the job's labels and annotations when none are given. Given none, in a
+            also learns the job's labels and annotations when none are given. Without a
+            coordinator the manager needs ``record`` (else ``$REGROUP_RECORD_FILE``), the job's
+            durable record on storage every incarnation of the job reaches (it fences an older
+            manager), or ``no_record`` (True: run without one, accepting that a second manager
+            of the job would train beside this one; logged at every start): given neither, the
+            manager refuses to start. Given none, in a
             Kubernetes pod they are first read from the API (the pod, then the Volcano Job or
             AscendJob that owns it: :mod:`regroup.kube`); the coordinator's copy replaces them.
 
@@ -425,7 +430,7 @@ def init_manager(config: Mapping[str, Any]) -> None:
         raise ConfigError("init_manager takes a dict: {'job_id': ..., 'node_nums': ..., 'proc_per_node': ...}")
     known = {"job_id", "node_nums", "proc_per_node", "listen", "labels", "annotations", "env",
              "http", "port_file", "join_window_s", "credential_file", "insecure", "coordinator",
-             "coordinator_credential_file"}
+             "coordinator_credential_file", "record", "no_record"}
     unknown = sorted(set(config) - known)
     if unknown:
         raise ConfigError(f"init_manager: unknown key(s) {unknown}; known: {sorted(known)}")
@@ -467,11 +472,14 @@ def init_manager(config: Mapping[str, Any]) -> None:
     for key, flag in (("http", "--http"), ("port_file", "--port-file"),
                       ("join_window_s", "--join-window-s"), ("credential_file", "--credential-file"),
                       ("coordinator", "--coordinator"),
-                      ("coordinator_credential_file", "--coordinator-credential-file")):
+                      ("coordinator_credential_file", "--coordinator-credential-file"),
+                      ("record", "--record")):
         if config.get(key) is not None:
             args += [flag, str(config[key])]
     if config.get("insecure"):
         args.append("--insecure")
+    if config.get("no_record"):
+        args.append("--no-record")
     _manager_args = args
 
 

@@ -6,6 +6,7 @@ import subprocess
 import stat
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,56 @@ def test_init_manager_passes_insecure_only_when_asked(tmp_path, monkeypatch):
     regroup.init_manager({"job_id": "j", "node_nums": 1, "proc_per_node": 1, "insecure": True})
     assert regroup.start_manager() == 0
     assert record.read_text().split("\n")[-1] == "--insecure"
+
+
+def test_init_manager_passes_the_record_or_no_record(tmp_path, monkeypatch):
+    record = _fake_manager(tmp_path)
+    monkeypatch.setenv("REGROUP_BIN_DIR", str(tmp_path))
+    regroup.init_manager({"job_id": "j", "node_nums": 1, "proc_per_node": 1, "record": "/ckpt/record.json"})
+    assert regroup.start_manager() == 0
+    args = record.read_text().split("\n")
+    assert args[args.index("--record") + 1] == "/ckpt/record.json" and "--no-record" not in args
+    regroup.init_manager({"job_id": "j", "node_nums": 1, "proc_per_node": 1, "no_record": True})
+    assert regroup.start_manager() == 0
+    assert record.read_text().split("\n")[-1] == "--no-record"
+
+
+def test_a_standalone_manager_without_a_record_is_refused_unless_it_accepts_the_risk(
+        tmp_path, monkeypatch, binaries, capfd):
+    """Issue 40, finding 1: two standalone managers of one job, neither with a record, both
+    trained. The real binary, as ``start_manager`` runs it: refused without ``record`` or
+    ``no_record``, naming both; with ``record`` it runs."""
+    monkeypatch.setenv("REGROUP_BIN_DIR", str(Path(binaries["manager"]).parent))
+    for name in ("REGROUP_RECORD_FILE", "REGROUP_COORDINATOR_ADDR", "REGROUP_COORDINATOR_CREDENTIAL_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    credential = tmp_path / "credential"
+    credential.write_text("s3cret\n")
+    job = {"job_id": "t/norecord", "node_nums": 1, "proc_per_node": 1, "listen": "127.0.0.1:0",
+           "credential_file": str(credential), "labels": {"fault-scheduling": "force"}}
+    regroup.init_manager(job)
+    p = regroup.start_manager(wait=False)
+    try:
+        assert p.wait(timeout=10) == 2
+    except subprocess.TimeoutExpired:
+        pytest.fail("a manager without a record and without no_record ran")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+    err = capfd.readouterr().err
+    assert "no durable record" in err and "Give --record FILE" in err and "--no-record" in err, err
+    port = tmp_path / "port"
+    regroup.init_manager({**job, "record": str(tmp_path / "record.json"), "port_file": str(port)})
+    p = regroup.start_manager(wait=False)
+    try:
+        for _ in range(200):  # 10 s
+            if port.exists() or p.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert port.exists(), capfd.readouterr().err
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
 
 
 def test_init_manager_refuses_missing_or_unknown_keys(monkeypatch):

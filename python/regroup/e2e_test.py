@@ -13,6 +13,7 @@ process start, so the liveness timeout is raised to 20 s (see the report on the 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ from regroup.testing import (EXAMPLE, PYTHON, check_ledger, read_ledger, relativ
 pytestmark = pytest.mark.e2e
 
 TOLERANCE = 1e-9
+_RUNS = itertools.count()  # one durable record per run of a job (Cluster)
 DATA = {"dataset": 128, "micro_batch": 8, "microbatches": 4, "seed": 1234}
 TRAIN = ["--float64", "--dataset", "128", "--micro-batch", "8", "--microbatches", "4", "--checksum-interval", "5"]
 ANNOTATIONS = [
@@ -84,6 +86,10 @@ class Cluster:
         self.env = {"REGROUP_CREDENTIAL_FILE": str(credential)}
         self.port = 0
         self.manager: Optional[subprocess.Popen] = None
+        # The job's durable record, as in production. Each Cluster is one run of the job: a job
+        # restarted whole (every pod gone) starts a record of its own, since fresh pods never
+        # make the majority of the pods on an earlier run's (docs/operations.md).
+        self.record = tmp_path / f"record-{next(_RUNS)}.json"
 
     def start(self, nodes: int = 2, nproc: int = 2) -> None:
         port_file = self.tmp / "manager.port"
@@ -91,6 +97,7 @@ class Cluster:
             port_file.unlink()  # a previous manager's
         argv = [self.binaries["manager"], "--job-id", "mlp", "--nodes", str(nodes), "--nproc-per-node", str(nproc),
                 "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", "60",
+                "--record", str(self.record),
                 *[x for label in self.labels for x in ("--label", label)]]
         for a in self.annotations + [f"regroup.io/tensor-parallel={self.tp}"]:
             argv += ["--annotation", a]

@@ -117,6 +117,8 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
   }
   record_.job_id = spec_.id;
   record_.epoch = options_.epoch;
+  log_.Describe(spec_.id, options_.epoch, [this] { return generations_.number(); },
+                options_.logger);
 }
 
 std::optional<JobRecord> JobControl::TakeRecord() {
@@ -229,8 +231,9 @@ v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fence
   return m;
 }
 
-void JobControl::Event(int64_t now, const std::string& kind, const std::string& message) {
-  log_.Add(now, kind, message);
+void JobControl::Event(int64_t now, const std::string& kind, const std::string& message,
+                       const std::vector<int64_t>& pods) {
+  log_.Add(now, kind, message, pods);
 }
 
 void JobControl::Send(int64_t pod, v1::ManagerMessage message, bool close) {
@@ -369,7 +372,8 @@ void JobControl::Registered(int64_t pod, bool resumed, bool replacement, int64_t
         "pod " + a.pod_uid + (resumed ? " resumed its session" : " registered") +
             " as node rank " + std::to_string(pod) +
             (a.node_name.empty() ? "" : " on " + a.node_name) +
-            (replacement ? " (a replacement)" : ""));
+            (replacement ? " (a replacement)" : ""),
+        {pod});
 
   v1::ManagerMessage m;
   auto* w = m.mutable_welcome();
@@ -446,7 +450,8 @@ Status JobControl::OnFault(int64_t pod, const v1::FaultReport& f, int64_t now) {
   if (f.generation() != 0 && f.generation() < generation()) {
     Event(now, "stale_fault",
           "ignored a fault of generation " + std::to_string(f.generation()) + " (now " +
-              std::to_string(generation()) + "): " + BoundedText(f.detail(), 256));
+              std::to_string(generation()) + "): " + BoundedText(f.detail(), 256),
+          {pod});
     return Status::Ok();
   }
   // Reported the moment the collective failed: a sign of which pod is gone, not yet a fault (the
@@ -482,7 +487,7 @@ void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t no
   const int64_t rank = running().RankOf(pod, e.local_rank());
   if (e.exit_code() == 0 && e.signal() == 0) {
     Event(now, "rank_done",
-          "rank " + std::to_string(rank) + " (pod " + std::to_string(pod) + ") finished");
+          "rank " + std::to_string(rank) + " (pod " + std::to_string(pod) + ") finished", {pod});
     pods_.Exited(pod, e.local_rank(), /*clean=*/true);
     if (EveryHolderFinished()) Finished(now);
     return;
@@ -503,8 +508,8 @@ void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t no
       return;
     }
     if (EarlierProcessDied(pod, r, why, now)) return;
-    Event(now, "standby_exit", "a standby process of pod " + std::to_string(pod) + " exited (" +
-                                   why + ")");
+    Event(now, "standby_exit",
+          "a standby process of pod " + std::to_string(pod) + " exited (" + why + ")", {pod});
     return;
   }
   const std::string detail = "rank " + std::to_string(rank) + " " + why;
@@ -650,7 +655,7 @@ void JobControl::Depart(int64_t pod, int64_t now) {
 }
 
 void JobControl::OnLeave(int64_t pod, const v1::Leave& leave, int64_t now) {
-  Event(now, "leave", "pod " + pods_[pod].pod_uid + " asks to leave: " + leave.reason());
+  Event(now, "leave", "pod " + pods_[pod].pod_uid + " asks to leave: " + leave.reason(), {pod});
   if (running().RanksOf(pod).empty() || state_ != State::kTraining) {
     Depart(pod, now);
     return;
@@ -667,7 +672,8 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
   if (a.state == AgentState::kLost || a.state == AgentState::kDone || state_ == State::kStopped)
     return;
   if (state_ == State::kJoining) {
-    Event(now, "disconnect", "pod " + a.pod_uid + " disconnected before the first generation");
+    Event(now, "disconnect", "pod " + a.pod_uid + " disconnected before the first generation",
+          {pod});
     return;
   }
   if (state_ == State::kTraining && a.state == AgentState::kActive) {
@@ -681,7 +687,8 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
     Event(now, "disconnect",
           "the stream of pod " + a.pod_uid + " broke: it has " +
               std::to_string(a.silence.TimeoutMs(LivenessMs(), now) - (now - a.last_seen_ms)) +
-              " ms to resume its session");
+              " ms to resume its session",
+          {pod});
     return;
   }
   LoseSilentPod(pod, "the stream of pod " + a.pod_uid + " broke (node lost or agent gone)", now);
@@ -701,7 +708,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   std::sort(pods.begin(), pods.end());
   pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
   ++counters_.faults[FaultKindText(kind)];
-  Event(now, "fault", FaultKindText(kind) + ": " + detail);
+  Event(now, "fault", FaultKindText(kind) + ": " + detail, pods);
   if (kind == v1::FAULT_KIND_POD_LOST) {
     for (int64_t p : pods) Fence(p, detail);
   }
@@ -821,7 +828,8 @@ void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
     } else {
       const std::string why =
           "its local ranks " + ranks + " failed or hung and recover-in-place is not allowed";
-      Event(now, "fence", "pod " + a.pod_uid + " is replaced: " + why);
+      Event(now, "fence", "pod " + a.pod_uid + " is replaced: " + why,
+            {static_cast<int64_t>(n)});
       Fence(static_cast<int64_t>(n), why,
             /*readmit=*/false);
     }
@@ -1067,8 +1075,10 @@ bool JobControl::MayForm(const std::vector<int64_t>& replicas, int64_t now) {
   for (int64_t r : replicas)
     if (!ReplicaReady(r)) {
       std::vector<int64_t> pods = layout_.PodsOfReplica(r);
-      Event(now, "wait", "generation not formed: replica " + std::to_string(r) + " (pods " +
-                             Join(pods) + ") is not available yet");
+      Event(now, "wait",
+            "generation not formed: replica " + std::to_string(r) + " (pods " + Join(pods) +
+                ") is not available yet",
+            pods);
       return false;
     }
   return true;
@@ -1429,7 +1439,8 @@ void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now)
   if (given_up_.count(uid)) {
     // The decision maker gave this incarnation up for the job's restart (the scheduler replaces
     // it): its end is no news, and reported it would read as the loss of its replacement.
-    Event(now, "fence", "pod " + uid + ", given up for the job's restart, is gone: " + why);
+    Event(now, "fence", "pod " + uid + ", given up for the job's restart, is gone: " + why,
+          {pod});
     Fence(pod, why);
     return;
   }
@@ -1446,7 +1457,8 @@ void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now)
       Event(now, "fence",
             "pod " + uid + (over ? " is gone as training finished: " : ", whose ranks finished "
                                                                        "training, is gone: ") +
-                why);
+                why,
+            {pod});
       Fence(pod, why);
       if (over) Finished(now);
       return;

@@ -109,6 +109,8 @@ struct JobControlOptions {
   // formed none since) ends here too. Nothing: no record yet, or none readable (the caller logs
   // why; the last one read serves). Unset: no record is kept. The reference is read at once.
   std::function<const std::optional<JobRecord>&()> stored_record;
+  // Where the events are logged, one line each (event_log.h); nullptr: spdlog's default logger.
+  std::shared_ptr<spdlog::logger> logger;
 };
 
 class JobControl {
@@ -187,7 +189,9 @@ class JobControl {
   // A pod registered (or resumed its session): the decision maker hears of it, the pod is
   // welcomed and told what it missed.
   void Registered(int64_t pod, bool resumed, bool replacement, int64_t now);
-  void Event(int64_t now, const std::string& kind, const std::string& message);
+  // An event for the status report and the log; `pods`: the node ranks it concerns.
+  void Event(int64_t now, const std::string& kind, const std::string& message,
+             const std::vector<int64_t>& pods = {});
   void Send(int64_t pod, v1::ManagerMessage message, bool close = false);
   v1::Header MakeHeader() const;
 

@@ -7,7 +7,8 @@
 //   job=default/job epoch=7 generation=3 pod=1 fault: process_exit: rank 3 exited with code 1
 // The kinds that a flapping pod or a long wait can repeat (FloodProne) are rate-limited per kind
 // and pod: one line per 10 s, the next one saying how many were held back. Faults, decisions,
-// generations and stops are never held back.
+// generations and stops are never held back. Messages are cut to kMaxLineBytes, with control
+// characters escaped (a peer's text cannot forge a line).
 #pragma once
 
 #include <chrono>
@@ -23,6 +24,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/log_limit.h"
+#include "common/text.h"
 #include "regroup/v1/wire.pb.h"
 
 namespace regroup::manager {
@@ -64,6 +66,9 @@ class EventLog {
            kind == "decisions_unavailable";
   }
   static constexpr std::chrono::seconds kFloodInterval{10};
+  // A message is logged cut to this many bytes (a peer's text may be as long as a message
+  // allows), its control characters escaped: one event, one line (common/text.h OneLine).
+  static constexpr size_t kMaxLineBytes = 2048;
 
  private:
   void Log(int64_t now, const std::string& kind, const std::string& message,
@@ -82,8 +87,8 @@ class EventLog {
                      kind == "manager_stall" || kind == "decision_timeout";
     spdlog::logger& logger = logger_ ? *logger_ : *spdlog::default_logger_raw();
     logger.log(bad ? spdlog::level::warn : spdlog::level::info,
-               "job={} epoch={} generation={}{} {}: {}{}", job_, epoch_, generation_(), who, kind,
-               message, held_back);
+               "job={} epoch={} generation={}{} {}: {}{}", OneLine(job_, 256), epoch_, generation_(),
+               who, kind, OneLine(message, kMaxLineBytes), held_back);
   }
 
   size_t keep_;

@@ -777,6 +777,27 @@ TEST(JobControl, APodThatReconnectsOverAndOverIsLoggedOnceEveryTenSeconds) {
   EXPECT_EQ(log.With({" pod=0 register: "}).size(), 1u) << "another pod's lines are its own";
 }
 
+// A reason an agent sends (any bytes, up to a message's size) is one line of the log, cut.
+TEST(JobControl, APeersTextIsLoggedOnOneLineAndCut) {
+  CapturedLog log;
+  JobControlOptions options;
+  options.logger = log.logger;
+  ScriptedAgents sim(2, 1, kForce, kElastic, options);
+  sim.RegisterAll();
+  sim.Run(20);
+  v1::AgentMessage leave;
+  leave.mutable_leave()->set_reason("SIGTERM\n[info] job=default/job forged\x1b[31m" +
+                                    std::string(100000, 'x'));
+  ASSERT_TRUE(sim.Send(1, leave).ok());
+  const auto lines = log.With({" pod=1 leave: "});
+  ASSERT_EQ(lines.size(), 1u) << log.text.str();
+  EXPECT_TRUE(Contains(lines[0], "SIGTERM\\n[info] job=default/job forged\\x1b[31mxxx"))
+      << lines[0].substr(0, 200);
+  EXPECT_TRUE(Contains(lines[0], " bytes cut]")) << lines[0].substr(0, 200);
+  EXPECT_LT(lines[0].size(), EventLog::kMaxLineBytes + 200);
+  EXPECT_TRUE(log.With({"forged"}).size() == 1u) << "no forged line";
+}
+
 TEST(JobControl, LostAgentScalesInAndItsReplacementScalesOut) {
   ScriptedAgents sim(4, 2, kForce, kElastic);
   sim.RegisterAll();

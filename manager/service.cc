@@ -86,6 +86,18 @@ Status ManagerServer::Start() {
       if (!allowed(req, /*metrics=*/false)) return refuse(req, res);
       res.set_content(StatusJson(), "application/json");
     });
+    // The probes a kubelet sends carry no token: they are open, and say nothing of the job.
+    // /healthz: the process serves HTTP. /readyz: it serves the agents, its gRPC port listening
+    // and its tick loop (detection, decisions, the commit) running within kReadyTickBound; it
+    // takes no lock, so a wedged job control reads as not ready instead of hanging the probe.
+    http_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok\n", "text/plain");
+    });
+    http_->Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
+      const std::string why = WhyNotReady();
+      res.status = why.empty() ? 200 : 503;
+      res.set_content(why.empty() ? "ok\n" : why + "\n", "text/plain");
+    });
     const auto colon = options_.http_listen.rfind(':');
     const std::string host = options_.http_listen.substr(0, colon);
     const int want = colon == std::string::npos ? 0 : std::atoi(options_.http_listen.c_str() + colon + 1);
@@ -246,11 +258,22 @@ void ManagerServer::Flush() {
   }
 }
 
+std::string ManagerServer::WhyNotReady() const {
+  if (!server_ || port_ == 0) return "not listening";
+  const int64_t last = last_tick_ms_.load();
+  if (last < 0) return "the tick loop has not run yet";
+  const int64_t ago = SteadyMs() - last;
+  if (ago > kReadyTickBound.count())
+    return "the tick loop last ran " + std::to_string(ago) + " ms ago";
+  return "";
+}
+
 void ManagerServer::TickLoop() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
     job_->Tick(WallMs());
     Flush();
+    last_tick_ms_ = SteadyMs();
     stop_cv_.wait_for(lock, options_.tick, [this] { return stopping_; });
   }
 }

@@ -23,6 +23,7 @@
 
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "manager/engine_decisions_test.h"
 #include "manager/service.h"
 
 namespace regroup::manager {
@@ -32,29 +33,15 @@ using namespace std::chrono_literals;
 
 // The embedded engine, whose Tick waits while `hold` is set (a wedged job control: its tick loop
 // holds the manager's lock).
-class HeldDecisions final : public Decisions {
+class HeldDecisions final : public EngineDecisions {
  public:
-  HeldDecisions(const JobSpec& spec, std::atomic<bool>& hold) : engine_(spec), hold_(hold) {}
-  void PodRunning(int64_t pod, const std::string& uid, const std::string& node,
-                  int64_t now) override {
-    engine_.PodRunning(pod, uid, node, now);
-  }
-  void Fault(const v1::FaultFacts& fault, int64_t now) override { engine_.Fault(fault, now); }
-  void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override {
-    engine_.ReplacementRegistered(pod, uid, now);
-  }
-  void ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
-                      uint32_t live_ranks, int64_t now) override {
-    engine_.ReportProgress(epoch, generation, committed_step, live_ranks, now);
-  }
+  HeldDecisions(const JobSpec& spec, std::atomic<bool>& hold) : EngineDecisions(spec), hold_(hold) {}
   void Tick(int64_t now) override {
     while (hold_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    engine_.Tick(now);
+    EngineDecisions::Tick(now);
   }
-  std::optional<Directive> Poll() override { return engine_.Poll(); }
 
  private:
-  EmbeddedDecisions engine_;
   std::atomic<bool>& hold_;
 };
 

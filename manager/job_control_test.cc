@@ -2,6 +2,7 @@
 // The manager's job control with simulated agents and a simulated clock: rendezvous, detection,
 // the step commit, fencing, refusals, recovery through the embedded engine, manager restarts.
 #include "manager/job_control.h"
+#include "manager/engine_decisions_test.h"
 
 #include <algorithm>
 #include <functional>
@@ -1168,28 +1169,13 @@ TEST(JobControl, AnIncarnationLearnsWithinASecondThatANewerOneFormedAGeneration)
 
 // The embedded engine, under a lease the test takes away and gives back (as RemoteDecisions
 // holds the coordinator's).
-class Leased final : public Decisions {
+class Leased final : public EngineDecisions {
  public:
   Leased(const JobSpec& spec, const std::string* why_no_commit)
-      : engine_(spec), why_(why_no_commit) {}
-  void PodRunning(int64_t pod, const std::string& uid, const std::string& node,
-                  int64_t now) override {
-    engine_.PodRunning(pod, uid, node, now);
-  }
-  void Fault(const v1::FaultFacts& fault, int64_t now) override { engine_.Fault(fault, now); }
-  void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override {
-    engine_.ReplacementRegistered(pod, uid, now);
-  }
-  void ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
-                      uint32_t live_ranks, int64_t now) override {
-    engine_.ReportProgress(epoch, generation, committed_step, live_ranks, now);
-  }
-  void Tick(int64_t now) override { engine_.Tick(now); }
-  std::optional<Directive> Poll() override { return engine_.Poll(); }
+      : EngineDecisions(spec), why_(why_no_commit) {}
   std::string WhyNoCommit() const override { return *why_; }
 
  private:
-  EmbeddedDecisions engine_;
   const std::string* why_;
 };
 

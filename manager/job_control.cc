@@ -231,6 +231,15 @@ v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fence
   return m;
 }
 
+void JobControl::Observe(Timing timing, int64_t ms) {
+  if (observe_ && ms >= 0) observe_(timing, static_cast<double>(ms) / 1000.0);
+}
+
+void JobControl::VoteDecided(int64_t now) {
+  if (vote_opened_ms_ >= 0) Observe(Timing::kVoteRoundTrip, now - vote_opened_ms_);
+  vote_opened_ms_ = -1;
+}
+
 void JobControl::Event(int64_t now, const std::string& kind, const std::string& message,
                        const std::vector<int64_t>& pods) {
   log_.Add(now, kind, message, pods);
@@ -527,6 +536,10 @@ Status JobControl::OnVotes(int64_t pod, const v1::Votes& votes, int64_t now) {
   StatusOr<StepCommit::Ballot> ballot =
       commit_.Vote(pod, votes, running(), layout_.replica_ranks(), generation());
   if (!ballot.ok()) return ballot.status();
+  if (std::make_pair(generation(), votes.step()) != vote_opened_) {
+    vote_opened_ = {generation(), votes.step()};
+    vote_opened_ms_ = now;
+  }
   switch (*ballot) {
     case StepCommit::Ballot::kOpen:
       return Status::Ok();
@@ -567,6 +580,7 @@ void JobControl::Reject(int64_t step, bool mismatch, int64_t now) {
   o->set_checksum_mismatch(mismatch);
   for (int64_t n : running().Pods()) Send(n, m);
   commit_.DropVote();
+  VoteDecided(now);
   if (mismatch)
     Fault(v1::FAULT_KIND_CHECKSUM_MISMATCH, {}, {}, step,
           "replicas disagree on their parameters at step " + std::to_string(step), now);
@@ -593,6 +607,8 @@ void JobControl::Commit(int64_t step, int64_t now) {
   if (commit_.Committed(step, {options_.epoch, generation()}, running(), now))
     counters_.step_seconds = static_cast<double>(commit_.MedianStepMs()) / 1000.0;
   ++counters_.commits;
+  counters_.last_commit_ms = now;
+  VoteDecided(now);
   v1::ManagerMessage m;
   auto* o = m.mutable_outcome();
   o->set_generation(generation());
@@ -601,6 +617,7 @@ void JobControl::Commit(int64_t step, int64_t now) {
   for (int64_t n : running().Pods()) Send(n, m);
   if (abort_ms_ >= 0) {
     counters_.last_recovery_ms = static_cast<double>(now - abort_ms_);
+    Observe(Timing::kRecovery, now - abort_ms_);
     Event(now, "resumed",
           "first step committed " + std::to_string(now - abort_ms_) + " ms after the abort");
     abort_ms_ = -1;
@@ -1399,7 +1416,8 @@ std::optional<Pods::Finding> JobControl::FirstStalled(int64_t now) const {
             std::to_string(lr.step()) + " for " + std::to_string(now - a.step_since_ms[l]) +
             " ms, its process idle for " + std::to_string(lr.cpu_idle_ms()) + " ms, " +
             (behind ? "its peers waiting for it" : "silent while its peers beat") +
-            " (bound " + std::to_string(bound) + " ms: max(1 s, 2 x the median step))"};
+            " (bound " + std::to_string(bound) + " ms: max(1 s, 2 x the median step))",
+        a.step_since_ms[l]};
   }
   return std::nullopt;
 }
@@ -1428,6 +1446,7 @@ bool JobControl::EveryHolderFinished(int64_t gone_pod) const {
 }
 
 void JobControl::Finished(int64_t now) {
+  finished_ = true;
   // Tell every agent, so each exits at once instead of waiting for an acknowledgement.
   StopAll(v1::StopTraining::MODE_LEAVE,
           "training finished at step " + std::to_string(commit_.step()), now);
@@ -1464,6 +1483,7 @@ void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now)
       return;
     }
   }
+  Observe(Timing::kFaultDetection, now - pods_[pod].last_seen_ms);
   Fault(v1::FAULT_KIND_POD_LOST, {pod}, running().RanksOf(pod), -1, why, now);
 }
 
@@ -1519,12 +1539,12 @@ void JobControl::DetectFailures(int64_t now) {
     return;
   }
   if (state_ != State::kTraining) return;
-  if (auto hang = pods_.FirstHang(running(), generation(), HangTimeoutMs(), commit_.holding(), now))
-    Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(hang->index)}, hang->step, hang->why,
-          now);
-  else if (auto stalled = FirstStalled(now))
-    Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(stalled->index)}, stalled->step,
-          stalled->why, now);
+  auto found = pods_.FirstHang(running(), generation(), HangTimeoutMs(), commit_.holding(), now);
+  if (!found) found = FirstStalled(now);
+  if (!found) return;
+  if (found->since_ms >= 0) Observe(Timing::kFaultDetection, now - found->since_ms);
+  Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(found->index)}, found->step, found->why,
+        now);
 }
 
 // After a manager restart, only a majority of the last generation may form a new one

@@ -725,8 +725,13 @@ TEST(JobControl, ACrashIsLoggedAsOneLineForTheFaultEachDecisionAndTheNextGenerat
   ScriptedAgents sim(2, 2, kForce, annotations, options);
   sim.RegisterAll();
   sim.Run(20);
+  std::map<JobControl::Timing, std::vector<double>> timings;
+  sim.rt->OnTiming([&](JobControl::Timing t, double seconds) { timings[t].push_back(seconds); });
   ASSERT_TRUE(sim.Vote(0, 0).ok());
+  sim.now += 7;
   ASSERT_TRUE(sim.Vote(1, 0).ok());
+  ASSERT_EQ(timings[JobControl::Timing::kVoteRoundTrip], std::vector<double>{0.007})
+      << "from the first vote to the commit";
   EXPECT_EQ(log.With({"info job=default/job epoch=7 generation=1 ", "generation: "}).size(), 1u)
       << log.text.str();
   EXPECT_EQ(log.With({"job=default/job", " pod=1 register: pod pod-1 registered"}).size(), 1u)
@@ -736,7 +741,12 @@ TEST(JobControl, ACrashIsLoggedAsOneLineForTheFaultEachDecisionAndTheNextGenerat
   ASSERT_TRUE(sim.RestartedHello(1, 1).ok());
   sim.Run(40);
   ASSERT_EQ(sim.rt->generation(), 2u);
-  // The fault names its pod, at warn; the abort, the decision and its strategy, the next
+  EXPECT_TRUE(timings[JobControl::Timing::kRecovery].empty()) << "no step committed since";
+  ASSERT_TRUE(sim.Vote(0, 1).ok());
+  ASSERT_TRUE(sim.Vote(1, 1).ok());
+  ASSERT_EQ(timings[JobControl::Timing::kRecovery].size(), 1u);
+  EXPECT_GT(timings[JobControl::Timing::kRecovery][0], 0.2) << "the abort was 240 ms before";
+  // The fault names its pod, at warning; the abort, the decision and its strategy, the next
   // generation at info: one line each.
   EXPECT_EQ(log.With({"warning job=default/job epoch=7 generation=1 pod=1 fault: ", "exit code 1"}).size(),
             1u)
@@ -887,9 +897,17 @@ TEST(JobControl, MissedHeartbeatsAreALostPod) {
   ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
+  std::vector<double> detected;
+  sim.rt->OnTiming([&](JobControl::Timing t, double seconds) {
+    if (t == JobControl::Timing::kFaultDetection) detected.push_back(seconds);
+  });
+  const int64_t last_beat = sim.now;
   sim.Gone(1);  // frozen agent: no more heartbeats, the stream stays open
   sim.Run(1000, 0);
   const auto status = sim.rt->StatusReport();
+  ASSERT_EQ(detected.size(), 1u) << "the loss is a fault found by a timeout";
+  EXPECT_GT(detected[0], 0.0);
+  EXPECT_LE(detected[0], static_cast<double>(sim.now - last_beat) / 1000.0);
   bool lost = false;
   for (const auto& e : Events(sim))
     lost = lost || e.message().find("no heartbeat from pod pod-1") != std::string::npos;

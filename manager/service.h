@@ -27,6 +27,8 @@ class Server;
 
 namespace regroup::manager {
 
+class ManagerMetrics;
+
 struct ServerOptions {
   std::string listen = "0.0.0.0:9601";  // port 0: chosen by the system
   std::string credential;                // empty: no credential required
@@ -85,6 +87,7 @@ class ManagerServer final : public v1::Manager::CallbackService {
   ServerOptions options_;
   std::mutex mu_;
   std::unique_ptr<JobControl> job_;
+  std::unique_ptr<ManagerMetrics> metrics_;
   std::map<uint64_t, Stream*> streams_;   // every live stream, by id
   std::map<int64_t, Stream*> by_node_;    // registered streams, by node rank
   uint64_t next_stream_ = 1;

@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "common/log_format.h"
 #include "common/log_limit.h"
 #include "common/safe_file.h"
 #include "manager/options.h"
@@ -210,6 +211,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const ManagerOptions& o = parsed->options;
+  regroup::UseLogFormat(*regroup::ParseLogFormat(o.log_format), "regroup-manager");
   for (const std::string& notice : parsed->notices) spdlog::info("regroup-manager: {}", notice);
 
   auto spec = ReadJobSpec(o, env);

@@ -77,7 +77,8 @@ class EventLog {
     if (FloodProne(kind)) {
       auto key = std::make_pair(kind, pods.empty() ? int64_t{-1} : pods.front());
       auto it = limits_.try_emplace(std::move(key), kFloodInterval).first;
-      const auto held = it->second.Allow(LogLimit::Clock::time_point(std::chrono::milliseconds(now)));
+      const auto at = LogLimit::Clock::time_point(std::chrono::milliseconds(now));
+      const auto held = it->second.Allow(at);
       if (!held) return;
       if (*held) held_back = " (and " + std::to_string(*held) + " more " + kind + " not logged)";
     }
@@ -87,8 +88,8 @@ class EventLog {
                      kind == "manager_stall" || kind == "decision_timeout";
     spdlog::logger& logger = logger_ ? *logger_ : *spdlog::default_logger_raw();
     logger.log(bad ? spdlog::level::warn : spdlog::level::info,
-               "job={} epoch={} generation={}{} {}: {}{}", OneLine(job_, 256), epoch_, generation_(),
-               who, kind, OneLine(message, kMaxLineBytes), held_back);
+               "job={} epoch={} generation={}{} {}: {}{}", OneLine(job_, 256), epoch_,
+               generation_(), who, kind, OneLine(message, kMaxLineBytes), held_back);
   }
 
   size_t keep_;

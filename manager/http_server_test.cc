@@ -35,7 +35,8 @@ using namespace std::chrono_literals;
 // holds the manager's lock).
 class HeldDecisions final : public EngineDecisions {
  public:
-  HeldDecisions(const JobSpec& spec, std::atomic<bool>& hold) : EngineDecisions(spec), hold_(hold) {}
+  HeldDecisions(const JobSpec& spec, std::atomic<bool>& hold)
+      : EngineDecisions(spec), hold_(hold) {}
   void Tick(int64_t now) override {
     while (hold_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EngineDecisions::Tick(now);

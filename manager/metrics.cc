@@ -16,7 +16,7 @@ prometheus::Histogram* MakeHistogram(prometheus::Registry& registry, const std::
               .Name(name)
               .Help(help)
               .Register(registry)
-              .Add({{"job", job_id}}, std::move(buckets));
+              .Add({{"regroup_job", job_id}}, std::move(buckets));
 }
 
 }  // namespace
@@ -26,7 +26,7 @@ ManagerMetrics::ManagerMetrics(const std::string& job_id) : job_id_(job_id) {
       .Name("regroup_build_info")
       .Help("Always 1; the labels name the build of regroup-manager.")
       .Register(*registry_)
-      .Add({{"job", job_id_}, {"version", REGROUP_VERSION_STRING}})
+      .Add({{"regroup_job", job_id_}, {"version", REGROUP_VERSION_STRING}})
       .Set(1);
   recovery_ = MakeHistogram(
       *registry_, job_id_, "regroup_recovery_seconds",
@@ -56,7 +56,7 @@ prometheus::Gauge& ManagerMetrics::Gauge(const std::string& name, const std::str
   auto& g = gauges_[name];
   if (!g)
     g = &prometheus::BuildGauge().Name(name).Help(help).Register(*registry_).Add(
-        {{"job", job_id_}});
+        {{"regroup_job", job_id_}});
   return *g;
 }
 
@@ -96,12 +96,12 @@ std::string ManagerMetrics::Text(const JobControl& r, const Server& server) {
       .Set(static_cast<double>(c.last_commit_ms) / 1000.0);
   auto& faults = Counters("regroup_faults_total", "Faults, by kind.");
   for (const auto& [kind, n] : c.faults)
-    CountTo(faults.Add({{"job", job_id_}, {"kind", kind}}), static_cast<double>(n));
+    CountTo(faults.Add({{"regroup_job", job_id_}, {"kind", kind}}), static_cast<double>(n));
   auto& directives = Counters("regroup_directives_total", "Directives carried out, by kind.");
   for (const auto& [kind, n] : c.directives)
-    CountTo(directives.Add({{"job", job_id_}, {"kind", kind}}), static_cast<double>(n));
+    CountTo(directives.Add({{"regroup_job", job_id_}, {"kind", kind}}), static_cast<double>(n));
   auto count = [&](const std::string& name, const std::string& help, uint64_t value) {
-    CountTo(Counters(name, help).Add({{"job", job_id_}}), static_cast<double>(value));
+    CountTo(Counters(name, help).Add({{"regroup_job", job_id_}}), static_cast<double>(value));
   };
   count("regroup_generations_total", "Generations formed by this incarnation.", c.generations);
   count("regroup_commits_total", "Steps committed.", c.commits);

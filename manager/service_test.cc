@@ -205,7 +205,7 @@ TEST(ManagerService, GetStatusNeedsADeadline) {
     EXPECT_EQ(res.job_id(), "default/svc");
     EXPECT_EQ(res.phase(), "joining");
   }
-  EXPECT_NE(server->MetricsText().find("regroup_generation{job=\"default/svc\"} 0"),
+  EXPECT_NE(server->MetricsText().find("regroup_generation{regroup_job=\"default/svc\"} 0"),
             std::string::npos);
   EXPECT_NE(server->StatusJson().find("\"job_id\": \"default/svc\""), std::string::npos);
   server->Stop();
@@ -322,7 +322,7 @@ TEST(ManagerService, MetricsEscapeTheJobIdAndPrintIntegersWhole) {
   auto server = StartManager(1, "secret", "ns/a\"} 1\nregroup_injected{x=\"");
   const std::string text = server->MetricsText();
   EXPECT_EQ(text.find("\nregroup_injected"), std::string::npos) << text;
-  EXPECT_NE(text.find("regroup_epoch{job=\"ns/a\\\"} 1\\nregroup_injected{x=\\\"\"} 5\n"),
+  EXPECT_NE(text.find("regroup_epoch{regroup_job=\"ns/a\\\"} 1\\nregroup_injected{x=\\\"\"} 5\n"),
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("e+"), std::string::npos) << text;

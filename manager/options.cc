@@ -45,6 +45,9 @@ void AddFlags(CLI::App& app, ManagerOptions& o) {
   app.add_option("--log-format", o.log_format,
                  "text (spdlog's lines) or json (one object a line: time, level, logger, "
                  "message) (default: $REGROUP_LOG_FORMAT, else text)");
+  app.add_flag("--stay-after-done", o.stay_after_done,
+               "keep serving /status and regroupctl status once the job stopped and every pod "
+               "left (default: exit 0 then)");
   app.add_option("--port-file", o.port_file, "write the gRPC port here once listening");
   app.add_option("--credential-file", o.credential_file,
                  "the job's credential (default: $REGROUP_CREDENTIAL_FILE, $REGROUP_CREDENTIAL)");

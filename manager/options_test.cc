@@ -146,6 +146,11 @@ TEST(ManagerCommandLine, TheLogFormatIsTextOrJsonFromTheFlagOrTheEnvironment) {
             "$REGROUP_LOG_FORMAT \"logfmt\" is not a log format: text or json");
 }
 
+TEST(ManagerCommandLine, TheManagerExitsAfterTheJobUnlessToldToStay) {
+  EXPECT_FALSE(Parse({}).options.stay_after_done);
+  EXPECT_TRUE(Parse({"--stay-after-done"}).options.stay_after_done);
+}
+
 TEST(ManagerCommandLine, ANumberOutOfRangeNamesTheFlagTheValueAndTheRange) {
   struct Case {
     std::vector<std::string> args;

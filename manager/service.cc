@@ -264,6 +264,11 @@ void ManagerServer::Flush() {
   }
 }
 
+bool ManagerServer::DoneAndAlone() {
+  std::lock_guard lock(mu_);
+  return job_->stopped() != nullptr && streams_.empty();
+}
+
 std::string ManagerServer::WhyNotReady() const {
   if (!server_ || port_ == 0) return "not listening";
   const int64_t last = last_tick_ms_.load();

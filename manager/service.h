@@ -64,6 +64,9 @@ class ManagerServer final : public v1::Manager::CallbackService {
 
   std::string MetricsText();
   std::string StatusJson();
+  // The job stopped (finished, or ended by a decision; or this incarnation fenced) and no agent
+  // has a stream open: the manager has nothing more to tell anyone.
+  bool DoneAndAlone();
   // Why the manager is not ready ("" when it is): see /readyz in Start().
   std::string WhyNotReady() const;
   // How long ago the tick loop last ran for the manager to be ready.

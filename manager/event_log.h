@@ -73,6 +73,12 @@ class EventLog {
  private:
   void Log(int64_t now, const std::string& kind, const std::string& message,
            const std::vector<int64_t>& pods) {
+    const bool bad = kind == "fault" || kind == "error" || kind == "superseded" ||
+                     kind == "manager_stall" || kind == "decision_timeout";
+    const auto level = bad ? spdlog::level::warn : spdlog::level::info;
+    spdlog::logger& logger = logger_ ? *logger_ : *spdlog::default_logger_raw();
+    // Nothing is built for a logger that is off (the simulation runs millions of events).
+    if (!logger.should_log(level)) return;
     std::string held_back;
     if (FloodProne(kind)) {
       auto key = std::make_pair(kind, pods.empty() ? int64_t{-1} : pods.front());
@@ -84,10 +90,7 @@ class EventLog {
     }
     std::string who;
     for (size_t i = 0; i < pods.size(); ++i) who += (i ? "," : " pod=") + std::to_string(pods[i]);
-    const bool bad = kind == "fault" || kind == "error" || kind == "superseded" ||
-                     kind == "manager_stall" || kind == "decision_timeout";
-    spdlog::logger& logger = logger_ ? *logger_ : *spdlog::default_logger_raw();
-    logger.log(bad ? spdlog::level::warn : spdlog::level::info,
+    logger.log(level,
                "job={} epoch={} generation={}{} {}: {}{}", OneLine(job_, 256), epoch_,
                generation_(), who, kind, OneLine(message, kMaxLineBytes), held_back);
   }

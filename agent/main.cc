@@ -11,6 +11,7 @@
 #include "agent/agent.h"
 #include "agent/options.h"
 #include "common/credential.h"
+#include "common/log_format.h"
 #include "common/version.h"
 
 int main(int argc, char** argv) {
@@ -42,6 +43,8 @@ int main(int argc, char** argv) {
   for (char c : options.pod_uid) uid += c == '%' ? std::string("%%") : std::string(1, c);
   spdlog::set_default_logger(spdlog::stderr_color_mt("regroup-agent"));
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%L%$ regroup-agent " + uid + " %v");
+  regroup::UseLogFormat(*regroup::ParseLogFormat(options.log_format), "regroup-agent",
+                        {{"pod", options.pod_uid}});
   spdlog::set_level(spdlog::level::from_str(options.log_level));
   for (const std::string& notice : parsed->notices) spdlog::info("{}", notice);
 

@@ -15,6 +15,7 @@
 
 #include "agent/process.h"
 #include "common/address.h"
+#include "common/log_format.h"
 
 namespace regroup::agent {
 namespace {
@@ -52,6 +53,7 @@ constexpr Flag kFlags[] = {
     {"connect-timeout-s", Kind::kAgent, true},
     {"python", Kind::kAgent, true},
     {"log-level", Kind::kAgent, true},
+    {"log-format", Kind::kAgent, true},
     {"warm-start", Kind::kAgent, true},
     {"warm-imports", Kind::kAgent, true},
     {"help", Kind::kAgent, false},
@@ -206,6 +208,7 @@ class Parser {
         {"REGROUP_CONNECT_TIMEOUT_S", "connect-timeout-s"},
         {"PYTHON", "python"},
         {"REGROUP_LOG_LEVEL", "log-level"},
+        {"REGROUP_LOG_FORMAT", "log-format"},
         {"REGROUP_WARM_START", "warm-start"},
         {"REGROUP_WARM_IMPORTS", "warm-imports"},
         {"PET_NNODES", "nnodes"},
@@ -265,6 +268,11 @@ class Parser {
         if (value == level) return text(&o.log_level);
       return InvalidArgument(what + " \"" + value +
                              "\" is not valid: one of trace, debug, info, warn, error, off");
+    }
+    if (name == "log-format") {
+      if (auto format = ParseLogFormat(value); !format.ok())
+        return InvalidArgument(what + " " + format.status().message());
+      return text(&o.log_format);
     }
     if (name == "warm-start") {
       if (value != "on" && value != "off")
@@ -525,6 +533,8 @@ Agent options (environment fallback in brackets):
                               [REGROUP_CONNECT_TIMEOUT_S] (300)
   --python PATH               the interpreter [PYTHON] (python3)
   --log-level LEVEL           trace, debug, info, warn, error, off [REGROUP_LOG_LEVEL] (info)
+  --log-format text|json      json: one object a line (time, level, logger, pod, message)
+                              [REGROUP_LOG_FORMAT] (text)
   --warm-start on|off         keep a fork server that has imported the modules below, and start
                               a restarted trainer by forking it instead of a new interpreter
                               [REGROUP_WARM_START] (on; off with --no-python). The script and

@@ -43,6 +43,7 @@ struct AgentOptions {
   int connect_timeout_s = 300;
   std::string python = "python3";  // --python, PYTHON
   std::string log_level = "info";  // --log-level, REGROUP_LOG_LEVEL
+  std::string log_format = "text";  // --log-format, REGROUP_LOG_FORMAT: text or json
   // --warm-start, REGROUP_WARM_START: restarts fork from a server that imported these modules
   // (--warm-imports, REGROUP_WARM_IMPORTS); see warm_starter.h. Never with --no-python.
   bool warm_start = true;

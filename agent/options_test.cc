@@ -114,6 +114,9 @@ TEST(CommandLine, BadValuesNameTheFlagAndWhatIsAllowed) {
       << e;
   e = Error({"--log-level", "loud", "train.py"});
   EXPECT_NE(e.find("trace, debug, info"), std::string::npos) << e;
+  e = Error({"--log-format", "yaml", "train.py"});
+  EXPECT_NE(e.find("--log-format \"yaml\" is not a log format: text or json"), std::string::npos)
+      << e;
 }
 
 TEST(CommandLine, MalformedCommandLinesSayWhatIsWrong) {

@@ -419,7 +419,7 @@ def part_recovery_e2e(timeout: float = 150):
         credential.chmod(0o600)
         env = {**ENV, "REGROUP_CREDENTIAL_FILE": str(credential)}
         argv = [str(manager), "--job-id", "bench", "--nodes", "2", "--nproc-per-node", "4", "--listen",
-                "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", "60",
+                "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", "60", "--stay-after-done",
                 "--record", str(tmp / "record.json"), "--label", "fault-scheduling=force"]
         for a in ["recover-strategy=retry,recover-in-place,recover,elastic-training,dump,exit",
                   "regroup.io/prefer-elastic=true", "regroup.io/heartbeat-interval-ms=200",

@@ -60,4 +60,21 @@ std::string BoundedText(std::string_view text, size_t limit) {
   return valid;
 }
 
+std::string OneLine(std::string_view text, size_t limit) {
+  const std::string bounded = BoundedText(text, limit);
+  std::string line;
+  line.reserve(bounded.size());
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (char c : bounded) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\\') line += "\\\\";
+    else if (c == '\n') line += "\\n";
+    else if (c == '\r') line += "\\r";
+    else if (c == '\t') line += "\\t";
+    else if (u < 0x20 || u == 0x7f) (line += "\\x") += {kHex[u >> 4], kHex[u & 15]};
+    else line += c;
+  }
+  return line;
+}
+
 }  // namespace regroup

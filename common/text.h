@@ -28,4 +28,9 @@ std::string ValidUtf8(std::string_view text);
 // " [N bytes cut]" (counted within the limit), so a reader knows it is not whole.
 std::string BoundedText(std::string_view text, size_t limit);
 
+// BoundedText(text, limit) fit for one line of a text log: each control character (a newline
+// that would forge a second line, a tab, an escape sequence) written as \n, \r, \t or \xNN, and
+// a backslash as \\.
+std::string OneLine(std::string_view text, size_t limit);
+
 }  // namespace regroup

@@ -39,6 +39,9 @@ if [[ -n "$unformatted" ]]; then
 fi
 modules=(.)
 if [[ "${VOLCANO:-1}" != 0 ]]; then modules+=(volcano); fi
+# The chart's alert rules and dashboard, read by Prometheus's own rule and PromQL parsers (its own
+# module: it pulls in Prometheus). MONITORING=0 skips it.
+if [[ "${MONITORING:-1}" != 0 ]]; then modules+=(monitoring); fi
 
 for m in "${modules[@]}"; do
   (

@@ -332,7 +332,8 @@ class Chaos:
         port, http = free_ports(c.manager_host, 2)
         argv = [c.bin["regroup-manager"], "--job", str(c.job_file), "--job-id", c.job.job_id,
                 "--listen", f"{c.manager_host}:{port}", "--http", f"{c.manager_host}:{http}",
-                "--credential-file", str(c.credential), "--join-window-s", "120"]
+                "--credential-file", str(c.credential), "--join-window-s", "120",
+                "--stay-after-done"]  # its checks read /status once the job ended
         argv += c.record_args()
         at = c._refresh()
         log = c.dir / f"second-manager-{n}.log"

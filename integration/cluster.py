@@ -381,6 +381,7 @@ class Cluster:
         argv = [self.bin["regroup-manager"], *job, "--job-id", self.job.job_id,
                 "--listen", self.manager_addr, "--http", f"{self.manager_host}:{self.http_port}",
                 "--credential-file", str(self.credential), "--join-window-s", "120"]
+        argv += ["--stay-after-done"]  # the scenarios read /status once the job ended
         argv += self.record_args(coordinator)
         if coordinator:
             argv += ["--coordinator", coordinator]

@@ -645,7 +645,8 @@ def kube_job(doc: dict, http_port: int = MANAGER_HTTP_PORT) -> dict:
             c["command"] = ["regroup-manager", f"--job-id=$(REGROUP_NAMESPACE)/{name}",
                             f"--nodes={workers['replicas']}", f"--nproc-per-node={nproc}",
                             "--listen=0.0.0.0:9601", f"--http=0.0.0.0:{http_port}", "--join-window-s=120",
-                            "--coordinator-ca=/etc/regroup/coordinator-ca/ca.crt"]
+                            "--coordinator-ca=/etc/regroup/coordinator-ca/ca.crt",
+                            "--stay-after-done"]  # CompleteJob ends it; checks read it before
             c["env"] = [field("REGROUP_NAMESPACE", "metadata.namespace"),
                         {"name": "REGROUP_CREDENTIAL_FILE", "value": "/etc/regroup/credential/token"},
                         {"name": "REGROUP_COORDINATOR_ADDR", "value": "regroup-coordinator.volcano-system.svc:8899"},

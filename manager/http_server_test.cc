@@ -14,6 +14,8 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <optional>
+#include <utility>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -21,6 +23,7 @@
 
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "manager/engine_decisions_test.h"
 #include "manager/service.h"
 
 namespace regroup::manager {
@@ -28,7 +31,25 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::unique_ptr<ManagerServer> StartWithHttp() {
+// The embedded engine, whose Tick waits while `hold` is set (a wedged job control: its tick loop
+// holds the manager's lock).
+class HeldDecisions final : public EngineDecisions {
+ public:
+  HeldDecisions(const JobSpec& spec, std::atomic<bool>& hold)
+      : EngineDecisions(spec), hold_(hold) {}
+  void Tick(int64_t now) override {
+    while (hold_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EngineDecisions::Tick(now);
+  }
+
+ private:
+  std::atomic<bool>& hold_;
+};
+
+std::atomic<bool> g_no_hold{false};
+
+std::unique_ptr<ManagerServer> StartWithHttp(const std::string& http = "127.0.0.1:0",
+                                             std::atomic<bool>& hold = g_no_hold) {
   JobSpec spec;
   spec.id = "default/http";
   spec.pods = 1;
@@ -37,10 +58,10 @@ std::unique_ptr<ManagerServer> StartWithHttp() {
   JobControlOptions ro;
   ro.epoch = 5;
   auto job = std::make_unique<JobControl>(spec, resolved.config, ro,
-                                          std::make_unique<EmbeddedDecisions>(spec));
+                                          std::make_unique<HeldDecisions>(spec, hold));
   ServerOptions so;
   so.listen = "127.0.0.1:0";
-  so.http_listen = "127.0.0.1:0";
+  so.http_listen = http;
   so.credential = "secret";
   auto server = std::make_unique<ManagerServer>(std::move(job), so);
   Status st = server->Start();
@@ -154,6 +175,46 @@ TEST(ManagerHttp, TricklingClientsNeverBlockAnotherClientsStatus) {
   EXPECT_GT(closed_by_server.load(), 0) << "no trickling connection was ever closed by the server";
   stop = true;
   for (auto& t : tricklers) t.join();
+  server->Stop();
+}
+
+// A GET of `path` without a credential: the status and the body (-1 and "" when no answer).
+std::pair<int, std::string> Probe(int port, const std::string& path) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(10s);
+  client.set_read_timeout(20s);
+  auto res = client.Get(path);
+  if (!res) return {-1, ""};
+  return {res->status, res->body};
+}
+
+// Kubelet's probes carry no token: off loopback /healthz and /readyz answer without one (and say
+// nothing of the job), while /status still needs it. /readyz turns 503 while the job control is
+// wedged (its tick loop holds the lock), without waiting for that lock; /healthz stays 200.
+TEST(ManagerHttp, HealthAndReadinessAreOpenAndReadinessFollowsTheTickLoop) {
+  std::atomic<bool> hold{false};
+  auto server = StartWithHttp("0.0.0.0:0", hold);
+  const int port = server->http_port();
+  EXPECT_EQ(StatusCode(port), 401) << "/status needs the credential off loopback";
+  EXPECT_EQ(Probe(port, "/healthz"), std::make_pair(200, std::string("ok\n")));
+  std::pair<int, std::string> ready;
+  for (int i = 0; i < 100 && ready.first != 200; ++i, std::this_thread::sleep_for(20ms))
+    ready = Probe(port, "/readyz");
+  EXPECT_EQ(ready, std::make_pair(200, std::string("ok\n")));
+  hold = true;  // the next tick waits
+  const auto deadline =
+      std::chrono::steady_clock::now() + ManagerServer::kReadyTickBound + 10s;
+  while (ready.first == 200 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+    ready = Probe(port, "/readyz");
+  }
+  EXPECT_EQ(ready.first, 503);
+  EXPECT_NE(ready.second.find("the tick loop last ran"), std::string::npos) << ready.second;
+  EXPECT_EQ(Probe(port, "/healthz").first, 200) << "the process still serves";
+  hold = false;
+  for (int i = 0; i < 100 && ready.first != 200; ++i, std::this_thread::sleep_for(20ms))
+    ready = Probe(port, "/readyz");
+  EXPECT_EQ(ready.first, 200) << "ready again once the tick loop runs";
   server->Stop();
 }
 

@@ -117,6 +117,8 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
   }
   record_.job_id = spec_.id;
   record_.epoch = options_.epoch;
+  log_.Describe(spec_.id, options_.epoch, [this] { return generations_.number(); },
+                options_.logger);
 }
 
 std::optional<JobRecord> JobControl::TakeRecord() {
@@ -229,8 +231,18 @@ v1::ManagerMessage JobControl::MakeRefusal(const std::string& reason, bool fence
   return m;
 }
 
-void JobControl::Event(int64_t now, const std::string& kind, const std::string& message) {
-  log_.Add(now, kind, message);
+void JobControl::Observe(Timing timing, int64_t ms) {
+  if (observe_ && ms >= 0) observe_(timing, static_cast<double>(ms) / 1000.0);
+}
+
+void JobControl::VoteDecided(int64_t now) {
+  if (vote_opened_ms_ >= 0) Observe(Timing::kVoteRoundTrip, now - vote_opened_ms_);
+  vote_opened_ms_ = -1;
+}
+
+void JobControl::Event(int64_t now, const std::string& kind, const std::string& message,
+                       const std::vector<int64_t>& pods) {
+  log_.Add(now, kind, message, pods);
 }
 
 void JobControl::Send(int64_t pod, v1::ManagerMessage message, bool close) {
@@ -369,7 +381,8 @@ void JobControl::Registered(int64_t pod, bool resumed, bool replacement, int64_t
         "pod " + a.pod_uid + (resumed ? " resumed its session" : " registered") +
             " as node rank " + std::to_string(pod) +
             (a.node_name.empty() ? "" : " on " + a.node_name) +
-            (replacement ? " (a replacement)" : ""));
+            (replacement ? " (a replacement)" : ""),
+        {pod});
 
   v1::ManagerMessage m;
   auto* w = m.mutable_welcome();
@@ -446,7 +459,8 @@ Status JobControl::OnFault(int64_t pod, const v1::FaultReport& f, int64_t now) {
   if (f.generation() != 0 && f.generation() < generation()) {
     Event(now, "stale_fault",
           "ignored a fault of generation " + std::to_string(f.generation()) + " (now " +
-              std::to_string(generation()) + "): " + BoundedText(f.detail(), 256));
+              std::to_string(generation()) + "): " + BoundedText(f.detail(), 256),
+          {pod});
     return Status::Ok();
   }
   // Reported the moment the collective failed: a sign of which pod is gone, not yet a fault (the
@@ -482,7 +496,7 @@ void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t no
   const int64_t rank = running().RankOf(pod, e.local_rank());
   if (e.exit_code() == 0 && e.signal() == 0) {
     Event(now, "rank_done",
-          "rank " + std::to_string(rank) + " (pod " + std::to_string(pod) + ") finished");
+          "rank " + std::to_string(rank) + " (pod " + std::to_string(pod) + ") finished", {pod});
     pods_.Exited(pod, e.local_rank(), /*clean=*/true);
     if (EveryHolderFinished()) Finished(now);
     return;
@@ -503,8 +517,8 @@ void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t no
       return;
     }
     if (EarlierProcessDied(pod, r, why, now)) return;
-    Event(now, "standby_exit", "a standby process of pod " + std::to_string(pod) + " exited (" +
-                                   why + ")");
+    Event(now, "standby_exit",
+          "a standby process of pod " + std::to_string(pod) + " exited (" + why + ")", {pod});
     return;
   }
   const std::string detail = "rank " + std::to_string(rank) + " " + why;
@@ -522,6 +536,10 @@ Status JobControl::OnVotes(int64_t pod, const v1::Votes& votes, int64_t now) {
   StatusOr<StepCommit::Ballot> ballot =
       commit_.Vote(pod, votes, running(), layout_.replica_ranks(), generation());
   if (!ballot.ok()) return ballot.status();
+  if (std::make_pair(generation(), votes.step()) != vote_opened_) {
+    vote_opened_ = {generation(), votes.step()};
+    vote_opened_ms_ = now;
+  }
   switch (*ballot) {
     case StepCommit::Ballot::kOpen:
       return Status::Ok();
@@ -562,6 +580,7 @@ void JobControl::Reject(int64_t step, bool mismatch, int64_t now) {
   o->set_checksum_mismatch(mismatch);
   for (int64_t n : running().Pods()) Send(n, m);
   commit_.DropVote();
+  VoteDecided(now);
   if (mismatch)
     Fault(v1::FAULT_KIND_CHECKSUM_MISMATCH, {}, {}, step,
           "replicas disagree on their parameters at step " + std::to_string(step), now);
@@ -588,6 +607,8 @@ void JobControl::Commit(int64_t step, int64_t now) {
   if (commit_.Committed(step, {options_.epoch, generation()}, running(), now))
     counters_.step_seconds = static_cast<double>(commit_.MedianStepMs()) / 1000.0;
   ++counters_.commits;
+  counters_.last_commit_ms = now;
+  VoteDecided(now);
   v1::ManagerMessage m;
   auto* o = m.mutable_outcome();
   o->set_generation(generation());
@@ -596,6 +617,7 @@ void JobControl::Commit(int64_t step, int64_t now) {
   for (int64_t n : running().Pods()) Send(n, m);
   if (abort_ms_ >= 0) {
     counters_.last_recovery_ms = static_cast<double>(now - abort_ms_);
+    Observe(Timing::kRecovery, now - abort_ms_);
     Event(now, "resumed",
           "first step committed " + std::to_string(now - abort_ms_) + " ms after the abort");
     abort_ms_ = -1;
@@ -650,7 +672,7 @@ void JobControl::Depart(int64_t pod, int64_t now) {
 }
 
 void JobControl::OnLeave(int64_t pod, const v1::Leave& leave, int64_t now) {
-  Event(now, "leave", "pod " + pods_[pod].pod_uid + " asks to leave: " + leave.reason());
+  Event(now, "leave", "pod " + pods_[pod].pod_uid + " asks to leave: " + leave.reason(), {pod});
   if (running().RanksOf(pod).empty() || state_ != State::kTraining) {
     Depart(pod, now);
     return;
@@ -667,7 +689,8 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
   if (a.state == AgentState::kLost || a.state == AgentState::kDone || state_ == State::kStopped)
     return;
   if (state_ == State::kJoining) {
-    Event(now, "disconnect", "pod " + a.pod_uid + " disconnected before the first generation");
+    Event(now, "disconnect", "pod " + a.pod_uid + " disconnected before the first generation",
+          {pod});
     return;
   }
   if (state_ == State::kTraining && a.state == AgentState::kActive) {
@@ -681,7 +704,8 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
     Event(now, "disconnect",
           "the stream of pod " + a.pod_uid + " broke: it has " +
               std::to_string(a.silence.TimeoutMs(LivenessMs(), now) - (now - a.last_seen_ms)) +
-              " ms to resume its session");
+              " ms to resume its session",
+          {pod});
     return;
   }
   LoseSilentPod(pod, "the stream of pod " + a.pod_uid + " broke (node lost or agent gone)", now);
@@ -701,7 +725,7 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   std::sort(pods.begin(), pods.end());
   pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
   ++counters_.faults[FaultKindText(kind)];
-  Event(now, "fault", FaultKindText(kind) + ": " + detail);
+  Event(now, "fault", FaultKindText(kind) + ": " + detail, pods);
   if (kind == v1::FAULT_KIND_POD_LOST) {
     for (int64_t p : pods) Fence(p, detail);
   }
@@ -821,7 +845,8 @@ void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
     } else {
       const std::string why =
           "its local ranks " + ranks + " failed or hung and recover-in-place is not allowed";
-      Event(now, "fence", "pod " + a.pod_uid + " is replaced: " + why);
+      Event(now, "fence", "pod " + a.pod_uid + " is replaced: " + why,
+            {static_cast<int64_t>(n)});
       Fence(static_cast<int64_t>(n), why,
             /*readmit=*/false);
     }
@@ -1067,8 +1092,10 @@ bool JobControl::MayForm(const std::vector<int64_t>& replicas, int64_t now) {
   for (int64_t r : replicas)
     if (!ReplicaReady(r)) {
       std::vector<int64_t> pods = layout_.PodsOfReplica(r);
-      Event(now, "wait", "generation not formed: replica " + std::to_string(r) + " (pods " +
-                             Join(pods) + ") is not available yet");
+      Event(now, "wait",
+            "generation not formed: replica " + std::to_string(r) + " (pods " + Join(pods) +
+                ") is not available yet",
+            pods);
       return false;
     }
   return true;
@@ -1390,7 +1417,8 @@ std::optional<Pods::Finding> JobControl::FirstStalled(int64_t now) const {
             std::to_string(lr.step()) + " for " + std::to_string(now - a.step_since_ms[l]) +
             " ms, its process idle for " + std::to_string(lr.cpu_idle_ms()) + " ms, " +
             (behind ? "its peers waiting for it" : "silent while its peers beat") +
-            " (bound " + std::to_string(bound) + " ms: max(1 s, 2 x the median step))"};
+            " (bound " + std::to_string(bound) + " ms: max(1 s, 2 x the median step))",
+        a.step_since_ms[l]};
   }
   return std::nullopt;
 }
@@ -1419,6 +1447,7 @@ bool JobControl::EveryHolderFinished(int64_t gone_pod) const {
 }
 
 void JobControl::Finished(int64_t now) {
+  finished_ = true;
   // Tell every agent, so each exits at once instead of waiting for an acknowledgement.
   StopAll(v1::StopTraining::MODE_LEAVE,
           "training finished at step " + std::to_string(commit_.step()), now);
@@ -1430,7 +1459,8 @@ void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now)
   if (given_up_.count(uid)) {
     // The decision maker gave this incarnation up for the job's restart (the scheduler replaces
     // it): its end is no news, and reported it would read as the loss of its replacement.
-    Event(now, "fence", "pod " + uid + ", given up for the job's restart, is gone: " + why);
+    Event(now, "fence", "pod " + uid + ", given up for the job's restart, is gone: " + why,
+          {pod});
     Fence(pod, why);
     return;
   }
@@ -1447,12 +1477,14 @@ void JobControl::LoseSilentPod(int64_t pod, const std::string& why, int64_t now)
       Event(now, "fence",
             "pod " + uid + (over ? " is gone as training finished: " : ", whose ranks finished "
                                                                        "training, is gone: ") +
-                why);
+                why,
+            {pod});
       Fence(pod, why);
       if (over) Finished(now);
       return;
     }
   }
+  Observe(Timing::kFaultDetection, now - pods_[pod].last_seen_ms);
   Fault(v1::FAULT_KIND_POD_LOST, {pod}, running().RanksOf(pod), -1, why, now);
 }
 
@@ -1508,12 +1540,12 @@ void JobControl::DetectFailures(int64_t now) {
     return;
   }
   if (state_ != State::kTraining) return;
-  if (auto hang = pods_.FirstHang(running(), generation(), HangTimeoutMs(), commit_.holding(), now))
-    Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(hang->index)}, hang->step, hang->why,
-          now);
-  else if (auto stalled = FirstStalled(now))
-    Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(stalled->index)}, stalled->step,
-          stalled->why, now);
+  auto found = pods_.FirstHang(running(), generation(), HangTimeoutMs(), commit_.holding(), now);
+  if (!found) found = FirstStalled(now);
+  if (!found) return;
+  if (found->since_ms >= 0) Observe(Timing::kFaultDetection, now - found->since_ms);
+  Fault(v1::FAULT_KIND_HANG, {}, {static_cast<uint32_t>(found->index)}, found->step, found->why,
+        now);
 }
 
 // After a manager restart, only a majority of the last generation may form a new one

@@ -112,6 +112,8 @@ struct JobControlOptions {
   // formed none since) ends here too. Nothing: no record yet, or none readable (the caller logs
   // why; the last one read serves). Unset: no record is kept. The reference is read at once.
   std::function<const std::optional<JobRecord>&()> stored_record;
+  // Where the events are logged, one line each (event_log.h); nullptr: spdlog's default logger.
+  std::shared_ptr<spdlog::logger> logger;
 };
 
 class JobControl {
@@ -171,6 +173,16 @@ class JobControl {
   const std::deque<v1::JobEvent>& events() const { return log_.events(); }
   uint64_t events_logged() const { return log_.logged(); }
 
+  // The timings the metrics keep as histograms (manager/metrics.h), each measured as it ends:
+  // a recovery (abort -> the next generation's first commit), a vote (the first vote of a step
+  // -> its outcome), a fault found by a timeout (the last sign of health -> the fault).
+  enum class Timing { kRecovery, kVoteRoundTrip, kFaultDetection };
+  void OnTiming(std::function<void(Timing, double seconds)> observe) {
+    observe_ = std::move(observe);
+  }
+  // Training finished (every holder of the trained state exited 0).
+  bool finished() const { return finished_; }
+
   // Counters for metrics.
   struct Counters {
     std::map<std::string, uint64_t> faults;      // by kind
@@ -179,6 +191,7 @@ class JobControl {
     uint64_t commits = 0;
     uint64_t manager_stalls = 0;   // ticks late by more than half the liveness timeout
     double last_recovery_ms = 0;   // abort -> first commit of the next generation
+    int64_t last_commit_ms = 0;    // when the last step was committed (the manager's clock)
     double step_seconds = 0;       // median step time
   };
   const Counters& counters() const { return counters_; }
@@ -190,7 +203,13 @@ class JobControl {
   // A pod registered (or resumed its session): the decision maker hears of it, the pod is
   // welcomed and told what it missed.
   void Registered(int64_t pod, bool resumed, bool replacement, int64_t now);
-  void Event(int64_t now, const std::string& kind, const std::string& message);
+  // An event for the status report and the log; `pods`: the node ranks it concerns.
+  void Event(int64_t now, const std::string& kind, const std::string& message,
+             const std::vector<int64_t>& pods = {});
+  // A timing for the metrics (OnTiming), in ms; a negative one is not kept.
+  void Observe(Timing timing, int64_t ms);
+  // The step in flight was committed or rejected: its vote's round trip is over.
+  void VoteDecided(int64_t now);
   void Send(int64_t pod, v1::ManagerMessage message, bool close = false);
   v1::Header MakeHeader() const;
 
@@ -386,6 +405,10 @@ class JobControl {
 
   std::vector<Outgoing> outgoing_;
   Counters counters_;
+  std::function<void(Timing, double)> observe_;
+  bool finished_ = false;
+  std::pair<uint64_t, int64_t> vote_opened_{0, -1};  // (generation, step) of the vote in flight
+  int64_t vote_opened_ms_ = -1;                      // when its first vote came
 };
 
 }  // namespace regroup::manager

@@ -2,12 +2,16 @@
 // The manager's job control with simulated agents and a simulated clock: rendezvous, detection,
 // the step commit, fencing, refusals, recovery through the embedded engine, manager restarts.
 #include "manager/job_control.h"
+#include "manager/engine_decisions_test.h"
 
+#include <algorithm>
 #include <functional>
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <deque>
+#include <sstream>
 
 namespace regroup::manager {
 namespace {
@@ -127,6 +131,21 @@ class ScriptedAgents {
     m.mutable_process_exit()->set_exit_code(code);
     m.mutable_process_exit()->set_signal(signal);
     return Send(node, m);
+  }
+  // A pod of two processes, paused in generation 1 after step 0, heartbeats once its local rank
+  // `restarted` is back: alive, fresh (generation 0).
+  Status RestartedHello(int64_t node, uint32_t restarted) {
+    v1::AgentMessage hb;
+    for (uint32_t l = 0; l < 2; ++l) {
+      auto* r = hb.mutable_heartbeat()->add_ranks();
+      r->set_local_rank(l);
+      r->set_pid(2000 + static_cast<int32_t>(l));
+      r->set_alive(true);
+      r->set_generation(l == restarted ? 0 : 1);
+      r->set_committed_step(l == restarted ? -1 : 0);
+      r->set_phase(v1::PHASE_PAUSED);
+    }
+    return Send(node, hb);
   }
   // `ticks` ticks of 20 ms, each pod's heartbeat made by `beat` (the first error ends them).
   Status TickWith(int ticks, const std::function<Status(int64_t node)>& beat) {
@@ -662,22 +681,132 @@ TEST(JobControl, AProcessCrashWaitsForItsRestartWhenSurvivorsDoNotContinue) {
   EXPECT_EQ(sim.inbox_[1].back().restart().local_ranks(0), 1u);
   EXPECT_EQ(sim.rt->generation(), 1u) << "waits for the restarted process";
   // The restarted process says hello: alive, fresh (generation 0).
-  v1::AgentMessage hb;
-  for (uint32_t l = 0; l < 2; ++l) {
-    auto* r = hb.mutable_heartbeat()->add_ranks();
-    r->set_local_rank(l);
-    r->set_pid(2000 + static_cast<int32_t>(l));
-    r->set_alive(true);
-    r->set_generation(l == 1 ? 0 : 1);
-    r->set_committed_step(l == 1 ? -1 : 0);
-    r->set_phase(v1::PHASE_PAUSED);
-  }
-  ASSERT_TRUE(sim.Send(1, hb).ok());
+  ASSERT_TRUE(sim.RestartedHello(1, 1).ok());
   sim.Run(40);
   ASSERT_EQ(sim.rt->generation(), 2u);
   const auto& plan = sim.starts_[0].plan();
   EXPECT_EQ(plan.committed_step(), 0);
   EXPECT_EQ(plan.world_size(), 4u);
+}
+
+// The log lines of a job control whose events go to a stream (event_log.h).
+struct CapturedLog {
+  std::ostringstream text;
+  std::shared_ptr<spdlog::logger> logger;
+  CapturedLog() {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text);
+    sink->set_pattern("%l %v");
+    logger = std::make_shared<spdlog::logger>("job", sink);
+  }
+  std::vector<std::string> Lines() const {
+    std::vector<std::string> lines;
+    std::istringstream in(text.str());
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  }
+  // The lines holding every one of `parts`.
+  std::vector<std::string> With(const std::vector<std::string>& parts) const {
+    std::vector<std::string> found;
+    for (const auto& line : Lines())
+      if (std::all_of(parts.begin(), parts.end(),
+                      [&](const std::string& p) { return Contains(line, p); }))
+        found.push_back(line);
+    return found;
+  }
+};
+
+TEST(JobControl, ACrashIsLoggedAsOneLineForTheFaultEachDecisionAndTheNextGeneration) {
+  CapturedLog log;
+  JobControlOptions options;
+  options.epoch = 7;
+  options.logger = log.logger;
+  Map annotations = kElastic;
+  annotations["regroup.io/survivors-continue"] = "false";
+  ScriptedAgents sim(2, 2, kForce, annotations, options);
+  sim.RegisterAll();
+  sim.Run(20);
+  std::map<JobControl::Timing, std::vector<double>> timings;
+  sim.rt->OnTiming([&](JobControl::Timing t, double seconds) { timings[t].push_back(seconds); });
+  ASSERT_TRUE(sim.Vote(0, 0).ok());
+  sim.now += 7;
+  ASSERT_TRUE(sim.Vote(1, 0).ok());
+  ASSERT_EQ(timings[JobControl::Timing::kVoteRoundTrip], std::vector<double>{0.007})
+      << "from the first vote to the commit";
+  EXPECT_EQ(log.With({"info job=default/job epoch=7 generation=1 ", "generation: "}).size(), 1u)
+      << log.text.str();
+  EXPECT_EQ(log.With({"job=default/job", " pod=1 register: pod pod-1 registered"}).size(), 1u)
+      << log.text.str();
+  ASSERT_TRUE(sim.Exit(1, 1, 1).ok());
+  sim.Run(200, 1);
+  ASSERT_TRUE(sim.RestartedHello(1, 1).ok());
+  sim.Run(40);
+  ASSERT_EQ(sim.rt->generation(), 2u);
+  EXPECT_TRUE(timings[JobControl::Timing::kRecovery].empty()) << "no step committed since";
+  ASSERT_TRUE(sim.Vote(0, 1).ok());
+  ASSERT_TRUE(sim.Vote(1, 1).ok());
+  ASSERT_EQ(timings[JobControl::Timing::kRecovery].size(), 1u);
+  EXPECT_GT(timings[JobControl::Timing::kRecovery][0], 0.2) << "the abort was 240 ms before";
+  // The fault names its pod, at warning; the abort, the decision and its strategy, the next
+  // generation at info: one line each.
+  const auto fault = log.With({"warning job=default/job epoch=7 generation=1 pod=1 fault: "});
+  ASSERT_EQ(fault.size(), 1u) << log.text.str();
+  EXPECT_TRUE(Contains(fault[0], "exit code 1")) << fault[0];
+  EXPECT_EQ(log.With({"info job=default/job epoch=7 generation=1 abort: generation 1 aborted"})
+                .size(),
+            1u)
+      << log.text.str();
+  const auto directives = log.With({"info job=default/job epoch=7 ", " directive: "});
+  ASSERT_GE(directives.size(), 1u) << log.text.str();
+  EXPECT_TRUE(Contains(directives.front(), "[recover-in-place]")) << directives.front();
+  EXPECT_EQ(log.With({"info job=default/job epoch=7 generation=2 generation: generation (7, 2)"})
+                .size(),
+            1u)
+      << log.text.str();
+  // Every event of the status report is a line of the log.
+  EXPECT_EQ(log.Lines().size(), Events(sim).size()) << log.text.str();
+}
+
+TEST(JobControl, APodThatReconnectsOverAndOverIsLoggedOnceEveryTenSeconds) {
+  CapturedLog log;
+  JobControlOptions options;
+  options.logger = log.logger;
+  ScriptedAgents sim(2, 2, kForce, kElastic, options);
+  ASSERT_TRUE(sim.Register(0).ok());
+  for (int i = 0; i < 50; ++i) {  // before the first generation: each stream breaks at once
+    ASSERT_TRUE(sim.Register(1, "", {}, 0, 100 + static_cast<uint64_t>(i)).ok());
+    sim.rt->Disconnected(100 + static_cast<uint64_t>(i), sim.now);
+    sim.now += 100;
+  }
+  EXPECT_EQ(Logged(sim, "disconnect", "pod-1"), 50) << "the status report keeps every event";
+  EXPECT_EQ(log.With({" pod=1 disconnect: "}).size(), 1u) << log.text.str();
+  EXPECT_EQ(log.With({" pod=1 register: "}).size(), 1u) << log.text.str();
+  sim.now += 10000;
+  ASSERT_TRUE(sim.Register(1, "", {}, 0, 1000).ok());
+  const auto again = log.With({" pod=1 register: "});
+  ASSERT_EQ(again.size(), 2u) << log.text.str();
+  EXPECT_TRUE(Contains(again.back(), "(and 49 more register not logged)")) << again.back();
+  EXPECT_EQ(log.With({" pod=0 register: "}).size(), 1u) << "another pod's lines are its own";
+}
+
+// A reason an agent sends (any bytes, up to a message's size) is one line of the log, cut.
+TEST(JobControl, APeersTextIsLoggedOnOneLineAndCut) {
+  CapturedLog log;
+  JobControlOptions options;
+  options.logger = log.logger;
+  ScriptedAgents sim(2, 1, kForce, kElastic, options);
+  sim.RegisterAll();
+  sim.Run(20);
+  v1::AgentMessage leave;
+  leave.mutable_leave()->set_reason("SIGTERM\n[info] job=default/job forged\x1b[31m" +
+                                    std::string(100000, 'x'));
+  ASSERT_TRUE(sim.Send(1, leave).ok());
+  const auto lines = log.With({" pod=1 leave: "});
+  ASSERT_EQ(lines.size(), 1u) << log.text.str();
+  EXPECT_TRUE(Contains(lines[0], "SIGTERM\\n[info] job=default/job forged\\x1b[31mxxx"))
+      << lines[0].substr(0, 200);
+  EXPECT_TRUE(Contains(lines[0], " bytes cut]")) << lines[0].substr(0, 200);
+  EXPECT_LT(lines[0].size(), EventLog::kMaxLineBytes + 200);
+  EXPECT_TRUE(log.With({"forged"}).size() == 1u) << "no forged line";
 }
 
 TEST(JobControl, LostAgentScalesInAndItsReplacementScalesOut) {
@@ -768,9 +897,17 @@ TEST(JobControl, MissedHeartbeatsAreALostPod) {
   ScriptedAgents sim(2, 2, kForce, kElastic);
   sim.RegisterAll();
   sim.Run(20);
+  std::vector<double> detected;
+  sim.rt->OnTiming([&](JobControl::Timing t, double seconds) {
+    if (t == JobControl::Timing::kFaultDetection) detected.push_back(seconds);
+  });
+  const int64_t last_beat = sim.now;
   sim.Gone(1);  // frozen agent: no more heartbeats, the stream stays open
   sim.Run(1000, 0);
   const auto status = sim.rt->StatusReport();
+  ASSERT_EQ(detected.size(), 1u) << "the loss is a fault found by a timeout";
+  EXPECT_GT(detected[0], 0.0);
+  EXPECT_LE(detected[0], static_cast<double>(sim.now - last_beat) / 1000.0);
   bool lost = false;
   for (const auto& e : Events(sim))
     lost = lost || e.message().find("no heartbeat from pod pod-1") != std::string::npos;
@@ -1050,28 +1187,13 @@ TEST(JobControl, AnIncarnationLearnsWithinASecondThatANewerOneFormedAGeneration)
 
 // The embedded engine, under a lease the test takes away and gives back (as RemoteDecisions
 // holds the coordinator's).
-class Leased final : public Decisions {
+class Leased final : public EngineDecisions {
  public:
   Leased(const JobSpec& spec, const std::string* why_no_commit)
-      : engine_(spec), why_(why_no_commit) {}
-  void PodRunning(int64_t pod, const std::string& uid, const std::string& node,
-                  int64_t now) override {
-    engine_.PodRunning(pod, uid, node, now);
-  }
-  void Fault(const v1::FaultFacts& fault, int64_t now) override { engine_.Fault(fault, now); }
-  void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override {
-    engine_.ReplacementRegistered(pod, uid, now);
-  }
-  void ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
-                      uint32_t live_ranks, int64_t now) override {
-    engine_.ReportProgress(epoch, generation, committed_step, live_ranks, now);
-  }
-  void Tick(int64_t now) override { engine_.Tick(now); }
-  std::optional<Directive> Poll() override { return engine_.Poll(); }
+      : EngineDecisions(spec), why_(why_no_commit) {}
   std::string WhyNoCommit() const override { return *why_; }
 
  private:
-  EmbeddedDecisions engine_;
   const std::string* why_;
 };
 

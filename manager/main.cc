@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/credential.h"
 #include "common/grpc_settings.h"
+#include "common/log_format.h"
 #include "common/log_limit.h"
 #include "common/safe_file.h"
 #include "manager/options.h"
@@ -210,6 +211,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const ManagerOptions& o = parsed->options;
+  regroup::UseLogFormat(*regroup::ParseLogFormat(o.log_format), "regroup-manager");
   for (const std::string& notice : parsed->notices) spdlog::info("regroup-manager: {}", notice);
   for (const std::string& risk : parsed->warnings) spdlog::warn("regroup-manager: {}", risk);
 
@@ -262,8 +264,26 @@ int main(int argc, char** argv) {
       return exit_status;
     }
   StopOnSignals();
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  spdlog::info("regroup-manager: stopping");
+  // Once the job stopped and every pod left, the manager exits 0 (unless --stay-after-done):
+  // after kLinger of both, so that a pod reconnecting to hear the stop still finds it.
+  constexpr auto kLinger = std::chrono::seconds(2);
+  auto alone_since = std::chrono::steady_clock::time_point::max();
+  while (!g_stop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (o.stay_after_done) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (!server.DoneAndAlone()) {
+      alone_since = std::chrono::steady_clock::time_point::max();
+    } else if (alone_since == std::chrono::steady_clock::time_point::max()) {
+      alone_since = now;
+    } else if (now - alone_since >= kLinger) {
+      spdlog::info("regroup-manager: job {} stopped and every pod left: exiting "
+                   "(--stay-after-done keeps the manager up)",
+                   spec->id);
+      break;
+    }
+  }
+  if (g_stop) spdlog::info("regroup-manager: stopping");
   server.Stop();
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/address.h"
+#include "common/log_format.h"
 #include "common/version.h"
 #include "plugin/config.h"
 #include "plugin/volcano_job.h"
@@ -41,6 +42,12 @@ void AddFlags(CLI::App& app, ManagerOptions& o) {
   app.add_flag("--metrics-open", o.metrics_open,
                "serve /metrics without the credential on a non-loopback --http (for a Prometheus "
                "that has no token); /status still needs it");
+  app.add_option("--log-format", o.log_format,
+                 "text (spdlog's lines) or json (one object a line: time, level, logger, "
+                 "message) (default: $REGROUP_LOG_FORMAT, else text)");
+  app.add_flag("--stay-after-done", o.stay_after_done,
+               "keep serving /status and regroupctl status once the job stopped and every pod "
+               "left (default: exit 0 then)");
   app.add_option("--port-file", o.port_file, "write the gRPC port here once listening");
   app.add_option("--credential-file", o.credential_file,
                  "the job's credential (default: $REGROUP_CREDENTIAL_FILE, $REGROUP_CREDENTIAL)");
@@ -141,6 +148,11 @@ StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args, con
     if (!address->empty())
       REGROUP_RETURN_IF_ERROR(CheckHostPort(*address, flag, /*port_zero_allowed=*/true));
   if (o.record_file.empty()) o.record_file = NonEmpty(env, "REGROUP_RECORD_FILE").value_or("");
+  const bool format_given = !o.log_format.empty();
+  if (!format_given) o.log_format = NonEmpty(env, "REGROUP_LOG_FORMAT").value_or("text");
+  if (auto format = ParseLogFormat(o.log_format); !format.ok())
+    return InvalidArgument((format_given ? "--log-format " : "$REGROUP_LOG_FORMAT ") +
+                           format.status().message());
 
   std::string coordinator_from = "--coordinator";  // for the errors
   if (o.coordinator.empty()) {

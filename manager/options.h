@@ -41,6 +41,8 @@ struct ManagerOptions {
   std::string listen = "0.0.0.0:9601";  // --listen, $REGROUP_MANAGER_LISTEN
   std::string http;                     // --http, $REGROUP_MANAGER_HTTP; empty: none
   bool metrics_open = false;            // --metrics-open
+  std::string log_format;               // --log-format, $REGROUP_LOG_FORMAT; checked: text, json
+  bool stay_after_done = false;         // --stay-after-done: serve on once the job stopped
   std::string port_file;                // --port-file
   std::string credential_file;  // --credential-file (LoadCredential reads the env fallbacks)
   bool insecure = false;        // --insecure: no credential, every client accepted

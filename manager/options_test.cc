@@ -143,6 +143,22 @@ TEST(ManagerCommandLine, ABadAddressNamesTheFlagTheValueAndWhatIsAllowed) {
   EXPECT_NE(e.find("--http \"::1:80\": write an IPv6 host in brackets"), std::string::npos) << e;
 }
 
+TEST(ManagerCommandLine, TheLogFormatIsTextOrJsonFromTheFlagOrTheEnvironment) {
+  EXPECT_EQ(Parse({}).options.log_format, "text");
+  EXPECT_EQ(Parse({}, {{"REGROUP_LOG_FORMAT", "json"}}).options.log_format, "json");
+  EXPECT_EQ(Parse({"--log-format", "text"}, {{"REGROUP_LOG_FORMAT", "json"}}).options.log_format,
+            "text");
+  EXPECT_EQ(Error({"--log-format", "yaml"}),
+            "--log-format \"yaml\" is not a log format: text or json");
+  EXPECT_EQ(Error({}, {{"REGROUP_LOG_FORMAT", "logfmt"}}),
+            "$REGROUP_LOG_FORMAT \"logfmt\" is not a log format: text or json");
+}
+
+TEST(ManagerCommandLine, TheManagerExitsAfterTheJobUnlessToldToStay) {
+  EXPECT_FALSE(Parse({}).options.stay_after_done);
+  EXPECT_TRUE(Parse({"--stay-after-done"}).options.stay_after_done);
+}
+
 TEST(ManagerCommandLine, ANumberOutOfRangeNamesTheFlagTheValueAndTheRange) {
   struct Case {
     std::vector<std::string> args;

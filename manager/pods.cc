@@ -215,7 +215,8 @@ std::optional<Pods::Finding> Pods::FirstSilent(int64_t now) const {
                                 : "the stream of pod " + a.pod_uid +
                                       " broke and its session was not resumed within ") +
                        std::to_string(now - a.last_seen_ms) + " ms" +
-                       Stretched(bound, liveness_ms_)};
+                       Stretched(bound, liveness_ms_),
+                   a.last_seen_ms};
   }
   return std::nullopt;
 }
@@ -238,7 +239,8 @@ std::optional<Pods::Finding> Pods::FirstOutside(const RankLayout& layout, uint64
                        std::to_string(lr.generation()) + ", at step " +
                        std::to_string(lr.step()) + " for " +
                        std::to_string(now - a.step_since_ms[p.local_rank]) +
-                       " ms) and holds it up (hang timeout " + std::to_string(hang) + " ms)"};
+                       " ms) and holds it up (hang timeout " + std::to_string(hang) + " ms)",
+                   a.step_since_ms[p.local_rank]};
   }
   return std::nullopt;
 }
@@ -269,7 +271,8 @@ std::optional<Pods::Finding> Pods::FirstHang(const RankLayout& layout, uint64_t 
                          (ran ? "running, past the hang timeout"
                               : "frozen process" +
                                     (starting ? "" : Stretched(bound, liveness_ms_))) +
-                         ")"};
+                         ")",
+                     now - static_cast<int64_t>(lr.beat_age_ms())};
     }
     // A rank waiting for a generation (PAUSED: its agent paused it, or it missed its start) has
     // left this one: past the hang timeout it is the rank that holds the generation up, before
@@ -288,7 +291,8 @@ std::optional<Pods::Finding> Pods::FirstHang(const RankLayout& layout, uint64_t 
                  "rank " + std::to_string(g) + " has been at step " + std::to_string(lr.step()) +
                      (paused ? ", paused (out of the generation)," : "") + " for " +
                      std::to_string(now - a.step_since_ms[p.local_rank]) + " ms (hang timeout " +
-                     std::to_string(hang) + " ms)"};
+                     std::to_string(hang) + " ms)",
+                 a.step_since_ms[p.local_rank]};
 }
 
 bool Pods::Forget(const std::string& uid) {

@@ -71,6 +71,7 @@ class Pods {
     int64_t index = -1;  // the pod (FirstSilent) or the global rank (FirstHang)
     int64_t step = -1;
     std::string why;
+    int64_t since_ms = -1;  // the last sign of health the manager had (-1: not known)
   };
 
   Pods(int64_t count, int64_t liveness_ms) : agents_(static_cast<size_t>(count)),

@@ -13,7 +13,7 @@
 #include "common/credential.h"
 #include "common/grpc_settings.h"
 #include "manager/http_server.h"
-#include "manager/prometheus_text.h"
+#include "manager/metrics.h"
 
 namespace regroup::manager {
 
@@ -29,7 +29,13 @@ class Rejected final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::Mana
 }  // namespace
 
 ManagerServer::ManagerServer(std::unique_ptr<JobControl> job, ServerOptions options)
-    : options_(std::move(options)), job_(std::move(job)) {}
+    : options_(std::move(options)),
+      job_(std::move(job)),
+      metrics_(std::make_unique<ManagerMetrics>(job_->spec().id)) {
+  job_->OnTiming([metrics = metrics_.get()](JobControl::Timing timing, double seconds) {
+    metrics->Observe(timing, seconds);
+  });
+}
 
 ManagerServer::~ManagerServer() { Stop(); }
 
@@ -86,6 +92,18 @@ Status ManagerServer::Start() {
                                                   httplib::Response& res) {
       if (!allowed(req, /*metrics=*/false)) return refuse(req, res);
       res.set_content(StatusJson(), "application/json");
+    });
+    // The probes a kubelet sends carry no token: they are open, and say nothing of the job.
+    // /healthz: the process serves HTTP. /readyz: it serves the agents, its gRPC port listening
+    // and its tick loop (detection, decisions, the commit) running within kReadyTickBound; it
+    // takes no lock, so a wedged job control reads as not ready instead of hanging the probe.
+    http_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok\n", "text/plain");
+    });
+    http_->Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
+      const std::string why = WhyNotReady();
+      res.status = why.empty() ? 200 : 503;
+      res.set_content(why.empty() ? "ok\n" : why + "\n", "text/plain");
     });
     const auto colon = options_.http_listen.rfind(':');
     const std::string host = options_.http_listen.substr(0, colon);
@@ -247,11 +265,27 @@ void ManagerServer::Flush() {
   }
 }
 
+bool ManagerServer::DoneAndAlone() {
+  std::lock_guard lock(mu_);
+  return job_->stopped() != nullptr && streams_.empty();
+}
+
+std::string ManagerServer::WhyNotReady() const {
+  if (!server_ || port_ == 0) return "not listening";
+  const int64_t last = last_tick_ms_.load();
+  if (last < 0) return "the tick loop has not run yet";
+  const int64_t ago = SteadyMs() - last;
+  if (ago > kReadyTickBound.count())
+    return "the tick loop last ran " + std::to_string(ago) + " ms ago";
+  return "";
+}
+
 void ManagerServer::TickLoop() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
     job_->Tick(WallMs());
     Flush();
+    last_tick_ms_ = SteadyMs();
     stop_cv_.wait_for(lock, options_.tick, [this] { return stopping_; });
   }
 }
@@ -272,47 +306,11 @@ std::string ManagerServer::StatusJson() {
 
 std::string ManagerServer::MetricsText() {
   std::lock_guard lock(mu_);
-  const JobControl& r = *job_;
-  const auto& c = r.counters();
-  const std::string& id = r.spec().id;
-  const PrometheusText::Labels job = {{"job", id}};
-  PrometheusText m;
-  auto gauge = [&](std::string_view name, std::string_view help, auto value) {
-    m.Family(name, "gauge", help);
-    m.Sample(name, job, value);
-  };
-  auto counter = [&](std::string_view name, std::string_view help, uint64_t value) {
-    m.Family(name, "counter", help);
-    m.Sample(name, job, value);
-  };
-  gauge("regroup_epoch", "The manager incarnation.", static_cast<uint64_t>(r.epoch()));
-  gauge("regroup_generation", "The current generation n of (epoch, n).",
-        static_cast<uint64_t>(r.generation()));
-  gauge("regroup_world_size", "Ranks in the current generation.",
-        static_cast<int64_t>(r.world_size()));
-  gauge("regroup_committed_step", "The last committed step.",
-        static_cast<int64_t>(r.committed_step()));
-  gauge("regroup_training", "1 while a generation trains.", int64_t{r.training() ? 1 : 0});
-  gauge("regroup_agents_connected", "Agents with a live stream.",
-        static_cast<uint64_t>(by_node_.size()));
-  gauge("regroup_step_seconds", "Median step time.", static_cast<double>(c.step_seconds));
-  gauge("regroup_last_recovery_ms", "From the last abort to the next generation's first commit.",
-        static_cast<double>(c.last_recovery_ms));
-  m.Family("regroup_faults_total", "counter", "Faults by kind.");
-  for (const auto& [kind, n] : c.faults)
-    m.Sample("regroup_faults_total", {{"job", id}, {"kind", kind}}, static_cast<uint64_t>(n));
-  m.Family("regroup_directives_total", "counter", "Directives carried out, by kind.");
-  for (const auto& [kind, n] : c.directives)
-    m.Sample("regroup_directives_total", {{"job", id}, {"kind", kind}}, static_cast<uint64_t>(n));
-  counter("regroup_commits_total", "Steps committed.", static_cast<uint64_t>(c.commits));
-  counter("regroup_manager_stalls_total",
-          "Times the manager ran nothing for over half the liveness timeout (not counted against "
-          "any pod).",
-          c.manager_stalls);
-  counter("regroup_messages_total", "Agent messages received.", static_cast<uint64_t>(messages_));
-  counter("regroup_refusals_total", "Sessions and messages refused.",
-          static_cast<uint64_t>(refusals_));
-  return m.text();
+  ManagerMetrics::Server server;
+  server.agents_connected = by_node_.size();
+  server.messages = messages_;
+  server.refusals = refusals_;
+  return metrics_->Text(*job_, server);
 }
 
 }  // namespace regroup::manager

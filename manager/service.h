@@ -27,6 +27,8 @@ class Server;
 
 namespace regroup::manager {
 
+class ManagerMetrics;
+
 struct ServerOptions {
   std::string listen = "0.0.0.0:9601";  // port 0: chosen by the system
   std::string credential;                // empty: no credential required
@@ -36,7 +38,9 @@ struct ServerOptions {
   // "" : no HTTP endpoint; "127.0.0.1:0" for any port. On a loopback address /status and
   // /metrics are open; elsewhere each request needs "Authorization: Bearer <credential>", but
   // /metrics is open when `metrics_open` (an operator's explicit choice, for a scraper without
-  // the token). Off loopback without a credential (--insecure), HTTP does not start. With
+  // the token). /healthz and /readyz are open everywhere (a kubelet's probes carry no token;
+  // they tell nothing of the job). Off loopback without a credential (--insecure), HTTP does not
+  // start. With
   // tls_cert_file and tls_key_file, it is HTTPS with the same certificate.
   std::string http_listen;
   bool metrics_open = false;
@@ -62,6 +66,13 @@ class ManagerServer final : public v1::Manager::CallbackService {
 
   std::string MetricsText();
   std::string StatusJson();
+  // The job stopped (finished, or ended by a decision; or this incarnation fenced) and no agent
+  // has a stream open: the manager has nothing more to tell anyone.
+  bool DoneAndAlone();
+  // Why the manager is not ready ("" when it is): see /readyz in Start().
+  std::string WhyNotReady() const;
+  // How long ago the tick loop last ran for the manager to be ready.
+  static constexpr std::chrono::milliseconds kReadyTickBound{2000};
 
   grpc::ServerBidiReactor<v1::AgentMessage, v1::ManagerMessage>* Session(
       grpc::CallbackServerContext* context) override;
@@ -81,6 +92,7 @@ class ManagerServer final : public v1::Manager::CallbackService {
   ServerOptions options_;
   std::mutex mu_;
   std::unique_ptr<JobControl> job_;
+  std::unique_ptr<ManagerMetrics> metrics_;
   std::map<uint64_t, Stream*> streams_;   // every live stream, by id
   std::map<int64_t, Stream*> by_node_;    // registered streams, by node rank
   uint64_t next_stream_ = 1;
@@ -92,6 +104,7 @@ class ManagerServer final : public v1::Manager::CallbackService {
   bool stopping_ = false;
   int port_ = 0;
   int http_port_ = 0;
+  std::atomic<int64_t> last_tick_ms_{-1};  // steady clock; read by /readyz without mu_
   std::atomic<uint64_t> messages_{0};
   std::atomic<uint64_t> refusals_{0};
   // A zombie retrying, or a flood of bad messages, logs one line a second (under mu_).

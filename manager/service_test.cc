@@ -145,6 +145,37 @@ TEST(ManagerService, AgentsRegisterAndReceiveTheirGeneration) {
   server->Stop();
 }
 
+// The manager exits once the job stopped and every pod left (main.cc): the job stopping is not
+// enough while an agent still has its stream open.
+TEST(ManagerService, DoneAndAloneOnceTheJobStoppedAndEveryStreamEnded) {
+  auto server = StartManager(1, "secret");
+  Agent agent(server->port(), "secret", 0);
+  ASSERT_TRUE(agent.Register("pod-0"));
+  auto start = agent.ReadUntil(v1::ManagerMessage::kStart);
+  ASSERT_TRUE(start);
+  EXPECT_FALSE(server->DoneAndAlone()) << "training";
+  v1::AgentMessage exit;  // its one rank finished training
+  exit.mutable_header()->set_job_id("default/svc");
+  exit.mutable_header()->set_sender("pod-0");
+  exit.mutable_header()->set_epoch(5);
+  exit.mutable_header()->set_generation(start->header().generation());
+  exit.mutable_process_exit()->set_local_rank(0);
+  exit.mutable_process_exit()->set_exit_code(0);
+  ASSERT_TRUE(agent.stream->Write(exit));
+  auto stop = agent.ReadUntil(v1::ManagerMessage::kStop);
+  ASSERT_TRUE(stop);
+  EXPECT_FALSE(server->DoneAndAlone()) << "the job stopped, but its pod is still connected";
+  agent.stream->WritesDone();
+  v1::ManagerMessage rest;
+  while (agent.stream->Read(&rest)) {
+  }
+  (void)agent.stream->Finish();
+  bool done = false;
+  for (int i = 0; i < 500 && !done; ++i, std::this_thread::sleep_for(10ms))
+    done = server->DoneAndAlone();
+  EXPECT_TRUE(done) << "the job stopped and its only pod left";
+}
+
 TEST(ManagerService, AWrongCredentialIsRefused) {
   auto server = StartManager(1, "secret");
   Agent a(server->port(), "guess", 0);
@@ -205,7 +236,7 @@ TEST(ManagerService, GetStatusNeedsADeadline) {
     EXPECT_EQ(res.job_id(), "default/svc");
     EXPECT_EQ(res.phase(), "joining");
   }
-  EXPECT_NE(server->MetricsText().find("regroup_generation{job=\"default/svc\"} 0"),
+  EXPECT_NE(server->MetricsText().find("regroup_generation{regroup_job=\"default/svc\"} 0"),
             std::string::npos);
   EXPECT_NE(server->StatusJson().find("\"job_id\": \"default/svc\""), std::string::npos);
   server->Stop();
@@ -322,7 +353,7 @@ TEST(ManagerService, MetricsEscapeTheJobIdAndPrintIntegersWhole) {
   auto server = StartManager(1, "secret", "ns/a\"} 1\nregroup_injected{x=\"");
   const std::string text = server->MetricsText();
   EXPECT_EQ(text.find("\nregroup_injected"), std::string::npos) << text;
-  EXPECT_NE(text.find("regroup_epoch{job=\"ns/a\\\"} 1\\nregroup_injected{x=\\\"\"} 5\n"),
+  EXPECT_NE(text.find("regroup_epoch{regroup_job=\"ns/a\\\"} 1\\nregroup_injected{x=\\\"\"} 5\n"),
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("e+"), std::string::npos) << text;

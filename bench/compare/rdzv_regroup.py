@@ -226,6 +226,7 @@ def main() -> int:
     argv = [args.manager_bin, "--job-id", "bench/rdzv", "--nodes", str(args.nodes), "--nproc-per-node",
             str(args.nproc), "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", "600",
             "--record", str(tmp / "record.json"),
+            "--stay-after-done",
             # The measure is the rendezvous, against torchrun's credential-less store: the simulated
             # agents (grpcio streams) send no credential, so the manager runs open, on loopback.
             "--insecure",

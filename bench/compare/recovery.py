@@ -202,7 +202,7 @@ class Run:
             port_file = self.dir / "manager.port"
             argv = [str(BUILD / "regroup-manager"), "--job-id", self.job, "--nodes", str(NODES),
                     "--nproc-per-node", str(NPROC), "--listen", "127.0.0.1:0", "--port-file", str(port_file),
-                    "--join-window-s", "120", "--label", "fault-scheduling=force",
+                    "--join-window-s", "120", "--stay-after-done", "--label", "fault-scheduling=force",
                     "--record", str(self.dir / "record.json"),
                     # torchrun's c10d store has no credential either: the comparison is of recovery,
                     # on one machine, so the manager runs open (--insecure) like its peer.

@@ -98,6 +98,7 @@ class Cluster:
         argv = [self.binaries["manager"], "--job-id", "mlp", "--nodes", str(nodes), "--nproc-per-node", str(nproc),
                 "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", "60",
                 "--record", str(self.record),
+                "--stay-after-done",  # the tests read the status once the job ended
                 *[x for label in self.labels for x in ("--label", label)]]
         for a in self.annotations + [f"regroup.io/tensor-parallel={self.tp}"]:
             argv += ["--annotation", a]

@@ -1,0 +1,279 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The distributed optimizer (ZeRO-1, regroup.zero) without an agent.
+
+- dp 2 and dp 4 gloo processes (torchrun's environment) train as one plain process: the same
+  final weights (float64, Adam with an LR scheduler, norm-relative 1e-9), and each rank's slices
+  are the plain optimizer's state cut at the partition;
+- the repartition of a generation change, over real groups: dp 4 -> 3 (a rank lost) -> 4 (a new
+  rank with nothing), every slice assembled exactly, the lost rank's own slice from its second
+  copy; without a second copy the lost slice is named ("optimizer shard lost, no second copy");
+- the checkpoint fallback: a dp 2 job's checkpoint (one file per slice) resumed by one process
+  trains on to the uninterrupted run's weights;
+- the configuration's refusals.
+
+The recovery under the real manager and agents (a killed rank, a lost node, its return) is
+integration scenario 50.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+
+import pytest
+import torch
+
+import regroup
+from regroup.api import StateSyncError
+from regroup.sharded_test import make_model, train  # the same model and data as HSDP's test
+from regroup.testing import free_port, relative_error
+from regroup.zero import LOST, ZeroState, plan_moves, slice_bounds, slices_of
+
+STEPS = 6
+CONFIG = dict(dataset_size=64, micro_batch_size=4, microbatches_per_step=4, seed=7, checksum_interval=0)
+
+
+def make_optimizer(model: torch.nn.Module, kind: str = "adam") -> torch.optim.Optimizer:
+    if kind == "adam":
+        return torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.01)
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def plain_run(kind: str, steps: int = STEPS):
+    model = make_model()
+    opt = make_optimizer(model, kind)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    train(regroup.Trainer(model, opt, sched, config=regroup.TrainerConfig(**CONFIG)), steps)
+    return model, opt
+
+
+def flat_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """The plain optimizer's per-parameter state, flattened in parameter order."""
+    params = list(model.parameters())
+    keys = [k for k, v in opt.state[params[0]].items() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return {k: torch.cat([opt.state[p][k].reshape(-1) for p in params]) for k in keys}
+
+
+def _env(rank: int, world: int, port: int) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+
+
+def _train_rank(rank: int, world: int, port: int, out: str, copies: int, kind: str, ckpt: str) -> None:
+    _env(rank, world, port)
+    model = make_model()
+    opt = make_optimizer(model, kind)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    config = regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", optimizer_copies=copies,
+                                   checkpoint_dir=ckpt or None, checkpoint_interval=3 if ckpt else 0)
+    trainer = regroup.Trainer(model, opt, sched, config=config)
+    train(trainer, STEPS)
+    state = trainer.state
+    torch.save({"params": {n: p.detach().clone() for n, p in model.named_parameters()},
+                "held": state.held, "dp": state.dp, "lr": opt.param_groups[0]["lr"]},
+               os.path.join(out, f"rank{rank}.pt"))
+
+
+def _spawn(fn, world: int, *args) -> None:
+    import torch.multiprocessing as mp
+
+    mp.start_processes(fn, args=(world, free_port(), *args), nprocs=world, join=True, start_method="spawn")
+
+
+@pytest.mark.parametrize("world,copies", [(2, 1), (4, 2)])
+def test_zero1_at_dp_2_and_4_trains_as_one_plain_process(tmp_path, world, copies):
+    _spawn(_train_rank, world, str(tmp_path), copies, "adam", "")
+    model, opt = plain_run("adam")
+    expected = {n: p.detach() for n, p in model.named_parameters()}
+    reference = flat_state(model, opt)
+    numel = sum(p.numel() for p in model.parameters())
+    for rank in range(world):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        error = relative_error(expected, got["params"])
+        assert error <= 1e-9, f"rank {rank}: norm-relative error {error:.3e}"
+        assert got["lr"] == opt.param_groups[0]["lr"]
+        assert got["dp"] == world and sorted(got["held"]) == sorted(slices_of(rank, world, copies))
+        for k, st in got["held"].items():
+            a, b = slice_bounds(numel, world, k)
+            assert int(st["step"]) == STEPS
+            for key, full in reference.items():
+                assert relative_error({key: full[a:b]}, {key: st[key]}) <= 1e-9, (rank, k, key)
+
+
+def test_zero1_sgd_with_momentum_in_one_process_equals_the_plain_optimizer():
+    model, opt = plain_run("sgd")
+    zmodel = make_model()
+    zopt = make_optimizer(zmodel, "sgd")
+    sched = torch.optim.lr_scheduler.StepLR(zopt, step_size=2, gamma=0.5)
+    trainer = regroup.Trainer(zmodel, zopt, sched, config=regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1"))
+    train(trainer, STEPS)
+    assert relative_error(dict(model.named_parameters()), dict(zmodel.named_parameters())) <= 1e-9
+    assert torch.equal(trainer.state.held[0]["momentum_buffer"], flat_state(model, opt)["momentum_buffer"])
+
+
+# -- the repartition ----------------------------------------------------------------------------
+
+
+def _reference_state(numel: int) -> dict:
+    g = torch.Generator().manual_seed(5)
+    return {"exp_avg": torch.randn(numel, generator=g, dtype=torch.float64),
+            "exp_avg_sq": torch.rand(numel, generator=g, dtype=torch.float64), "step": torch.tensor(5.0)}
+
+
+def _slice(full: dict, numel: int, dp: int, k: int) -> dict:
+    a, b = slice_bounds(numel, dp, k)
+    return {key: (v[a:b].clone() if v.dim() else v.clone()) for key, v in full.items()}
+
+
+def _generation(rank: int, world: int, port: int, state: ZeroState, holds: bool):
+    """Forms a real generation (regroup.group) of ``world`` ranks and repartitions ``state``."""
+    from regroup.abort import GroupSockets
+    from regroup.group import Layout, build_groups
+
+    sockets = GroupSockets(port)
+    groups = build_groups(store_host="127.0.0.1", store_port=port, layout=Layout(world, rank, 1), backend="gloo",
+                          rendezvous_s=60, collective_s=60, aborted=threading.Event(), sockets=sockets)
+    holders = [holds] * world   # every survivor holds the committed state; the new rank does not
+    if not holds:
+        holders = [r != world - 1 for r in range(world)]
+    try:
+        return state.after_sync(groups.layout, groups, holders, 5, torch.device("cpu")), None
+    except StateSyncError as e:
+        return 0, str(e)
+    finally:
+        groups.destroy()
+
+
+def _repartition_rank(rank: int, world: int, port: int, out: str, copies: int, lost: int) -> None:
+    """4 ranks at dp 4; old rank ``lost`` leaves (its process sits out the dp 3 generation and
+    comes back with nothing), then dp 4 again."""
+    torch.set_num_threads(1)
+    state = _zero_state(copies)
+    numel = state.numel
+    full = _reference_state(numel)
+    state.dp, state.rank = 4, rank
+    state.held = {k: _slice(full, numel, 4, k) for k in slices_of(rank, 4, copies)}
+    report = {}
+    if rank != lost:
+        new_rank = rank if rank < lost else rank - 1
+        sent, error = _generation(new_rank, 3, port + 1, state, True)
+        report["dp3"] = {"error": error, "sent": sent, "held": state.held, "rank": state.rank, "dp": state.dp}
+        if error is not None:
+            torch.save(report, os.path.join(out, f"rank{rank}.pt"))
+            return
+        new_rank_4 = new_rank
+    elif copies == 1:
+        return                          # the survivors cannot form dp 3: no return to wait for
+    else:
+        state = _zero_state(copies)     # the returning rank: a fresh process, no slice
+        new_rank_4 = 3
+    sent, error = _generation(new_rank_4, 4, port + 2, state, rank != lost)
+    report["dp4"] = {"error": error, "sent": sent, "held": state.held, "rank": state.rank, "dp": state.dp,
+                     "received": state.bytes_received}
+    torch.save(report, os.path.join(out, f"rank{rank}.pt"))
+
+
+def _zero_state(copies: int) -> ZeroState:
+    model = make_model()
+    return ZeroState(model, make_optimizer(model), copies=copies)
+
+
+def _check_held(held: dict, full: dict, numel: int, dp: int, rank: int, copies: int) -> None:
+    assert sorted(held) == sorted(slices_of(rank, dp, copies))
+    for k, st in held.items():
+        want = _slice(full, numel, dp, k)
+        assert st.keys() == want.keys()
+        for key in want:
+            assert torch.equal(st[key], want[key]), (dp, rank, k, key)
+
+
+def test_repartition_dp4_to_3_to_4_restores_the_lost_rank_slice_from_its_second_copy(tmp_path):
+    _spawn(_repartition_rank, 4, str(tmp_path), 2, 1)
+    numel = _zero_state(2).numel
+    full = _reference_state(numel)
+    for rank in range(4):
+        report = torch.load(tmp_path / f"rank{rank}.pt")
+        if rank != 1:
+            r3 = report["dp3"]
+            assert r3["error"] is None and r3["dp"] == 3
+            _check_held(r3["held"], full, numel, 3, r3["rank"], 2)
+        r4 = report["dp4"]
+        assert r4["error"] is None and r4["dp"] == 4
+        _check_held(r4["held"], full, numel, 4, r4["rank"], 2)
+    # the returning rank received its two slices (and nothing else), point to point
+    back = torch.load(tmp_path / "rank1.pt")["dp4"]
+    assert back["rank"] == 3 and back["received"] > 0
+
+
+def test_a_lost_slice_without_a_second_copy_is_named_on_every_survivor(tmp_path):
+    _spawn(_repartition_rank, 4, str(tmp_path), 1, 2)
+    for rank in (0, 1, 3):
+        error = torch.load(tmp_path / f"rank{rank}.pt")["dp3"]["error"]
+        assert error is not None and LOST in error and "slice [2]" in error and "newest checkpoint" in error, error
+
+
+def test_plan_moves_names_every_lost_slice_and_takes_own_pieces_locally():
+    with pytest.raises(StateSyncError, match=r"optimizer shard lost, no second copy: slices \[2, 3\]"):
+        plan_moves([{0}, {1}], 4, 2, 100, 1)
+    moves = plan_moves([{0, 2}, {1, 3}, set()], 4, 3, 100, 2)
+    assert all(m.source == m.dest for m in moves if m.dest == 0 and m.old in (0,))
+    covered = {}
+    for m in moves:
+        covered.setdefault((m.dest, m.new), 0)
+        covered[(m.dest, m.new)] += m.hi - m.lo
+    for (r, j), n in covered.items():
+        a, b = slice_bounds(100, 3, j)
+        assert n == b - a, (r, j)
+    assert {j for r, j in covered if r == 2} == set(slices_of(2, 3, 2))
+
+
+# -- the checkpoint fallback --------------------------------------------------------------------
+
+
+def test_a_zero1_checkpoint_of_dp_2_resumes_in_one_process_to_the_uninterrupted_weights(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _spawn(_train_rank, 2, str(tmp_path), 1, "adam", str(ckpt))
+    from regroup.checkpoint import Checkpointer
+
+    complete = Checkpointer(str(ckpt)).complete()
+    assert [c.step for c in complete] == [2, 5] and complete[0].replica_size == 2  # a file per slice
+    shutil.rmtree(complete[1].path)   # the job goes back to step 2's checkpoint
+    model = make_model()
+    opt = make_optimizer(model)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    trainer = regroup.Trainer(model, opt, sched, config=regroup.TrainerConfig(
+        **CONFIG, optimizer_sharding="zero1", checkpoint_dir=str(ckpt)))
+    train(trainer, STEPS)
+    expected, _ = plain_run("adam")
+    assert relative_error(dict(expected.named_parameters()), dict(model.named_parameters())) <= 1e-9
+    # a job without optimizer sharding refuses it, naming why
+    plain = make_model()
+    popt = make_optimizer(plain)
+    with pytest.raises(StateSyncError, match="ZeRO-1 optimizer slices"):
+        train(regroup.Trainer(plain, popt, config=regroup.TrainerConfig(**CONFIG, checkpoint_dir=str(ckpt))), STEPS)
+
+
+# -- the configuration --------------------------------------------------------------------------
+
+
+def test_the_configuration_refuses_what_cannot_work():
+    with pytest.raises(regroup.ConfigError, match="optimizer_sharding='zero2' must be"):
+        regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero2")
+    with pytest.raises(regroup.ConfigError, match="optimizer_copies=3 must be 1 or 2"):
+        regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", optimizer_copies=3)
+    with pytest.raises(regroup.ConfigError, match="set optimizer_sharding='zero1'"):
+        regroup.TrainerConfig(**CONFIG, optimizer_copies=2)
+    with pytest.raises(regroup.ConfigError, match="tensor_parallel=2 x pipeline_parallel=None must be 1"):
+        regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", tensor_parallel=2)
+    model = make_model()
+    config = regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1")
+    with pytest.raises(regroup.ConfigError, match="elementwise optimizer.*this is LBFGS"):
+        regroup.Trainer(model, torch.optim.LBFGS(model.parameters()), config=config)
+    with pytest.raises(regroup.ConfigError, match="one parameter group"):
+        regroup.Trainer(model, torch.optim.SGD([{"params": [model[0].weight]},
+                                                 {"params": [model[0].bias]}], lr=0.1), config=config)
+    with pytest.raises(regroup.ConfigError, match="model.parameters()"):
+        regroup.Trainer(model, torch.optim.SGD([model[0].weight], lr=0.1), config=config)
+    with pytest.raises(regroup.ConfigError, match="give the trainer the optimizer"):
+        regroup.Trainer(model, None, config=config)

@@ -68,6 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="hsdp: the full model sharded with FSDP2 over each replica's --tp ranks, "
                         "replicated across replicas (torch >= 2.6); each rank computes its part "
                         "of every micro-batch of its replica")
+    p.add_argument("--optimizer-sharding", choices=("none", "zero1"), default="none",
+                   help="zero1: a distributed optimizer, its state sharded over the data-parallel ranks")
+    p.add_argument("--optimizer-copies", type=int, default=1,
+                   help="with zero1: 2 keeps a second copy of each slice (a lost rank's comes back in place)")
     p.add_argument("--checksum-interval", type=int, default=10)
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-interval", type=int, default=0)
@@ -236,6 +240,8 @@ def main(argv=None) -> int:
         microbatches_per_step=args.microbatches, seed=args.seed, tensor_parallel=tp,
         checksum_interval=args.checksum_interval, checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval, ddp=args.ddp, sharding="hsdp" if hsdp else None,
+        optimizer_sharding=None if args.optimizer_sharding == "none" else args.optimizer_sharding,
+        optimizer_copies=args.optimizer_copies,
         timeouts=regroup.Timeouts(abort_exit=args.abort_exit))
 
     def on_commit(step: regroup.Step) -> None:

@@ -836,6 +836,42 @@ def grid_kill_lose_return(c: Cluster, r: Result) -> None:
     check_strategy(c, r, ["restart_in_place", "scale_in", "scale_out"], ["wait", "restart_job"])
 
 
+def zero1_repartitions(c: Cluster) -> List[str]:
+    """The trainers' log lines of ZeRO-1 repartitions ("slices [..] of dp N assembled from dp M")."""
+    return [line for f in sorted(c.dir.glob("*.log")) for line in f.read_text(errors="replace").splitlines()
+            if "ZeRO-1 optimizer slices" in line]
+
+
+@scenario(50, "a distributed optimizer (ZeRO-1, dp 4, a second copy of each slice): a killed rank, then a "
+              "lost node and its return; every optimizer slice comes back from its other copy, in place",
+          lambda: JobSpec(steps=150, optimizer="adam", step_sleep=0.1, prefer_elastic=True,
+                          strategies="recover-in-place,elastic-training,exit",
+                          extra_train=["--optimizer-sharding", "zero1", "--optimizer-copies", "2", "--verbose"]))
+def zero1_killed_rank_lost_node_return(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(8)
+    second = c.node_of(1)
+    c.wait_warm(second)
+    f = c.kill_trainer(second, 1)
+    c.wait_event("generation", "4 ranks", after_ms=int(f["at"] * 1000))   # the rank is back
+    c.wait_step(c.last_step() + 3)
+    measure(c, r, f)
+    g, h, pod = lose_a_node_then_return(c, r)
+    measure(c, r, g, until=h)
+    measure(c, r, h, detected_kinds=("register",))
+    check_training(c, r)   # the fault-free run's weights (plain Adam, one process) and the ledger
+    check_strategy(c, r, ["restart_in_place", "scale_in", "scale_out"], ["restart_job"])
+    check_story(c, r, [("fault", "process_exit"), ("restart_in_place", ""), ("generation", "4 ranks"),
+                       ("fault", "pod_lost"), ("directive", "scale_in"), ("generation", "2 ranks"),
+                       ("register", pod.node.name), ("directive", "scale_out"), ("generation", "4 ranks"),
+                       ("done", "")])
+    lines = zero1_repartitions(c)
+    r.promise("the slices were cut to dp 2 from dp 4 (the lost node's from their second copies) and back to dp 4",
+              any("of dp 2 assembled from dp 4" in x for x in lines)
+              and any("of dp 4 assembled from dp 2" in x for x in lines), "\n".join(lines[-12:]))
+    r.promise("no optimizer slice was lost", not any("optimizer shard lost" in e["message"] for e in c.events()))
+
+
 # ---------------------------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------------------------

@@ -863,6 +863,32 @@ def zero1_killed_rank_lost_node_return(c: Cluster, r: Result) -> None:
     r.promise("no optimizer slice was lost", not any("optimizer shard lost" in e["message"] for e in c.events()))
 
 
+@scenario(51, "a distributed optimizer (ZeRO-1, dp 4) without second copies: a killed rank's optimizer slice is "
+              "lost, named in the event, and every process restarts from the newest checkpoint",
+          lambda: JobSpec(steps=120, optimizer="adam", step_sleep=0.1, checkpoint_interval=10,
+                          strategies="recover-in-place,exit",
+                          # a fault of the training's own restarts the job only with fault-retry-times
+                          extra_labels={"fault-retry-times": "2", "pod-rescheduling": "on"},
+                          extra_train=["--optimizer-sharding", "zero1", "--optimizer-copies", "1"]))
+def zero1_lost_slice_goes_to_the_checkpoint(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(25)
+    second = c.node_of(1)
+    c.wait_warm(second)
+    f = c.kill_trainer(second, 1)
+    codes = c.wait_pods_exit()
+    r.promise("every pod exited 0", set(codes.values()) == {0}, str(codes))
+    measure(c, r, f)
+    check_training(c, r)   # the fault-free run's weights, every sample once (the redone steps' last commit)
+    check_story(c, r, [("fault", "process_exit"), ("fault", "optimizer shard lost, no second copy: slice [3]"),
+                       ("pod_rescheduling", "every process restarts from the newest checkpoint"),
+                       ("generation", "from the newest checkpoint"), ("resumed", ""), ("done", "")])
+    resumed = [e["message"] for e in c.events() if e["kind"] == "generation" and "newest checkpoint" in e["message"]]
+    r.promise("the job went back to a checkpoint (a step before the fault's)",
+              any(f"resuming after step {s}" in m for m in resumed for s in range(9, f["step"], 10)),
+              f"fault at step {f['step']}; {resumed}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------------------------

@@ -883,7 +883,7 @@ def zero1_lost_slice_goes_to_the_checkpoint(c: Cluster, r: Result) -> None:
     check_story(c, r, [("fault", "process_exit"), ("fault", "optimizer shard lost, no second copy: slice [3]"),
                        ("pod_rescheduling", "every process restarts from the newest checkpoint"),
                        ("generation", "from the newest checkpoint"), ("resumed", ""), ("done", "")])
-    resumed = [e["message"] for e in c.events() if e["kind"] == "generation" and "newest checkpoint" in e["message"]]
+    resumed = [e["message"] for e in c.events() if e["kind"] == "generation" and "from the newest checkpoint" in e["message"]]
     r.promise("the job went back to a checkpoint (a step before the fault's)",
               any(f"resuming after step {s}" in m for m in resumed for s in range(9, f["step"], 10)),
               f"fault at step {f['step']}; {resumed}")

@@ -60,13 +60,14 @@ def _env(rank: int, world: int, port: int) -> None:
     torch.set_num_threads(1)
 
 
-def _train_rank(rank: int, world: int, port: int, out: str, copies: int, kind: str, ckpt: str) -> None:
+def _train_rank(rank: int, world: int, port: int, out: str, copies: int, kind: str, ckpt: str,
+                ddp: bool = False) -> None:
     _env(rank, world, port)
     model = make_model()
     opt = make_optimizer(model, kind)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     config = regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", optimizer_copies=copies,
-                                   checkpoint_dir=ckpt or None, checkpoint_interval=3 if ckpt else 0)
+                                   checkpoint_dir=ckpt or None, checkpoint_interval=3 if ckpt else 0, ddp=ddp)
     trainer = regroup.Trainer(model, opt, sched, config=config)
     train(trainer, STEPS)
     state = trainer.state
@@ -81,9 +82,10 @@ def _spawn(fn, world: int, *args) -> None:
     mp.start_processes(fn, args=(world, free_port(), *args), nprocs=world, join=True, start_method="spawn")
 
 
-@pytest.mark.parametrize("world,copies", [(2, 1), (4, 2)])
-def test_zero1_at_dp_2_and_4_trains_as_one_plain_process(tmp_path, world, copies):
-    _spawn(_train_rank, world, str(tmp_path), copies, "adam", "")
+@pytest.mark.parametrize("world,copies,ddp", [(2, 1, True), (4, 2, False)])
+def test_zero1_at_dp_2_and_4_trains_as_one_plain_process(tmp_path, world, copies, ddp):
+    """dp 2 reduces the gradients with the DDP wrapper (ddp=True), dp 4 with the trainer's own reduce."""
+    _spawn(_train_rank, world, str(tmp_path), copies, "adam", "", ddp)
     model, opt = plain_run("adam")
     expected = {n: p.detach() for n, p in model.named_parameters()}
     reference = flat_state(model, opt)
@@ -248,11 +250,19 @@ def test_a_zero1_checkpoint_of_dp_2_resumes_in_one_process_to_the_uninterrupted_
     train(trainer, STEPS)
     expected, _ = plain_run("adam")
     assert relative_error(dict(expected.named_parameters()), dict(model.named_parameters())) <= 1e-9
-    # a job without optimizer sharding refuses it, naming why
+    # a job without optimizer sharding refuses it, and a ZeRO-1 job a plain checkpoint, naming why
     plain = make_model()
     popt = make_optimizer(plain)
     with pytest.raises(StateSyncError, match="ZeRO-1 optimizer slices"):
         train(regroup.Trainer(plain, popt, config=regroup.TrainerConfig(**CONFIG, checkpoint_dir=str(ckpt))), STEPS)
+    plain_ckpt = tmp_path / "plain"
+    plain_trainer = regroup.Trainer(plain, make_optimizer(plain), config=regroup.TrainerConfig(
+        **CONFIG, checkpoint_dir=str(plain_ckpt), checkpoint_interval=2))
+    train(plain_trainer, 2)
+    fresh = make_model()
+    with pytest.raises(regroup.CheckpointError, match="whole optimizer state, not ZeRO-1 slices"):
+        train(regroup.Trainer(fresh, make_optimizer(fresh), config=regroup.TrainerConfig(
+            **CONFIG, optimizer_sharding="zero1", checkpoint_dir=str(plain_ckpt))), STEPS)
 
 
 # -- the configuration --------------------------------------------------------------------------

@@ -20,11 +20,8 @@ returns with nothing).
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import io
-import json
-import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,13 +31,9 @@ import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
-
-
-def model_of(args):
-    torch.manual_seed(1)
-    return torch.nn.Sequential(torch.nn.Linear(args.features, args.hidden), torch.nn.Tanh(),
-                               torch.nn.Linear(args.hidden, args.hidden), torch.nn.Tanh(),
-                               torch.nn.Linear(args.hidden, 8))
+_spec = importlib.util.spec_from_file_location("steady_hsdp", REPO / "bench" / "sharded" / "steady_hsdp.py")
+steady = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(steady)   # the same options, data, model and report as HSDP's bench
 
 
 def tensor_bytes(tree) -> int:
@@ -52,21 +45,9 @@ def tensor_bytes(tree) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--variant", choices=("torch", "regroup", "zero1", "zero1x2"), required=True)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--features", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--micro-batch", type=int, default=16)
-    p.add_argument("--microbatches", type=int, default=4)
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    G = args.micro_batch * args.microbatches
-    data = torch.randn(G * args.steps, args.features, generator=torch.Generator().manual_seed(2))
-    target = torch.randn(G * args.steps, 8, generator=torch.Generator().manual_seed(3))
-    model = model_of(args)
+    args = steady.arguments(("torch", "regroup", "zero1", "zero1x2")).parse_args()
+    rank, world, G, data, target = steady.setup(args)
+    model = steady.model_of(args)
     ends = []
     out = {"variant": args.variant, "world": world}
     if args.variant == "torch":
@@ -118,11 +99,8 @@ def main() -> int:
         else:
             out["optimizer_state_bytes"] = tensor_bytes({str(i): s for i, s in enumerate(opt.state.values())})
         trainer.close()
-    gaps = [b - a for a, b in zip(ends[args.warmup:], ends[args.warmup + 1:])]
-    out["step_s"] = statistics.median(gaps)
-    out["param_bytes"] = sum(p.numel() * p.element_size() for p in model_of(args).parameters())
-    if rank == 0:
-        print(json.dumps(out), flush=True)
+    out["param_bytes"] = sum(p.numel() * p.element_size() for p in steady.model_of(args).parameters())
+    steady.report(args, rank, ends, out)
     return 0
 
 

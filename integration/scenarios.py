@@ -865,7 +865,7 @@ def zero1_killed_rank_lost_node_return(c: Cluster, r: Result) -> None:
 
 @scenario(51, "a distributed optimizer (ZeRO-1, dp 4) without second copies: a killed rank's optimizer slice is "
               "lost, named in the event, and every process restarts from the newest checkpoint",
-          lambda: JobSpec(steps=120, optimizer="adam", step_sleep=0.1, checkpoint_interval=10,
+          lambda: JobSpec(steps=80, optimizer="adam", step_sleep=0.1, checkpoint_interval=10,
                           strategies="recover-in-place,exit",
                           # a fault of the training's own restarts the job only with fault-retry-times
                           extra_labels={"fault-retry-times": "2", "pod-rescheduling": "on"},

@@ -123,6 +123,35 @@ def plan_moves(held_by: Sequence[Set[int]], old_dp: int, new_dp: int, numel: int
     return moves
 
 
+def choose_partition(views: Sequence[Sequence[Tuple[int, Set[int]]]]) -> Tuple[int, List[Set[int]]]:
+    """The old partition to cut from, and which of its slices each rank holds.
+
+    ``views[r]`` is every (dp, slices) holding of rank ``r`` at the committed step: its current
+    one, and the one before its last cut when that cut's step is still the committed one (a
+    generation that failed while some ranks had cut their slices and others had not). A
+    partition every slice of which some rank holds is taken, the one most ranks hold first (then
+    the larger dp); with none whole, the most nearly whole, for :func:`plan_moves` to name what
+    is lost.
+
+    Raises:
+        StateSyncError: no rank holds any slice.
+    """
+    dps = sorted({d for view in views for d, _ in view if d})
+    if not dps:
+        raise StateSyncError("no rank holds the optimizer state")
+
+    def held_by(dp: int) -> List[Set[int]]:
+        return [set().union(*[s for d, s in view if d == dp]) for view in views]
+
+    def rank(dp: int) -> Tuple[int, int, int]:
+        by = held_by(dp)
+        missing = len(set(range(dp)) - set().union(*by))
+        return (-missing, sum(1 for s in by if s), dp)
+
+    best = max(dps, key=rank)
+    return best, held_by(best)
+
+
 def _piece(state: Dict[str, Any], start: int, length: int, lo: int, hi: int) -> Dict[str, Any]:
     """Elements ``[lo, hi)`` (global indices) of the state of a slice that starts at ``start``
     and holds ``length`` elements: its flat tensors cut (copies), its scalars as they are."""
@@ -176,6 +205,11 @@ class ZeroState(TrainingState):
         # changed in place, by every apply (the previous dict is the undo: regroup.undo)
         self.held: Dict[int, Dict[str, Any]] = {0: {}}
         self._pending: Optional[Tuple[torch.Tensor, Dict[int, Dict[str, Any]]]] = None
+        # (committed step, dp, slices) held before the last cut, kept until a step of the new
+        # partition commits: a generation that fails while cutting leaves some ranks cut and
+        # others not, and the next one cuts again from whichever partition is whole
+        self._earlier: Optional[Tuple[int, int, Dict[int, Dict[str, Any]]]] = None
+        self._applies = 0
         self._slots: Dict[Tuple[int, int], Tuple[torch.nn.Parameter, torch.optim.Optimizer]] = {}
         self.bytes_received = 0       # optimizer state received at repartitions (a bench figure)
 
@@ -254,6 +288,9 @@ class ZeroState(TrainingState):
                 p.copy_(flat[offset:offset + n].view_as(p))
                 offset += n
         self.held = stepped
+        self._applies += 1
+        if self._applies >= 2:   # applying a second step: the first one of the partition committed
+            self._earlier = None
         # The script's optimizer did step, for its LR scheduler's check of the order (torch 1.x
         # counts the steps, 2.x marks one), which would otherwise warn.
         opt = self.optimizer
@@ -275,8 +312,8 @@ class ZeroState(TrainingState):
         returns the bytes sent (``bytes_received`` adds up what came).
 
         Raises:
-            StateSyncError: a slice is lost ("optimizer shard lost, no second copy"), or the ranks
-                hold slices of different partitions.
+            StateSyncError: a slice is lost ("optimizer shard lost, no second copy"), or no rank
+                holds any.
             RuntimeError: a collective failed.
         """
         if layout.replica_size != 1:
@@ -289,19 +326,15 @@ class ZeroState(TrainingState):
         if committed_step < 0:  # nothing stepped yet: every slice starts empty
             self.held, self.dp, self.rank = {j: {} for j in mine}, new_dp, rank
             return 0
-        holds = bool(holders[rank])
-        old_dp = self.dp if holds else 0
-        if world == 1:
-            views = [(old_dp, set(self.held) if holds else set())]
-        else:
-            views = self._census(groups, old_dp, set(self.held) if holds else set(), world, device)
-        dps = {d for d, _ in views if d}
-        if len(dps) != 1:
-            raise StateSyncError(f"the ranks hold optimizer slices of different partitions (dp {sorted(dps)}) "
-                                 f"or none at step {committed_step}" if dps else
-                                 f"no rank holds the optimizer state at step {committed_step}")
-        old_dp = dps.pop()
-        held_by = [s for _, s in views]
+        holdings: List[Tuple[int, Dict[int, Dict[str, Any]]]] = []
+        if holders[rank]:
+            holdings.append((self.dp, self.held))
+            if self._earlier is not None and self._earlier[0] == committed_step and self._earlier[1] != self.dp:
+                holdings.append(self._earlier[1:])
+        mine_view = [(d, set(h)) for d, h in holdings]
+        views = [mine_view] if world == 1 else self._census(groups, mine_view, world, device)
+        old_dp, held_by = choose_partition(views)
+        source = next((h for d, h in holdings if d == old_dp), {})
         moves = plan_moves(held_by, old_dp, new_dp, self.numel, self.copies)
         call = groups.sockets.call if groups is not None and groups.backend == "gloo" else None
         pieces: Dict[int, List[Tuple[int, Dict[str, Any]]]] = {j: [] for j in mine}
@@ -309,7 +342,7 @@ class ZeroState(TrainingState):
         for m in moves:
             if m.source == rank:
                 c, d = slice_bounds(self.numel, old_dp, m.old)
-                piece = _piece(self.held[m.old], c, d - c, m.lo, m.hi)
+                piece = _piece(source[m.old], c, d - c, m.lo, m.hi)
                 if m.dest == rank:
                     pieces[m.new].append((m.lo, piece))
                     continue
@@ -325,31 +358,36 @@ class ZeroState(TrainingState):
                 data = call(recv_payload, m.source, device) if call is not None else recv_payload(m.source, device)
                 received += len(data)
                 pieces[m.new].append((m.lo, load_tree(io.BytesIO(data))))
+        if old_dp != new_dp and source:
+            self._earlier = (committed_step, old_dp, source)
         self.held = {j: self._assemble(j, new_dp, pieces[j]) for j in mine}
-        self.dp, self.rank = new_dp, rank
+        self.dp, self.rank, self._applies = new_dp, rank, 0
         self.bytes_received += received
         log.info("regroup: ZeRO-1 optimizer slices %s of dp %d assembled from dp %d (%d bytes received)",
                  mine, new_dp, old_dp, received)
         return sent
 
-    def _census(self, groups: Any, old_dp: int, held: Set[int], world: int,
-                device: torch.device) -> List[Tuple[int, Set[int]]]:
-        """Every rank's (partition, old slices held), over the new generation's group."""
-        def gather(tensor: torch.Tensor, what: str) -> List[torch.Tensor]:
+    def _census(self, groups: Any, mine: List[Tuple[int, Set[int]]], world: int,
+                device: torch.device) -> List[List[Tuple[int, Set[int]]]]:
+        """Every rank's holdings (up to two: (dp, slices)), over the new generation's group."""
+        def gather(tensor: torch.Tensor) -> List[torch.Tensor]:
             out = [torch.zeros_like(tensor) for _ in range(world)]
             if groups.backend == "gloo":
-                groups.sockets.wait(dist.all_gather(out, tensor, async_op=True), what)
+                groups.sockets.wait(dist.all_gather(out, tensor, async_op=True), "the ZeRO-1 census")
             else:
                 dist.all_gather(out, tensor)
             return out
 
-        dps = gather(torch.tensor([old_dp], dtype=torch.int64, device=device), "the ZeRO-1 census")
-        width = max(1, max(int(d.item()) for d in dps))
-        mask = torch.zeros(width, dtype=torch.int64, device=device)
-        for k in held:
-            mask[k] = 1
-        masks = gather(mask, "the ZeRO-1 census")
-        return [(int(d.item()), {k for k in range(width) if int(m[k].item())}) for d, m in zip(dps, masks)]
+        dps = [d for d, _ in mine] + [0] * (2 - len(mine))
+        everyone = gather(torch.tensor(dps, dtype=torch.int64, device=device))
+        width = max(1, max(int(x) for d in everyone for x in d.tolist()))
+        mask = torch.zeros(2, width, dtype=torch.int64, device=device)
+        for i, (_, held) in enumerate(mine):
+            for k in held:
+                mask[i, k] = 1
+        masks = gather(mask)
+        return [[(int(d[i]), {k for k in range(width) if int(m[i, k])}) for i in range(2) if int(d[i])]
+                for d, m in zip(everyone, masks)]
 
     def _assemble(self, j: int, dp: int, pieces: List[Tuple[int, Dict[str, Any]]]) -> Dict[str, Any]:
         """New slice ``j``'s state from its pieces (each ``(lo, piece)``, global indices)."""

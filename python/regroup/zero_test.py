@@ -28,7 +28,7 @@ import regroup
 from regroup.api import StateSyncError
 from regroup.sharded_test import make_model, train  # the same model and data as HSDP's test
 from regroup.testing import free_port, relative_error
-from regroup.zero import LOST, ZeroState, plan_moves, slice_bounds, slices_of
+from regroup.zero import LOST, ZeroState, choose_partition, plan_moves, slice_bounds, slices_of
 
 STEPS = 6
 CONFIG = dict(dataset_size=64, micro_batch_size=4, microbatches_per_step=4, seed=7, checksum_interval=0)
@@ -229,6 +229,19 @@ def test_plan_moves_names_every_lost_slice_and_takes_own_pieces_locally():
         a, b = slice_bounds(100, 3, j)
         assert n == b - a, (r, j)
     assert {j for r, j in covered if r == 2} == set(slices_of(2, 3, 2))
+
+
+def test_a_generation_that_failed_while_cutting_leaves_a_whole_partition_to_cut_from():
+    """Ranks 0 and 2 cut dp 4 into dp 3 (keeping their dp 4 slices), rank 1 did not: dp 4 is whole
+    (and held by every rank), so it is the one taken; where only the new cut is whole, that one."""
+    assert choose_partition([[(3, {0, 2}), (4, {0, 2})], [(4, {1, 3})], [(3, {2, 1}), (4, {2, 0})]]) == \
+        (4, [{0, 2}, {1, 3}, {2, 0}])
+    assert choose_partition([[(3, {0, 2})], [(3, {1, 0})], [(4, {3})]]) == (3, [{0, 2}, {1, 0}, set()])
+    dp, held_by = choose_partition([[(4, {0})], [(4, {1})], []])
+    with pytest.raises(StateSyncError, match=r"slices \[2, 3\] .* dp 4"):
+        plan_moves(held_by, dp, 3, 100, 1)
+    with pytest.raises(StateSyncError, match="no rank holds the optimizer state"):
+        choose_partition([[], []])
 
 
 # -- the checkpoint fallback --------------------------------------------------------------------

@@ -67,10 +67,13 @@ def _train_rank(rank: int, world: int, port: int, out: str, copies: int, kind: s
     opt = make_optimizer(model, kind)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     config = regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", optimizer_copies=copies,
-                                   checkpoint_dir=ckpt or None, checkpoint_interval=3 if ckpt else 0, ddp=ddp)
+                                   checkpoint_dir=ckpt or None, ddp=ddp,
+                                   checkpoint_interval=3 if ckpt and copies == 1 else 0)  # copies 2: the dump only
     trainer = regroup.Trainer(model, opt, sched, config=config)
     train(trainer, STEPS)
     state = trainer.state
+    if ckpt and copies == 2 and rank == 0:
+        trainer.checkpoint_now()   # a dump by rank 0 alone (rank 1 "lost"): both slices, from the copy
     torch.save({"params": {n: p.detach().clone() for n, p in model.named_parameters()},
                 "held": state.held, "dp": state.dp, "lr": opt.param_groups[0]["lr"]},
                os.path.join(out, f"rank{rank}.pt"))
@@ -276,6 +279,24 @@ def test_a_zero1_checkpoint_of_dp_2_resumes_in_one_process_to_the_uninterrupted_
     with pytest.raises(regroup.CheckpointError, match="whole optimizer state, not ZeRO-1 slices"):
         train(regroup.Trainer(fresh, make_optimizer(fresh), config=regroup.TrainerConfig(
             **CONFIG, optimizer_sharding="zero1", checkpoint_dir=str(plain_ckpt))), STEPS)
+
+
+def test_a_dump_by_one_survivor_with_second_copies_is_a_complete_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _spawn(_train_rank, 2, str(tmp_path), 2, "sgd", str(ckpt))
+    from regroup.checkpoint import Checkpointer
+
+    complete = Checkpointer(str(ckpt)).complete()   # no periodic checkpoint: the dump's only
+    assert [(c.step, c.replica_size) for c in complete] == [(STEPS - 1, 2)], complete
+    model = make_model()
+    opt = make_optimizer(model, "sgd")
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    trainer = regroup.Trainer(model, opt, sched, config=regroup.TrainerConfig(
+        **CONFIG, optimizer_sharding="zero1", checkpoint_dir=str(ckpt)))
+    train(trainer, STEPS + 2)       # resumes after the dump's step, the momentum whole
+    expected, _ = plain_run("sgd", STEPS + 2)
+    assert relative_error({n: p.detach() for n, p in expected.named_parameters()},
+                          {n: p.detach() for n, p in model.named_parameters()}) <= 1e-9
 
 
 # -- the configuration --------------------------------------------------------------------------

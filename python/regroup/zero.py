@@ -249,8 +249,7 @@ class ZeroState(TrainingState):
                 opt.state.clear()
                 if st:
                     opt.state[p] = {key: _clone(v) for key, v in st.items()}
-                with torch.enable_grad():
-                    opt.step()
+                opt.step()
                 stepped[k] = dict(opt.state[p])
                 opt.state.clear()
                 p.grad = None

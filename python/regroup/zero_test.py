@@ -1,15 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """The distributed optimizer (ZeRO-1, regroup.zero) without an agent.
 
-- dp 2 and dp 4 gloo processes (torchrun's environment) train as one plain process: the same
-  final weights (float64, Adam with an LR scheduler, norm-relative 1e-9), and each rank's slices
-  are the plain optimizer's state cut at the partition;
+- dp 2 (with DDP and second copies) and dp 4 gloo processes (torchrun's environment) train as one
+  plain process: the same final weights (float64, Adam with an LR scheduler, norm-relative 1e-9),
+  and each rank's slices are the plain optimizer's state cut at the partition;
 - the repartition of a generation change, over real groups: dp 4 -> 3 (a rank lost) -> 4 (a new
   rank with nothing), every slice assembled exactly, the lost rank's own slice from its second
   copy; without a second copy the lost slice is named ("optimizer shard lost, no second copy");
-- the checkpoint fallback: a dp 2 job's checkpoint (one file per slice) resumed by one process
-  trains on to the uninterrupted run's weights;
-- the configuration's refusals.
+- the checkpoint fallback: a dp 4 job's checkpoint (one file per slice) resumed by one process
+  trains on to the uninterrupted run's weights, and so does a dump by one rank holding second
+  copies;
+- the undo of an applied step whose vote is rolled back, and the configuration's refusals.
 
 The recovery under the real manager and agents (a killed rank, a lost node, its return) is
 integration scenario 50.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,20 +62,21 @@ def _env(rank: int, world: int, port: int) -> None:
     torch.set_num_threads(1)
 
 
-def _train_rank(rank: int, world: int, port: int, out: str, copies: int, kind: str, ckpt: str,
-                ddp: bool = False) -> None:
+def _train_rank(rank: int, world: int, port: int, out: str, copies: int, ddp: bool, ckpt: str,
+                periodic: bool) -> None:
+    """A rank of a ZeRO-1 job (Adam); with ``ckpt`` either checkpoints every 3 steps (``periodic``)
+    or, at the end, a dump by rank 0 alone (its peers "lost")."""
     _env(rank, world, port)
     model = make_model()
-    opt = make_optimizer(model, kind)
+    opt = make_optimizer(model)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     config = regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", optimizer_copies=copies,
-                                   checkpoint_dir=ckpt or None, ddp=ddp,
-                                   checkpoint_interval=3 if ckpt and copies == 1 else 0)  # copies 2: the dump only
+                                   checkpoint_dir=ckpt, ddp=ddp, checkpoint_interval=3 if periodic else 0)
     trainer = regroup.Trainer(model, opt, sched, config=config)
     train(trainer, STEPS)
     state = trainer.state
-    if ckpt and copies == 2 and rank == 0:
-        trainer.checkpoint_now()   # a dump by rank 0 alone (rank 1 "lost"): both slices, from the copy
+    if not periodic and rank == 0:
+        trainer.checkpoint_now()   # every slice rank 0 holds: its own and its second copy
     torch.save({"params": {n: p.detach().clone() for n, p in model.named_parameters()},
                 "held": state.held, "dp": state.dp, "lr": opt.param_groups[0]["lr"]},
                os.path.join(out, f"rank{rank}.pt"))
@@ -85,16 +88,14 @@ def _spawn(fn, world: int, *args) -> None:
     mp.start_processes(fn, args=(world, free_port(), *args), nprocs=world, join=True, start_method="spawn")
 
 
-@pytest.mark.parametrize("world,copies,ddp", [(2, 1, True), (4, 2, False)])
-def test_zero1_at_dp_2_and_4_trains_as_one_plain_process(tmp_path, world, copies, ddp):
-    """dp 2 reduces the gradients with the DDP wrapper (ddp=True), dp 4 with the trainer's own reduce."""
-    _spawn(_train_rank, world, str(tmp_path), copies, "adam", "", ddp)
+def _check_trained(out: Path, world: int, copies: int) -> None:
+    """Every rank's weights are one plain process's, and its slices the plain Adam state's cut."""
     model, opt = plain_run("adam")
     expected = {n: p.detach() for n, p in model.named_parameters()}
     reference = flat_state(model, opt)
     numel = sum(p.numel() for p in model.parameters())
     for rank in range(world):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+        got = torch.load(out / f"rank{rank}.pt")
         error = relative_error(expected, got["params"])
         assert error <= 1e-9, f"rank {rank}: norm-relative error {error:.3e}"
         assert got["lr"] == opt.param_groups[0]["lr"]
@@ -104,6 +105,61 @@ def test_zero1_at_dp_2_and_4_trains_as_one_plain_process(tmp_path, world, copies
             assert int(st["step"]) == STEPS
             for key, full in reference.items():
                 assert relative_error({key: full[a:b]}, {key: st[key]}) <= 1e-9, (rank, k, key)
+
+
+def _resume(ckpt: Path, steps: int) -> torch.nn.Module:
+    """One process resuming a ZeRO-1 job from its newest checkpoint and training to ``steps``."""
+    model = make_model()
+    opt = make_optimizer(model)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    train(regroup.Trainer(model, opt, sched, config=regroup.TrainerConfig(
+        **CONFIG, optimizer_sharding="zero1", checkpoint_dir=str(ckpt))), steps)
+    return model
+
+
+def _same_as_plain(model: torch.nn.Module, steps: int) -> None:
+    expected, _ = plain_run("adam", steps)
+    error = relative_error({n: p.detach() for n, p in expected.named_parameters()},
+                           {n: p.detach() for n, p in model.named_parameters()})
+    assert error <= 1e-9, f"norm-relative error {error:.3e}"
+
+
+def test_zero1_at_dp_2_with_ddp_and_second_copies_trains_as_one_process_and_one_rank_dumps_it_whole(tmp_path):
+    """dp 2 reduces the gradients with the DDP wrapper. Rank 0 alone dumps (rank 1 "lost"): with
+    second copies it holds both slices, so the checkpoint is complete, and resumes exactly."""
+    ckpt = tmp_path / "ckpt"
+    _spawn(_train_rank, 2, str(tmp_path), 2, True, str(ckpt), False)
+    _check_trained(tmp_path, 2, 2)
+    from regroup.checkpoint import Checkpointer
+
+    complete = Checkpointer(str(ckpt)).complete()   # no periodic checkpoint: the dump's only
+    assert [(c.step, c.replica_size) for c in complete] == [(STEPS - 1, 2)], complete
+    _same_as_plain(_resume(ckpt, STEPS + 2), STEPS + 2)
+
+
+def test_zero1_at_dp_4_trains_as_one_process_and_its_checkpoint_resumes_at_dp_1(tmp_path):
+    """dp 4 without second copies, the trainer's own reduce, a checkpoint every 3 steps (a file a
+    slice): the job gone back to step 2's checkpoint, one process trains on to the same weights."""
+    ckpt = tmp_path / "ckpt"
+    _spawn(_train_rank, 4, str(tmp_path), 1, False, str(ckpt), True)
+    _check_trained(tmp_path, 4, 1)
+    from regroup.checkpoint import Checkpointer
+
+    complete = Checkpointer(str(ckpt)).complete()
+    assert [(c.step, c.replica_size) for c in complete] == [(2, 4), (5, 4)], complete
+    shutil.rmtree(complete[1].path)   # the job goes back to step 2's checkpoint
+    _same_as_plain(_resume(ckpt, STEPS), STEPS)
+    # a job without optimizer sharding refuses it, and a ZeRO-1 job a plain checkpoint, naming why
+    plain = make_model()
+    with pytest.raises(StateSyncError, match="ZeRO-1 optimizer slices"):
+        train(regroup.Trainer(plain, make_optimizer(plain), config=regroup.TrainerConfig(
+            **CONFIG, checkpoint_dir=str(ckpt))), STEPS)
+    plain_ckpt = tmp_path / "plain"
+    plain_trainer = regroup.Trainer(plain, make_optimizer(plain), config=regroup.TrainerConfig(
+        **CONFIG, checkpoint_dir=str(plain_ckpt), checkpoint_interval=2))
+    train(plain_trainer, 2)
+    with pytest.raises(regroup.CheckpointError, match="whole optimizer state, not ZeRO-1 slices"):
+        _resume(plain_ckpt, STEPS)
 
 
 def test_zero1_sgd_with_momentum_in_one_process_equals_the_plain_optimizer():
@@ -151,10 +207,15 @@ def _generation(rank: int, world: int, port: int, state: ZeroState, holds: bool)
         groups.destroy()
 
 
-def _repartition_rank(rank: int, world: int, port: int, out: str, copies: int, lost: int) -> None:
-    """4 ranks at dp 4; old rank ``lost`` leaves (its process sits out the dp 3 generation and
-    comes back with nothing), then dp 4 again."""
+def _repartition_rank(rank: int, world: int, port: int, out: str) -> None:
+    """4 processes. With second copies: dp 4, old rank 1 lost (it sits out dp 3 and comes back with
+    nothing), dp 4 again. Then without: dp 4, old rank 2 lost, the survivors fail to form dp 3."""
     torch.set_num_threads(1)
+    report = {"copies2": _lose_and_return(rank, port + 1, 2, 1), "copies1": _lose_and_return(rank, port + 3, 1, 2)}
+    torch.save(report, os.path.join(out, f"rank{rank}.pt"))
+
+
+def _lose_and_return(rank: int, port: int, copies: int, lost: int) -> dict:
     state = _zero_state(copies)
     numel = state.numel
     full = _reference_state(numel)
@@ -163,21 +224,19 @@ def _repartition_rank(rank: int, world: int, port: int, out: str, copies: int, l
     report = {}
     if rank != lost:
         new_rank = rank if rank < lost else rank - 1
-        sent, error = _generation(new_rank, 3, port + 1, state, True)
+        sent, error = _generation(new_rank, 3, port, state, True)
         report["dp3"] = {"error": error, "sent": sent, "held": state.held, "rank": state.rank, "dp": state.dp}
         if error is not None:
-            torch.save(report, os.path.join(out, f"rank{rank}.pt"))
-            return
-        new_rank_4 = new_rank
+            return report
     elif copies == 1:
-        return                          # the survivors cannot form dp 3: no return to wait for
+        return report                   # the survivors cannot form dp 3: no return to wait for
     else:
         state = _zero_state(copies)     # the returning rank: a fresh process, no slice
-        new_rank_4 = 3
-    sent, error = _generation(new_rank_4, 4, port + 2, state, rank != lost)
+        new_rank = 3
+    sent, error = _generation(new_rank, 4, port + 1, state, rank != lost)
     report["dp4"] = {"error": error, "sent": sent, "held": state.held, "rank": state.rank, "dp": state.dp,
                      "received": state.bytes_received}
-    torch.save(report, os.path.join(out, f"rank{rank}.pt"))
+    return report
 
 
 def _zero_state(copies: int) -> ZeroState:
@@ -194,28 +253,24 @@ def _check_held(held: dict, full: dict, numel: int, dp: int, rank: int, copies: 
             assert torch.equal(st[key], want[key]), (dp, rank, k, key)
 
 
-def test_repartition_dp4_to_3_to_4_restores_the_lost_rank_slice_from_its_second_copy(tmp_path):
-    _spawn(_repartition_rank, 4, str(tmp_path), 2, 1)
+def test_repartition_dp4_to_3_to_4_restores_a_lost_slice_from_its_second_copy_and_names_one_without(tmp_path):
+    _spawn(_repartition_rank, 4, str(tmp_path))
     numel = _zero_state(2).numel
     full = _reference_state(numel)
-    for rank in range(4):
-        report = torch.load(tmp_path / f"rank{rank}.pt")
+    reports = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(4)]
+    for rank, report in enumerate(reports):
+        r = report["copies2"]
         if rank != 1:
-            r3 = report["dp3"]
-            assert r3["error"] is None and r3["dp"] == 3
-            _check_held(r3["held"], full, numel, 3, r3["rank"], 2)
-        r4 = report["dp4"]
-        assert r4["error"] is None and r4["dp"] == 4
-        _check_held(r4["held"], full, numel, 4, r4["rank"], 2)
-    # the returning rank received its two slices (and nothing else), point to point
-    back = torch.load(tmp_path / "rank1.pt")["dp4"]
+            assert r["dp3"]["error"] is None and r["dp3"]["dp"] == 3
+            _check_held(r["dp3"]["held"], full, numel, 3, r["dp3"]["rank"], 2)
+        assert r["dp4"]["error"] is None and r["dp4"]["dp"] == 4
+        _check_held(r["dp4"]["held"], full, numel, 4, r["dp4"]["rank"], 2)
+    # the returning rank received its two slices, point to point
+    back = reports[1]["copies2"]["dp4"]
     assert back["rank"] == 3 and back["received"] > 0
-
-
-def test_a_lost_slice_without_a_second_copy_is_named_on_every_survivor(tmp_path):
-    _spawn(_repartition_rank, 4, str(tmp_path), 1, 2)
+    # without second copies the lost rank's slice is named on every survivor
     for rank in (0, 1, 3):
-        error = torch.load(tmp_path / f"rank{rank}.pt")["dp3"]["error"]
+        error = reports[rank]["copies1"]["dp3"]["error"]
         assert error is not None and LOST in error and "slice [2]" in error and "newest checkpoint" in error, error
 
 
@@ -245,58 +300,6 @@ def test_a_generation_that_failed_while_cutting_leaves_a_whole_partition_to_cut_
         plan_moves(held_by, dp, 3, 100, 1)
     with pytest.raises(StateSyncError, match="no rank holds the optimizer state"):
         choose_partition([[], []])
-
-
-# -- the checkpoint fallback --------------------------------------------------------------------
-
-
-def test_a_zero1_checkpoint_of_dp_2_resumes_in_one_process_to_the_uninterrupted_weights(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    _spawn(_train_rank, 2, str(tmp_path), 1, "adam", str(ckpt))
-    from regroup.checkpoint import Checkpointer
-
-    complete = Checkpointer(str(ckpt)).complete()
-    assert [c.step for c in complete] == [2, 5] and complete[0].replica_size == 2  # a file per slice
-    shutil.rmtree(complete[1].path)   # the job goes back to step 2's checkpoint
-    model = make_model()
-    opt = make_optimizer(model)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-    trainer = regroup.Trainer(model, opt, sched, config=regroup.TrainerConfig(
-        **CONFIG, optimizer_sharding="zero1", checkpoint_dir=str(ckpt)))
-    train(trainer, STEPS)
-    expected, _ = plain_run("adam")
-    assert relative_error(dict(expected.named_parameters()), dict(model.named_parameters())) <= 1e-9
-    # a job without optimizer sharding refuses it, and a ZeRO-1 job a plain checkpoint, naming why
-    plain = make_model()
-    popt = make_optimizer(plain)
-    with pytest.raises(StateSyncError, match="ZeRO-1 optimizer slices"):
-        train(regroup.Trainer(plain, popt, config=regroup.TrainerConfig(**CONFIG, checkpoint_dir=str(ckpt))), STEPS)
-    plain_ckpt = tmp_path / "plain"
-    plain_trainer = regroup.Trainer(plain, make_optimizer(plain), config=regroup.TrainerConfig(
-        **CONFIG, checkpoint_dir=str(plain_ckpt), checkpoint_interval=2))
-    train(plain_trainer, 2)
-    fresh = make_model()
-    with pytest.raises(regroup.CheckpointError, match="whole optimizer state, not ZeRO-1 slices"):
-        train(regroup.Trainer(fresh, make_optimizer(fresh), config=regroup.TrainerConfig(
-            **CONFIG, optimizer_sharding="zero1", checkpoint_dir=str(plain_ckpt))), STEPS)
-
-
-def test_a_dump_by_one_survivor_with_second_copies_is_a_complete_checkpoint(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    _spawn(_train_rank, 2, str(tmp_path), 2, "sgd", str(ckpt))
-    from regroup.checkpoint import Checkpointer
-
-    complete = Checkpointer(str(ckpt)).complete()   # no periodic checkpoint: the dump's only
-    assert [(c.step, c.replica_size) for c in complete] == [(STEPS - 1, 2)], complete
-    model = make_model()
-    opt = make_optimizer(model, "sgd")
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-    trainer = regroup.Trainer(model, opt, sched, config=regroup.TrainerConfig(
-        **CONFIG, optimizer_sharding="zero1", checkpoint_dir=str(ckpt)))
-    train(trainer, STEPS + 2)       # resumes after the dump's step, the momentum whole
-    expected, _ = plain_run("sgd", STEPS + 2)
-    assert relative_error({n: p.detach() for n, p in expected.named_parameters()},
-                          {n: p.detach() for n, p in model.named_parameters()}) <= 1e-9
 
 
 # -- the configuration --------------------------------------------------------------------------

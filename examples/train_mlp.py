@@ -22,6 +22,9 @@ with ``regroup.all_reduce``: torch's all-reduce that an abort can interrupt), so
 replica is two ranks. Without an agent and with one
 process the full model is computed, whatever ``--tp`` says: that is the reference the
 tensor-parallel runs must match.
+``--optimizer-sharding zero1`` shards the optimizer's state over the data-parallel ranks
+(regroup.zero, a distributed optimizer; ``--optimizer-copies 2`` keeps a second copy of every
+slice): the reference is the same plain process.
 
 Each step prints ``step= loss= world= dp= generation=`` (from every replica's first rank). With
 ``--ledger FILE`` each replica's first rank appends, before voting, one JSON line per step:

@@ -42,7 +42,7 @@ def maybe_checkpoint(t: Trainer, step: Step, snapshot: Optional[Snapshot] = None
         log.warning("regroup: %s", e)
     ((position, count, part),) = files  # one file a rank at a periodic checkpoint
     state = t.state.checkpoint_state(step.number, part)
-    if snapshot is not None:
+    if snapshot is not None and "model" in state:  # (a ZeRO-1 slice's file but the first: none)
         model = state["model"]
         for name, value in snapshot.buffers.items():
             if name in model:

@@ -29,8 +29,9 @@ the old partition each rank holds, every rank computes the same moves (:func:`pl
 each new slice is assembled from the overlapping old ones, point to point. A slice no rank holds
 (its owner lost, and no second copy, or both copies lost) cannot be recovered from a peer: the
 generation fails naming "optimizer shard lost, no second copy" and the job goes to its newest
-checkpoint. A checkpoint holds one file per slice (``shard-0000k-of-0000D``, each with the
-model); loading it gives a rank every slice, which the same repartition cuts to the new size.
+checkpoint. A checkpoint holds one file per slice (``shard-0000k-of-0000D``, the first with the
+model and the rest of the state); loading it gives a rank every slice, which the same
+repartition cuts to the new size.
 """
 
 from __future__ import annotations
@@ -417,7 +418,9 @@ class ZeroState(TrainingState):
         return [(self.rank, self.dp, self.rank)]
 
     def checkpoint_state(self, committed_step: int, part: Any) -> Dict[str, Any]:
-        out = TrainingState.state_dict(self, committed_step)
+        """Slice ``part``'s file: the first also holds the model and the rest of the state, the
+        others their slice only (a checkpoint is then the size of an unsharded one)."""
+        out = TrainingState.state_dict(self, committed_step) if part == 0 else {"committed_step": committed_step}
         out["zero1"] = {"dp": self.dp, "numel": self.numel, "slices": {part: self.held[part]}}
         return out
 
@@ -441,7 +444,8 @@ class ZeroState(TrainingState):
         self._pending = None
 
     def load_checkpoint(self, checkpointer: Any, info: Any, position: int) -> None:
-        """Loads the model and the rest from the first file, and every slice from all of them."""
+        """Loads the model and the rest from the first file, and every slice from all of them
+        (the first rank's random generators, as an unsharded checkpoint holds replica 0's)."""
         first = checkpointer.load(info, 0)
         meta = first.get("zero1")
         if meta is None:

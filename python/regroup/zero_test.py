@@ -162,6 +162,29 @@ def test_zero1_at_dp_4_trains_as_one_process_and_its_checkpoint_resumes_at_dp_1(
         _resume(plain_ckpt, STEPS)
 
 
+def test_a_checkpoint_due_while_the_next_step_is_in_flight_writes_a_slice_file_without_the_model(tmp_path):
+    """A commit heard during the next step (the vote off the critical path) checkpoints with that
+    step's start snapshot for the buffers and RNG; a slice's file other than the first holds no
+    model to put them in."""
+    from regroup import checkpointing
+    from regroup.state import load_tree
+
+    steps = []
+    model = make_model()
+    trainer = regroup.Trainer(model, make_optimizer(model), config=regroup.TrainerConfig(
+        **CONFIG, optimizer_sharding="zero1", checkpoint_dir=str(tmp_path), checkpoint_interval=1),
+        on_commit=steps.append)
+    train(trainer, 1)
+    state = trainer.state
+    state.rank, state.dp, state.held = 1, 2, {1: state.held[0]}   # as rank 1 of dp 2 holds it
+    checkpointing.maybe_checkpoint(trainer, steps[-1], state.snapshot())
+    trainer.checkpointer.wait(30)
+    files = sorted(tmp_path.glob("step-*/shard-00001-of-00002.pt"))
+    assert len(files) == 1, list(tmp_path.rglob("*"))
+    written = load_tree(files[0])
+    assert "model" not in written and sorted(written["zero1"]["slices"]) == [1]
+
+
 def test_zero1_sgd_with_momentum_in_one_process_equals_the_plain_optimizer():
     model, opt = plain_run("sgd")
     zmodel = make_model()

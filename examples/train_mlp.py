@@ -79,6 +79,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-interval", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds of extra work per step")
+    p.add_argument("--scaled-in-sleep", type=float, default=0.0, metavar="S",
+                   help="tests: S seconds of extra work per step while the generation has fewer "
+                        "replicas than this process has seen, so that a replacement has time to start")
     p.add_argument("--ledger", default=None, help="append the committed (step, sample) pairs here")
     p.add_argument("--out", default=None, help="write the final parameters here")
     p.add_argument("--abort-exit", type=float, default=10.0, help="Timeouts.abort_exit")
@@ -253,8 +256,10 @@ def main(argv=None) -> int:
     trainer = regroup.Trainer(model, opt, sched, config=config, extra_state=extra, on_commit=on_commit)
     ledger = os.open(args.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.ledger else None
 
+    most_dp = 0
     for step in trainer.steps(args.steps):
         g = step.generation
+        most_dp = max(most_dp, g.dp)
         loss_sum, samples, lines = 0.0, 0, {}
         with step:
             for mb in step.microbatches():
@@ -271,6 +276,8 @@ def main(argv=None) -> int:
                 if args.verbose:
                     print(f"step={step.number} sleeping {args.step_sleep} s", file=sys.stderr, flush=True)
                 time.sleep(args.step_sleep)
+            if args.scaled_in_sleep and g.dp < most_dp:
+                time.sleep(args.scaled_in_sleep)
             step.reduce_gradients()
             if ledger is not None and (g.tp_rank == 0 or hsdp):
                 record = {"g": [g.epoch, g.number], "step": step.number, "replica": g.replica, "mb": lines}

@@ -852,7 +852,10 @@ def zero1_repartitions(c: Cluster) -> List[str]:
               "lost node and its return; every optimizer slice comes back from its other copy, in place",
           lambda: JobSpec(steps=150, optimizer="adam", step_sleep=0.1, prefer_elastic=True,
                           strategies="recover-in-place,elastic-training,exit",
-                          extra_train=["--optimizer-sharding", "zero1", "--optimizer-copies", "2", "--verbose"]))
+                          # scaled in, a step takes 0.5 s more: the replacement's trainers import
+                          # torch (tens of seconds for torch 2.x on a loaded machine) before the end
+                          extra_train=["--optimizer-sharding", "zero1", "--optimizer-copies", "2", "--verbose",
+                                       "--scaled-in-sleep", "0.5"]))
 def zero1_killed_rank_lost_node_return(c: Cluster, r: Result) -> None:
     # the weights checked against the fault-free run's: plain Adam, one process
     killed_rank_then_lost_node_and_return(c, r, never=["restart_job"])

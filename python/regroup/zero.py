@@ -7,8 +7,8 @@ parallel 1) but only a slice of the optimizer's state. The trainable parameters,
 deterministic rule of the generation's data-parallel size: slice ``k`` is
 ``[k * n // dp, (k + 1) * n // dp)`` (:func:`slice_bounds`). Rank ``r`` owns slice ``r``; with
 ``optimizer_copies=2`` it also keeps a second copy of slice ``(r + dp // 2) % dp``, half the ring
-away, so that losing a node (a block of consecutive ranks, up to half of them) leaves one copy
-of every slice.
+away, so that losing a node (a block of at most ``dp // 2`` consecutive ranks, the ring wrapping
+around) leaves one copy of every slice.
 
 A step (:meth:`ZeroState.prepare`, in the trainer's reduce, before the vote): the gradients are
 summed over the replicas and divided by the global batch as always; each rank runs the script's

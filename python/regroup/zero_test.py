@@ -312,6 +312,17 @@ def test_plan_moves_names_every_lost_slice_and_takes_own_pieces_locally():
     assert {j for r, j in covered if r == 2} == set(slices_of(2, 3, 2))
 
 
+def test_second_copies_survive_the_loss_of_any_block_of_half_the_ranks():
+    for dp in range(2, 9):
+        for size in range(1, dp // 2 + 1):
+            for first in range(dp):
+                lost = {(first + i) % dp for i in range(size)}
+                held = set().union(*[slices_of(r, dp, 2) for r in range(dp) if r not in lost])
+                assert held == set(range(dp)), (dp, sorted(lost))
+    # one more than that can lose a slice: 3 consecutive of 5
+    assert set().union(*[slices_of(r, 5, 2) for r in (3, 4)]) != set(range(5))
+
+
 def test_a_generation_that_failed_while_cutting_leaves_a_whole_partition_to_cut_from():
     """Ranks 0 and 2 cut dp 4 into dp 3 (keeping their dp 4 slices), rank 1 did not: dp 4 is whole
     (and held by every rank), so it is the one taken; where only the new cut is whole, that one."""

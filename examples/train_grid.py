@@ -51,9 +51,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ffn", type=int, default=32, help="the blocks' inner width (split by --tp)")
     p.add_argument("--blocks", type=int, default=4, help="blocks (split by --pp)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
-    p.add_argument("--scaled-in-sleep", type=float, default=0.0, metavar="S",
-                   help="tests: S seconds of extra work per step while the generation has fewer "
-                        "replicas than this process has seen, so that a replacement has time to start")
     own, rest = p.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         p.print_help()

@@ -22,6 +22,9 @@ with ``regroup.all_reduce``: torch's all-reduce that an abort can interrupt), so
 replica is two ranks. Without an agent and with one
 process the full model is computed, whatever ``--tp`` says: that is the reference the
 tensor-parallel runs must match.
+``--optimizer-sharding zero1`` shards the optimizer's state over the data-parallel ranks
+(regroup.zero, a distributed optimizer; ``--optimizer-copies 2`` keeps a second copy of every
+slice): the reference is the same plain process.
 
 Each step prints ``step= loss= world= dp= generation=`` (from every replica's first rank). With
 ``--ledger FILE`` each replica's first rank appends, before voting, one JSON line per step:
@@ -68,10 +71,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="hsdp: the full model sharded with FSDP2 over each replica's --tp ranks, "
                         "replicated across replicas (torch >= 2.6); each rank computes its part "
                         "of every micro-batch of its replica")
+    p.add_argument("--optimizer-sharding", choices=("none", "zero1"), default="none",
+                   help="zero1: a distributed optimizer, its state sharded over the data-parallel ranks")
+    p.add_argument("--optimizer-copies", type=int, default=1,
+                   help="with zero1: 2 keeps a second copy of each slice (a lost rank's comes back in place)")
     p.add_argument("--checksum-interval", type=int, default=10)
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-interval", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds of extra work per step")
+    p.add_argument("--scaled-in-sleep", type=float, default=0.0, metavar="S",
+                   help="tests: S seconds of extra work per step while the generation has fewer "
+                        "replicas than this process has seen, so that a replacement has time to start")
     p.add_argument("--ledger", default=None, help="append the committed (step, sample) pairs here")
     p.add_argument("--out", default=None, help="write the final parameters here")
     p.add_argument("--abort-exit", type=float, default=10.0, help="Timeouts.abort_exit")
@@ -236,6 +246,8 @@ def main(argv=None) -> int:
         microbatches_per_step=args.microbatches, seed=args.seed, tensor_parallel=tp,
         checksum_interval=args.checksum_interval, checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval, ddp=args.ddp, sharding="hsdp" if hsdp else None,
+        optimizer_sharding=None if args.optimizer_sharding == "none" else args.optimizer_sharding,
+        optimizer_copies=args.optimizer_copies,
         timeouts=regroup.Timeouts(abort_exit=args.abort_exit))
 
     def on_commit(step: regroup.Step) -> None:
@@ -244,8 +256,10 @@ def main(argv=None) -> int:
     trainer = regroup.Trainer(model, opt, sched, config=config, extra_state=extra, on_commit=on_commit)
     ledger = os.open(args.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.ledger else None
 
+    most_dp = 0
     for step in trainer.steps(args.steps):
         g = step.generation
+        most_dp = max(most_dp, g.dp)
         loss_sum, samples, lines = 0.0, 0, {}
         with step:
             for mb in step.microbatches():
@@ -262,6 +276,8 @@ def main(argv=None) -> int:
                 if args.verbose:
                     print(f"step={step.number} sleeping {args.step_sleep} s", file=sys.stderr, flush=True)
                 time.sleep(args.step_sleep)
+            if args.scaled_in_sleep and g.dp < most_dp:
+                time.sleep(args.scaled_in_sleep)
             step.reduce_gradients()
             if ledger is not None and (g.tp_rank == 0 or hsdp):
                 record = {"g": [g.epoch, g.number], "step": step.number, "replica": g.replica, "mb": lines}

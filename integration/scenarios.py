@@ -796,19 +796,25 @@ def trainers_lack_fsdp2() -> Optional[str]:
                           strategies="recover-in-place,elastic-training,exit", prefer_elastic=True),
           needs_fsdp2=True)
 def hsdp_killed_rank_lost_node_return(c: Cluster, r: Result) -> None:
+    killed_rank_then_lost_node_and_return(c, r)
+
+
+def killed_rank_then_lost_node_and_return(c: Cluster, r: Result, never: Sequence[str] = ()) -> None:
+    """On 2 pods of 2 ranks: a killed trainer restarts in place, then node 1 is lost (scale-in to
+    2 ranks) and returns (scale-out to 4); weights, ledger, strategies and events checked."""
     c.start()
     c.wait_step(8)
     second = c.node_of(1)
     c.wait_warm(second)
     f = c.kill_trainer(second, 1)
-    c.wait_event("generation", "4 ranks", after_ms=int(f["at"] * 1000))   # the replica is back
+    c.wait_event("generation", "4 ranks", after_ms=int(f["at"] * 1000))   # the rank (replica) is back
     c.wait_step(c.last_step() + 3)                                         # and trains
     measure(c, r, f)
     g, h, pod = lose_a_node_then_return(c, r)
     measure(c, r, g, until=h)
     measure(c, r, h, detected_kinds=("register",))
     check_training(c, r)
-    check_strategy(c, r, ["restart_in_place", "scale_in", "scale_out"])
+    check_strategy(c, r, ["restart_in_place", "scale_in", "scale_out"], never)
     check_story(c, r, [("fault", "process_exit"), ("restart_in_place", ""), ("generation", "4 ranks"),
                        ("fault", "pod_lost"), ("directive", "scale_in"), ("generation", "2 ranks"),
                        ("register", pod.node.name), ("directive", "scale_out"), ("generation", "4 ranks"),
@@ -834,6 +840,56 @@ def grid_kill_lose_return(c: Cluster, r: Result) -> None:
     measure(c, r, f)
     lose_a_node_scale_in_then_out(c, r, node, 1, started=True, small="4 ranks", full="8 ranks")
     check_strategy(c, r, ["restart_in_place", "scale_in", "scale_out"], ["wait", "restart_job"])
+
+
+def zero1_repartitions(c: Cluster) -> List[str]:
+    """The trainers' log lines of ZeRO-1 repartitions ("slices [..] of dp N assembled from dp M")."""
+    return [line for f in sorted(c.dir.glob("*.log")) for line in f.read_text(errors="replace").splitlines()
+            if "ZeRO-1 optimizer slices" in line]
+
+
+@scenario(50, "a distributed optimizer (ZeRO-1, dp 4, a second copy of each slice): a killed rank, then a "
+              "lost node and its return; every optimizer slice comes back from its other copy, in place",
+          lambda: JobSpec(steps=150, optimizer="adam", step_sleep=0.1, prefer_elastic=True,
+                          strategies="recover-in-place,elastic-training,exit",
+                          # scaled in, a step takes 0.5 s more: the replacement's trainers import
+                          # torch (tens of seconds for torch 2.x on a loaded machine) before the end
+                          extra_train=["--optimizer-sharding", "zero1", "--optimizer-copies", "2", "--verbose",
+                                       "--scaled-in-sleep", "0.5"]))
+def zero1_killed_rank_lost_node_return(c: Cluster, r: Result) -> None:
+    # the weights checked against the fault-free run's: plain Adam, one process
+    killed_rank_then_lost_node_and_return(c, r, never=["restart_job"])
+    lines = zero1_repartitions(c)
+    r.promise("the slices were cut to dp 2 from dp 4 (the lost node's from their second copies) and back to dp 4",
+              any("of dp 2 assembled from dp 4" in x for x in lines)
+              and any("of dp 4 assembled from dp 2" in x for x in lines), "\n".join(lines[-12:]))
+    r.promise("no optimizer slice was lost", not any("optimizer shard lost" in e["message"] for e in c.events()))
+
+
+@scenario(51, "a distributed optimizer (ZeRO-1, dp 4) without second copies: a killed rank's optimizer slice is "
+              "lost, named in the event, and every process restarts from the newest checkpoint",
+          lambda: JobSpec(steps=80, optimizer="adam", step_sleep=0.1, checkpoint_interval=10,
+                          strategies="recover-in-place,exit",
+                          # a fault of the training's own restarts the job only with fault-retry-times
+                          extra_labels={"fault-retry-times": "2", "pod-rescheduling": "on"},
+                          extra_train=["--optimizer-sharding", "zero1", "--optimizer-copies", "1"]))
+def zero1_lost_slice_goes_to_the_checkpoint(c: Cluster, r: Result) -> None:
+    c.start()
+    c.wait_step(25)
+    second = c.node_of(1)
+    c.wait_warm(second)
+    f = c.kill_trainer(second, 1)
+    codes = c.wait_pods_exit()
+    r.promise("every pod exited 0", set(codes.values()) == {0}, str(codes))
+    measure(c, r, f)
+    check_training(c, r)   # the fault-free run's weights, every sample once (the redone steps' last commit)
+    check_story(c, r, [("fault", "process_exit"), ("fault", "optimizer shard lost, no second copy: slice [3]"),
+                       ("pod_rescheduling", "every process restarts from the newest checkpoint"),
+                       ("generation", "from the newest checkpoint"), ("resumed", ""), ("done", "")])
+    resumed = [e["message"] for e in c.events() if e["kind"] == "generation" and "from the newest checkpoint" in e["message"]]
+    r.promise("the job went back to a checkpoint (a step before the fault's)",
+              any(f"resuming after step {s}" in m for m in resumed for s in range(9, f["step"], 10)),
+              f"fault at step {f['step']}; {resumed}")
 
 
 # ---------------------------------------------------------------------------------------------

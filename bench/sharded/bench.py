@@ -34,9 +34,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(variant: str, world: int, extra) -> dict:
+def run(variant: str, world: int, extra, script: Path = HERE / "steady_hsdp.py") -> dict:
+    """One run of ``script`` (``--variant``) on ``world`` ranks: rank 0's JSON line."""
     port = free_port()
-    procs = [subprocess.Popen([PYTHON, str(HERE / "steady_hsdp.py"), "--variant", variant, *extra],
+    procs = [subprocess.Popen([PYTHON, str(script), "--variant", variant, *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(r), "WORLD_SIZE": str(world),
                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})

@@ -38,22 +38,42 @@ def model_of(args):
                                torch.nn.Linear(args.hidden, 8))
 
 
-def main() -> int:
+def arguments(variants) -> argparse.ArgumentParser:
+    """The options of a steady-state rank (bench/zero/steady_zero.py takes them too)."""
     p = argparse.ArgumentParser()
-    p.add_argument("--variant", choices=("plain", "regroup"), required=True)
-    p.add_argument("--shard", type=int, default=2)
+    p.add_argument("--variant", choices=variants, required=True)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--features", type=int, default=64)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--microbatches", type=int, default=4)
-    args = p.parse_args()
+    return p
+
+
+def setup(args):
+    """One thread; this rank, the world, the global batch, the data and targets of every step."""
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     G = args.micro_batch * args.microbatches
     data = torch.randn(G * args.steps, args.features, generator=torch.Generator().manual_seed(2))
     target = torch.randn(G * args.steps, 8, generator=torch.Generator().manual_seed(3))
+    return rank, world, G, data, target
+
+
+def report(args, rank: int, ends, out: dict) -> None:
+    """Rank 0 prints ``out`` with the median seconds between steps after the warm-up."""
+    gaps = [b - a for a, b in zip(ends[args.warmup:], ends[args.warmup + 1:])]
+    out["step_s"] = statistics.median(gaps)
+    if rank == 0:
+        print(json.dumps(out), flush=True)
+
+
+def main() -> int:
+    p = arguments(("plain", "regroup"))
+    p.add_argument("--shard", type=int, default=2)
+    args = p.parse_args()
+    rank, world, G, data, target = setup(args)
     model = model_of(args)
     ends = []
     out = {"variant": args.variant, "world": world, "shard": args.shard}
@@ -98,10 +118,7 @@ def main() -> int:
         out["state_bytes_per_rank"] = len(trainer.state.to_bytes(trainer.committed_step))
         out["full_model_state_bytes"] = sum(p.numel() * p.element_size() * 3 for p in model_of(args).parameters())
         trainer.close()
-    gaps = [b - a for a, b in zip(ends[args.warmup:], ends[args.warmup + 1:])]
-    out["step_s"] = statistics.median(gaps)
-    if rank == 0:
-        print(json.dumps(out), flush=True)
+    report(args, rank, ends, out)
     return 0
 
 

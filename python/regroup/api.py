@@ -274,6 +274,14 @@ class TrainerConfig:
         sharding: None (every replica holds the whole model), or "hsdp": the model is sharded
             with FSDP2 over each replica's ``tensor_parallel`` ranks and replicated across the
             replicas (regroup.sharded; torch >= 2.6).
+        optimizer_sharding: None (every replica holds the whole optimizer state), or "zero1": a
+            distributed optimizer; each data-parallel rank keeps the state of one contiguous
+            slice of the flattened parameters, steps it, and the new parameters are all-gathered
+            (regroup.zero). Needs replicas of one rank (tensor and pipeline parallel 1), an
+            elementwise optimizer (SGD, Adam, AdamW, RMSprop) of one parameter group.
+        optimizer_copies: with "zero1", 1 (a lost rank's slice sends the job to its newest
+            checkpoint) or 2 (every rank also keeps a second copy of the slice half the ring
+            away, from which a lost rank's slice is restored in place).
         timeouts: see :class:`Timeouts`.
     """
 
@@ -294,6 +302,8 @@ class TrainerConfig:
     scheduler_interval: str = "step"
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     sharding: Optional[str] = None
+    optimizer_sharding: Optional[str] = None
+    optimizer_copies: int = 1
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -332,6 +342,20 @@ class TrainerConfig:
         if self.sharding is not None:
             from regroup.sharded import require_fsdp2
             require_fsdp2(f"sharding={self.sharding!r}")
+        if self.optimizer_sharding not in (None, "zero1"):
+            raise ConfigError(f"optimizer_sharding={self.optimizer_sharding!r} must be 'zero1' or None")
+        if self.optimizer_copies not in (1, 2) or isinstance(self.optimizer_copies, bool):
+            raise ConfigError(f"optimizer_copies={self.optimizer_copies!r} must be 1 or 2")
+        if self.optimizer_copies == 2 and self.optimizer_sharding is None:
+            raise ConfigError("optimizer_copies=2 keeps a second copy of a sharded optimizer state: "
+                              "set optimizer_sharding='zero1'")
+        if self.optimizer_sharding is not None and self.sharding is not None:
+            raise ConfigError(f"optimizer_sharding={self.optimizer_sharding!r} cannot be combined with "
+                              f"sharding={self.sharding!r} (which shards the optimizer state with the model)")
+        if self.optimizer_sharding is not None and self.replica_size != 1:
+            raise ConfigError(f"optimizer_sharding={self.optimizer_sharding!r} shards over data-parallel "
+                              f"replicas of one rank: tensor_parallel={self.tensor_parallel} x "
+                              f"pipeline_parallel={self.pipeline_parallel} must be 1")
         if self.sharding is not None and self.ddp:
             raise ConfigError(f"sharding={self.sharding!r} reduces the gradients itself: ddp=True "
                               "cannot be combined with it")

@@ -32,15 +32,17 @@ def maybe_checkpoint(t: Trainer, step: Step, snapshot: Optional[Snapshot] = None
     if t.checkpointer is None or not interval or (step.number + 1) % interval:
         return
     g = step.generation
-    if g.replica != 0:
+    files = t.state.checkpoint_files(g, False, g.tp_rank, g.tp)
+    if not files:
         return
     t.report_phase(pb.PHASE_CHECKPOINTING, step.number)
     try:
         t.checkpointer.wait(t.config.timeouts.checkpoint)
     except CheckpointError as e:
         log.warning("regroup: %s", e)
-    state = t.state.state_dict(step.number)
-    if snapshot is not None:
+    ((position, count, part),) = files  # one file a rank at a periodic checkpoint
+    state = t.state.checkpoint_state(step.number, part)
+    if snapshot is not None and "model" in state:  # (a ZeRO-1 slice's file but the first: none)
         model = state["model"]
         for name, value in snapshot.buffers.items():
             if name in model:
@@ -48,7 +50,7 @@ def maybe_checkpoint(t: Trainer, step: Step, snapshot: Optional[Snapshot] = None
         state["rng"] = snapshot.rng
     state = cpu_clone(state)
     t.checkpointer.write_async(state, step=step.number, epoch=g.epoch, generation=g.number,
-                               position=g.tp_rank, replica_size=g.tp, meta=meta(t.config))
+                               position=position, replica_size=count, meta=meta(t.config))
 
 
 def meta(c: TrainerConfig) -> dict:
@@ -71,7 +73,9 @@ def checkpoint_now(t: Trainer) -> str:
     tp = g.tp if g is not None else t.config.replica_size
     position = g.tp_rank if g is not None else t.membership.position
     t.checkpointer.wait(t.config.timeouts.checkpoint)
-    path = t.checkpointer.write(t.state.state_dict(t.committed_step), step=t.committed_step,
-                                epoch=epoch, generation=number, position=position,
-                                replica_size=tp, meta=meta(t.config))
+    path = None
+    for index, count, part in t.state.checkpoint_files(g, True, position, tp):
+        path = t.checkpointer.write(t.state.checkpoint_state(t.committed_step, part), step=t.committed_step,
+                                    epoch=epoch, generation=number, position=index,
+                                    replica_size=count, meta=meta(t.config))
     return str(path)

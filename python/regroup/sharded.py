@@ -322,7 +322,10 @@ class _NoModel(torch.nn.Module):
 
 
 def make_state(config: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any, extra: Any) -> TrainingState:
-    """The training state for ``config.sharding`` (None: the plain one)."""
+    """The training state for ``config.sharding`` and ``config.optimizer_sharding`` (None: the plain one)."""
+    if config.optimizer_sharding == "zero1":
+        from regroup.zero import ZeroState
+        return ZeroState(model, optimizer, scheduler, extra, copies=config.optimizer_copies)
     if config.sharding is None:
         return TrainingState(model, optimizer, scheduler, extra)
     if config.sharding == "hsdp":

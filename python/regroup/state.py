@@ -23,7 +23,7 @@ import json
 import random
 import sys
 from collections import OrderedDict
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -210,6 +210,47 @@ class TrainingState:
         """This rank's part of a micro-batch of its replica (all of it unless sharded)."""
         return indices
 
+    def after_sync(self, layout: Any, groups: Any, holders: Sequence[bool], committed_step: int,
+                   device: torch.device) -> int:
+        """Called at the end of a generation's state sync (``holders``: the census, which ranks
+        held the state at ``committed_step``): a distributed optimizer (regroup.zero)
+        repartitions its slices. Returns the bytes sent. The plain state has nothing to do."""
+        return 0
+
+    def load_checkpoint(self, checkpointer: Any, info: Any, position: int) -> None:
+        """Loads this rank's part of checkpoint ``info`` (the shard of its ``position``)."""
+        self.load_state_dict(checkpointer.load(info, position))
+
+    def checkpoint_files(self, generation: Any, dump: bool, position: int, count: int) -> List[Tuple[int, int, Any]]:
+        """The shard files this rank writes, as ``(index, count, part)``: at a periodic
+        checkpoint replica 0's rank at each position writes that position's; at a dump every rank
+        writes its position's (``part`` is given back to :meth:`checkpoint_state`)."""
+        if not dump and generation.replica != 0:
+            return []
+        return [(position, count, None)]
+
+    def checkpoint_state(self, committed_step: int, part: Any) -> Dict[str, Any]:
+        """What shard file ``part`` (from :meth:`checkpoint_files`) holds."""
+        return self.state_dict(committed_step)
+
+    # -- a step's apply and its undo (regroup.undo) ----------------------------------------------
+
+    def prepare(self, groups: Any) -> None:
+        """After the gradient reduce, before the vote: a distributed optimizer computes its step
+        here (with its collectives), so that the apply runs none. The plain state has nothing to do."""
+
+    def apply_optimizer(self) -> None:
+        """The optimizer's part of applying a committed step."""
+        if self.optimizer is not None:
+            self.optimizer.step()
+
+    def undo_take(self) -> Any:
+        """What the undo of a step keeps beyond the parameters and the optimizer's own state."""
+        return None
+
+    def undo_restore(self, held: Any) -> None:
+        """Puts back what :meth:`undo_take` returned."""
+
     # -- gradients ------------------------------------------------------------------------------
 
     def parameters(self) -> List[torch.nn.Parameter]:
@@ -232,8 +273,7 @@ class TrainingState:
             for g in (self._optimizer_guard, self._scheduler_guard):
                 if g is not None:
                     allowed.enter_context(g.allow())
-            if self.optimizer is not None:
-                self.optimizer.step()
+            self.apply_optimizer()
             if self.scheduler is not None and (step + 1) % self.scheduler_every == 0:
                 self.scheduler.step()
 
@@ -268,7 +308,15 @@ class TrainingState:
         return out
 
     def load_state_dict(self, state: Dict[str, Any]) -> int:
-        """Loads a tree from :meth:`state_dict`; returns its committed step."""
+        """Loads a tree from :meth:`state_dict`; returns its committed step.
+
+        Raises:
+            StateSyncError: the tree holds ZeRO-1 optimizer slices (a job without them would
+                lose the optimizer's state).
+        """
+        if "zero1" in state:
+            raise StateSyncError("the state holds ZeRO-1 optimizer slices: load it with "
+                                 "TrainerConfig(optimizer_sharding='zero1')")
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])

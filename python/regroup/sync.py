@@ -91,7 +91,7 @@ def sync_state(t: Trainer, plan: Any, layout: Layout, groups: ProcessGroups) -> 
     """
     # Load the checkpoint this rank announced, if it still holds nothing newer.
     if t.resume_from is not None and t.committed_step == t.resume_from.step == plan.committed_step:
-        t.state.load_state_dict(t.checkpointer.load(t.resume_from, layout.position))
+        t.state.load_checkpoint(t.checkpointer, t.resume_from, layout.position)
     # Before the first commit every rank is at step -1, but only one that finished a state sync
     # holds the job's state; the others hold their own initialisation.
     holds = t.committed_step == plan.committed_step and (plan.committed_step >= 0 or t.synced)
@@ -118,4 +118,6 @@ def sync_state(t: Trainer, plan: Any, layout: Layout, groups: ProcessGroups) -> 
                                      f"{plan.committed_step}")
             t.committed_step = got
             log.info("regroup: received the state of step %d from rank %d", got, src)
+    # A distributed optimizer (regroup.zero) cuts its slices to the new partition.
+    t.metrics["state_bytes_sent"] += t.state.after_sync(layout, groups, holders, plan.committed_step, t.device)
     t.synced = True

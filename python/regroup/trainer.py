@@ -532,16 +532,19 @@ class Trainer:
         self.check_aborted(step)
         self.report_phase(pb.PHASE_REDUCING, step.number)
         grads = self.state.materialize_grads()
-        if self.membership.ddp is None or self.config.sharding:  # sharded: across replicas here
-            groups = self.membership.groups
-            size = groups.layout.dp if groups is not None else 1
-            try:
+        groups = self.membership.groups
+        try:
+            if self.membership.ddp is None or self.config.sharding:  # sharded: across replicas here
+                size = groups.layout.dp if groups is not None else 1
                 reduce_gradients(grads, groups.dp_group if groups is not None else None, size,
                                  self.config.global_batch_size,
                                  wait=groups.sockets.wait if groups is not None and groups.backend == "gloo"
                                  else None)
-            except RuntimeError as e:
-                raise self.collective_failed(step, e) from None
+            # A distributed optimizer (regroup.zero) steps its slices and all-gathers the new
+            # parameters here, before the vote: the apply then runs no collective.
+            self.state.prepare(groups)
+        except RuntimeError as e:
+            raise self.collective_failed(step, e) from None
         step.reduced = True
 
     def _apply(self, step: Step) -> None:

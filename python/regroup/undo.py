@@ -34,6 +34,7 @@ class Undo:
         self._opt: Dict[int, List[Tuple[Any, Any, bool]]] = {}
         self._hyper: List[Dict[str, Any]] = []
         self._scheduler: Optional[Dict[str, Any]] = None
+        self._state: Any = None          # the state's own (regroup.zero: its optimizer slices)
         self.held = False
 
     def _copy(self, key: Tuple[int, Any], value: torch.Tensor) -> torch.Tensor:
@@ -59,6 +60,7 @@ class Undo:
                                for g in opt.param_groups]
         sched = getattr(state, "scheduler", None)
         self._scheduler = copy.deepcopy(without_callables(sched.state_dict())) if sched is not None else None
+        self._state = state.undo_take()
         self.held = True
 
     def restore(self, state: Any) -> None:
@@ -90,10 +92,13 @@ class Undo:
         sched = getattr(state, "scheduler", None)
         if sched is not None and self._scheduler is not None:
             sched.load_state_dict(copy.deepcopy(self._scheduler))
+        state.undo_restore(self._state)
+        self._state = None
         self.held = False
 
     def drop(self) -> None:
         """The step was committed: nothing to undo (the buffers are kept for the next step)."""
+        self._state = None
         self.held = False
 
     def nbytes(self) -> Dict[str, int]:

@@ -289,13 +289,20 @@ TEST(Sim, AnIncarnationThatGivesUpStopsOnlyItself) {
 //  - 200460 (coordinator): a restarted manager took the coordinator's standing restart in place
 //    as seen; its join window closed with a pod missing that the decision left out, and no new
 //    decision followed. It now carries out the standing decision once its replicas are back.
+//  - 300388 (coordinator): a manager cut off from the coordinator gave up and stopped only
+//    itself with a dump; its agents exited 0, which ended their pods for good, and nobody was
+//    left to end the job. An incarnation's own stop now ends its agents non-zero.
+//  - 301604, 301966: a replacement refused while the stalled manager had not yet read its
+//    holder's end was taken for a violation because another incarnation had declared the holder
+//    lost; only the refusing incarnation's word counts.
 TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
   struct Case {
     uint64_t seed;
     bool coordinator;
   };
   for (const Case c : {Case{100637, false}, Case{102104, false}, Case{102092, true},
-                       Case{100027, true}, Case{142, true}, Case{200460, true}}) {
+                       Case{100027, true}, Case{142, true}, Case{200460, true},
+                       Case{300388, true}, Case{301604, false}, Case{301966, false}}) {
     Options o;
     o.seed = c.seed;
     o.faults = 12;

@@ -21,6 +21,9 @@ std::string FaultKindText(v1::FaultKind kind) { return std::string(EngineFaultKi
 // How often a running incarnation looks at the stored record besides before every commit (a
 // stat of the file; a read only when it changed).
 constexpr int64_t kRecordLookMs = 1000;
+// How long aborted survivors wait for a directive before the standing decision is carried out
+// (JobControl::CheckDecisionWait).
+constexpr int64_t kStandingGraceMs = 5000;
 
 std::string Join(const std::vector<int64_t>& items) {
   std::string out;
@@ -1623,28 +1626,34 @@ void JobControl::TryFirstGeneration(int64_t now) {
   ReportFault(f, now);
   // A standing decision that already leaves every missing pod out (one issued to an earlier
   // incarnation, which this one took as seen at attach) is what the decision maker will keep:
-  // their loss changes nothing it decided, so no new directive follows. It is carried out once
-  // the replicas it keeps are back (bounded wait), unless a newer directive comes first.
+  // their loss changes nothing it decided, so no new directive follows.
+  AwaitStandingDecision(missing, "leaves out node ranks " + Join(missing), now);
+}
+
+bool JobControl::AwaitStandingDecision(const std::vector<int64_t>& left_out,
+                                       const std::string& why, int64_t now) {
   const std::optional<Directive> standing = decisions_->Standing();
   if (!standing || (standing->kind != REGROUP_DIRECTIVE_RESUME &&
                     standing->kind != REGROUP_DIRECTIVE_SCALE_IN &&
                     standing->kind != REGROUP_DIRECTIVE_SCALE_OUT &&
                     standing->kind != REGROUP_DIRECTIVE_RESTART_IN_PLACE))
-    return;
+    return false;
   std::set<int64_t> kept;
   for (int64_t r : standing->keep_replicas)
     for (int64_t p : layout_.PodsOfReplica(r)) kept.insert(p);
-  if (kept.empty() ||
-      std::any_of(missing.begin(), missing.end(), [&](int64_t p) { return kept.count(p) > 0; }))
-    return;
+  if (kept.empty() || std::any_of(kept.begin(), kept.end(), [&](int64_t p) {
+        return !pods_[p].usable() ||
+               std::find(left_out.begin(), left_out.end(), p) != left_out.end();
+      }))
+    return false;
   Event(now, "wait",
         "the standing " + std::string(DirectiveKindName(standing->kind)) +
             " directive keeps replicas " +
             Join(std::vector<int64_t>(standing->keep_replicas.begin(),
                                       standing->keep_replicas.end())) +
-            " and leaves out node ranks " + Join(missing) +
-            ": forming it once they are back");
-  reconcile_.Await(*standing);
+            " and " + why + ": forming it once they are back");
+  reconcile_.Await(*standing);  // bounded wait; a newer directive replaces it
+  return true;
 }
 
 void JobControl::Tick(int64_t now) {
@@ -1689,6 +1698,21 @@ void JobControl::Tick(int64_t now) {
 // to whichever manager the coordinator serves.
 void JobControl::CheckDecisionWait(int64_t now) {
   const bool waiting = state_ == State::kAborted && !reconcile_.pending();
+  // A fault the decision maker takes for no change (a pod outside the replicas it decided on,
+  // which this incarnation had formed beyond them) brings no new directive. Once the survivors
+  // waited kStandingGraceMs for one with the decision maker reachable, its standing decision is
+  // carried out, when every pod it keeps is here.
+  if (!waiting || !decisions_->Available()) {
+    undecided_since_ms_ = -1;
+  } else if (undecided_since_ms_ < 0) {
+    undecided_since_ms_ = now;
+  } else if (now - undecided_since_ms_ >= kStandingGraceMs &&
+             AwaitStandingDecision({}, "no newer directive came in " +
+                                           std::to_string(now - undecided_since_ms_) + " ms",
+                                   now)) {
+    undecided_since_ms_ = -1;
+    return;
+  }
   const bool dump = config_.allows(Strategy::kDump);
   std::string reason;
   if (reconcile_.DecisionWaitOver(waiting, !waiting || decisions_->Available(),

@@ -367,6 +367,10 @@ class JobControl {
   bool Ready(const std::vector<int64_t>& replicas) const;
   // With a coordinator: the decision wait while it is unreachable (see job_control.cc).
   void CheckDecisionWait(int64_t now);
+  // Carries out the decision maker's standing decision (Decisions::Standing) once the replicas
+  // it keeps are back, when every pod it keeps is usable and none is in `left_out`: true if so.
+  bool AwaitStandingDecision(const std::vector<int64_t>& left_out, const std::string& why,
+                             int64_t now);
 
   JobSpec spec_;
   JobConfig config_;
@@ -390,7 +394,8 @@ class JobControl {
   bool restart_on_record_ = false;  // ... by another incarnation: it is on the durable record
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
   std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (pod, pid) EarlierProcessDied told
-  int64_t state_lost_step_ = -2;  // the committed step whose state_lost the decision maker heard
+  int64_t state_lost_step_ = -2;
+  int64_t undecided_since_ms_ = -1;  // aborted, no directive pending, the decision maker reachable  // the committed step whose state_lost the decision maker heard
   StepCommit commit_;  // the vote and the commit
   PeerReports peer_reports_;  // the survivors' reports of failed collectives, by the peer named
 

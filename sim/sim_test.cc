@@ -295,6 +295,9 @@ TEST(Sim, AnIncarnationThatGivesUpStopsOnlyItself) {
 //  - 301604, 301966: a replacement refused while the stalled manager had not yet read its
 //    holder's end was taken for a violation because another incarnation had declared the holder
 //    lost; only the refusing incarnation's word counts.
+//  - 400466 (coordinator): a manager formed beyond the coordinator's decision (a replacement
+//    back meanwhile); that pod's loss then changed nothing the engine had decided, no directive
+//    followed, and the survivors waited for good. Past a grace they carry out the standing one.
 TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
   struct Case {
     uint64_t seed;
@@ -302,7 +305,8 @@ TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
   };
   for (const Case c : {Case{100637, false}, Case{102104, false}, Case{102092, true},
                        Case{100027, true}, Case{142, true}, Case{200460, true},
-                       Case{300388, true}, Case{301604, false}, Case{301966, false}}) {
+                       Case{300388, true}, Case{301604, false}, Case{301966, false},
+                       Case{400466, true}}) {
     Options o;
     o.seed = c.seed;
     o.faults = 12;

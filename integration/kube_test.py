@@ -50,7 +50,7 @@ def control_plane(tmp_path_factory):
 
 
 def test_every_example_job_is_accepted_by_the_api_server(control_plane, tmp_path):
-    """deploy/examples/pytorch-job.yaml, examples/jobs/*.yaml and `regroupctl convert` of
+    """deploy/examples/pytorch-job.yaml and the pilot's job, examples/jobs/*.yaml and `regroupctl convert` of
     examples/mindcluster/*.yaml, applied (server-side dry run: Volcano's CRD schemas) on the
     control plane with the chart installed."""
     import subprocess
@@ -59,7 +59,8 @@ def test_every_example_job_is_accepted_by_the_api_server(control_plane, tmp_path
 
     k = control_plane
     regroupctl = find_binaries()["regroupctl"]
-    docs = [REPO / "deploy" / "examples" / "pytorch-job.yaml", *sorted((REPO / "examples" / "jobs").glob("*.yaml"))]
+    docs = [REPO / "deploy" / "examples" / f for f in ("pytorch-job.yaml", "pilot-record.yaml", "pilot-job.yaml")]
+    docs += sorted((REPO / "examples" / "jobs").glob("*.yaml"))
     for source in sorted((REPO / "examples" / "mindcluster").glob("*.yaml")):
         out = tmp_path / f"converted-{source.name}"
         out.write_text(subprocess.run([regroupctl, "convert", str(source)], capture_output=True, text=True,

@@ -167,6 +167,10 @@ grep -qF 'error: annotation regroup.io/min-data-parallel="zero" is invalid' <<<"
 # The deployment example validates.
 out=$("$ctl" validate "$src/deploy/examples/pytorch-job.yaml") || fail "deploy/examples/pytorch-job.yaml must validate: $out"
 grep -qF "ok: job default/gpt-elastic, 4 pods x 8 processes" <<<"$out" || fail "validate said: $out"
+# ...and so does the pilot's (no scheduler plugin: the manager decides alone), without a warning.
+out=$("$ctl" validate "$src/deploy/examples/pilot-job.yaml") || fail "deploy/examples/pilot-job.yaml must validate: $out"
+[ "$out" = "$src/deploy/examples/pilot-job.yaml: ok: job default/gpt-pilot, 2 pods x 8 processes" ] ||
+  fail "validate said: $out"
 
 # status, against a real manager (port chosen by the system; the manager is stopped on exit).
 if [ -n "$manager" ]; then

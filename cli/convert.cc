@@ -1143,9 +1143,11 @@ StatusOr<ConvertResult> ConvertAscendJob(std::string_view yaml, const ConvertOpt
   }
 }
 
-std::string FormatReport(const ConvertResult& result, std::string_view source) {
+std::string FormatReport(const ConvertResult& result, std::string_view source,
+                         std::string_view verb) {
   const std::string src(source);
-  std::string out = src + ": converted AscendJob " + result.spec.id + " into a Volcano Job: " +
+  std::string out = src + ": " + std::string(verb) + " AscendJob " + result.spec.id +
+                    " into a Volcano Job: " +
                     std::to_string(result.spec.pods) + " training pods x " +
                     std::to_string(result.spec.processes_per_pod) + " processes and a manager\n";
   for (const auto& n : result.notes) {
@@ -1157,7 +1159,11 @@ std::string FormatReport(const ConvertResult& result, std::string_view source) {
     out += src + ": " +
            (p.severity == Problem::Severity::kError ? "error: " : "warning: ") + p.message + "\n";
   if (result.resolved.problems.empty())
-    out += src + ": the converted job passes `regroupctl validate`\n";
+    out += verb == "converted"
+               ? src + ": the converted job passes `regroupctl validate`\n"
+               : src + ": ok: job " + result.spec.id + ", " + std::to_string(result.spec.pods) +
+                     " pods x " + std::to_string(result.spec.processes_per_pod) +
+                     " processes, as `regroupctl convert` writes it\n";
   return out;
 }
 

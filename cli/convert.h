@@ -67,8 +67,10 @@ struct ConvertResult {
 // converted job whose keys do not validate is not refused: its problems are in `resolved`.
 StatusOr<ConvertResult> ConvertAscendJob(std::string_view yaml, const ConvertOptions& options);
 
-// The notes and the validation's problems, one a line, as `regroupctl convert` prints them.
-std::string FormatReport(const ConvertResult& result, std::string_view source);
+// The notes and the validation's problems, one a line, as `regroupctl convert` prints them
+// (`validate` of an AscendJob says "would convert", and ends with its "ok" line).
+std::string FormatReport(const ConvertResult& result, std::string_view source,
+                         std::string_view verb = "converted");
 
 // What `validate` and `convert` add to the resolver's problems for a person adopting Regroup:
 // warnings for a job that would not recover at all, and for a key its strategies leave unused.

@@ -164,6 +164,24 @@ out=$("$ctl" convert "$tmp" -o "$conv/bad.yaml" 2>&1); rc=$?
 grep -qF 'error: annotation regroup.io/min-data-parallel="zero" is invalid' <<<"$out" || fail "$out"
 [ -s "$conv/bad.yaml" ] || fail "the job must still be written"
 
+# An AscendJob as written validates as `convert` would make it, naming every change convert makes.
+out=$("$ctl" validate "$src/examples/mindcluster/pytorch-elastic-910b.yaml") ||
+  fail "an AscendJob that converts to a valid job must validate: $out"
+grep -qF "would convert AscendJob training/llama-pretrain into a Volcano Job" <<<"$out" || fail "$out"
+grep -qF "changed kind: AscendJob (mindxdl.gitee.com/v1) -> Job" <<<"$out" || fail "$out"
+grep -qF "ok: job training/llama-pretrain, 4 pods x 8 processes, as \`regroupctl convert\` writes it" <<<"$out" ||
+  fail "$out"
+"$ctl" validate --json "$src/examples/mindcluster/pytorch-elastic-910b.yaml" | grep -qF '"converted_from": "AscendJob"' ||
+  fail "validate --json of an AscendJob must say it was converted"
+# ...one whose converted job has a problem exits 1 naming it; one that does not convert, 2.
+out=$("$ctl" validate "$src/examples/mindcluster/pytorch-resnet50-910b.yaml"); rc=$?
+[ $rc -eq 1 ] || fail "an AscendJob with recovery off must exit 1, got $rc: $out"
+grep -qF "warning: recovery is off for this job" <<<"$out" || fail "$out"
+printf 'apiVersion: mindxdl.gitee.com/v1\nkind: AscendJob\nmetadata: {name: a}\n' >"$tmp"
+out=$("$ctl" validate "$tmp" 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "an AscendJob that cannot convert must exit 2, got $rc: $out"
+grep -qF "error: spec is missing or not a map" <<<"$out" || fail "$out"
+
 # The deployment example validates.
 out=$("$ctl" validate "$src/deploy/examples/pytorch-job.yaml") || fail "deploy/examples/pytorch-job.yaml must validate: $out"
 grep -qF "ok: job default/gpt-elastic, 4 pods x 8 processes" <<<"$out" || fail "validate said: $out"

@@ -493,10 +493,64 @@ class Scripted final : public Decisions {
     return d;
   }
   bool ReplacesPods() const override { return true; }
+  std::optional<Directive> Standing() const override { return standing; }
 
   std::vector<v1::FaultFacts> faults;
   std::deque<Directive> directives;
+  std::optional<Directive> standing;  // the decision it keeps (Decisions::Standing)
 };
+
+// Dense simulation seed 400466 with a coordinator: a fault outside the replicas the decision
+// maker had decided on (this incarnation had formed beyond them) changes nothing it decided, so
+// no directive follows. The survivors do not wait for one for good: past a grace of 5 s they
+// carry out the standing decision, every pod it keeps being here; a directive that comes first
+// is taken instead.
+TEST(JobControl, SurvivorsThatHearNoDirectiveCarryOutTheStandingDecision) {
+  for (const bool directive_first : {false, true}) {
+    ScriptedAgents sim(3, 2, kForce, {{"recover-strategy", "recover-in-place,recover,elastic-training"},
+                                      {"regroup.io/tensor-parallel", "2"}});
+    auto owned = std::make_unique<Scripted>();
+    Scripted* decisions = owned.get();
+    JobControlOptions o;
+    o.join_window_ms = 5000;
+    sim.rt = std::make_unique<JobControl>(sim.spec_, sim.spec_.Resolve().config, o,
+                                          std::move(owned));
+    sim.RegisterAll();
+    sim.Run(200, -1);
+    ASSERT_TRUE(sim.rt->training());
+    ASSERT_EQ(sim.starts_[0].plan().data_parallel(), 3u);
+    Directive standing;
+    standing.kind = REGROUP_DIRECTIVE_SCALE_IN;
+    standing.id = 3;
+    standing.strategy = "elastic-training";
+    standing.dp = 2;
+    standing.keep_replicas = {0, 1};
+    standing.reason = "an earlier scale-in";
+    decisions->standing = standing;
+    sim.Gone(2);
+    sim.Run(1500, 0);  // pod 2 falls silent: lost, the generation aborted
+    ASSERT_FALSE(sim.rt->training());
+    ASSERT_FALSE(decisions->faults.empty());
+    sim.Run(3000, 0);  // no directive: the survivors wait
+    ASSERT_FALSE(sim.rt->training());
+    if (directive_first) {
+      Directive d = standing;
+      d.id = 4;
+      d.kind = REGROUP_DIRECTIVE_SCALE_IN;
+      d.dp = 1;
+      d.keep_replicas = {0};
+      d.reason = "a newer decision";
+      decisions->directives.push_back(d);
+    }
+    sim.Run(2500, 0);
+    std::string story;
+    for (const auto& e : Events(sim)) story += e.kind() + ": " + e.message() + "\n";
+    ASSERT_TRUE(sim.rt->training()) << story;
+    EXPECT_EQ(sim.starts_[0].plan().data_parallel(), directive_first ? 1u : 2u) << story;
+    EXPECT_EQ(Contains(story, "the standing scale_in directive keeps replicas 0,1"), !directive_first)
+        << story;
+  }
+}
 
 // Simulation seed 36747 with a coordinator: a new manager's join window closed with pods
 // missing (its first generation waits for a decision: aborted, generation 0), and a process of

@@ -48,9 +48,9 @@ extern "C" {
 /* ABI version. Since 1.0; minor 1 (the coordinator) since 1.1; minor 2 (reading a job's keys
  * and a Volcano Job) since 1.2; minor 3 (the coordinator's explicit insecure mode) since 1.3;
  * minor 4 (a Volcano Job's elastic_min_available) since 1.4; minor 5 (the managers' lease) since
- * 1.5. */
+ * 1.5; minor 6 (the coordinator's saved-state mark) since 1.6; minor 7 (job tokens) since 1.7. */
 #define REGROUP_ABI_VERSION_MAJOR 1
-#define REGROUP_ABI_VERSION_MINOR 6
+#define REGROUP_ABI_VERSION_MINOR 7
 /* (major << 16) | minor of this header; compare with regroup_abi_version(). */
 #define REGROUP_ABI_VERSION ((REGROUP_ABI_VERSION_MAJOR << 16) | REGROUP_ABI_VERSION_MINOR)
 
@@ -100,6 +100,17 @@ REGROUP_EXTERN void regroup_error_free(regroup_error *error);
 
 /* Frees a string returned by the library; NULL is allowed. Since 1.0. */
 REGROUP_EXTERN void regroup_string_free(char *string);
+
+/* The coordinator token of job `job_id` (NAMESPACE/NAME) whose Volcano Job has the uid `job_uid`,
+ * derived from the cluster key (the coordinator's `credential`): what the job's manager presents
+ * to the coordinator, as `regroupctl token` prints it. A scheduler plugin writes it into the job's
+ * namespace when the job appears. *out receives 64 lowercase hex digits (free with
+ * regroup_string_free). REGROUP_INVALID_ARGUMENT for a NULL argument, an empty key, a job id that
+ * is not NAMESPACE/NAME or a uid that is not 1 to 128 printable ASCII characters (the message
+ * says which). Thread-safe. Since 1.7. */
+REGROUP_EXTERN regroup_status regroup_job_token(char **out, const char *cluster_key,
+                                                const char *job_id, const char *job_uid,
+                                                regroup_error **err);
 
 /* ---------------------------------------------------------------------------------------------
  * Validation without an engine

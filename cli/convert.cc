@@ -19,7 +19,8 @@ constexpr int kManagerPort = 9601;
 constexpr char kCredentialVolume[] = "regroup-credential";
 constexpr char kCredentialDir[] = "/etc/regroup/credential";
 // The job's token at the coordinator (deploy/README.md, step 2): the Secret NAME + this, written
-// by whoever holds the cluster key (regroupctl token) once the job has its uid.
+// by the scheduler's regroup plugin once the job has its uid (go/volcano TokenSecretName), or by
+// whoever holds the cluster key (regroupctl token).
 constexpr char kCoordinatorSecretSuffix[] = "-regroup-coordinator-token";
 constexpr char kCoordinatorVolume[] = "regroup-coordinator-credential";
 constexpr char kCoordinatorDir[] = "/etc/regroup/coordinator";
@@ -778,9 +779,10 @@ class Converter {
     if (!options_.coordinator.empty())
       Note(Kind::kCheck, "spec.tasks[manager] volume " + std::string(kCoordinatorVolume),
            "the coordinator accepts this job's token there, which binds the manager to this "
-           "job: once the job exists, whoever holds the cluster key writes the Secret " +
+           "job: once the job exists, the scheduler's regroup plugin writes the Secret " +
                name_ + kCoordinatorSecretSuffix + " (key " + kCredentialKey +
-               ") with `regroupctl token --job NAMESPACE/" + name_ +
+               "); without the plugin, whoever holds the cluster key writes it with `regroupctl "
+               "token --job NAMESPACE/" + name_ +
                " --uid JOB_UID` (deploy/README.md, step 2); the manager waits for it");
     Note(Kind::kCheck, "spec.tasks[manager].template.spec.containers[0].image",
          options_.manager_image + " must hold regroup-manager (--manager-image to change it)");

@@ -177,26 +177,8 @@ int Token(const std::string& key_file, const std::string& job, const std::string
     std::cerr << "error: --cluster-key-file: " << key.status().message() << "\n";
     return 2;
   }
-  if (regroup::Status st = regroup::CheckJobId(job, "--job"); !st.ok()) {
+  if (regroup::Status st = regroup::CheckJobTokenSubject(job, uid, "--job", "--uid"); !st.ok()) {
     std::cerr << "error: " << st.message() << "\n";
-    return 2;
-  }
-  // The coordinator knows a Volcano job as NAMESPACE/NAME: a token for any other form is one
-  // no job can ever present.
-  const auto slash = job.find('/');
-  if (slash == std::string::npos || slash == 0 || slash + 1 == job.size() ||
-      job.find('/', slash + 1) != std::string::npos) {
-    std::cerr << "error: --job must be the job's NAMESPACE/NAME (for example team-a/llama), not \""
-              << regroup::ValidUtf8(job.substr(0, 256)) << "\": the coordinator knows no job by "
-              << "another form, so a token for it could never match\n";
-    return 2;
-  }
-  const bool printable =
-      std::all_of(uid.begin(), uid.end(), [](unsigned char c) { return c > 0x20 && c < 0x7f; });
-  if (uid.empty() || uid.size() > 128 || !printable) {
-    std::cerr << "error: --uid must be the job's metadata.uid (1 to 128 printable ASCII "
-                 "characters), not \""
-              << regroup::ValidUtf8(uid.substr(0, 128)) << "\"\n";
     return 2;
   }
   std::cout << regroup::JobToken(*key, job, uid) << "\n";

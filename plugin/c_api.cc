@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "abi/regroup.h"
+#include "common/job_token.h"
 #include "common/version.h"
 #include "plugin/coordinator.h"
 #include "plugin/engine.h"
@@ -529,5 +530,21 @@ regroup_status regroup_coordinator_state_saved(regroup_coordinator* coordinator,
 }
 
 void regroup_coordinator_free(regroup_coordinator* coordinator) { delete coordinator; }
+
+regroup_status regroup_job_token(char** out, const char* cluster_key, const char* job_id,
+                                 const char* job_uid, regroup_error** err) {
+  return Guard(err, [&]() -> regroup_status {
+    if (!out) return Fail(err, REGROUP_INVALID_ARGUMENT, "the output pointer is NULL");
+    *out = nullptr;
+    if (!cluster_key || !*cluster_key)
+      return Fail(err, REGROUP_INVALID_ARGUMENT, "the cluster key is NULL or empty");
+    if (!job_id) return Fail(err, REGROUP_INVALID_ARGUMENT, "the job id is NULL");
+    if (!job_uid) return Fail(err, REGROUP_INVALID_ARGUMENT, "the job uid is NULL");
+    if (regroup::Status st = regroup::CheckJobTokenSubject(job_id, job_uid, "job_id", "job_uid");
+        !st.ok())
+      return Report(err, st);
+    return Give(out, regroup::JobToken(cluster_key, job_id, job_uid), err);
+  });
+}
 
 }  // extern "C"

@@ -65,6 +65,27 @@ Status CheckJobId(std::string_view id, std::string_view where) {
   return Status::Ok();
 }
 
+Status CheckJobTokenSubject(std::string_view job, std::string_view uid, std::string_view job_where,
+                            std::string_view uid_where) {
+  REGROUP_RETURN_IF_ERROR(CheckJobId(job, job_where));
+  const size_t slash = job.find('/');
+  if (slash == std::string_view::npos || slash == 0 || slash + 1 == job.size() ||
+      job.find('/', slash + 1) != std::string_view::npos)
+    return InvalidArgument(std::string(job_where) +
+                           " must be the job's NAMESPACE/NAME (for example team-a/llama), not \"" +
+                           ValidUtf8(job.substr(0, 256)) +
+                           "\": the coordinator knows no job by another form, so a token for it "
+                           "could never match");
+  const bool printable =
+      std::all_of(uid.begin(), uid.end(), [](unsigned char c) { return c > 0x20 && c < 0x7f; });
+  if (uid.empty() || uid.size() > 128 || !printable)
+    return InvalidArgument(std::string(uid_where) +
+                           " must be the job's metadata.uid (1 to 128 printable ASCII "
+                           "characters), not \"" +
+                           ValidUtf8(uid.substr(0, 128)) + "\"");
+  return Status::Ok();
+}
+
 StatusOr<JobSpec> ParseJobSpec(const json& j) {
   if (!j.is_object()) return InvalidArgument("the job spec must be a JSON object");
   JobSpec spec;

@@ -34,6 +34,13 @@ struct JobSpec {
 // A job id: 1 to 512 bytes, no control character (callers name a job by a C string).
 Status CheckJobId(std::string_view id, std::string_view where);
 
+// What a job's coordinator token is made for (common/job_token.h): the job as the coordinator
+// knows a Volcano Job, NAMESPACE/NAME (a token for any other form could never match), and its
+// metadata.uid, 1 to 128 printable ASCII characters. `job_where` and `uid_where` name the two in
+// the error ("--job", "job_id").
+Status CheckJobTokenSubject(std::string_view job, std::string_view uid, std::string_view job_where,
+                            std::string_view uid_where);
+
 // Parses a job spec. Errors name the field and what it must be.
 StatusOr<JobSpec> ParseJobSpec(const nlohmann::json& json);
 StatusOr<JobSpec> ParseJobSpec(std::string_view text);

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/job_token.h"
 #include "plugin/config.h"
 #include "plugin/job_spec.h"
 #include "plugin/volcano_job.h"
@@ -257,6 +258,33 @@ TEST(Abi, AJobIdWithAControlCharacterIsRefused) {
   EXPECT_EQ(r.error().message,
             "job spec field \"id\" holds a control character; use a printable id such as "
             "\"namespace/name\"");
+}
+
+// A job's coordinator token, as `regroupctl token` prints it: what a scheduler plugin writes
+// into the job's namespace when the job appears. Bad input names what was wrong.
+TEST(Abi, JobTokenIsRegroupctlsTokenAndRefusesWhatCannotMatch) {
+  char* token = nullptr;
+  regroup_error* err = nullptr;
+  ASSERT_EQ(regroup_job_token(&token, "cluster-key", "team-a/llama", "uid-1", &err), REGROUP_OK);
+  EXPECT_EQ(std::string(token), regroup::JobToken("cluster-key", "team-a/llama", "uid-1"));
+  EXPECT_EQ(std::string(token).size(), 64u);
+  regroup_string_free(token);
+  const auto refused = [&](const char* key, const char* job, const char* uid) {
+    char* out = reinterpret_cast<char*>(1);
+    regroup_error* e = nullptr;
+    EXPECT_EQ(regroup_job_token(&out, key, job, uid, &e), REGROUP_INVALID_ARGUMENT);
+    EXPECT_EQ(out, nullptr);
+    std::string message = e ? regroup_error_message(e) : "";
+    regroup_error_free(e);
+    return message;
+  };
+  EXPECT_EQ(refused("", "a/b", "u"), "the cluster key is NULL or empty");
+  EXPECT_EQ(refused("k", nullptr, "u"), "the job id is NULL");
+  EXPECT_NE(refused("k", "llama", "u").find("job_id must be the job's NAMESPACE/NAME"),
+            std::string::npos);
+  EXPECT_NE(refused("k", "a/b", "").find("job_uid must be the job's metadata.uid"),
+            std::string::npos);
+  EXPECT_EQ(regroup_job_token(nullptr, "k", "a/b", "u", nullptr), REGROUP_INVALID_ARGUMENT);
 }
 
 TEST(Abi, StateExportImportAndSnapshotRoundTrip) {

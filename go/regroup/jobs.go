@@ -140,3 +140,32 @@ func ReadVolcanoJob(job []byte) (*VolcanoJob, error) {
 	return &VolcanoJob{Spec: []byte(r.Job), Pods: spec.Pods, ManagerPods: spec.Volcano.ManagerPods,
 		ManagerTasks: r.ManagerTasks, ElasticMinAvailable: r.ElasticMinAvailable}, nil
 }
+
+// JobToken returns the coordinator token of job jobID (NAMESPACE/NAME) whose Volcano Job has
+// the uid jobUID, derived from the cluster key: what the job's manager presents to the
+// coordinator, as `regroupctl token` prints it (regroup_job_token). The scheduler plugin writes
+// it into the job's namespace when the job appears. An empty key, a job id that is not
+// NAMESPACE/NAME or a uid that is not 1 to 128 printable ASCII characters is an error naming it.
+func JobToken(clusterKey, jobID, jobUID string) (string, error) {
+	const op = "JobToken"
+	if err := abiCheck(); err != nil {
+		return "", err
+	}
+	for _, f := range []struct{ name, value string }{
+		{"cluster key", clusterKey}, {"job id", jobID}, {"job uid", jobUID}} {
+		if strings.IndexByte(f.value, 0) >= 0 {
+			return "", newError(op, StatusInvalidArgument, "the %s contains a NUL byte", f.name)
+		}
+	}
+	key, job, uid := C.CString(clusterKey), C.CString(jobID), C.CString(jobUID)
+	defer C.free(unsafe.Pointer(key))
+	defer C.free(unsafe.Pointer(job))
+	defer C.free(unsafe.Pointer(uid))
+	var out *C.char
+	var cerr *C.regroup_error
+	status := C.regroup_job_token(&out, key, job, uid, &cerr)
+	if err := takeError(op, status, cerr); err != nil {
+		return "", err
+	}
+	return string(takeString(out)), nil
+}

@@ -107,3 +107,30 @@ func TestReadVolcanoJobRefusesWhatIsNotAVolcanoJob(t *testing.T) {
 		t.Errorf("a 4 MiB + 1 document: %v; want StatusResourceExhausted", err)
 	}
 }
+
+// The token a scheduler plugin writes for a job is the one `regroupctl token` prints (the same
+// HMAC in the library), and input that could never match is refused by name.
+func TestJobToken(t *testing.T) {
+	a, err := JobToken("cluster-key", "team-a/llama", "uid-1")
+	if err != nil || len(a) != 64 || strings.Trim(a, "0123456789abcdef") != "" {
+		t.Fatalf("JobToken = %q, %v; want 64 lowercase hex digits", a, err)
+	}
+	if b, _ := JobToken("cluster-key", "team-a/llama", "uid-2"); b == a {
+		t.Fatalf("a job created again (a new uid) must get a new token")
+	}
+	if c, _ := JobToken("cluster-key", "team-a/llama", "uid-1"); c != a {
+		t.Fatalf("JobToken is not deterministic: %q then %q", a, c)
+	}
+	for _, tc := range []struct{ key, job, uid, want string }{
+		{"", "a/b", "u", "the cluster key is NULL or empty"},
+		{"k", "llama", "u", "job_id must be the job's NAMESPACE/NAME"},
+		{"k", "a/b", "", "job_uid must be the job's metadata.uid"},
+		{"k", "a/b\x00c", "u", "the job id contains a NUL byte"},
+	} {
+		_, err := JobToken(tc.key, tc.job, tc.uid)
+		var e *Error
+		if !errors.As(err, &e) || e.Status != StatusInvalidArgument || !strings.Contains(e.Message, tc.want) {
+			t.Errorf("JobToken(%q, %q, %q) = %v; want InvalidArgument naming %q", tc.key, tc.job, tc.uid, err, tc.want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -52,6 +53,12 @@ type EventSink interface {
 // Evictor removes a pod from a faulty node.
 type Evictor interface {
 	Evict(ssn *framework.Session, task *api.TaskInfo, mode regroup.EvictionMode, reason string) error
+}
+
+// TokenWriter writes a job's coordinator token into the job's namespace, as the Secret the
+// job's manager reads it from, owned by the job so that it goes with it.
+type TokenWriter interface {
+	WriteToken(ssn *framework.Session, pg *api.PodGroup, secret, token string) error
 }
 
 // JobPatcher lowers a Volcano Job's minAvailable, noting the submitted value on the Job.
@@ -172,6 +179,68 @@ func forceDelete(client kubernetes.Interface, pod *v1.Pod) error {
 	})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("force-deleting pod %s/%s (fault-scheduling=force): %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}
+
+// TokenSecretKey is the key of the token in a job's token Secret; TokenSecretLabel marks the
+// Secrets the plugin writes.
+const (
+	TokenSecretKey   = "token"
+	TokenSecretLabel = stateAnnotationPrefix + "coordinator-token"
+)
+
+// TokenSecretName is the Secret that holds job id's coordinator token: NAME-regroup-coordinator-
+// token in the job's namespace, the name `regroupctl convert` and the examples mount.
+func TokenSecretName(id string) string {
+	return id[strings.LastIndexByte(id, '/')+1:] + "-regroup-coordinator-token"
+}
+
+// SecretTokenWriter writes the Secret through the scheduler's client: created owned by the
+// Volcano Job (the PodGroup when no Job owns it), so that Kubernetes deletes it with the job;
+// patched when it exists (a hand-made one, or one of the job's earlier uid: a job created again
+// under its name has a new token). It never reads a Secret: the scheduler needs only `create`
+// and `patch` on Secrets, not `get`.
+type SecretTokenWriter struct{}
+
+// WriteToken implements TokenWriter.
+func (SecretTokenWriter) WriteToken(ssn *framework.Session, pg *api.PodGroup, secret, token string) error {
+	return writeTokenSecret(ssn.KubeClient(), pg, secret, token)
+}
+
+func writeTokenSecret(client kubernetes.Interface, pg *api.PodGroup, secret, token string) error {
+	if client == nil {
+		return fmt.Errorf("no Kubernetes client to write Secret %s/%s", pg.Namespace, secret)
+	}
+	owner := metav1.OwnerReference{APIVersion: "scheduling.volcano.sh/v1beta1", Kind: "PodGroup",
+		Name: pg.Name, UID: pg.UID}
+	for _, o := range pg.OwnerReferences {
+		if o.Kind == "Job" && strings.HasPrefix(o.APIVersion, "batch.volcano.sh/") {
+			owner = metav1.OwnerReference{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name, UID: o.UID}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stateWriteTimeout)
+	defer cancel()
+	secrets := client.CoreV1().Secrets(pg.Namespace)
+	labels := map[string]string{TokenSecretLabel: "true"}
+	_, err := secrets.Create(ctx, &v1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secret, Namespace: pg.Namespace, Labels: labels,
+			OwnerReferences: []metav1.OwnerReference{owner}},
+		Type: v1.SecretTypeOpaque,
+		Data: map[string][]byte{TokenSecretKey: []byte(token)},
+	}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		patch, merr := json.Marshal(map[string]any{
+			"metadata": map[string]any{"labels": labels, "ownerReferences": []metav1.OwnerReference{owner}},
+			"data":     map[string][]byte{TokenSecretKey: []byte(token)},
+		})
+		if merr != nil {
+			return merr
+		}
+		_, err = secrets.Patch(ctx, secret, types.MergePatchType, patch, metav1.PatchOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("writing Secret %s/%s: %w", pg.Namespace, secret, err)
 	}
 	return nil
 }

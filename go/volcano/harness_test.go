@@ -85,6 +85,8 @@ type recorder struct {
 	saveErr   error    // when set, SaveState fails with it
 	lowered   []string // "<Job> <from> -> <to>", each minAvailable lowering asked for
 	lowerErr  error    // when set, LowerMinAvailable fails with it
+	tokens    []string // "<namespace>/<Secret> <token>", each token written
+	tokenErr  error    // when set, WriteToken fails with it
 }
 
 type recordedEvent struct{ pg, kind, reason, message string }
@@ -135,6 +137,16 @@ func (r *recorder) LowerMinAvailable(_ *framework.Session, namespace, name strin
 	defer r.mu.Unlock()
 	r.lowered = append(r.lowered, fmt.Sprintf("%s/%s %d -> %d", namespace, name, submitted, to))
 	return r.lowerErr
+}
+
+func (r *recorder) WriteToken(_ *framework.Session, pg *api.PodGroup, secret, token string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.tokenErr != nil {
+		return r.tokenErr
+	}
+	r.tokens = append(r.tokens, pg.Namespace+"/"+secret+" "+token)
+	return nil
 }
 
 func (r *recorder) eventsWithReason(reason string) []recordedEvent {
@@ -259,7 +271,8 @@ func newWorld(t *testing.T) *world {
 }
 
 func (w *world) options() Options {
-	return Options{Now: w.clock.Now, States: w.rec, Events: w.rec, Evictor: w.rec, Jobs: w.rec, ConfigMaps: w.cms}
+	return Options{Now: w.clock.Now, States: w.rec, Events: w.rec, Evictor: w.rec, Jobs: w.rec, Tokens: w.rec,
+		ConfigMaps: w.cms}
 }
 
 // addNode adds a node of cpu cores (and room for 110 pods).

@@ -67,6 +67,7 @@ const (
 	ReasonFallback = "RegroupFallback" // a MindCluster key's bad value was replaced, as MindCluster does
 	ReasonRestore  = "RegroupRestore"  // the saved state could not be restored
 	ReasonEvict    = "RegroupEvict"    // a pod is evicted from a faulty node
+	ReasonToken    = "RegroupToken"    // the job's coordinator token could not be written
 	// ReasonMinAvailable: an every-pod minAvailable is lowered to the elastic minimum (or could not be)
 	ReasonMinAvailable = "RegroupMinAvailable"
 )
@@ -78,10 +79,11 @@ type Options struct {
 	Now func() time.Time
 	// Runtime returns the engine and coordinator that outlive sessions; default Shared.
 	Runtime func() (*Runtime, error)
-	States  StateStore // default PodGroupStateStore
-	Events  EventSink  // default SessionEvents
-	Evictor Evictor    // default SessionEvictor
-	Jobs    JobPatcher // default VolcanoJobPatcher
+	States  StateStore  // default PodGroupStateStore
+	Events  EventSink   // default SessionEvents
+	Evictor Evictor     // default SessionEvictor
+	Jobs    JobPatcher  // default VolcanoJobPatcher
+	Tokens  TokenWriter // default SecretTokenWriter
 	// ConfigMaps gives the ConfigMaps MindCluster's components publish; default: informers on the
 	// session's client, shared by all sessions.
 	ConfigMaps ConfigMapSource
@@ -171,6 +173,9 @@ type jobRecord struct {
 
 	loweredFrom int32 // the minAvailable last asked to be lowered (0: none)
 	loweredAt   int64 // when (ms)
+
+	tokenUID      string // the job uid whose coordinator token was written ("" : none yet)
+	tokenFailedAt int64  // when writing it last failed (ms), to try again after tokenRetryMs
 }
 
 type podSeen struct {
@@ -229,6 +234,9 @@ func newPlugin(arguments framework.Arguments, opts Options) *plugin {
 	}
 	if opts.Jobs == nil {
 		opts.Jobs = VolcanoJobPatcher{}
+	}
+	if opts.Tokens == nil {
+		opts.Tokens = SecretTokenWriter{}
 	}
 	if opts.ConfigMaps == nil {
 		opts.ConfigMaps = defaultConfigMaps
@@ -440,7 +448,38 @@ func (p *plugin) syncJob(ssn *framework.Session, job *api.JobInfo, id string) *s
 		return sj
 	}
 	p.reportPods(job, rec, v)
+	p.mintToken(ssn, job, rec, id)
 	return sj
+}
+
+// tokenRetryMs is how long the plugin waits to write a job's token again after a failure.
+const tokenRetryMs = 30000
+
+// mintToken writes the job's coordinator token (derived from the cluster key the coordinator
+// holds) into the job's namespace once per job uid, so that nobody mints it by hand. Nothing
+// without a cluster key (no coordinator, or an insecure one).
+func (p *plugin) mintToken(ssn *framework.Session, job *api.JobInfo, rec *jobRecord, id string) {
+	key, uid := p.rt.clusterKey, engineJobUID(job)
+	if key == "" || uid == "" || rec.tokenUID == uid ||
+		(rec.tokenFailedAt != 0 && p.nowMs-rec.tokenFailedAt < tokenRetryMs) {
+		return
+	}
+	secret := TokenSecretName(id)
+	token, err := regroup.JobToken(key, id, uid)
+	if err == nil {
+		err = p.opts.Tokens.WriteToken(ssn, job.PodGroup, secret, token)
+	}
+	if err != nil {
+		rec.tokenFailedAt = p.nowMs
+		msg := fmt.Sprintf("the job's coordinator token could not be written to Secret %s/%s "+
+			"(its manager cannot attach until it is; trying again in %d s): %v",
+			job.Namespace, secret, tokenRetryMs/1000, err)
+		klog.Warningf("regroup: job %s: %s", id, msg)
+		p.opts.Events.Event(ssn, job.PodGroup, v1.EventTypeWarning, ReasonToken, msg)
+		return
+	}
+	rec.tokenUID, rec.tokenFailedAt = uid, 0
+	klog.Infof("regroup: job %s: its coordinator token is in Secret %s/%s", id, job.Namespace, secret)
 }
 
 // upsert gives the engine a new or changed spec and says what the validator found.

@@ -3,6 +3,7 @@
 package volcano
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubefake "k8s.io/client-go/kubernetes/fake"
 
 	"volcano.sh/apis/pkg/apis/scheduling"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
@@ -840,5 +843,101 @@ func TestTheLeaseArgumentIsReadAndBounded(t *testing.T) {
 		if got := parseArguments(args).coordinator.leaseMs; got != c.want {
 			t.Errorf("%s=%v: lease %d ms, want %d", argLeaseMs, c.value, got, c.want)
 		}
+	}
+}
+
+// Nobody mints a job's coordinator token by hand: the plugin writes it, derived from the cluster
+// key, once for each uid of the job (a job created again under its name has a new token), and
+// tries again after a failure, saying why on the job's PodGroup.
+func TestAJobsCoordinatorTokenIsWrittenOncePerUidAndRetriedAfterAFailure(t *testing.T) {
+	w := runningElasticJob(t)
+	w.args[argCoordinatorListen] = "127.0.0.1:0"
+	w.args[argCredentialFile] = tokenFile(t, "cluster-key\n")
+	w.rec.tokenErr = errors.New("secrets is forbidden")
+	for i := int64(1); i <= 3; i++ {
+		w.clock.set(t0 + i*1000)
+		w.run(defaultActions())
+	}
+	if len(w.rec.tokens) != 0 || len(w.rec.eventsWithReason(ReasonToken)) != 1 {
+		t.Fatalf("a failed write: tokens %v, events %v; want none written and one event", w.rec.tokens,
+			w.rec.eventsWithReason(ReasonToken))
+	}
+	if e := w.rec.eventsWithReason(ReasonToken)[0]; !strings.Contains(e.message, "train-regroup-coordinator-token") ||
+		!strings.Contains(e.message, "secrets is forbidden") {
+		t.Errorf("the event %q must name the Secret and the error", e.message)
+	}
+	w.rec.tokenErr = nil
+	w.clock.set(t0 + 20000)
+	w.run(defaultActions())
+	if len(w.rec.tokens) != 0 {
+		t.Fatalf("written again %v before the retry delay", w.rec.tokens)
+	}
+	want, err := regroup.JobToken("cluster-key", ns+"/train", "job-train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := int64(0); i < 3; i++ {
+		w.clock.set(t0 + 40000 + i*1000)
+		w.run(defaultActions())
+	}
+	if len(w.rec.tokens) != 1 || w.rec.tokens[0] != ns+"/train-regroup-coordinator-token "+want {
+		t.Fatalf("tokens written %v; want once %q", w.rec.tokens, ns+"/train-regroup-coordinator-token "+want)
+	}
+}
+
+// No cluster key, no token: a coordinator that is off or insecure mints nothing.
+func TestNoTokenIsWrittenWithoutAClusterKey(t *testing.T) {
+	w := runningElasticJob(t)
+	w.args[argCoordinatorListen] = "127.0.0.1:0"
+	w.args[argInsecure] = true
+	w.clock.set(t0 + 1000)
+	w.run(defaultActions())
+	w.clock.set(t0 + 2000)
+	w.run(defaultActions())
+	if len(w.rec.tokens) != 0 {
+		t.Fatalf("tokens written %v without a cluster key", w.rec.tokens)
+	}
+}
+
+// The Secret: created owned by the Volcano Job (Kubernetes deletes it with the job), and
+// patched when it exists (a hand-made one of an older uid), never read.
+func TestTheTokenSecretIsOwnedByTheJobAndPatchedWhenItExists(t *testing.T) {
+	client := kubefake.NewSimpleClientset(&v1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "old-regroup-coordinator-token", Namespace: ns},
+		Data:       map[string][]byte{TokenSecretKey: []byte("made by hand"), "other": []byte("kept")}})
+	pg := &api.PodGroup{PodGroup: scheduling.PodGroup{ObjectMeta: metav1.ObjectMeta{Name: "train-pg", Namespace: ns,
+		UID: "pg-uid", OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch.volcano.sh/v1alpha1",
+			Kind: "Job", Name: "train", UID: "job-uid"}}}}}
+	get := func(name string) *v1.Secret {
+		s, err := client.CoreV1().Secrets(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	write := func(name, token string) { // and check that the writer reads nothing
+		before := len(client.Actions())
+		if err := writeTokenSecret(client, pg, name, token); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range client.Actions()[before:] {
+			if a.GetVerb() != "create" && a.GetVerb() != "patch" {
+				t.Errorf("the writer did %s on %s; it needs only create and patch", a.GetVerb(), a.GetResource().Resource)
+			}
+		}
+	}
+	write("train-regroup-coordinator-token", "t1")
+	s := get("train-regroup-coordinator-token")
+	if string(s.Data[TokenSecretKey]) != "t1" || len(s.OwnerReferences) != 1 || s.OwnerReferences[0].UID != "job-uid" ||
+		s.OwnerReferences[0].Kind != "Job" || s.Labels[TokenSecretLabel] != "true" {
+		t.Fatalf("Secret %+v; want the token, owned by the Volcano Job, labelled", s)
+	}
+	write("old-regroup-coordinator-token", "t2")
+	if s := get("old-regroup-coordinator-token"); string(s.Data[TokenSecretKey]) != "t2" ||
+		string(s.Data["other"]) != "kept" || len(s.OwnerReferences) != 1 {
+		t.Errorf("Secret %+v after a patch; want token t2, its other keys kept, owned by the job", s)
+	}
+	if err := writeTokenSecret(nil, pg, "x", "t"); err == nil || !strings.Contains(err.Error(), "no Kubernetes client") {
+		t.Errorf("no client: %v; want an error saying so", err)
 	}
 }

@@ -27,6 +27,7 @@ type Runtime struct {
 	coordAddr    string    // the address it listens on
 	coordLastTry time.Time // the last failed start, to retry at most every coordinatorRetry
 	coordErr     error
+	clusterKey   string // the coordinator's credential, from which each job's token is derived
 
 	nodes map[string]nodeState  // the health last reported per node
 	jobs  map[string]*jobRecord // by engine job id ("namespace/name")
@@ -126,7 +127,7 @@ func (r *Runtime) ensureCoordinator(cfg coordinatorConfig, now time.Time) {
 			"until it does; trying again in %s: %v", cfg.listen, argCoordinatorListen, coordinatorRetry, err)
 		return
 	}
-	r.coordinator, r.coordAddr, r.coordErr = c, cfg.listen, nil
+	r.coordinator, r.coordAddr, r.coordErr, r.clusterKey = c, cfg.listen, nil, opts.Credential
 	klog.Infof("regroup: coordinator listening on %s (port %d)", cfg.listen, c.Port())
 	if opts.Insecure {
 		klog.Warningf("regroup: the coordinator runs without a credential (%s: true): any client "+

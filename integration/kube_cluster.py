@@ -725,13 +725,28 @@ class KubeLoop:
         k.kubectl("create", "secret", "generic", "regroup-coordinator-ca", f"--from-file=ca.crt={k.pki / 'ca.crt'}")
         k.kubectl("apply", "-f", str(k.dir / "job.yaml"))
         uid = k.kubectl("get", "vcjob", name, "-o", "jsonpath={.metadata.uid}").stdout.strip()
-        token = subprocess.run([self.c.bin["regroupctl"], "token", "--cluster-key-file", str(k.cluster_key),
-                                "--job", f"default/{name}", "--uid", uid], capture_output=True, text=True, check=True).stdout
-        path = k.dir / "coordinator-token"
-        path.write_text(token)
-        path.chmod(0o600)
-        k.kubectl("create", "secret", "generic", f"{name}-regroup-coordinator-token", f"--from-file=token={path}")
-        self.log(f"job {name} submitted with kubectl (uid {uid}); its token minted as deploy/README.md says")
+        # Nobody mints the job's coordinator token: the scheduler's regroup plugin writes it when
+        # the job appears (the manager's pod waits for the Secret, as a kubelet does). It must be
+        # the token `regroupctl token` derives from the cluster key, owned by the Volcano Job.
+        want = subprocess.run([self.c.bin["regroupctl"], "token", "--cluster-key-file", str(k.cluster_key),
+                               "--job", f"default/{name}", "--uid", uid], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+        secret = f"{name}-regroup-coordinator-token"
+
+        got: dict = {}
+
+        def written() -> bool:
+            r = k.kubectl("get", "secret", secret, "-o", "json", check=False)
+            if r.returncode == 0:
+                got.update(json.loads(r.stdout))
+            return bool(got)
+        k._wait(f"the regroup plugin to write Secret {secret}", written, 120)
+        token = base64.b64decode(got["data"]["token"]).decode()
+        owners = [(o["kind"], o["uid"]) for o in got["metadata"].get("ownerReferences", [])]
+        if token != want or owners != [("Job", uid)]:
+            raise AssertionError(f"Secret {secret}: token {'right' if token == want else 'wrong'}, owners "
+                                 f"{owners}; want regroupctl's token, owned by the Volcano Job {uid}")
+        self.log(f"job {name} submitted with kubectl (uid {uid}); the scheduler wrote its token")
 
     def close(self) -> None:
         self._stop.set()

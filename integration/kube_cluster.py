@@ -687,6 +687,7 @@ class KubeLoop:
         self.manager_node = manager_node
         self.kube = KubeCluster(cluster.dir / "kube", cluster.net, log=self.log)
         self.started = False
+        self.token_checked = False   # check_token, once a run of the job is seen running
         self.dead_nodes = self.kube.dead
         self._status: Dict[str, dict] = {}     # pod key -> last status seen
         self._seen: Dict[str, str] = {}        # pod key -> uid of the incarnation in the Cluster
@@ -725,28 +726,8 @@ class KubeLoop:
         k.kubectl("create", "secret", "generic", "regroup-coordinator-ca", f"--from-file=ca.crt={k.pki / 'ca.crt'}")
         k.kubectl("apply", "-f", str(k.dir / "job.yaml"))
         uid = k.kubectl("get", "vcjob", name, "-o", "jsonpath={.metadata.uid}").stdout.strip()
-        # Nobody mints the job's coordinator token: the scheduler's regroup plugin writes it when
-        # the job appears (the manager's pod waits for the Secret, as a kubelet does). It must be
-        # the token `regroupctl token` derives from the cluster key, owned by the Volcano Job.
-        want = subprocess.run([self.c.bin["regroupctl"], "token", "--cluster-key-file", str(k.cluster_key),
-                               "--job", f"default/{name}", "--uid", uid], capture_output=True, text=True,
-                              check=True, timeout=30).stdout.strip()
-        secret = f"{name}-regroup-coordinator-token"
-
-        got: dict = {}
-
-        def written() -> bool:
-            r = k.kubectl("get", "secret", secret, "-o", "json", check=False)
-            if r.returncode == 0:
-                got.update(json.loads(r.stdout))
-            return bool(got)
-        k._wait(f"the regroup plugin to write Secret {secret}", written, 120)
-        token = base64.b64decode(got["data"]["token"]).decode()
-        owners = [(o["kind"], o["uid"]) for o in got["metadata"].get("ownerReferences", [])]
-        if token != want or owners != [("Job", uid)]:
-            raise AssertionError(f"Secret {secret}: token {'right' if token == want else 'wrong'}, owners "
-                                 f"{owners}; want regroupctl's token, owned by the Volcano Job {uid}")
-        self.log(f"job {name} submitted with kubectl (uid {uid}); the scheduler wrote its token")
+        self.token_checked = False
+        self.log(f"job {name} submitted with kubectl (uid {uid}); its token is the scheduler's to write")
 
     def close(self) -> None:
         self._stop.set()
@@ -768,12 +749,41 @@ class KubeLoop:
     def add_node(self):
         return self.c.add_node()
 
+    def check_token(self) -> None:
+        """Nobody mints the job's coordinator token: the scheduler's regroup plugin writes it when
+        the job appears (the manager's pod waits for the Secret, as a kubelet does), and it is the
+        token `regroupctl token` derives from the cluster key, owned by the Volcano Job. (A job
+        the plugin refuses, invalid, gets none.)"""
+        k, name = self.kube, self.job_name
+        uid = k.kubectl("get", "vcjob", name, "-o", "jsonpath={.metadata.uid}").stdout.strip()
+        want = subprocess.run([self.c.bin["regroupctl"], "token", "--cluster-key-file", str(k.cluster_key),
+                               "--job", f"default/{name}", "--uid", uid], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+        secret = f"{name}-regroup-coordinator-token"
+        got: dict = {}
+
+        def written() -> bool:
+            r = k.kubectl("get", "secret", secret, "-o", "json", check=False)
+            if r.returncode == 0:
+                got.update(json.loads(r.stdout))
+            return bool(got)
+        k._wait(f"the regroup plugin to write Secret {secret}", written, 120)
+        token = base64.b64decode(got["data"]["token"]).decode()
+        owners = [(o["kind"], o["uid"]) for o in got["metadata"].get("ownerReferences", [])]
+        if token != want or owners != [("Job", uid)]:
+            raise AssertionError(f"Secret {secret}: token {'right' if token == want else 'wrong'}, owners "
+                                 f"{owners}; want regroupctl's token, owned by the Volcano Job {uid}")
+        self.token_checked = True
+        self.log(f"job {name}: the scheduler wrote its coordinator token (Secret {secret})")
+
     def wait_running(self, timeout: float = 180) -> None:
         doc = yaml.safe_load(self.c.job_file.read_text())
         want = [f"{self.job_name}-{t['name']}-{i}" for t in doc["spec"]["tasks"] for i in range(int(t.get("replicas", 1)))]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if all(n in self._seen for n in want) and self.c.manager is not None:
+                if not self.token_checked:
+                    self.check_token()
                 return
             time.sleep(0.1)
         raise AssertionError(f"not every pod of the job ran within {timeout} s: {sorted(self._seen)} of {want}\n"

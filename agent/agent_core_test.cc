@@ -416,7 +416,8 @@ TEST_F(AgentCoreTest, AProcessThatFailsBeforeItsHelloIsNotRefusedOnceATrainerHer
 // exit 0 would end the pod for good, and with every pod so ended no incarnation is left to end
 // the job (the simulation, 12 faults a run, seed 300388 with a coordinator).
 TEST_F(AgentCoreTest, AStopOfOneIncarnationOnlyEndsTheAgentNonZeroEvenWhenItDumps) {
-  for (const auto mode : {v1::StopTraining::MODE_DUMP, v1::StopTraining::MODE_LEAVE}) {
+  // The agent's exit code once it was told to stop and its trainer then exited 0.
+  const auto exit_after = [&](v1::StopTraining::Mode mode, bool incarnation_only) {
     RecordingHost host;
     AgentCore core(options_, &host);
     core.Start(now_);
@@ -425,26 +426,18 @@ TEST_F(AgentCoreTest, AStopOfOneIncarnationOnlyEndsTheAgentNonZeroEvenWhenItDump
     stop.mutable_header()->set_job_id("job");
     stop.mutable_header()->set_epoch(1);
     stop.mutable_stop()->set_mode(mode);
-    stop.mutable_stop()->set_incarnation_only(true);
+    stop.mutable_stop()->set_incarnation_only(incarnation_only);
     stop.mutable_stop()->set_reason("no decision: the coordinator was unreachable");
     core.OnManagerMessage(now_, stop);
-    core.OnProcessExit(now_, 0, 0, 0);  // the trainer dumped and exited
-    ASSERT_TRUE(host.exit_code) << v1::StopTraining::Mode_Name(mode);
-    EXPECT_NE(*host.exit_code, 0) << v1::StopTraining::Mode_Name(mode);
+    core.OnProcessExit(now_, 0, 0, 0);  // the trainer dumped (or left) and exited
+    return host.exit_code;
+  };
+  for (const auto mode : {v1::StopTraining::MODE_DUMP, v1::StopTraining::MODE_LEAVE}) {
+    const std::optional<int> code = exit_after(mode, true);
+    ASSERT_TRUE(code) << v1::StopTraining::Mode_Name(mode);
+    EXPECT_NE(*code, 0) << v1::StopTraining::Mode_Name(mode);
   }
-  // The job's own dump ends the pod with 0.
-  RecordingHost host;
-  AgentCore core(options_, &host);
-  core.Start(now_);
-  core.OnSessionOpened(now_);
-  v1::ManagerMessage stop;
-  stop.mutable_header()->set_job_id("job");
-  stop.mutable_header()->set_epoch(1);
-  stop.mutable_stop()->set_mode(v1::StopTraining::MODE_DUMP);
-  core.OnManagerMessage(now_, stop);
-  core.OnProcessExit(now_, 0, 0, 0);
-  ASSERT_TRUE(host.exit_code);
-  EXPECT_EQ(*host.exit_code, 0);
+  EXPECT_EQ(exit_after(v1::StopTraining::MODE_DUMP, false), 0) << "the job's own dump ends the pod with 0";
 }
 
 // A process killed by a signal says nothing of its script (the OOM killer, an operator).

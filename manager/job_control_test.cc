@@ -500,6 +500,17 @@ class Scripted final : public Decisions {
   std::optional<Directive> standing;  // the decision it keeps (Decisions::Standing)
 };
 
+// Gives `sim`'s job control a Scripted decision maker (join window 5 s) and returns it.
+Scripted* UseScripted(ScriptedAgents& sim) {
+  auto owned = std::make_unique<Scripted>();
+  Scripted* decisions = owned.get();
+  JobControlOptions o;
+  o.join_window_ms = 5000;
+  sim.rt = std::make_unique<JobControl>(sim.spec_, sim.spec_.Resolve().config, o,
+                                        std::move(owned));
+  return decisions;
+}
+
 // Dense simulation seed 400466 with a coordinator: a fault outside the replicas the decision
 // maker had decided on (this incarnation had formed beyond them) changes nothing it decided, so
 // no directive follows. The survivors do not wait for one for good: past a grace of 5 s they
@@ -509,12 +520,7 @@ TEST(JobControl, SurvivorsThatHearNoDirectiveCarryOutTheStandingDecision) {
   for (const bool directive_first : {false, true}) {
     ScriptedAgents sim(3, 2, kForce, {{"recover-strategy", "recover-in-place,recover,elastic-training"},
                                       {"regroup.io/tensor-parallel", "2"}});
-    auto owned = std::make_unique<Scripted>();
-    Scripted* decisions = owned.get();
-    JobControlOptions o;
-    o.join_window_ms = 5000;
-    sim.rt = std::make_unique<JobControl>(sim.spec_, sim.spec_.Resolve().config, o,
-                                          std::move(owned));
+    Scripted* decisions = UseScripted(sim);
     sim.RegisterAll();
     sim.Run(200, -1);
     ASSERT_TRUE(sim.rt->training());
@@ -563,12 +569,7 @@ TEST(JobControl, ARestartInPlaceBeforeTheFirstGenerationFormsItOnceTheProcessIsB
   ScriptedAgents sim(3, 2, kForce, {{"recover-strategy", "recover-in-place,recover"},
                          {"regroup.io/tensor-parallel", "2"},
                          {"regroup.io/hang-timeout-min-s", "2"}});
-  auto owned = std::make_unique<Scripted>();
-  Scripted* decisions = owned.get();
-  JobControlOptions o;
-  o.join_window_ms = 5000;
-  sim.rt = std::make_unique<JobControl>(sim.spec_, sim.spec_.Resolve().config, o,
-                                        std::move(owned));
+  Scripted* decisions = UseScripted(sim);
   // The pods' processes were in generation 1 of an earlier manager, which committed step 4.
   auto earlier = [] {
     std::vector<v1::LocalRank> ranks;

@@ -61,6 +61,17 @@ def setup(args):
     return rank, world, G, data, target
 
 
+def train(trainer, steps: int, data, target, ends: list) -> None:
+    """`steps` steps of the bench's loss under `trainer`, each step's end time appended to `ends`."""
+    for step in trainer.steps(steps, _finish=False):
+        with step:
+            for mb in step.microbatches():
+                with mb:
+                    step.backward(((step.model(data[mb.indices]) - target[mb.indices]) ** 2).sum())
+            trainer.commit(step)
+        ends.append(time.perf_counter())
+
+
 def report(args, rank: int, ends, out: dict) -> None:
     """Rank 0 prints ``out`` with the median seconds between steps after the warm-up."""
     gaps = [b - a for a, b in zip(ends[args.warmup:], ends[args.warmup + 1:])]
@@ -108,13 +119,7 @@ def main() -> int:
                                        microbatches_per_step=args.microbatches, tensor_parallel=args.shard,
                                        sharding="hsdp", shuffle=False, checksum_interval=0)
         trainer = regroup.Trainer(model, opt, config=config)
-        for step in trainer.steps(args.steps, _finish=False):
-            with step:
-                for mb in step.microbatches():
-                    with mb:
-                        step.backward(((step.model(data[mb.indices]) - target[mb.indices]) ** 2).sum())
-                trainer.commit(step)
-            ends.append(time.perf_counter())
+        train(trainer, args.steps, data, target, ends)
         out["state_bytes_per_rank"] = len(trainer.state.to_bytes(trainer.committed_step))
         out["full_model_state_bytes"] = sum(p.numel() * p.element_size() * 3 for p in model_of(args).parameters())
         trainer.close()

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 _spec = importlib.util.spec_from_file_location("steady_hsdp", REPO / "bench" / "sharded" / "steady_hsdp.py")
 steady = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(steady)   # the same options, data, model and report as HSDP's bench
+_spec.loader.exec_module(steady)   # the same options, data, model, loop and report as HSDP's bench
 
 
 def tensor_bytes(tree) -> int:
@@ -82,13 +82,7 @@ def main() -> int:
                                        optimizer_sharding="zero1" if zero else None,
                                        optimizer_copies=2 if args.variant == "zero1x2" else 1)
         trainer = regroup.Trainer(model, opt, config=config)
-        for step in trainer.steps(args.steps, _finish=False):
-            with step:
-                for mb in step.microbatches():
-                    with mb:
-                        step.backward(((step.model(data[mb.indices]) - target[mb.indices]) ** 2).sum())
-                trainer.commit(step)
-            ends.append(time.perf_counter())
+        steady.train(trainer, args.steps, data, target, ends)
         out["sync_bytes"] = len(trainer.state.to_bytes(trainer.committed_step))
         if zero:
             held = trainer.state.held

@@ -43,6 +43,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import errno
+import faulthandler
 import logging
 import os
 import socket
@@ -531,8 +532,9 @@ class Watchdog:
                 try:
                     sys.stderr.write(f"regroup: the training thread did not leave its step within "
                                      f"{seconds} s of an abort ({why}); exiting with code {code} so "
-                                     f"the agent restarts this rank\n")
+                                     f"the agent restarts this rank; where each thread was:\n")
                     sys.stderr.flush()
+                    faulthandler.dump_traceback(all_threads=True)
                 finally:
                     os._exit(code)
 

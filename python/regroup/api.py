@@ -191,7 +191,10 @@ class Timeouts:
         heartbeat: interval of the heartbeats to the agent (the manager's liveness check counts
             them; keep it at the job's ``regroup.io/heartbeat-interval-ms``).
         connect: how long to wait for the agent's socket to accept the connection.
-        rendezvous: how long forming a generation's process group may take (store and group).
+        rendezvous: how long forming a generation's process groups may take (store and groups).
+            With torch 2.x it also bounds a rank waiting there for a peer that died while the
+            groups were built (no abort reaches that wait; ``regroup.group.formation_is_bounded``);
+            keep it below the job's hang timeout floor (``regroup.io/hang-timeout-min-s``, 30 s).
         collective: the backstop of every collective (gloo/NCCL timeout); above any legitimately
             slow step, like ``regroup.io/collective-timeout-s``.
         abort_exit: after an abort, how long the training thread may take to leave its step
@@ -208,7 +211,7 @@ class Timeouts:
 
     heartbeat: float = 0.1
     connect: float = 30.0
-    rendezvous: float = 120.0
+    rendezvous: float = 20.0
     collective: float = 600.0
     abort_exit: float = 10.0
     abort_grace: float = 0.5

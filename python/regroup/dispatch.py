@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("regroup")
 
+FORMING_GRACE_S = 2.0
+"""After the rendezvous bound, how long a rank aborted while building its groups has to leave."""
 
 
 class NewStart(Exception):
@@ -64,7 +66,14 @@ def on_urgent(t: Trainer, item: Any) -> None:
     if new:
         t.metrics["aborts"] += 1
     if t.busy:
-        t.watchdog.arm(t.config.timeouts.abort_exit, EXIT_ABORT_STUCK, reason)
+        seconds = t.config.timeouts.abort_exit
+        forming_until = t.forming_until
+        if forming_until is not None:
+            # Building its groups, a rank may wait in torch for a peer that died (regroup.group.
+            # formation_is_bounded), where no abort reaches it; it comes out by itself at the
+            # rendezvous bound, holding its state, which an exit now would lose.
+            seconds = max(seconds, forming_until - time.monotonic() + FORMING_GRACE_S)
+        t.watchdog.arm(seconds, EXIT_ABORT_STUCK, reason)
 
 
 def next_item(t: Trainer, deadline: Optional[float], waiting_for: str) -> Any:

@@ -450,13 +450,51 @@ def nccl_environment() -> None:
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
 
 
+# Changes a built group's timeout: torch 2.x (``set_timeout``, or ``_set_pg_timeout`` before it);
+# None on torch 1.13, whose groups keep the timeout they were built with.
+_set_group_timeout: Optional[Callable[[datetime.timedelta, Any], None]] = \
+    getattr(dist, "set_timeout", None) or getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+
+
+GLOO_CONNECT_ATTEMPTS = 5
+"""How many of a group's timeouts gloo (torch 2.15) waits for one pair's connection before it gives
+up: a peer frozen once it had published its address held its peers 20 s under a 4 s timeout, and
+40 s under 8 s (``group_test.py``)."""
+
+
+def formation_is_bounded() -> bool:
+    """Whether :func:`build_groups` ends within its rendezvous bound whatever its peers do.
+
+    gloo connects a group's pairs while the group is built, each under the group's timeout, and
+    nothing ends that wait sooner: a peer that published its address and then died or froze
+    (its node lost a moment after the generation started) leaves its peers waiting in torch's
+    constructor, where no abort reaches them. With torch 2.x the groups are built under what is
+    left of the rendezvous and get the collective timeout once built; torch 1.13 builds them
+    under the collective timeout."""
+    return _set_group_timeout is not None
+
+
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def build_grid(groups: ProcessGroups, timeout: datetime.timedelta) -> None:
+def _all_arrived(store: Any, world_size: int, deadline: float) -> None:
+    """Waits, within the rendezvous, until every rank of the generation has reached its store: the
+    groups are then built under a share of the rendezvous each (:func:`formation_is_bounded`),
+    which a rank that arrives late (still leaving its previous step) must not use up. An abort
+    ends the wait (it shuts the store's connections down).
+
+    Raises:
+        RuntimeError: a rank did not arrive in time, or the store's connection was shut down.
+    """
+    if store.add("regroup/arrived", 1) == world_size:
+        store.set("regroup/all-arrived", b"1")
+    store.wait(["regroup/all-arrived"], datetime.timedelta(seconds=max(0.001, deadline - time.monotonic())))
+
+
+def build_grid(groups: ProcessGroups, timeout: Callable[[], datetime.timedelta]) -> None:
     """Builds the grid's groups (the default group is up): every rank creates every group, in
-    the same order (torch requires it); a rank keeps its own."""
+    the same order (torch requires it); a rank keeps its own. ``timeout()``: each group's."""
     layout = groups.layout
     if layout.replica_size == 1:
         groups.dp_group = dist.group.WORLD
@@ -465,7 +503,7 @@ def build_grid(groups: ProcessGroups, timeout: datetime.timedelta) -> None:
     for kind, ranks in layout.all_groups():
         key = tuple(ranks)
         if key not in made:
-            made[key] = dist.new_group(ranks, timeout=timeout, backend=groups.backend)
+            made[key] = dist.new_group(ranks, timeout=timeout(), backend=groups.backend)
         if ranks == layout.mine(kind):
             setattr(groups, f"{kind}_group", made[key])
 
@@ -480,8 +518,9 @@ def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: s
         store_host, store_port: the generation's store (hosted by rank 0).
         layout: this rank's place.
         backend: a torch.distributed backend (see :func:`resolve_backend`).
-        rendezvous_s: how long forming the groups may take.
-        collective_s: the collectives' timeout.
+        rendezvous_s: how long forming the groups may take; with torch 2.x also the bound of
+            each group's connection to its peers (:func:`formation_is_bounded`).
+        collective_s: the collectives' timeout (the groups' once built).
         aborted: set by an abort; a rank still connecting gives up.
         sockets: where to note the sockets (created here when None); the caller may hand it to
             the abort path before calling, so a rank stuck here can be freed.
@@ -502,13 +541,28 @@ def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: s
     deadline = time.monotonic() + rendezvous_s
     store = _connect_store(store_host, store_port, layout.world_size, layout.rank == 0, deadline, aborted)
     sockets.note_store(is_master=layout.rank == 0)
+    collective = datetime.timedelta(seconds=collective_s)
+
+    def forming() -> datetime.timedelta:
+        # A group is built under its share of what is left of the rendezvous (gloo waits up to
+        # GLOO_CONNECT_ATTEMPTS of its timeouts for a pair), then given the collective timeout;
+        # a torch that cannot change a group's timeout builds them under the latter.
+        if _set_group_timeout is None:
+            return collective
+        return datetime.timedelta(seconds=max(0.1, (deadline - time.monotonic()) / GLOO_CONNECT_ATTEMPTS))
+
     try:
-        store.set_timeout(datetime.timedelta(seconds=collective_s))
-        timeout = datetime.timedelta(seconds=collective_s)
+        if _set_group_timeout is not None:
+            _all_arrived(store, layout.world_size, deadline)
+        store.set_timeout(forming())
         dist.init_process_group(backend, store=store, rank=layout.rank,
-                                world_size=layout.world_size, timeout=timeout)
+                                world_size=layout.world_size, timeout=forming())
         groups = ProcessGroups(layout, backend, store, sockets)
-        build_grid(groups, timeout)
+        build_grid(groups, forming)
+        if _set_group_timeout is not None:
+            for g in [dist.group.WORLD] + groups.subgroups():
+                _set_group_timeout(collective, g)
+        store.set_timeout(collective)
         run_builders(groups)
         sockets.end()
         return groups

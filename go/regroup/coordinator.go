@@ -20,9 +20,7 @@ import "C"
 
 import (
 	"runtime"
-	"strings"
 	"sync"
-	"unsafe"
 )
 
 // CoordinatorOptions configure a coordinator. An empty field means the library's default.
@@ -114,20 +112,13 @@ func (c *coordinatorHandle) close() {
 // Credential without Insecure.
 func StartCoordinator(e *Engine, opts CoordinatorOptions) (*Coordinator, error) {
 	const op = "StartCoordinator"
-	fields := []struct{ name, value string }{
-		{"listen address", opts.Listen}, {"credential", opts.Credential},
-		{"TLS certificate file", opts.TLSCertFile}, {"TLS key file", opts.TLSKeyFile},
+	cstrings, free, err := cStrings(op, true, cArg{"listen address", opts.Listen},
+		cArg{"credential", opts.Credential}, cArg{"TLS certificate file", opts.TLSCertFile},
+		cArg{"TLS key file", opts.TLSKeyFile})
+	if err != nil {
+		return nil, err
 	}
-	cstrings := make([]*C.char, len(fields))
-	for i, f := range fields {
-		if strings.IndexByte(f.value, 0) >= 0 {
-			return nil, newError(op, StatusInvalidArgument, "the %s %q contains a NUL byte", f.name, f.value)
-		}
-		if f.value != "" {
-			cstrings[i] = C.CString(f.value)
-			defer C.free(unsafe.Pointer(cstrings[i]))
-		}
-	}
+	defer free()
 	h, err := e.acquire(op)
 	if err != nil {
 		return nil, err

@@ -110,7 +110,10 @@ func TestCoordinatorRefusesWhatItCannotServe(t *testing.T) {
 			TLSCertFile: "/nonexistent/c.pem"}, "TLS"},
 		{"unreadable certificate", CoordinatorOptions{Listen: "127.0.0.1:0", Credential: "t",
 			TLSCertFile: "/nonexistent/c.pem", TLSKeyFile: "/nonexistent/k.pem"}, "/nonexistent/c.pem"},
-		{"NUL byte", CoordinatorOptions{Listen: "127.0.0.1:0\x00x"}, "NUL"},
+		{"NUL byte", CoordinatorOptions{Listen: "127.0.0.1:0\x00x"}, "listen address contains a NUL"},
+		// named, never echoed: it is the cluster key
+		{"NUL byte in the credential", CoordinatorOptions{Listen: "127.0.0.1:0", Credential: "se\x00cret"},
+			"credential contains a NUL"},
 		// Open mode is asked for, never the default.
 		{"no credential", CoordinatorOptions{Listen: "127.0.0.1:0"}, "no credential"},
 	}
@@ -123,6 +126,9 @@ func TestCoordinatorRefusesWhatItCannotServe(t *testing.T) {
 			wantStatus(t, err, StatusInvalidArgument)
 			if err != nil && !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q does not name %q", err, tc.want)
+			}
+			if err != nil && strings.Contains(err.Error(), "cret") {
+				t.Errorf("error %q echoes the credential", err)
 			}
 		})
 	}

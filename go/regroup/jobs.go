@@ -151,19 +151,15 @@ func JobToken(clusterKey, jobID, jobUID string) (string, error) {
 	if err := abiCheck(); err != nil {
 		return "", err
 	}
-	for _, f := range []struct{ name, value string }{
-		{"cluster key", clusterKey}, {"job id", jobID}, {"job uid", jobUID}} {
-		if strings.IndexByte(f.value, 0) >= 0 {
-			return "", newError(op, StatusInvalidArgument, "the %s contains a NUL byte", f.name)
-		}
+	args, free, err := cStrings(op, false, cArg{"cluster key", clusterKey}, cArg{"job id", jobID},
+		cArg{"job uid", jobUID})
+	if err != nil {
+		return "", err
 	}
-	key, job, uid := C.CString(clusterKey), C.CString(jobID), C.CString(jobUID)
-	defer C.free(unsafe.Pointer(key))
-	defer C.free(unsafe.Pointer(job))
-	defer C.free(unsafe.Pointer(uid))
+	defer free()
 	var out *C.char
 	var cerr *C.regroup_error
-	status := C.regroup_job_token(&out, key, job, uid, &cerr)
+	status := C.regroup_job_token(&out, args[0], args[1], args[2], &cerr)
 	if err := takeError(op, status, cerr); err != nil {
 		return "", err
 	}

@@ -161,6 +161,31 @@ func takeError(op string, status C.regroup_status, cerr *C.regroup_error) error 
 	return e
 }
 
+// cArg is a string argument of a library call, named for the error about it.
+type cArg struct{ name, value string }
+
+// cStrings copies args into C strings for one call (nil for an empty one when emptyIsNull); free
+// releases them. An argument holding a NUL byte (C would cut it there) is refused by name, never
+// echoed: it may be a credential.
+func cStrings(op string, emptyIsNull bool, args ...cArg) (out []*C.char, free func(), err error) {
+	for _, a := range args {
+		if strings.IndexByte(a.value, 0) >= 0 {
+			return nil, nil, newError(op, StatusInvalidArgument, "the %s contains a NUL byte", a.name)
+		}
+	}
+	out = make([]*C.char, len(args))
+	for i, a := range args {
+		if a.value != "" || !emptyIsNull {
+			out[i] = C.CString(a.value)
+		}
+	}
+	return out, func() {
+		for _, p := range out {
+			C.free(unsafe.Pointer(p)) // free(NULL) does nothing
+		}
+	}, nil
+}
+
 // takeString copies a string the library returned into Go memory and frees it.
 func takeString(p *C.char) []byte {
 	if p == nil {

@@ -176,6 +176,9 @@ class GroupSockets:
         self._next_waiter = 0
         self.left: List[Callable[[], bool]] = []  # collectives left behind: "has it ended?"
         self.collective_s = 0.0  # the groups' collective timeout (how long a left one may run)
+        # While the groups are built under a bound (regroup.group.formation_is_bounded): when it
+        # ends. An abort meanwhile leaves the rank that long (regroup.dispatch.on_urgent).
+        self.building_until: Optional[float] = None
 
     def begin(self) -> None:
         global _current

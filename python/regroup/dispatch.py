@@ -67,12 +67,13 @@ def on_urgent(t: Trainer, item: Any) -> None:
         t.metrics["aborts"] += 1
     if t.busy:
         seconds = t.config.timeouts.abort_exit
-        forming_until = t.forming_until
-        if forming_until is not None:
+        sockets = m.sockets
+        until = sockets.building_until if sockets is not None else None
+        if until is not None:
             # Building its groups, a rank may wait in torch for a peer that died (regroup.group.
             # formation_is_bounded), where no abort reaches it; it comes out by itself at the
             # rendezvous bound, holding its state, which an exit now would lose.
-            seconds = max(seconds, forming_until - time.monotonic() + FORMING_GRACE_S)
+            seconds = max(seconds, until - time.monotonic() + FORMING_GRACE_S)
         t.watchdog.arm(seconds, EXIT_ABORT_STUCK, reason)
 
 

@@ -24,7 +24,7 @@ from regroup import contract
 from regroup._proto import wire_pb2 as pb
 from regroup.abort import GroupSockets
 from regroup.api import AgentConnectionError, CheckpointError, ConfigError, StateSyncError, TrainerConfig
-from regroup.group import Layout, ProcessGroups, build_groups, formation_is_bounded, run_builders
+from regroup.group import Layout, ProcessGroups, build_groups, run_builders
 from regroup.step import Generation
 from regroup.sync import sync_state
 
@@ -152,16 +152,11 @@ def enter(t: Trainer, start: Any) -> None:
         if not t.managed and layout.world_size == 1:
             groups = single_process_groups(layout, t.backend)
         else:
-            rendezvous = t.config.timeouts.rendezvous
-            if formation_is_bounded():  # an abort meanwhile waits for it (dispatch.on_urgent)
-                t.forming_until = time.monotonic() + rendezvous
-            try:
-                groups = build_groups(store_host=plan.store_host, store_port=plan.store_port,
-                                      layout=layout, backend=t.backend, rendezvous_s=rendezvous,
-                                      collective_s=t.config.timeouts.collective,
-                                      aborted=aborted_event, sockets=sockets)
-            finally:
-                t.forming_until = None
+            groups = build_groups(store_host=plan.store_host, store_port=plan.store_port,
+                                  layout=layout, backend=t.backend,
+                                  rendezvous_s=t.config.timeouts.rendezvous,
+                                  collective_s=t.config.timeouts.collective,
+                                  aborted=aborted_event, sockets=sockets)
         t.membership.formed(groups)
         if t.membership.aborted():
             raise RuntimeError("aborted while forming the groups")

@@ -542,26 +542,29 @@ def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: s
     store = _connect_store(store_host, store_port, layout.world_size, layout.rank == 0, deadline, aborted)
     sockets.note_store(is_master=layout.rank == 0)
     collective = datetime.timedelta(seconds=collective_s)
+    bounded = formation_is_bounded()
 
     def forming() -> datetime.timedelta:
         # A group is built under its share of what is left of the rendezvous (gloo waits up to
         # GLOO_CONNECT_ATTEMPTS of its timeouts for a pair), then given the collective timeout;
         # a torch that cannot change a group's timeout builds them under the latter.
-        if _set_group_timeout is None:
+        if not bounded:
             return collective
         return datetime.timedelta(seconds=max(0.1, (deadline - time.monotonic()) / GLOO_CONNECT_ATTEMPTS))
 
     try:
-        if _set_group_timeout is not None:
+        if bounded:
+            sockets.building_until = deadline
             _all_arrived(store, layout.world_size, deadline)
         store.set_timeout(forming())
         dist.init_process_group(backend, store=store, rank=layout.rank,
                                 world_size=layout.world_size, timeout=forming())
         groups = ProcessGroups(layout, backend, store, sockets)
         build_grid(groups, forming)
-        if _set_group_timeout is not None:
+        if bounded:
             for g in [dist.group.WORLD] + groups.subgroups():
                 _set_group_timeout(collective, g)
+            sockets.building_until = None
         store.set_timeout(collective)
         run_builders(groups)
         sockets.end()

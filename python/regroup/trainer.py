@@ -134,7 +134,6 @@ class Trainer:
         self.link: Optional[AgentLink] = None
         self.membership = Membership()   # the generation being formed or run, and its aborts
         self.busy = False                # the training thread is in a step or a rebuild
-        self.forming_until: Optional[float] = None  # while building groups that end by then
         self.watchdog = Watchdog()
         self.voted: Optional[_Voted] = None  # the applied step whose vote is in flight
         self._undo = Undo()

@@ -48,9 +48,10 @@ extern "C" {
 /* ABI version. Since 1.0; minor 1 (the coordinator) since 1.1; minor 2 (reading a job's keys
  * and a Volcano Job) since 1.2; minor 3 (the coordinator's explicit insecure mode) since 1.3;
  * minor 4 (a Volcano Job's elastic_min_available) since 1.4; minor 5 (the managers' lease) since
- * 1.5; minor 6 (the coordinator's saved-state mark) since 1.6; minor 7 (job tokens) since 1.7. */
+ * 1.5; minor 6 (the coordinator's saved-state mark) since 1.6; minor 7 (job tokens) since 1.7;
+ * minor 8 (the lease holder on record: regroup_coordinator_save_wanted) since 1.8. */
 #define REGROUP_ABI_VERSION_MAJOR 1
-#define REGROUP_ABI_VERSION_MINOR 7
+#define REGROUP_ABI_VERSION_MINOR 8
 /* (major << 16) | minor of this header; compare with regroup_abi_version(). */
 #define REGROUP_ABI_VERSION ((REGROUP_ABI_VERSION_MAJOR << 16) | REGROUP_ABI_VERSION_MINOR)
 
@@ -446,14 +447,25 @@ REGROUP_EXTERN regroup_status regroup_coordinator_export_job_state(regroup_coord
                                                                    uint64_t *fact_epoch,
                                                                    uint64_t *fact_seq,
                                                                    regroup_error **err);
-/* The state exported with the mark (fact_epoch, fact_seq) is stored: its facts are acknowledged.
- * A mark of an epoch the job's manager no longer has changes nothing. REGROUP_INVALID_ARGUMENT
- * for a NULL argument. Since 1.6. */
+/* The state exported with the mark (fact_epoch, fact_seq) is stored: its facts are acknowledged,
+ * and the lease holder it names is on record (since 1.8). It confirms the job's latest export
+ * with that mark: export, store, then this call, one job at a time. A mark of an epoch the job's
+ * manager no longer has acknowledges nothing. REGROUP_INVALID_ARGUMENT for a NULL argument.
+ * Since 1.6. */
 REGROUP_EXTERN regroup_status regroup_coordinator_state_saved(regroup_coordinator *coordinator,
                                                               const char *job_id,
                                                               uint64_t fact_epoch,
                                                               uint64_t fact_seq,
                                                               regroup_error **err);
+
+/* Whether the job's state names a lease holder that no stored state names yet: a new manager's
+ * first lease waits for it (after a restart the stored holder is granted its lease at once, and
+ * every other manager waits a lease). When it returns 1, export the state, store it and call
+ * regroup_coordinator_state_saved at the next session, even if nothing else changed. 0 for a
+ * NULL argument, an unknown job, or before the first regroup_coordinator_state_saved. Takes the
+ * engine's lock as a reader. Since 1.8. */
+REGROUP_EXTERN int regroup_coordinator_save_wanted(regroup_coordinator *coordinator,
+                                                   const char *job_id);
 
 /* Stops the coordinator: refuses new streams, ends every stream (managers see UNAVAILABLE and
  * reconnect to the next coordinator) and frees it. Returns within about a second. NULL is

@@ -95,7 +95,8 @@ void AttachCore::NoteLease(const v1::LeaseGrant& grant) {
   if (grant.lease_ms() <= 0) {
     retry_in_ms_ = grant.wait_ms() > 0 ? grant.wait_ms() + 1 : 1000;
     if (grant.wait_ms() > 0)
-      spdlog::info("no lease yet: an older manager's may run for {} ms more; commits wait",
+      spdlog::info("no lease yet (an older manager's may still run, or the coordinator is storing "
+                   "this one as its holder): asking again in {} ms; commits wait",
                    grant.wait_ms());
     return;
   }

@@ -65,6 +65,9 @@ std::optional<v1::Directive> DirectiveToProto(const Directive& d) {
 constexpr size_t kShownJobIdBytes = 384;
 // The most of a refusal's reason sent, in the message and in the stream's status.
 constexpr size_t kReasonBytes = 1024;
+// How soon a manager whose lease waits for its epoch to be stored as the holder asks again: the
+// scheduler stores the state at its next session (about a second).
+constexpr int64_t kHolderSaveWaitMs = 250;
 
 v1::Header Attachments::MakeHeader(std::string_view job, uint64_t epoch) const {
   v1::Header h;
@@ -101,16 +104,32 @@ bool Attachments::DirectiveFor(uint64_t stream, Attached& a, Outgoing& out) cons
   return true;
 }
 
-v1::LeaseGrant Attachments::Lease(JobEntry& entry, uint64_t epoch, int64_t sent_ms) {
+uint64_t Attachments::StoredHolder(std::string_view job, const JobEntry& entry) const {
+  if (entry.holder_stored) return entry.stored_holder;
+  const Job* found = engine_.FindJob(job);
+  return found ? static_cast<uint64_t>(std::max<int64_t>(0, found->lease_holder())) : 0;
+}
+
+v1::LeaseGrant Attachments::Lease(std::string_view job, JobEntry& entry, uint64_t epoch,
+                                  int64_t sent_ms) {
   const int64_t now_ms = lease_clock_();
   v1::LeaseGrant grant;
   grant.set_sent_ms(sent_ms);
   // None while another epoch's may run (a newer manager asking, or one reattaching with an epoch
-  // this coordinator learned only now), nor for a lease after this coordinator started.
-  const int64_t from = std::max(started_ms_ + LeaseSpanMs(),
+  // this coordinator learned only now), nor, after this coordinator started, for an epoch a
+  // stored state does not name as the holder: a lease granted before the start may still run.
+  const uint64_t stored = StoredHolder(job, entry);
+  const bool on_record = stored != 0 && epoch == stored;
+  const int64_t from = std::max(on_record ? int64_t{0} : started_ms_ + LeaseSpanMs(),
                                 epoch == entry.lease_epoch ? int64_t{0} : entry.lease_until_ms);
   if (now_ms < from) {
     grant.set_wait_ms(from - now_ms);
+    return grant;
+  }
+  // A new holder is named in the job's state first; once a stored state names it, the lease.
+  entry.holder = epoch;
+  if (acks_saved_only_ && !on_record) {
+    grant.set_wait_ms(kHolderSaveWaitMs);
     return grant;
   }
   // The manager counts from when it asked, no later than now: its lease ends before this one.
@@ -176,8 +195,9 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
                 ": a manager attaches only as the job whose token it holds (the job's Secret; "
                 "regroupctl token), never with another job's token or the cluster key");
   // The epoch the engine's saved state holds for the job's manager survives a scheduler restart.
-  const uint64_t recorded =
-      static_cast<uint64_t>(std::max<int64_t>(0, found->manager_progress().epoch));
+  // So does the lease holder it names (an epoch attached before, which may have reported nothing).
+  const uint64_t recorded = static_cast<uint64_t>(
+      std::max<int64_t>({0, found->manager_progress().epoch, found->lease_holder()}));
   const uint64_t highest = std::max(served, recorded);
   uint64_t epoch = asked;
   if (asked == 0) {
@@ -235,7 +255,7 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   keys->set_pods(static_cast<uint32_t>(spec.pods));
   keys->set_processes_per_pod(static_cast<uint32_t>(spec.processes_per_pod));
   if (report.has_lease())
-    *directive.message.mutable_lease() = Lease(entry, epoch, report.lease().sent_ms());
+    *directive.message.mutable_lease() = Lease(job, entry, epoch, report.lease().sent_ms());
   out.push_back(std::move(directive));
   return out;
 }
@@ -337,7 +357,8 @@ std::vector<Attachments::Outgoing> Attachments::Handle(uint64_t stream,
     Outgoing grant;
     grant.stream = stream;
     *grant.message.mutable_header() = MakeHeader(a.job, a.epoch);
-    *grant.message.mutable_lease() = Lease(jobs_[a.job], a.epoch, report.lease().sent_ms());
+    std::shared_lock lock(engine_mu_);
+    *grant.message.mutable_lease() = Lease(a.job, entry, a.epoch, report.lease().sent_ms());
     return {std::move(grant)};
   }
   if (report.body_case() != v1::ManagerReport::kHello &&
@@ -349,21 +370,40 @@ std::vector<Attachments::Outgoing> Attachments::Handle(uint64_t stream,
 }
 
 std::optional<std::pair<json, Attachments::StateMark>> Attachments::ExportJobState(
-    std::string_view job) const {
+    std::string_view job) {
   std::shared_lock lock(engine_mu_);
   const Job* found = engine_.FindJob(job);
   if (!found) return std::nullopt;
+  json state = found->StateJson();
   StateMark mark;
-  if (auto it = jobs_.find(job); it != jobs_.end())
-    mark = {it->second.applied_epoch, it->second.applied_seq};
-  return std::make_pair(found->StateJson(), mark);
+  if (auto it = jobs_.find(job); it != jobs_.end()) {
+    JobEntry& entry = it->second;
+    mark = {entry.applied_epoch, entry.applied_seq};
+    if (entry.holder != 0) state["lease_holder"] = entry.holder;
+    entry.exported = {mark, state.value("lease_holder", uint64_t{0})};
+  }
+  return std::make_pair(std::move(state), mark);
 }
 
 void Attachments::Saved(std::string_view job, StateMark mark) {
   acks_saved_only_ = true;
   auto it = jobs_.find(job);
-  if (it == jobs_.end() || it->second.applied_epoch != mark.epoch) return;
-  it->second.saved_seq = std::max(it->second.saved_seq, mark.seq);
+  if (it == jobs_.end()) return;
+  JobEntry& entry = it->second;
+  if (entry.exported && entry.exported->first.epoch == mark.epoch &&
+      entry.exported->first.seq == mark.seq) {
+    entry.stored_holder = entry.exported->second;
+    entry.holder_stored = true;
+  }
+  if (entry.applied_epoch != mark.epoch) return;
+  entry.saved_seq = std::max(entry.saved_seq, mark.seq);
+}
+
+bool Attachments::SaveWanted(std::string_view job) const {
+  auto it = jobs_.find(job);
+  if (!acks_saved_only_ || it == jobs_.end() || it->second.holder == 0) return false;
+  std::shared_lock lock(engine_mu_);
+  return StoredHolder(job, it->second) != it->second.holder;
 }
 
 void Attachments::OnClosed(uint64_t stream) {

@@ -29,9 +29,14 @@
 // Leases (docs/membership.md): a manager commits a step only while it holds a lease, which it asks
 // for on its hello and alone every quarter of a lease (ManagerReport.lease), counted by its own
 // clock from when it asked. An epoch of a job gets no lease before the last one granted to another
-// epoch has run out here (plus a tenth for the clocks' drift), and a coordinator grants none for
-// a lease after its start (it forgot what it granted before a restart). So an older manager cut off from the coordinator, which never hears
-// that it was replaced, stops committing before the newer one starts.
+// epoch has run out here (plus a tenth for the clocks' drift). So an older manager cut off from
+// the coordinator, which never hears that it was replaced, stops committing before the newer one
+// starts. Once the job's state is saved (Saved), an epoch's first lease also waits until a stored
+// state names it the lease holder (ExportJobState writes it, `lease_holder`; SaveWanted asks for
+// that save): after a restart, which forgets what was granted, the holder the stored state names
+// is granted its lease at once, and every other epoch waits a lease from the start. No other
+// epoch can hold one then: each was named in a stored state before its first lease, and named
+// only once the lease before it had run out.
 #pragma once
 
 #include <algorithm>
@@ -111,11 +116,14 @@ class Attachments {
   // The job's state (Job::StateJson, what a restarted scheduler imports) and the mark of the
   // facts it holds, read together; nothing when the engine has no such job. Takes the engine's
   // lock (shared).
-  std::optional<std::pair<nlohmann::json, StateMark>> ExportJobState(std::string_view job) const;
+  std::optional<std::pair<nlohmann::json, StateMark>> ExportJobState(std::string_view job);
   // The state exported with `mark` is stored where a restarted scheduler reads it back: its
-  // facts are acknowledged from now on. The first call makes this coordinator acknowledge only
-  // saved facts.
+  // facts are acknowledged from now on, and the lease holder it names is on record. It confirms
+  // the job's latest export with that mark (export, store, then Saved, one job at a time). The
+  // first call makes this coordinator acknowledge only saved facts and record lease holders.
   void Saved(std::string_view job, StateMark mark);
+  // The job's state names a lease holder not yet stored: export and store it, then Saved.
+  bool SaveWanted(std::string_view job) const;
 
   bool attached(uint64_t stream) const { return streams_.count(stream) > 0; }
   size_t attached_count() const { return streams_.size(); }
@@ -138,6 +146,13 @@ class Attachments {
     uint64_t applied_epoch = 0;   // the epoch whose facts applied_seq counts
     uint64_t applied_seq = 0;     // its highest fact number applied (or refused)
     uint64_t saved_seq = 0;       // ... that a saved state holds
+    // The lease holder: the one this coordinator chose (0: none yet; exports name it), the one a
+    // stored state names once this coordinator stored one (`holder_stored`; before, the one the
+    // engine's restored state names), and the holder and mark of the latest export.
+    uint64_t holder = 0;
+    uint64_t stored_holder = 0;
+    bool holder_stored = false;
+    std::optional<std::pair<StateMark, uint64_t>> exported;
   };
 
   std::vector<Outgoing> Handle(uint64_t stream, const v1::ManagerReport& report, int64_t now_ms,
@@ -154,7 +169,10 @@ class Attachments {
   Outgoing Refusal(uint64_t stream, std::string_view job, uint64_t epoch, const Status& why,
                    bool close) const;
   // The answer to a request for the lease sent at the manager's `sent_ms`, granted or not.
-  v1::LeaseGrant Lease(JobEntry& entry, uint64_t epoch, int64_t sent_ms);
+  // The caller holds engine_mu_ (shared at least).
+  v1::LeaseGrant Lease(std::string_view job, JobEntry& entry, uint64_t epoch, int64_t sent_ms);
+  // The holder the latest stored state of the job names (0: none known).
+  uint64_t StoredHolder(std::string_view job, const JobEntry& entry) const;
   // A lease as this coordinator counts it: a tenth more, for the clocks' drift.
   int64_t LeaseSpanMs() const { return lease_ms_ + lease_ms_ / 10; }
   v1::Header MakeHeader(std::string_view job, uint64_t epoch) const;
@@ -165,7 +183,9 @@ class Attachments {
   const int64_t lease_ms_;
   const std::function<int64_t()> lease_clock_;
   int64_t started_ms_ = -1;  // the first report, on lease_clock_: no earlier lease is known
-  bool acks_saved_only_ = false;  // Saved was called: acknowledge only saved facts
+  // Saved was called: acknowledge only saved facts, and grant a new holder its lease only once
+  // a stored state names it.
+  bool acks_saved_only_ = false;
   std::map<uint64_t, Attached> streams_;                // attached streams
   std::map<std::string, JobEntry, std::less<>> jobs_;  // every job a manager attached to
 };

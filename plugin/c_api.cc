@@ -529,6 +529,15 @@ regroup_status regroup_coordinator_state_saved(regroup_coordinator* coordinator,
   });
 }
 
+int regroup_coordinator_save_wanted(regroup_coordinator* coordinator, const char* job_id) {
+  if (!coordinator || !job_id) return 0;
+  try {
+    return coordinator->coordinator->SaveWanted(job_id) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
 void regroup_coordinator_free(regroup_coordinator* coordinator) { delete coordinator; }
 
 regroup_status regroup_job_token(char** out, const char* cluster_key, const char* job_id,

@@ -90,7 +90,7 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
   }
 
   std::optional<std::pair<nlohmann::json, Attachments::StateMark>> ExportJobState(
-      std::string_view job) const {
+      std::string_view job) {
     std::lock_guard lock(mu_);
     return attachments_.ExportJobState(job);
   }
@@ -98,6 +98,11 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
   void Saved(std::string_view job, Attachments::StateMark mark) {
     std::lock_guard lock(mu_);
     attachments_.Saved(job, mark);
+  }
+
+  bool SaveWanted(std::string_view job) const {
+    std::lock_guard lock(mu_);
+    return attachments_.SaveWanted(job);
   }
 
   Reactor* Attach(grpc::CallbackServerContext* context) override {
@@ -268,9 +273,11 @@ int Coordinator::port() const { return service_->port(); }
 void Coordinator::Publish() { service_->Publish(); }
 
 std::optional<std::pair<nlohmann::json, Attachments::StateMark>> Coordinator::ExportJobState(
-    std::string_view job) const {
+    std::string_view job) {
   return service_->ExportJobState(job);
 }
+
+bool Coordinator::SaveWanted(std::string_view job) const { return service_->SaveWanted(job); }
 
 void Coordinator::Saved(std::string_view job, Attachments::StateMark mark) {
   service_->Saved(job, mark);

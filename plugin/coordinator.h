@@ -50,8 +50,10 @@ class Coordinator {
   // The job's state and the mark of its manager's facts it holds (Attachments::ExportJobState);
   // nothing for a job the engine does not have. Then Saved once the state is stored.
   std::optional<std::pair<nlohmann::json, Attachments::StateMark>> ExportJobState(
-      std::string_view job) const;
+      std::string_view job);
   void Saved(std::string_view job, Attachments::StateMark mark);
+  // A lease holder waits to be stored (Attachments::SaveWanted).
+  bool SaveWanted(std::string_view job) const;
 
  private:
   class Service;

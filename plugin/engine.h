@@ -184,6 +184,10 @@ class Job {
   const Layout& layout() const { return layout_; }
   // The last progress of the job's manager (its epoch survives in the saved state).
   const ManagerProgress& manager_progress() const { return manager_; }
+  // The manager epoch a stored state names as the holder of the coordinator's lease (0: none).
+  // The engine only keeps it across a save and a restore; the coordinator decides it
+  // (Attachments, docs/membership.md "Leases").
+  int64_t lease_holder() const { return lease_holder_; }
 
   // The scheduler's part.
   std::vector<Eviction> Evictions() const;
@@ -292,6 +296,7 @@ class Job {
   std::set<std::pair<int64_t, int64_t>> stateless_;
   std::set<int64_t> stateless_pods_;
   int64_t stateless_after_step_ = -1;
+  int64_t lease_holder_ = 0;
   void NoteStateless(int64_t replica, int64_t position);
   std::vector<PodSlot> slots_;
   std::vector<PendingFault> pending_;           // inside the report window

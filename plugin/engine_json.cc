@@ -613,7 +613,8 @@ json Job::StateJson() const {
           {"stateless_pods", RangesText({stateless_pods_.begin(), stateless_pods_.end()})},
           {"stateless_after_step", stateless_after_step_},
           {"manager", ManagerJson(manager_)},
-          {"manager_at_directive", ManagerJson(manager_at_directive_)}};
+          {"manager_at_directive", ManagerJson(manager_at_directive_)},
+          {"lease_holder", lease_holder_}};
 }
 
 Status Job::LoadState(const json& j) {
@@ -721,6 +722,8 @@ Status Job::LoadState(const json& j) {
   if (auto it = j.find("manager_at_directive"); it != j.end())
     REGROUP_RETURN_IF_ERROR(
         ReadManager(*it, "job state manager_at_directive", next.manager_at_directive_));
+  REGROUP_RETURN_IF_ERROR(
+      ju::GetInt(j, "lease_holder", where, 0, kMaxTime, next.lease_holder_, false));
   *this = std::move(next);
   return Status::Ok();
 }

@@ -1080,7 +1080,9 @@ void World::Session(uint64_t incarnation) {
 void World::SaveState() {
   if (!coordinator_) return;
   const Job* job = coordinator_->engine.FindJob(kJobId);
-  if (!job || (job->directive().id == saved_directive_ && !uids_changed_)) return;
+  if (!job || (job->directive().id == saved_directive_ && !uids_changed_ &&
+               !coordinator_->attachments->SaveWanted(kJobId)))
+    return;
   auto exported = coordinator_->attachments->ExportJobState(kJobId);
   if (!exported) return;
   saved_directive_ = job->directive().id;

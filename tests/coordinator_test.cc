@@ -1232,6 +1232,106 @@ TEST_F(CoordinatorTest, ANewerManagerGetsNoLeaseBeforeTheOlderOnesRanOut) {
   EXPECT_TRUE(newer.Finish().ok());
 }
 
+// Issue 40, finding 12: a scheduler restart paused every job's commits for a lease, though the
+// holder of the last lease cannot have a rival. Once states are saved, a new holder's first lease
+// waits until a stored state names it; a restarted coordinator leases that holder at once and
+// every other epoch only after a lease.
+TEST_F(CoordinatorTest, ARestartedCoordinatorLeasesTheHolderOnRecordAtOnceAndNoOtherBeforeALease) {
+  Stop();
+  Start("127.0.0.1:0", /*lease_ms=*/3000);
+  const int port = port_;
+  auto export_state = [&](uint64_t& epoch, uint64_t& seq) {
+    char* out = nullptr;
+    EXPECT_EQ(regroup_coordinator_export_job_state(coordinator_, kJob, &out, &epoch, &seq, nullptr),
+              REGROUP_OK);
+    json state = json::parse(out ? out : "null");
+    regroup_string_free(out);
+    return state;
+  };
+  uint64_t fact_epoch = 0, fact_seq = 0;
+  export_state(fact_epoch, fact_seq);
+  ASSERT_EQ(regroup_coordinator_state_saved(coordinator_, kJob, fact_epoch, fact_seq, nullptr),
+            REGROUP_OK);  // states are saved from now on
+
+  RawStream first(port_, kCredential);
+  ASSERT_TRUE(first.Hello(kJob, 0, "", /*lease_sent_ms=*/1));
+  const v1::CoordinatorDirective attached = first.Read();
+  ASSERT_TRUE(attached.has_directive());
+  const uint64_t epoch = attached.header().epoch();
+  EXPECT_EQ(attached.lease().lease_ms(), 0) << "a lease granted before the start may still run";
+  std::this_thread::sleep_for(std::chrono::milliseconds(attached.lease().wait_ms() + 20));
+  v1::ManagerReport ask;
+  ask.mutable_lease()->set_sent_ms(2);
+  ASSERT_TRUE(first.Send(ask, kJob, epoch));
+  v1::CoordinatorDirective answer = first.Read();
+  EXPECT_EQ(answer.lease().lease_ms(), 0) << "no stored state names this epoch the holder yet";
+  EXPECT_GT(answer.lease().wait_ms(), 0);
+  EXPECT_EQ(regroup_coordinator_save_wanted(coordinator_, kJob), 1);
+
+  const json stored = export_state(fact_epoch, fact_seq);
+  EXPECT_EQ(stored.value("lease_holder", uint64_t{0}), epoch);
+  ASSERT_EQ(regroup_coordinator_state_saved(coordinator_, kJob, fact_epoch, fact_seq, nullptr),
+            REGROUP_OK);
+  EXPECT_EQ(regroup_coordinator_save_wanted(coordinator_, kJob), 0);
+  ask.mutable_lease()->set_sent_ms(3);
+  ASSERT_TRUE(first.Send(ask, kJob, epoch));
+  answer = first.Read();
+  EXPECT_EQ(answer.lease().lease_ms(), 3000) << "a stored state names it";
+
+  // The scheduler restarts and imports the stored state.
+  Stop();
+  EXPECT_FALSE(first.Finish().ok());
+  const std::string text = stored.dump();
+  regroup_error* err = nullptr;
+  ASSERT_EQ(regroup_engine_import_job_state(engine_, kJob, text.data(), text.size(), &err),
+            REGROUP_OK)
+      << Message(err);
+  Start("127.0.0.1:" + std::to_string(port), /*lease_ms=*/3000);
+
+  RawStream again(port_, kCredential);
+  ASSERT_TRUE(again.Hello(kJob, epoch, attached.epoch_ticket(), /*lease_sent_ms=*/4));
+  const v1::CoordinatorDirective reattached = again.Read();
+  ASSERT_TRUE(reattached.has_directive());
+  EXPECT_EQ(reattached.header().epoch(), epoch);
+  EXPECT_EQ(reattached.lease().lease_ms(), 3000) << "the holder on record is leased at once";
+
+  // A newer manager waits for the holder's lease, as before the restart, and any epoch but the
+  // one on record waits a lease from the restart.
+  RawStream newer(port_, kCredential);
+  ASSERT_TRUE(newer.Hello(kJob, 0, "", /*lease_sent_ms=*/5));
+  const v1::CoordinatorDirective granted = newer.Read();
+  ASSERT_TRUE(granted.has_directive());
+  EXPECT_GT(granted.header().epoch(), epoch);
+  EXPECT_EQ(granted.lease().lease_ms(), 0);
+  EXPECT_GT(granted.lease().wait_ms(), 0);
+  EXPECT_LE(granted.lease().wait_ms(), 3300);
+  EXPECT_TRUE(newer.Finish().ok());
+  EXPECT_FALSE(again.Finish().ok()) << "the newer manager replaced it";
+}
+
+// The stored holder fences: a manager older than the holder a restored state names is refused,
+// even when the holder reported no progress.
+TEST_F(CoordinatorTest, ARestoredLeaseHolderFencesOlderManagers) {
+  Manager m(JobJson("recover-in-place,dump"), port_);
+  ASSERT_TRUE(m.remote().WaitAvailable(kWait)) << m.remote().last_error();
+  const int port = port_;
+  Stop();
+  ASSERT_TRUE(Eventually([&] { return !m.remote().Available(); }));
+  char* out = nullptr;
+  ASSERT_EQ(regroup_engine_export_job_state(engine_, &out, kJob, nullptr), REGROUP_OK);
+  json state = json::parse(out);
+  regroup_string_free(out);
+  state["lease_holder"] = m.remote().epoch() + 1;
+  const std::string text = state.dump();
+  regroup_error* err = nullptr;
+  ASSERT_EQ(regroup_engine_import_job_state(engine_, kJob, text.data(), text.size(), &err),
+            REGROUP_OK)
+      << Message(err);
+  Start("127.0.0.1:" + std::to_string(port));
+  EXPECT_TRUE(Eventually([&] { return m.remote().FencedBy().has_value(); }))
+      << m.remote().last_error();
+}
+
 TEST_F(CoordinatorTest, StartRefusesBadArguments) {
   regroup_coordinator* c = reinterpret_cast<regroup_coordinator*>(this);
   regroup_error* err = nullptr;

@@ -12,6 +12,8 @@ package regroup
 #cgo nocallback regroup_coordinator_export_job_state
 #cgo noescape regroup_coordinator_state_saved
 #cgo nocallback regroup_coordinator_state_saved
+#cgo noescape regroup_coordinator_save_wanted
+#cgo nocallback regroup_coordinator_save_wanted
 
 #include <stdlib.h>
 #include "regroup.h"
@@ -235,6 +237,27 @@ func (c *Coordinator) StateSaved(job string, mark FactMark) error {
 	var cerr *C.regroup_error
 	return takeError(op, C.regroup_coordinator_state_saved(c.c.h, cjob, C.uint64_t(mark.Epoch),
 		C.uint64_t(mark.Seq), &cerr), cerr)
+}
+
+// SaveWanted says that the job's state names a lease holder no stored state names yet: a new
+// manager's first lease waits until one does (after a restart the stored holder is leased at
+// once). Export, store and StateSaved at the next session even if nothing else changed. False
+// for a nil or closed coordinator, an unknown job, or before the first StateSaved.
+func (c *Coordinator) SaveWanted(job string) bool {
+	if c == nil {
+		return false
+	}
+	var args cArgs
+	cjob, err := args.str("Coordinator.SaveWanted", "job id", job)
+	if err != nil {
+		return false
+	}
+	c.c.mu.RLock()
+	defer c.c.mu.RUnlock()
+	if c.c.h == nil {
+		return false
+	}
+	return C.regroup_coordinator_save_wanted(c.c.h, cjob) != 0
 }
 
 // Close stops the coordinator: its managers' streams end (they reconnect to the next one) and its

@@ -86,6 +86,10 @@ func TestCoordinatorExportsTheStateWithItsFactMark(t *testing.T) {
 	if err := c.StateSaved(demoJob, mark); err != nil {
 		t.Errorf("StateSaved: %v", err)
 	}
+	// No manager asked for a lease: no holder waits to be stored.
+	if c.SaveWanted(demoJob) || c.SaveWanted("default/nope") || (*Coordinator)(nil).SaveWanted(demoJob) {
+		t.Error("SaveWanted with no lease holder chosen; want false")
+	}
 	if _, _, err := c.ExportJobState("default/nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("ExportJobState(unknown job) = %v; want ErrNotFound", err)
 	}

@@ -787,7 +787,9 @@ func (p *plugin) score(job *api.JobInfo, rec *jobRecord, sj *sessionJob) {
 // With check, the state is exported and compared even then. It says whether the PodGroup holds
 // the state now (written, or unchanged).
 func (p *plugin) saveState(ssn *framework.Session, job *api.JobInfo, rec *jobRecord, sj *sessionJob, check bool) bool {
-	if !check && sj.decision.DirectiveID == rec.savedDirective && !rec.uidsChanged && rec.savedState != "" {
+	// A manager's first lease waits for a stored state that names it the holder (SaveWanted).
+	if !check && sj.decision.DirectiveID == rec.savedDirective && !rec.uidsChanged && rec.savedState != "" &&
+		(p.rt.coordinator == nil || !p.rt.coordinator.SaveWanted(sj.id)) {
 		return true
 	}
 	// With a coordinator, the state comes with the mark of the manager's facts it holds: once it

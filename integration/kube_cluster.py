@@ -712,12 +712,14 @@ def sized_seed(seed: dict, job, train_args: Sequence[str], code: Path) -> Tuple[
     nodeSelector, env, ports and policies are the seed's."""
     doc = copy.deepcopy(seed)
     meta, spec = doc["metadata"], doc["spec"]
-    changes = [f"metadata.namespace {meta.get('namespace')} -> default: the harness follows the job in namespace default"]
+    changes = [f"metadata.namespace {meta.get('namespace')} -> default: the harness follows the job in "
+               "namespace default"]
     if meta["name"] != job.name:
         changes.append(f"metadata.name {meta['name']} -> {job.name}")
     meta["name"], meta["namespace"] = job.name, "default"
     for k, v in SEED_RESIZED_ANNOTATIONS.items():
-        changes.append(f"metadata.annotations[{k}] {meta['annotations'][k]} -> {v}: a replica of train_mlp.py is one rank")
+        changes.append(f"metadata.annotations[{k}] {meta['annotations'][k]} -> {v}: a replica of train_mlp.py "
+                       "is one rank")
         meta["annotations"][k] = v
     replicas = spec["replicaSpecs"]
     sizes = {"Master": 1, "Worker": job.nodes - 1}
@@ -1054,7 +1056,8 @@ class KubeLoop:
             return logged
         last = known[-1]
         for i in range(len(logged) - 1, -1, -1):   # the last known event, by what it says
-            if logged[i]["kind"] == last["kind"] and logged[i]["message"] == last["message"][:len(logged[i]["message"])]:
+            said = logged[i]["message"]
+            if logged[i]["kind"] == last["kind"] and said == last["message"][:len(said)]:
                 return logged[i + 1:]
         return [e for e in logged if int(e["at_ms"]) > int(last["at_ms"])]
 

@@ -804,13 +804,15 @@ def converted_seed_job(c: Cluster, r: Result) -> None:
               "model's layout)",
               not elsewhere and all({k: str(v) for k, v in fixture["metadata"][f].items()} == seed_keys[f]
                                     for f in seed_keys),
-              "changed from the seed: " + "; ".join(changes) + (f"; also, unexpectedly: {elsewhere}" if elsewhere else ""))
+              "changed from the seed: " + "; ".join(changes)
+              + (f"; also, unexpectedly: {elsewhere}" if elsewhere else ""))
     c.start()
     job = c.scheduler.kube.api(f"/apis/batch.volcano.sh/v1alpha1/namespaces/default/jobs/{c.job.name}")
     wrong = {f"{f}[{k}]": (v, job["metadata"].get(f, {}).get(k)) for f in ("labels", "annotations")
              for k, v in converted["metadata"][f].items() if job["metadata"].get(f, {}).get(k) != v}
+    theirs = ("scheduler.regroup.io/", "volcano.sh/", "kubectl.kubernetes.io/")   # not convert's to write
     extra = [k for f in ("labels", "annotations") for k in job["metadata"].get(f, {})
-             if k not in converted["metadata"][f] and not k.startswith(("scheduler.regroup.io/", "volcano.sh/", "kubectl.kubernetes.io/"))]
+             if k not in converted["metadata"][f] and not k.startswith(theirs)]
     kept = all(converted["metadata"][f].get(k) == str(v) for f in seed_keys for k, v in seed_keys[f].items())
     r.promise("the Job on the API server has the labels and annotations convert wrote, the seed's among them",
               kept and not wrong and not extra,

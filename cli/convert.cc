@@ -25,6 +25,12 @@ constexpr char kCoordinatorSecretSuffix[] = "-regroup-coordinator-token";
 constexpr char kCoordinatorVolume[] = "regroup-coordinator-credential";
 constexpr char kCoordinatorDir[] = "/etc/regroup/coordinator";
 constexpr char kCredentialKey[] = "token";
+// The CA that signed the coordinator's certificate: ca.crt of the job's TLS Secret (NAME + this,
+// cert-manager's layout: deploy/examples/tls.yaml, deploy/README.md "TLS"), mounted alone.
+constexpr char kTlsSecretSuffix[] = "-regroup-tls";
+constexpr char kTlsVolume[] = "regroup-tls";
+constexpr char kTlsDir[] = "/etc/regroup/tls";
+constexpr char kCaKey[] = "ca.crt";
 
 // Lookups on a const node never insert (yaml-cpp's non-const operator[] would); a missing key or
 // a parent that is not a map gives a null node.
@@ -717,6 +723,14 @@ class Converter {
     return m;
   }
 
+  std::string TlsSecretName() const {
+    return options_.tls_secret.empty() ? name_ + kTlsSecretSuffix : options_.tls_secret;
+  }
+  // Whether the manager checks the coordinator's certificate (the shipped chart serves TLS).
+  bool CoordinatorTls() const {
+    return !options_.coordinator.empty() && !options_.plaintext_coordinator;
+  }
+
   YAML::Node ManagerTask() {
     YAML::Node task;
     task["name"] = "manager";
@@ -754,6 +768,13 @@ class Converter {
       m["readOnly"] = true;
       c["volumeMounts"].push_back(m);
     }
+    if (CoordinatorTls()) {
+      YAML::Node m;
+      m["name"] = kTlsVolume;
+      m["mountPath"] = kTlsDir;
+      m["readOnly"] = true;
+      c["volumeMounts"].push_back(m);
+    }
     pod["containers"].push_back(c);
     pod["volumes"].push_back(CredentialVolume());
     if (!options_.coordinator.empty()) {
@@ -761,6 +782,17 @@ class Converter {
       v["name"] = kCoordinatorVolume;
       v["secret"]["secretName"] = name_ + kCoordinatorSecretSuffix;
       v["secret"]["defaultMode"] = 256;
+      pod["volumes"].push_back(v);
+    }
+    if (CoordinatorTls()) {
+      YAML::Node v;  // ca.crt only: the manager needs no key to check the coordinator
+      v["name"] = kTlsVolume;
+      v["secret"]["secretName"] = TlsSecretName();
+      YAML::Node item;
+      item["key"] = kCaKey;
+      item["path"] = kCaKey;
+      v["secret"]["items"].push_back(item);
+      v["secret"]["defaultMode"] = 292;  // 0444
       pod["volumes"].push_back(v);
     }
     Note(Kind::kAdded, "spec.tasks[manager]",
@@ -784,6 +816,18 @@ class Converter {
                "); without the plugin, whoever holds the cluster key writes it with `regroupctl "
                "token --job NAMESPACE/" + name_ +
                " --uid JOB_UID` (deploy/README.md, step 2); the manager waits for it");
+    if (CoordinatorTls()) {
+      Note(Kind::kAdded,
+           "spec.tasks[manager] --coordinator-ca and volume " + std::string(kTlsVolume),
+           "the coordinator serves TLS (the chart's regroup-coordinator-tls): the manager checks "
+           "its certificate against " + std::string(kTlsDir) + "/" + kCaKey + ", from the Secret " +
+               TlsSecretName() + " (key " + kCaKey + " only)");
+      Note(Kind::kCheck, "Secret " + TlsSecretName(),
+           "it must hold " + std::string(kCaKey) +
+               ", the CA that signed the coordinator's certificate: deploy/examples/tls.yaml has "
+               "cert-manager write it (deploy/README.md, \"TLS\"); --tls-secret names another "
+               "Secret, --plaintext-coordinator drops the check for a coordinator without TLS");
+    }
     Note(Kind::kCheck, "spec.tasks[manager].template.spec.containers[0].image",
          options_.manager_image + " must hold regroup-manager (--manager-image to change it)");
     return task;
@@ -799,6 +843,7 @@ class Converter {
     add("--nodes", std::to_string(spec.pods));
     add("--nproc-per-node", std::to_string(spec.processes_per_pod));
     add("--listen", "0.0.0.0:" + std::to_string(kManagerPort));
+    if (CoordinatorTls()) add("--coordinator-ca", std::string(kTlsDir) + "/" + kCaKey);
     // The job's keys, as the manager's flags: it reads them from its command line.
     for (const auto& [key, value] : spec.labels)
       if (const KeySpec* k = FindKey(key); k && k->source == KeySource::kLabel)

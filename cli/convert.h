@@ -35,6 +35,11 @@ struct ConvertOptions {
   std::string coordinator = "regroup-coordinator.volcano-system.svc:8899";
   // The Secret holding the job's credential under the key `token`. Empty: NAME-regroup-credential.
   std::string credential_secret;
+  // The Secret whose ca.crt signed the coordinator's certificate (cert-manager's layout); the
+  // manager checks the coordinator with it. Empty: NAME-regroup-tls.
+  std::string tls_secret;
+  // The coordinator serves plaintext: the manager checks no certificate (no TLS Secret).
+  bool plaintext_coordinator = false;
 };
 
 // One thing the conversion did, or one the user must still do.

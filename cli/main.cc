@@ -266,6 +266,11 @@ int main(int argc, char** argv) {
   convert->add_option("--credential-secret", convert_options.credential_secret,
                       "the Secret holding the job's credential under the key `token` (default: "
                       "NAME-regroup-credential)");
+  convert->add_option("--tls-secret", convert_options.tls_secret,
+                      "the Secret whose ca.crt signed the coordinator's certificate (default: "
+                      "NAME-regroup-tls, cert-manager's layout)");
+  convert->add_flag("--plaintext-coordinator", convert_options.plaintext_coordinator,
+                    "the coordinator serves no TLS: the manager checks no certificate");
 
   std::string key_file, token_job, token_uid;
   auto* token = app.add_subcommand(

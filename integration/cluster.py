@@ -528,11 +528,14 @@ class Cluster:
         return self._status_cache
 
     def events(self) -> List[dict]:
-        """The manager's events (at_ms, kind, message), oldest first; the last known if it is down."""
+        """The manager's events (at_ms, kind, message), oldest first; the last known if it is down
+        (and on Kubernetes those its log has since: KubeLoop.logged_events)."""
         try:
             return self.status().get("events", [])
         except OSError:
-            return self._status_cache.get("events", [])
+            known = self._status_cache.get("events", [])
+            since = getattr(self.scheduler, "logged_events", None)
+            return known + since(known) if since else known
 
     def last_step(self) -> int:
         return max((r["step"] for r in read_ledger(self.ledger)), default=-1)

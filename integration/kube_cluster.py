@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import base64
 import copy
+import datetime
 import hashlib
 import json
 import os
+import re
 import secrets
 import signal
 import ssl
@@ -575,6 +577,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 # ---------------------------------------------------------------------------------------------
 
 MANAGER_HTTP_PORT = 9602     # the manager pod's /status (the harness reads it at the pod's IP)
+# An event as the manager logs it (manager/event_log.h): time, level, the job's fields, kind: message.
+_EVENT_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})\] \[\w+\] job=\S+ epoch=\d+ "
+                         r"generation=\d+(?: pod=[\d,]+)? (\w+): (.*)$")
 
 
 class PodProcess:
@@ -675,6 +680,107 @@ def kube_job(doc: dict, http_port: int = MANAGER_HTTP_PORT) -> dict:
     return doc
 
 
+# ---------------------------------------------------------------------------------------------
+# MindCluster's seed job, converted by `regroupctl convert` (scenario 20)
+# ---------------------------------------------------------------------------------------------
+
+SEED_ASCENDJOB = REPO / "examples" / "mindcluster" / "pytorch-elastic-910b.yaml"
+# The labels MindCluster's node components give an Atlas 800T A2 node: what the seed's
+# nodeSelector asks for. The job nodes here carry them (they advertise huawei.com/Ascend910 too).
+ASCEND_NODE_LABELS = {"host-arch": "huawei-arm", "accelerator-type": "module-910b-8"}
+# The seed's annotations this machine cannot keep: the model's layout. A replica of the seed is
+# 4 x 2 = 8 ranks; here a pod has 2 CPU ranks and trains examples/train_mlp.py (no tensor or
+# pipeline parallelism), so a replica is one rank. Every other label and annotation is the seed's.
+SEED_RESIZED_ANNOTATIONS = {"regroup.io/tensor-parallel": "1", "regroup.io/pipeline-parallel": "1"}
+
+
+# Where sized_seed may change the seed (scenario 20 checks that the fixture differs from the
+# seed nowhere else): a path of `differences`.
+SEED_SIZED_PATHS = re.compile(
+    r"metadata\.(name|namespace|annotations\.regroup\.io/(tensor|pipeline)-parallel)"
+    r"|spec\.runPolicy\.schedulingPolicy\.minAvailable"
+    r"|spec\.replicaSpecs\.(Master|Worker)\.(replicas|template\.spec\.(containers\[0\]\.(args|resources\."
+    r"(limits|requests)\.huawei\.com/Ascend910)|volumes\[0\]\.(nfs|hostPath)))")
+
+
+def sized_seed(seed: dict, job, train_args: Sequence[str], code: Path) -> Tuple[dict, List[str]]:
+    """The seed AscendJob sized for this machine, and what was changed (one line each): ``job``'s
+    pods (Master 1 and Worker ``job.nodes - 1``) of ``job.nproc`` processes, one NPU each as
+    MindCluster sizes its pods; torchrun starting the repository's CPU trainer with
+    ``train_args``; the code volume a hostPath of ``code`` (no NFS server here). Labels,
+    annotations (but SEED_RESIZED_ANNOTATIONS), the pod templates' labels, affinity,
+    nodeSelector, env, ports and policies are the seed's."""
+    doc = copy.deepcopy(seed)
+    meta, spec = doc["metadata"], doc["spec"]
+    changes = [f"metadata.namespace {meta.get('namespace')} -> default: the harness follows the job in "
+               "namespace default"]
+    if meta["name"] != job.name:
+        changes.append(f"metadata.name {meta['name']} -> {job.name}")
+    meta["name"], meta["namespace"] = job.name, "default"
+    for k, v in SEED_RESIZED_ANNOTATIONS.items():
+        changes.append(f"metadata.annotations[{k}] {meta['annotations'][k]} -> {v}: a replica of train_mlp.py "
+                       "is one rank")
+        meta["annotations"][k] = v
+    replicas = spec["replicaSpecs"]
+    sizes = {"Master": 1, "Worker": job.nodes - 1}
+    changes.append(f"replicas Master {replicas['Master']['replicas']}, Worker {replicas['Worker']['replicas']} -> "
+                   f"{sizes['Master']}, {sizes['Worker']}; schedulingPolicy.minAvailable "
+                   f"{spec['runPolicy']['schedulingPolicy']['minAvailable']} -> {job.nodes}: {job.nodes} pods")
+    spec["runPolicy"]["schedulingPolicy"]["minAvailable"] = job.nodes
+    script = " ".join(["torchrun", "--nproc_per_node", str(job.nproc), "--nnodes", str(job.nodes),
+                       job.script.name, *train_args])
+    for role, rs in replicas.items():
+        rs["replicas"] = sizes[role]
+        pod = rs["template"]["spec"]
+        c = pod["containers"][0]
+        c["args"] = [f"cd /job/code\n{script}\n"]
+        for part in ("limits", "requests"):
+            c["resources"][part][ACCELERATOR] = job.nproc
+        for v in pod["volumes"]:
+            if v["name"] == "code" and "nfs" in v:
+                del v["nfs"]
+                v["hostPath"] = {"path": str(code), "type": "Directory"}
+    changes.append(f"the containers' script: torchrun --nproc_per_node 8 --nnodes 4 pretrain_llama.py ... -> {script}: "
+                   "the repository's CPU trainer (examples/train_mlp.py, float64)")
+    changes.append(f"resources {ACCELERATOR} 8 -> {job.nproc}: one NPU a process, as MindCluster sizes its pods")
+    changes.append(f"volume code: nfs -> hostPath {code}: no NFS server here")
+    return doc, changes
+
+
+# Each change made to `regroupctl convert`'s output before kubectl applies it, with its reason:
+# what this machine and this harness force, nothing else (scenario 20 checks that the submitted
+# job differs from convert's output at these paths only).
+POST_CONVERSION = {
+    "spec.tasks[0].template.spec.containers[0].command":
+        f"the manager: --http=0.0.0.0:{MANAGER_HTTP_PORT} (the harness reads /status and the events at the pod's "
+        "IP) and --stay-after-done (the checks read them after the job completed)",
+}
+
+
+def converted_for_this_machine(doc: dict) -> dict:
+    """`regroupctl convert`'s Volcano Job with POST_CONVERSION applied; image names stay as
+    convert wrote them (the kubelets run regroup/regroup:VERSION as the Regroup image and any
+    other, the seed's llama-train:latest included, as the trainer image), and so do resources
+    (the nodes advertise the accelerators the pods request)."""
+    doc = copy.deepcopy(doc)
+    manager = next(t for t in doc["spec"]["tasks"] if t["name"] == "manager")
+    manager["template"]["spec"]["containers"][0]["command"] += [f"--http=0.0.0.0:{MANAGER_HTTP_PORT}",
+                                                                 "--stay-after-done"]
+    return doc
+
+
+def differences(a, b, path: str = "") -> List[str]:
+    """The paths at which two YAML documents differ (lists by index), shallowest first."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in (differences(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+                          if k in a and k in b else [f"{path}.{k}" if path else str(k)])]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and not all(
+            isinstance(x, str) for x in a + b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [path]
+
+
 class KubeLoop:
     """The scenarios' scheduler on the real control plane: what :class:`volcano_loop.VolcanoLoop`
     does over fake clientsets, with kubectl, Volcano's job controller, the real API server and the
@@ -700,6 +806,11 @@ class KubeLoop:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.errors: List[str] = []
+        # What the harness changes in the job file before kubectl applies it: kube_job for the
+        # scenarios' own jobs; converted_for_this_machine for a `regroupctl convert` output.
+        self.rewrite: Callable[[dict], dict] = kube_job
+        self.node_labels: Dict[str, str] = {}   # every job node's labels (the control-plane node's aside)
+        self.manager_log: Optional[Path] = None   # the running manager pod's container log
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -718,12 +829,16 @@ class KubeLoop:
             self.submit()
 
     def submit(self) -> None:
-        doc = kube_job(yaml.safe_load(self.c.job_file.read_text()))
+        doc = self.rewrite(yaml.safe_load(self.c.job_file.read_text()))
         name = doc["metadata"]["name"]
         (self.kube.dir / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
         k = self.kube
         k.kubectl("create", "secret", "generic", f"{name}-regroup-credential", f"--from-file=token={self.c.credential}")
         k.kubectl("create", "secret", "generic", "regroup-coordinator-ca", f"--from-file=ca.crt={k.pki / 'ca.crt'}")
+        # The job's TLS Secret in cert-manager's layout (deploy/examples/tls.yaml), as far as the
+        # jobs here use it: ca.crt, which signed the coordinator's certificate (a converted job's
+        # manager checks the coordinator with it; the managers here serve their agents plaintext).
+        k.kubectl("create", "secret", "generic", f"{name}-regroup-tls", f"--from-file=ca.crt={k.pki / 'ca.crt'}")
         k.kubectl("apply", "-f", str(k.dir / "job.yaml"))
         uid = k.kubectl("get", "vcjob", name, "-o", "jsonpath={.metadata.uid}").stdout.strip()
         self.token_checked = False
@@ -741,7 +856,7 @@ class KubeLoop:
         if not self.started or node.name in self.kube.kubelets:
             return
         self.kube.nodes[node.name] = node
-        self.kube.start_kubelet(node)
+        self.kube.start_kubelet(node, labels=self.node_labels or None)
 
     def on_node_killed(self, name: str, reason: str = "the node died") -> None:
         self.kube.dead.add(name)   # Cluster.kill_node kills its processes, the kubelet's among them
@@ -921,6 +1036,31 @@ class KubeLoop:
                     self.log(msg)
             self._stop.wait(0.2)
 
+    def logged_events(self, known: Sequence[dict]) -> List[dict]:
+        """The manager's events after the last of ``known`` as its log has them (the Cluster's
+        events once /status cannot be read): a job with `TaskCompleted -> CompleteJob` (what
+        `regroupctl convert` writes) has its manager pod stopped by Volcano's job controller
+        within a fraction of a second of its last events, ``done`` among them. One line an event:
+        ``[TIME] [LEVEL] job=... epoch=... generation=...[ pod=...] KIND: MESSAGE``; TIME is the
+        logger's (this machine's clock, as at_ms is)."""
+        manager = self.c.manager
+        if self.manager_log is None or not self.manager_log.exists() or manager is None or _running(manager.pid):
+            return []   # a manager that runs answers /status: its events are there
+        logged = []
+        for line in self.manager_log.read_text(errors="replace").splitlines():
+            m = _EVENT_LINE.match(line)
+            if m:
+                at = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp()
+                logged.append({"at_ms": str(int(round(at * 1000))), "kind": m.group(2), "message": m.group(3)})
+        if not known:
+            return logged
+        last = known[-1]
+        for i in range(len(logged) - 1, -1, -1):   # the last known event, by what it says
+            said = logged[i]["message"]
+            if logged[i]["kind"] == last["kind"] and said == last["message"][:len(said)]:
+                return logged[i + 1:]
+        return [e for e in logged if int(e["at_ms"]) > int(last["at_ms"])]
+
     def check(self, r) -> None:
         """What the real controllers did to the job, as promises: Volcano never restarted, aborted
         or failed it, and no pod restarted its container (a survivor keeps its processes)."""
@@ -973,6 +1113,7 @@ class KubeLoop:
             role = meta.get("labels", {}).get("volcano.sh/task-spec", "")
             if role == "manager":
                 self.c.manager, self.c.manager_node = proc, nodenet
+                self.manager_log = log
                 self.c.manager_host, self.c.http_port = st["podIP"], MANAGER_HTTP_PORT
                 self.log(f"the manager's pod {name} runs on {node} ({st['podIP']})")
             else:

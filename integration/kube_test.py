@@ -17,7 +17,7 @@ import pytest
 
 import scenarios
 
-NUMBERS = [int(n) for n in os.environ.get("REGROUP_KUBE_SCENARIOS", "2 6 7 12 18 19").split()]
+NUMBERS = [int(n) for n in os.environ.get("REGROUP_KUBE_SCENARIOS", "2 6 7 12 18 19 20").split()]
 _started = time.monotonic()
 
 

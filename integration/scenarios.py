@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster import DROPIN, EXAMPLE, GRID, PLAIN, PYTHON, REPO, Cluster, JobSpec  # noqa: E402
@@ -750,6 +752,85 @@ def mindcluster_seed_flow(c: Cluster, r: Result) -> None:
     pod = c.replace_pod(1, c.nodes["node-2"])
     c.wait_event("resumed", after_ms=int(f["at"] * 1000))
     finish_with_replacement(c, r, f, pod, never=["scale_in", "restart_job"])
+
+
+SEED_STRATEGIES = "retry,recover-in-place,recover,elastic-training,dump"   # the seed's recover-strategy
+
+
+def _converted_seed_job() -> JobSpec:
+    """The training of scenario 20: what its pods run and what its checks compare with. Its job
+    document is not JobSpec's: it is `regroupctl convert` of the seed AscendJob
+    (kube_cluster.sized_seed), whose batch keys (global 512, micro 4) the trainer's arguments
+    follow: 128 micro-batches of 4 a step."""
+    return JobSpec(name="llama-pretrain", nodes=2, nproc=2, steps=40, micro_batch=4, microbatches=128,
+                   dataset=1024, strategies=SEED_STRATEGIES, min_dp=2, wait_reschedule_s=60)
+
+
+@scenario(20, "MindCluster's seed AscendJob (Master and Worker, the seed's labels and annotations) converted by "
+              "regroupctl convert, on the real control plane: a node dies, a spare exists; recover",
+          _converted_seed_job, spare_nodes=1, kube=True, needs_kube=True)
+def converted_seed_job(c: Cluster, r: Result) -> None:
+    """examples/mindcluster/pytorch-elastic-910b.yaml sized for this machine (Master 1 and Worker
+    1 pod of 2 processes; kube_cluster.sized_seed says what else), converted by `regroupctl
+    convert` and submitted with kubectl with only kube_cluster.POST_CONVERSION changed: the
+    seed's labels and annotations reach the API server as convert wrote them, the job trains, and
+    a node's loss is recovered as the seed's recover-strategy and wait-reschedule-timeout (60 s)
+    say: recover, the job controller's replacement on the spare node."""
+    from kube_cluster import (ASCEND_NODE_LABELS, POST_CONVERSION, SEED_ASCENDJOB, SEED_RESIZED_ANNOTATIONS,
+                              SEED_SIZED_PATHS, converted_for_this_machine, differences, sized_seed)
+    seed = yaml.safe_load(SEED_ASCENDJOB.read_text())
+    fixture, changes = sized_seed(seed, c.job, c.job.train_args(c.ledger, c.out), REPO / "examples")
+    source = c.dir / "ascendjob.yaml"
+    source.write_text(yaml.safe_dump(fixture, sort_keys=False))
+    conv = subprocess.run([c.bin["regroupctl"], "convert", str(source), "-o", str(c.job_file)], capture_output=True,
+                          text=True, timeout=60)
+    (c.dir / "convert-report.txt").write_text(conv.stderr)
+    c.log("the seed sized for this machine:\n  " + "\n  ".join(changes) + "\nregroupctl convert:\n" + conv.stderr)
+    if not r.promise("regroupctl convert converted the seed and the result validates", conv.returncode == 0,
+                     conv.stderr.strip().splitlines()[-1] if conv.returncode == 0 and conv.stderr.strip()
+                     else f"exit {conv.returncode}: {conv.stderr[-3000:]}"):
+        return
+    converted = yaml.safe_load(c.job_file.read_text())
+    c.scheduler.rewrite = converted_for_this_machine
+    c.scheduler.node_labels = dict(ASCEND_NODE_LABELS)
+    submitted = converted_for_this_machine(converted)
+    changed = differences(converted, submitted)
+    r.promise("only the declared changes were made after the conversion", changed == sorted(POST_CONVERSION),
+              f"changed {changed}: " + "; ".join(f"{k}: {v}" for k, v in POST_CONVERSION.items()))
+    seed_keys = {f: {k: str(v) for k, v in seed["metadata"][f].items()} for f in ("labels", "annotations")}
+    seed_keys["annotations"].update(SEED_RESIZED_ANNOTATIONS)
+    elsewhere = [p for p in differences(seed, fixture) if not SEED_SIZED_PATHS.fullmatch(p)]
+    r.promise("the fixture is the seed but for its size, and has the seed's labels and annotations (but the "
+              "model's layout)",
+              not elsewhere and all({k: str(v) for k, v in fixture["metadata"][f].items()} == seed_keys[f]
+                                    for f in seed_keys),
+              "changed from the seed: " + "; ".join(changes)
+              + (f"; also, unexpectedly: {elsewhere}" if elsewhere else ""))
+    c.start()
+    job = c.scheduler.kube.api(f"/apis/batch.volcano.sh/v1alpha1/namespaces/default/jobs/{c.job.name}")
+    wrong = {f"{f}[{k}]": (v, job["metadata"].get(f, {}).get(k)) for f in ("labels", "annotations")
+             for k, v in converted["metadata"][f].items() if job["metadata"].get(f, {}).get(k) != v}
+    theirs = ("scheduler.regroup.io/", "volcano.sh/", "kubectl.kubernetes.io/")   # not convert's to write
+    extra = [k for f in ("labels", "annotations") for k in job["metadata"].get(f, {})
+             if k not in converted["metadata"][f] and not k.startswith(theirs)]
+    kept = all(converted["metadata"][f].get(k) == str(v) for f in seed_keys for k, v in seed_keys[f].items())
+    r.promise("the Job on the API server has the labels and annotations convert wrote, the seed's among them",
+              kept and not wrong and not extra,
+              f"{len(converted['metadata']['labels'])} labels, {len(converted['metadata']['annotations'])} annotations"
+              + (f"; differ {wrong}" if wrong else "") + (f"; not convert's {extra}" if extra else "")
+              + ("" if kept else "; convert did not keep the seed's"))
+    tasks = {t["name"]: t.get("replicas") for t in job["spec"]["tasks"]}
+    r.promise("Master and Worker became one training task beside the manager", tasks == {"manager": 1, "worker": 2},
+              str(tasks))
+    c.wait_step(10)
+    f = c.kill_node(c.node_of(1))
+    c.wait_event("directive", "[recover]", after_ms=int(f["at"] * 1000))
+    pod = c.replace_pod(1)
+    c.wait_event("resumed", after_ms=int(f["at"] * 1000))
+    finish_with_replacement(c, r, f, pod, never=["scale_in", "restart_job"])
+    decisions = [e["message"].split(":")[0] for e in c.events() if e["kind"] == "directive"]
+    r.promise("recover waited for the replacement or resumed with it (wait-reschedule-timeout 60 s)",
+              any(d in ("wait [recover]", "resume [recover]") for d in decisions), str(decisions))
 
 
 @scenario(17, "MindCluster's device plugin reports an NPU of a pod's node at SeparateNPU: the pod is replaced",

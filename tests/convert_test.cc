@@ -126,7 +126,8 @@ TEST(Convert, ElasticExampleBecomesTheVolcanoJobForRegroup) {
   EXPECT_EQ(Strings(mc["command"]),
             (std::vector<std::string>{
                 "regroup-manager", "--job-id", "$(REGROUP_NAMESPACE)/llama-pretrain", "--nodes",
-                "4", "--nproc-per-node", "8", "--listen", "0.0.0.0:9601", "--label",
+                "4", "--nproc-per-node", "8", "--listen", "0.0.0.0:9601", "--coordinator-ca",
+                "/etc/regroup/tls/ca.crt", "--label",
                 "fault-retry-times=10", "--label", "fault-scheduling=force", "--label",
                 "pod-rescheduling=on", "--label", "process-recover-enable=on", "--annotation",
                 "recover-strategy=retry,recover-in-place,recover,elastic-training,dump",
@@ -147,6 +148,16 @@ TEST(Convert, ElasticExampleBecomesTheVolcanoJobForRegroup) {
   EXPECT_EQ(manager["template"]["spec"]["volumes"][1]["secret"]["secretName"].Scalar(),
             "llama-pretrain-regroup-coordinator-token");
   EXPECT_EQ(mc["volumeMounts"][1]["mountPath"].Scalar(), "/etc/regroup/coordinator");
+  // The chart's coordinator serves TLS: the manager checks it with the CA of the job's TLS
+  // Secret (cert-manager's layout), ca.crt alone. Without it the converted manager could never
+  // attach (issue 39: the converted seed job on the real control plane).
+  EXPECT_EQ(mc["volumeMounts"][2]["mountPath"].Scalar(), "/etc/regroup/tls");
+  const YAML::Node tls = manager["template"]["spec"]["volumes"][2];
+  EXPECT_EQ(tls["name"].Scalar(), mc["volumeMounts"][2]["name"].Scalar());
+  EXPECT_EQ(tls["secret"]["secretName"].Scalar(), "llama-pretrain-regroup-tls");
+  ASSERT_EQ(tls["secret"]["items"].size(), 1u);
+  EXPECT_EQ(tls["secret"]["items"][0]["key"].Scalar(), "ca.crt");
+  EXPECT_EQ(tls["secret"]["items"][0]["path"].Scalar(), "ca.crt");
   EXPECT_EQ(mc["ports"][0]["name"].Scalar(), "taskd-port");
   EXPECT_EQ(mc["ports"][0]["containerPort"].as<int>(), 9601);
   EXPECT_EQ(mc["resources"]["requests"]["cpu"].Scalar(), "1");
@@ -220,6 +231,37 @@ TEST(Convert, WithoutACoordinatorTheManagerRunsWithoutARecordAndTheReportAsksFor
       "examples/mindcluster/pytorch-elastic-910b.yaml")).yaml)["spec"]["tasks"][0]["template"]
                                        ["spec"]["containers"][0]["command"]);
   EXPECT_EQ(std::count(coordinated.begin(), coordinated.end(), "--no-record"), 0);
+}
+
+// The coordinator's TLS: another Secret by --tls-secret, none for a plaintext coordinator or
+// without a coordinator; the report asks for the Secret it names.
+TEST(Convert, TheManagerChecksTheCoordinatorsCertificateUnlessToldItServesPlaintext) {
+  const std::string input = Read("examples/mindcluster/pytorch-elastic-910b.yaml");
+  auto manager_of = [](const ConvertResult& r) {
+    return YAML::Load(r.yaml)["spec"]["tasks"][0]["template"]["spec"];
+  };
+  auto has = [](const std::vector<std::string>& v, const std::string& s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+  };
+  ConvertOptions other;
+  other.tls_secret = "cluster-ca";
+  ConvertResult named = MustConvert(input, other);
+  EXPECT_EQ(manager_of(named)["volumes"][2]["secret"]["secretName"].Scalar(), "cluster-ca");
+  bool asked = false;
+  for (const auto& n : named.notes)
+    asked |= n.kind == ConvertNote::Kind::kCheck && n.field == "Secret cluster-ca" &&
+             n.message.find("ca.crt") != std::string::npos;
+  EXPECT_TRUE(asked) << Notes(named);
+  for (const bool plaintext : {true, false}) {
+    ConvertOptions o;
+    o.plaintext_coordinator = plaintext;
+    if (!plaintext) o.coordinator = "";
+    const YAML::Node pod = manager_of(MustConvert(input, o));
+    const auto command = Strings(pod["containers"][0]["command"]);
+    EXPECT_FALSE(has(command, "--coordinator-ca")) << plaintext;
+    for (const auto& v : pod["volumes"])
+      EXPECT_NE(v["name"].Scalar(), "regroup-tls") << plaintext;
+  }
 }
 
 TEST(Convert, ElasticExampleReportSaysWhatChangedAndWhy) {

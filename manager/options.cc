@@ -62,8 +62,9 @@ void AddFlags(CLI::App& app, ManagerOptions& o) {
   app.add_option("--tls-key", o.tls_key, "... and this key (PEM)");
   app.add_option("--tls-client-ca", o.tls_client_ca,
                  "mutual TLS: every gRPC client (agent, regroupctl) must present a certificate "
-                 "this CA bundle (PEM) signed; clients without one are refused at the handshake "
-                 "(needs --tls-cert/--tls-key)");
+                 "this CA bundle (PEM) signed; clients without one are refused at the handshake. "
+                 "Off loopback, /status and /metrics (HTTPS) need one too, besides the "
+                 "credential; /healthz and /readyz do not (needs --tls-cert/--tls-key)");
   app.add_option("--join-window-s", o.join_window_s, "how long the first rendezvous waits")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));

@@ -153,6 +153,50 @@ TEST_F(Tls, WithACertificateHttpIsHttpsAndTheCredentialNeverCrossesInClear) {
   server->Stop();
 }
 
+// Mutual TLS on HTTPS: with --tls-client-ca, /status and /metrics off loopback need a client
+// certificate the CA signed besides the credential; a certificate another CA signed fails the
+// handshake; the kubelet's probes, which present none, still get /healthz and /readyz.
+TEST_F(Tls, WithAClientCaHttpsNeedsAClientCertificateButTheProbesDoNot) {
+  auto server = StartManager("ip", "0.0.0.0:0", "ca.crt");
+  const int port = server->http_port();
+  ASSERT_GT(port, 0);
+  const std::string bearer = std::string("Bearer ") + kCredential;
+  // GET `path` presenting the client certificate `client` (none for ""), with the credential
+  // when `token`.
+  auto get = [&](const std::string& client, const std::string& path, bool token) {
+    auto https = client.empty()
+                     ? std::make_unique<httplib::SSLClient>("127.0.0.1", port)
+                     : std::make_unique<httplib::SSLClient>("127.0.0.1", port,
+                                                            certs_->Path(client + ".crt"),
+                                                            certs_->Path(client + ".key"));
+    https->set_ca_cert_path(certs_->Path("ca.crt").c_str());
+    https->enable_server_certificate_verification(true);
+    https->set_connection_timeout(5);
+    https->set_read_timeout(5);
+    httplib::Headers headers;
+    if (token) headers.emplace("Authorization", bearer);
+    return https->Get(path, headers);
+  };
+  for (const char* path : {"/status", "/metrics"}) {
+    auto res = get("named", path, true);
+    ASSERT_TRUE(res) << path << ": " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 200) << path << ": " << res->body;
+    res = get("", path, true);
+    ASSERT_TRUE(res) << path << ": " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 403) << path << ": the credential alone is not enough";
+    EXPECT_NE(res->body.find("no client certificate"), std::string::npos) << res->body;
+    res = get("named", path, false);
+    ASSERT_TRUE(res) << path << ": " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 401) << path << ": the certificate alone is not enough";
+    res = get("stranger", path, true);
+    EXPECT_FALSE(res && res->status == 200) << path << ": another CA's certificate was served";
+  }
+  auto res = get("", "/healthz", false);
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200) << "a probe presents no certificate";
+  server->Stop();
+}
+
 TEST_F(Tls, ACertificateFromAnotherCaIsRefused) {
   auto server = StartManager("stranger");
   ExpectRefused(AskStatus(server->port(), "ca.crt"));

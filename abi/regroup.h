@@ -49,7 +49,8 @@ extern "C" {
  * and a Volcano Job) since 1.2; minor 3 (the coordinator's explicit insecure mode) since 1.3;
  * minor 4 (a Volcano Job's elastic_min_available) since 1.4; minor 5 (the managers' lease) since
  * 1.5; minor 6 (the coordinator's saved-state mark) since 1.6; minor 7 (job tokens) since 1.7;
- * minor 8 (the lease holder on record: regroup_coordinator_save_wanted) since 1.8. */
+ * minor 8 (the lease holder on record: regroup_coordinator_save_wanted; the coordinator's client
+ * CA: mutual TLS with its managers) since 1.8. */
 #define REGROUP_ABI_VERSION_MAJOR 1
 #define REGROUP_ABI_VERSION_MINOR 8
 /* (major << 16) | minor of this header; compare with regroup_abi_version(). */
@@ -384,10 +385,10 @@ REGROUP_EXTERN regroup_status regroup_engine_restore(regroup_engine *engine,
  * All functions of one coordinator are thread-safe, except regroup_coordinator_free. Since 1.1. */
 typedef struct regroup_coordinator regroup_coordinator;
 
-#define REGROUP_COORDINATOR_OPTIONS_VERSION 3
+#define REGROUP_COORDINATOR_OPTIONS_VERSION 4
 /* Coordinator options. NULL or "" means "the default" for every string. The strings are copied:
  * they need to live only during regroup_coordinator_start. Since 1.1; version 2 (`insecure`)
- * since 1.3; version 3 (`lease_ms`) since 1.5. */
+ * since 1.3; version 3 (`lease_ms`) since 1.5; version 4 (`tls_client_ca_file`) since 1.8. */
 typedef struct regroup_coordinator_options {
   uint32_t version;          /* REGROUP_COORDINATOR_OPTIONS_VERSION */
   const char *listen;        /* "HOST:PORT" to listen on; default "0.0.0.0:8899"; port 0: any free
@@ -407,15 +408,20 @@ typedef struct regroup_coordinator_options {
                                 committing), and a newer manager of a job gets no lease before
                                 the older one's ran out, nor before this long after a start;
                                 0: 10000; at most 600000. Version 3. */
+  const char *tls_client_ca_file; /* mutual TLS: every manager must present a certificate this
+                                CA bundle (PEM) signed, or its handshake fails; needs
+                                tls_cert_file and tls_key_file. Default: no client certificate
+                                asked. Version 4. */
 } regroup_coordinator_options;
 #define REGROUP_COORDINATOR_OPTIONS_INIT \
-  {REGROUP_COORDINATOR_OPTIONS_VERSION, NULL, NULL, NULL, NULL, 0, 0}
+  {REGROUP_COORDINATOR_OPTIONS_VERSION, NULL, NULL, NULL, NULL, 0, 0, NULL}
 
 /* Starts a coordinator serving `engine`, which must outlive it (free the coordinator first).
  * `options` may be NULL for the defaults. On success *out receives the handle, freed with
  * regroup_coordinator_free(); on failure *out is NULL: REGROUP_INVALID_ARGUMENT for a NULL
  * argument, an address it cannot listen on, a TLS file that cannot be read (one of the two
- * missing), or no credential without `insecure` (NULL options and version 1 options included:
+ * missing), a client CA without the server's own certificate and key, or no credential without
+ * `insecure` (NULL options and version 1 options included:
  * they cannot ask for insecure mode); REGROUP_VERSION_MISMATCH for an options version this
  * library does not know.
  * Since 1.1. */

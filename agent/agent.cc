@@ -136,7 +136,7 @@ Status Agent::Setup() {
   }
   channel_ = std::move(*channel);
   probe_ = std::make_unique<ConnectProbe>(channel_, options_.manager_addr, credential_,
-                                          options_.job_id);
+                                          options_.job_id, !options_.tls_ca_file.empty());
   return Status::Ok();
 }
 

@@ -173,11 +173,12 @@ struct ConnectProbe::Call {
 };
 
 ConnectProbe::ConnectProbe(std::shared_ptr<grpc::Channel> channel, std::string target,
-                           std::string credential, std::string job_id)
+                           std::string credential, std::string job_id, bool tls)
     : channel_(std::move(channel)),
       target_(std::move(target)),
       credential_(std::move(credential)),
-      job_id_(std::move(job_id)) {}
+      job_id_(std::move(job_id)),
+      tls_(tls) {}
 
 ConnectProbe::~ConnectProbe() {
   std::unique_lock lock(state_->mutex);
@@ -198,7 +199,7 @@ void ConnectProbe::Start(std::chrono::milliseconds deadline) {
   state_->in_flight = call;
   call->stub->async()->GetStatus(
       &call->context, &call->request, &call->response,
-      [state = state_, target = target_](grpc::Status status) {
+      [state = state_, target = target_, tls = tls_](grpc::Status status) {
         std::lock_guard lock(state->mutex);
         // A probe that only ran out of time learned nothing: the last reason stands.
         if (status.ok() || status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
@@ -206,7 +207,7 @@ void ConnectProbe::Start(std::chrono::milliseconds deadline) {
           state->last.clear();  // the manager answered
         else if (status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
                  status.error_code() != grpc::StatusCode::CANCELLED)
-          state->last = DescribeCallFailure(status, target);
+          state->last = DescribeCallFailure(status, target, tls);
         state->ended_call = std::move(state->in_flight);  // its context outlives this callback
         state->ended.notify_all();
       });

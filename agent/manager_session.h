@@ -116,8 +116,9 @@ class ManagerSession {
 // "" when it answered or none has ended yet.
 class ConnectProbe {
  public:
+  // `tls`: the channel is TLS (DescribeCallFailure's over_tls).
   ConnectProbe(std::shared_ptr<grpc::Channel> channel, std::string target, std::string credential,
-               std::string job_id);
+               std::string job_id, bool tls = false);
   ~ConnectProbe();  // cancels the call in flight and waits for it to end
   ConnectProbe(const ConnectProbe&) = delete;
   ConnectProbe& operator=(const ConnectProbe&) = delete;
@@ -137,6 +138,7 @@ class ConnectProbe {
   };
   std::shared_ptr<grpc::Channel> channel_;
   std::string target_, credential_, job_id_;
+  bool tls_ = false;
   std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 

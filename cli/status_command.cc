@@ -40,7 +40,8 @@ Status PrintStatus(const StatusOptions& options, std::ostream& out) {
   if (!st.ok())
     return {REGROUP_FAILED_PRECONDITION, "the manager at " + options.manager +
                                              " did not answer: " +
-                                             DescribeCallFailure(st, options.manager)};
+                                             DescribeCallFailure(st, options.manager,
+                                                                 !options.tls.ca_file.empty())};
   if (options.json) {
     std::string text;
     google::protobuf::util::JsonPrintOptions json;

@@ -13,10 +13,20 @@
 
 namespace regroup {
 
-std::string DescribeCallFailure(const grpc::Status& status, const std::string& target) {
+std::string DescribeCallFailure(const grpc::Status& status, const std::string& target,
+                                bool over_tls) {
   const std::string& message = status.error_message();
   std::string lower = message;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // A TLS 1.3 server refusing the client's certificate (or its lack of one): the client saw
+  // its own side of the handshake succeed, then the connection closed before any answer.
+  if (over_tls && status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      lower.find("socket closed") != std::string::npos)
+    return "the TLS handshake with " + target +
+           " failed: the server closed the connection as it was made (" + message +
+           "): it requires a client certificate (mutual TLS) and refused this client's, or got "
+           "none (check that this client presents a certificate, with its key, that the "
+           "server's client CA signed)";
   // gRPC's words for a failed handshake ("Ssl handshake failed: SSL_ERROR_SSL: ... certificate
   // verify failed"), and for a certificate without the name expected ("Peer name N is not in
   // peer certificate"), which it checks once the handshake is done.

@@ -54,8 +54,12 @@ StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
 // Why a call to `target` failed, in words: a TLS handshake failure (gRPC puts "Ssl handshake
 // failed: REASON", or "Peer name N is not in peer certificate", in a failed call's message) is
 // named as such, with the peer, the reason and what to check; any other failure is gRPC's
-// message.
-std::string DescribeCallFailure(const grpc::Status& status, const std::string& target);
+// message. `over_tls`: the channel is TLS, so a connection the server closed as it was made
+// ("Socket closed") is named as a refused handshake too: under TLS 1.3 a server that requires a
+// client certificate (mutual TLS) checks it after the client's side of the handshake is done,
+// and closes the connection when it refuses it.
+std::string DescribeCallFailure(const grpc::Status& status, const std::string& target,
+                                bool over_tls = false);
 // Server credentials: TLS when a certificate and key are given, else insecure. With
 // `client_ca_file` (mutual TLS) every client must present a certificate that CA signed: a client
 // without one fails its handshake. It needs the certificate and key.

@@ -16,6 +16,7 @@
 
 namespace httplib {
 class Server;
+struct Request;
 }
 
 namespace regroup::manager {
@@ -31,9 +32,16 @@ struct HttpLimits {
 
 // An httplib::Server (HTTPS with `cert_file` and `key_file` when both are given) that serves
 // each connection under `limits`. An error names the certificate and key when they cannot serve,
-// and says when the key does not match the certificate.
+// and says when the key does not match the certificate. With `client_ca_file` (HTTPS only) a
+// client is asked for its certificate: one that CA did not sign fails the handshake, and a
+// request on a connection that presented one the CA signed has ClientCertified(request) true
+// (a client may present none: the kubelet's probes do not).
 StatusOr<std::unique_ptr<httplib::Server>> MakeHttpServer(const std::string& cert_file,
                                                            const std::string& key_file,
-                                                           const HttpLimits& limits = {});
+                                                           const HttpLimits& limits = {},
+                                                           const std::string& client_ca_file = "");
+// Whether `request` came on a connection whose client presented a certificate the server's client
+// CA signed (MakeHttpServer's client_ca_file).
+bool ClientCertified(const httplib::Request& request);
 
 }  // namespace regroup::manager

@@ -89,15 +89,22 @@ StatusOr<std::unique_ptr<RemoteDecisions>> AttachToCoordinator(const ManagerOpti
   // A manager connects to its coordinator rarely, and must get through a loaded machine's TLS
   // handshakes: each attempt gets 5 s, not the 1 s an agent's does.
   constexpr std::chrono::milliseconds kCoordinatorConnectTimeout{5000};
-  const regroup::ClientTls tls{o.coordinator_ca, o.coordinator_server_name};
+  const regroup::ClientTls tls{o.coordinator_ca, o.coordinator_server_name,
+                               o.coordinator_tls_cert, o.coordinator_tls_key};
   auto channel = regroup::MakeChannel(o.coordinator, tls, kCoordinatorConnectTimeout);
-  if (!channel.ok())
-    return regroup::InvalidArgument(
-        (o.coordinator_ca.empty() ? "--coordinator-server-name: " : "--coordinator-ca: ") +
-        channel.status().message());
+  if (!channel.ok()) {
+    const std::string why = channel.status().message();
+    std::string flag = "--coordinator-tls-cert/--coordinator-tls-key: ";
+    if (o.coordinator_ca.empty())
+      flag = "--coordinator-server-name: ";
+    else if (why.find("TLS CA file") != std::string::npos)
+      flag = "--coordinator-ca: ";
+    return regroup::InvalidArgument(flag + why);
+  }
   RemoteDecisionsOptions rd;
   rd.target = o.coordinator;
   rd.channel = std::move(*channel);
+  rd.tls = !o.coordinator_ca.empty();
   rd.make_channel = [coordinator = o.coordinator, tls,
                      timeout = kCoordinatorConnectTimeout]() -> std::shared_ptr<grpc::Channel> {
     auto fresh = regroup::MakeChannel(coordinator, tls, timeout);
@@ -114,9 +121,12 @@ StatusOr<std::unique_ptr<RemoteDecisions>> AttachToCoordinator(const ManagerOpti
   }
   rd.job_id = job_id;
   auto remote = std::make_unique<RemoteDecisions>(rd);
+  std::string link;
+  if (!o.coordinator_ca.empty())
+    link = o.coordinator_tls_cert.empty() ? " (TLS)" : " (TLS, with this manager's certificate)";
   spdlog::info("regroup-manager: the coordinator at {} makes the scheduling decisions{}; "
                "waiting for it to grant this manager's epoch",
-               o.coordinator, o.coordinator_ca.empty() ? "" : " (TLS)");
+               o.coordinator, link);
   StopOnSignals();
   while (!g_stop && !remote->WaitAvailable(std::chrono::milliseconds(100)) &&
          remote->epoch() == 0) {

@@ -62,8 +62,9 @@ void AddFlags(CLI::App& app, ManagerOptions& o) {
   app.add_option("--tls-key", o.tls_key, "... and this key (PEM)");
   app.add_option("--tls-client-ca", o.tls_client_ca,
                  "mutual TLS: every gRPC client (agent, regroupctl) must present a certificate "
-                 "this CA bundle (PEM) signed; clients without one are refused at the handshake "
-                 "(needs --tls-cert/--tls-key)");
+                 "this CA bundle (PEM) signed; clients without one are refused at the handshake. "
+                 "Off loopback, /status and /metrics (HTTPS) need one too, besides the "
+                 "credential; /healthz and /readyz do not (needs --tls-cert/--tls-key)");
   app.add_option("--join-window-s", o.join_window_s, "how long the first rendezvous waits")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
@@ -91,6 +92,12 @@ void AddFlags(CLI::App& app, ManagerOptions& o) {
   app.add_option("--coordinator-server-name", o.coordinator_server_name,
                  "the name the coordinator's certificate must carry, when it is not the host of "
                  "--coordinator (needs --coordinator-ca)");
+  app.add_option("--coordinator-tls-cert", o.coordinator_tls_cert,
+                 "mutual TLS: this manager's certificate (PEM) for a coordinator that requires "
+                 "one (its client CA); needs --coordinator-ca and --coordinator-tls-key "
+                 "(default: $REGROUP_COORDINATOR_TLS_CERT_FILE)");
+  app.add_option("--coordinator-tls-key", o.coordinator_tls_key,
+                 "... and its key (PEM) (default: $REGROUP_COORDINATOR_TLS_KEY_FILE)");
   app.set_version_flag("--version", std::string("regroup-manager ") + REGROUP_VERSION_STRING,
                        "print the version and exit");
 }
@@ -162,6 +169,26 @@ StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args, con
   if (o.coordinator_credential_file.empty())
     o.coordinator_credential_file =
         NonEmpty(env, "REGROUP_COORDINATOR_CREDENTIAL_FILE").value_or("");
+  if (o.coordinator_tls_cert.empty())
+    o.coordinator_tls_cert = NonEmpty(env, "REGROUP_COORDINATOR_TLS_CERT_FILE").value_or("");
+  if (o.coordinator_tls_key.empty())
+    o.coordinator_tls_key = NonEmpty(env, "REGROUP_COORDINATOR_TLS_KEY_FILE").value_or("");
+  // Alone, one of the two would be ignored and the coordinator would refuse this manager at
+  // the handshake; without a CA file the link is plaintext and presents nothing.
+  if (!o.coordinator_tls_cert.empty() || !o.coordinator_tls_key.empty()) {
+    if (o.coordinator_tls_cert.empty() || o.coordinator_tls_key.empty())
+      return InvalidArgument(
+          "--coordinator-tls-cert and --coordinator-tls-key (or "
+          "$REGROUP_COORDINATOR_TLS_CERT_FILE, $REGROUP_COORDINATOR_TLS_KEY_FILE), this "
+          "manager's certificate for the coordinator, go together: " +
+          (o.coordinator_tls_cert.empty() ? "the key " + o.coordinator_tls_key
+                                          : "the certificate " + o.coordinator_tls_cert) +
+          " is given alone");
+    if (o.coordinator_ca.empty())
+      return InvalidArgument("--coordinator-tls-cert " + o.coordinator_tls_cert +
+                             " needs --coordinator-ca: without it the link to the coordinator "
+                             "is plaintext");
+  }
   // Inside a Kubernetes pod that holds its job's coordinator token, the coordinator is found at
   // its Service (deploy/helm/regroup/templates/scheduler.yaml) with no address given.
   if (o.coordinator.empty() && !o.coordinator_credential_file.empty() &&

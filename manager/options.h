@@ -61,6 +61,12 @@ struct ManagerOptions {
                                             // $REGROUP_COORDINATOR_CREDENTIAL_FILE
   std::string coordinator_ca;               // --coordinator-ca
   std::string coordinator_server_name;      // --coordinator-server-name
+  // This manager's own certificate and key for a coordinator that requires one (its client CA:
+  // mutual TLS): --coordinator-tls-cert, $REGROUP_COORDINATOR_TLS_CERT_FILE and
+  // --coordinator-tls-key, $REGROUP_COORDINATOR_TLS_KEY_FILE. Both or neither; need
+  // --coordinator-ca.
+  std::string coordinator_tls_cert;
+  std::string coordinator_tls_key;
 };
 
 struct CommandLine {

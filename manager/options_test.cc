@@ -205,6 +205,35 @@ TEST(ManagerCommandLine, TheCoordinatorAndItsTokenFallBackToTheEnvironment) {
             "flag:1");
 }
 
+// Mutual TLS with the coordinator (issue 40): this manager's certificate and key, from the flags
+// or the environment, go together and need the coordinator's CA (else the link is plaintext).
+TEST(ManagerCommandLine, TheCoordinatorClientCertificateAndKeyGoTogetherWithItsCa) {
+  const Args ca = {"--coordinator", "c:1", "--coordinator-ca", "/ca.crt"};
+  Args both = ca;
+  both.insert(both.end(), {"--coordinator-tls-cert", "/m.crt", "--coordinator-tls-key", "/m.key"});
+  ManagerOptions o = Parse(both).options;
+  EXPECT_EQ(o.coordinator_tls_cert, "/m.crt");
+  EXPECT_EQ(o.coordinator_tls_key, "/m.key");
+  o = Parse(ca, {{"REGROUP_COORDINATOR_TLS_CERT_FILE", "/e.crt"},
+                 {"REGROUP_COORDINATOR_TLS_KEY_FILE", "/e.key"}})
+          .options;
+  EXPECT_EQ(o.coordinator_tls_cert, "/e.crt");
+  EXPECT_EQ(o.coordinator_tls_key, "/e.key");
+  EXPECT_EQ(Parse(both, {{"REGROUP_COORDINATOR_TLS_CERT_FILE", "/e.crt"}}).options.coordinator_tls_cert,
+            "/m.crt")
+      << "the flag wins";
+  Args alone = ca;
+  alone.insert(alone.end(), {"--coordinator-tls-cert", "/m.crt"});
+  std::string e = Error(alone);
+  EXPECT_NE(e.find("--coordinator-tls-cert and --coordinator-tls-key"), std::string::npos) << e;
+  EXPECT_NE(e.find("the certificate /m.crt is given alone"), std::string::npos) << e;
+  e = Error(ca, {{"REGROUP_COORDINATOR_TLS_KEY_FILE", "/e.key"}});
+  EXPECT_NE(e.find("the key /e.key is given alone"), std::string::npos) << e;
+  e = Error({"--coordinator", "c:1", "--coordinator-tls-cert", "/m.crt", "--coordinator-tls-key",
+             "/m.key"});
+  EXPECT_NE(e.find("--coordinator-tls-cert /m.crt needs --coordinator-ca"), std::string::npos) << e;
+}
+
 // Inside a Kubernetes pod that holds its job's coordinator token, the coordinator is found at its
 // Service with no address given; outside one, or without the token, there is none.
 TEST(ManagerCommandLine, InAKubernetesPodWithACoordinatorTokenTheCoordinatorIsItsService) {

@@ -16,7 +16,7 @@ namespace regroup::manager {
 namespace {
 
 // A TLS handshake failure is named as such, with `target` and gRPC's reason.
-std::string Describe(const grpc::Status& s, const std::string& target) {
+std::string Describe(const grpc::Status& s, const std::string& target, bool tls) {
   static const char* kCodes[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
                                  "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
                                  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
@@ -24,7 +24,7 @@ std::string Describe(const grpc::Status& s, const std::string& target) {
                                  "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
   const int code = static_cast<int>(s.error_code());
   std::string out = code >= 0 && code <= 16 ? kCodes[code] : std::to_string(code);
-  if (!s.error_message().empty()) out += ": " + regroup::DescribeCallFailure(s, target);
+  if (!s.error_message().empty()) out += ": " + regroup::DescribeCallFailure(s, target, tls);
   return out;
 }
 
@@ -281,7 +281,7 @@ void RemoteDecisions::Run() {
       }
       cv_.notify_all();
       reader.join();
-      failure = "the stream ended (" + Describe(stream->Finish(), options_.target) + ")";
+      failure = "the stream ended (" + Describe(stream->Finish(), options_.target, options_.tls) + ")";
       unattached_since_ms = SteadyMs();
     } else {
       if (read && first.has_refusal()) {
@@ -292,7 +292,7 @@ void RemoteDecisions::Run() {
         context.TryCancel();  // attached as another epoch, or an answer that is neither
       }
       const grpc::Status st = stream->Finish();
-      if (failure.empty()) failure = "cannot attach (" + Describe(st, options_.target) + ")";
+      if (failure.empty()) failure = "cannot attach (" + Describe(st, options_.target, options_.tls) + ")";
     }
     {
       std::lock_guard lock(mu_);

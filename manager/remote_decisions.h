@@ -48,6 +48,9 @@ struct RemoteDecisionsOptions {
   // outlive it.
   std::function<std::shared_ptr<grpc::Channel>()> make_channel;
   std::chrono::milliseconds fresh_channel_after{15000};
+  // The channel is TLS: a connection the coordinator closes as it is made is named as a refused
+  // handshake (DescribeCallFailure's over_tls), the coordinator's client CA refusing this one.
+  bool tls = false;
   std::string credential;   // the job's token at the coordinator (regroupctl token)
   std::string job_id;
   std::chrono::milliseconds initial_backoff{100};

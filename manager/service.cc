@@ -61,11 +61,25 @@ Status ManagerServer::Start() {
           "(127.0.0.1:PORT), or the manager a credential");
     }
     // Pod uids, node names and the job's events are not for whoever reaches the port.
-    auto allowed = [this, loopback](const httplib::Request& req, bool metrics) {
-      return loopback || (metrics && options_.metrics_open) ||
-             BearerHeaderMatches(req.get_header_value("Authorization"), options_.credential);
+    // With --tls-client-ca (mutual TLS), also a client certificate that CA signed.
+    const bool need_certificate = !options_.tls_client_ca_file.empty();
+    auto certified = [need_certificate](const httplib::Request& req) {
+      return !need_certificate || ClientCertified(req);
     };
-    auto refuse = [](const httplib::Request& req, httplib::Response& res) {
+    auto allowed = [this, loopback, certified](const httplib::Request& req, bool metrics) {
+      return loopback || (metrics && options_.metrics_open) ||
+             (certified(req) &&
+              BearerHeaderMatches(req.get_header_value("Authorization"), options_.credential));
+    };
+    auto refuse = [certified](const httplib::Request& req, httplib::Response& res) {
+      if (!certified(req)) {
+        res.status = 403;
+        res.set_content("no client certificate: off loopback, " + req.path +
+                            " needs a certificate that the manager's --tls-client-ca signed "
+                            "(mutual TLS), and the job's credential\n",
+                        "text/plain");
+        return;
+      }
       res.status = 401;
       res.set_header("WWW-Authenticate", "Bearer");
       res.set_content(std::string(req.has_header("Authorization") ? "a wrong credential"
@@ -76,7 +90,8 @@ Status ManagerServer::Start() {
     };
     // With a certificate, HTTP is HTTPS with it too: the credential never crosses in clear.
     // Each connection is bounded in bytes, header lines and time (http_server.h).
-    auto http = MakeHttpServer(options_.tls_cert_file, options_.tls_key_file);
+    auto http = MakeHttpServer(options_.tls_cert_file, options_.tls_key_file, {},
+                               options_.tls_client_ca_file);
     if (!http.ok()) {
       Stop();
       return InvalidArgument("regroup-manager cannot serve HTTPS on " + options_.http_listen +

@@ -1,10 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Real TLS handshakes against the manager's gRPC server, with certificates made by the openssl
 // command line for each run: what a client made by MakeChannel accepts and what it refuses.
-#include <unistd.h>
-
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -13,58 +9,17 @@
 #include "common/credential.h"
 #include "common/grpc_settings.h"
 #include "manager/service.h"
+#include "manager/test_certificates.h"
 
 namespace regroup::manager {
 namespace {
 
 using namespace std::chrono_literals;
-namespace fs = std::filesystem;
+
+using ::regroup::testing::Certificates;
 
 constexpr char kCredential[] = "tls-secret";
-constexpr char kServerName[] = "manager.default.svc";
-
-// The files of one run, in a fresh folder:
-//   ca.crt            the job's CA;  other-ca.crt  a CA that signed nothing of the manager's
-//   ip.crt/.key       signed by ca, for IP:127.0.0.1
-//   named.crt/.key    signed by ca, for DNS:manager.default.svc only
-//   stranger.crt/.key signed by other-ca, for IP:127.0.0.1
-//   expired.crt/.key  signed by ca, for IP:127.0.0.1, valid until yesterday
-class Certificates {
- public:
-  Certificates() {
-    char tmpl[] = "/tmp/regroup-tls-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
-    for (const char* ca : {"ca", "other-ca"})
-      Run("openssl req -x509 " + ec + " -keyout " + ca + ".key -out " + ca + ".crt -days 2 -subj "
-          "/CN=" + ca);
-    Sign("ip", "ca", "IP:127.0.0.1", 2);
-    Sign("named", "ca", std::string("DNS:") + kServerName, 2);
-    Sign("stranger", "other-ca", "IP:127.0.0.1", 2);
-    Sign("expired", "ca", "IP:127.0.0.1", -1);  // its validity ends a day before it begins
-  }
-  ~Certificates() { fs::remove_all(dir_); }
-
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
-  bool ok() const { return ok_; }
-
- private:
-  void Run(const std::string& command) {
-    const std::string line = "cd " + dir_ + " && " + command + " >>openssl.log 2>&1";
-    if (std::system(line.c_str()) != 0) ok_ = false;
-  }
-  void Sign(const std::string& name, const std::string& ca, const std::string& san, int days) {
-    Run("openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout " + name +
-        ".key -out " + name + ".csr -subj /CN=" + name);
-    std::ofstream(Path(name + ".ext")) << "subjectAltName=" << san << "\n";
-    Run("openssl x509 -req -in " + name + ".csr -CA " + ca + ".crt -CAkey " + ca +
-        ".key -CAcreateserial -days " + std::to_string(days) + " -extfile " + name + ".ext -out " +
-        name + ".crt");
-  }
-
-  std::string dir_;
-  bool ok_ = true;
-};
+constexpr const char* kServerName = Certificates::kServerName;
 
 class Tls : public ::testing::Test {
  protected:
@@ -198,6 +153,50 @@ TEST_F(Tls, WithACertificateHttpIsHttpsAndTheCredentialNeverCrossesInClear) {
   server->Stop();
 }
 
+// Mutual TLS on HTTPS: with --tls-client-ca, /status and /metrics off loopback need a client
+// certificate the CA signed besides the credential; a certificate another CA signed fails the
+// handshake; the kubelet's probes, which present none, still get /healthz and /readyz.
+TEST_F(Tls, WithAClientCaHttpsNeedsAClientCertificateButTheProbesDoNot) {
+  auto server = StartManager("ip", "0.0.0.0:0", "ca.crt");
+  const int port = server->http_port();
+  ASSERT_GT(port, 0);
+  const std::string bearer = std::string("Bearer ") + kCredential;
+  // GET `path` presenting the client certificate `client` (none for ""), with the credential
+  // when `token`.
+  auto get = [&](const std::string& client, const std::string& path, bool token) {
+    auto https = client.empty()
+                     ? std::make_unique<httplib::SSLClient>("127.0.0.1", port)
+                     : std::make_unique<httplib::SSLClient>("127.0.0.1", port,
+                                                            certs_->Path(client + ".crt"),
+                                                            certs_->Path(client + ".key"));
+    https->set_ca_cert_path(certs_->Path("ca.crt").c_str());
+    https->enable_server_certificate_verification(true);
+    https->set_connection_timeout(5);
+    https->set_read_timeout(5);
+    httplib::Headers headers;
+    if (token) headers.emplace("Authorization", bearer);
+    return https->Get(path, headers);
+  };
+  for (const char* path : {"/status", "/metrics"}) {
+    auto res = get("named", path, true);
+    ASSERT_TRUE(res) << path << ": " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 200) << path << ": " << res->body;
+    res = get("", path, true);
+    ASSERT_TRUE(res) << path << ": " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 403) << path << ": the credential alone is not enough";
+    EXPECT_NE(res->body.find("no client certificate"), std::string::npos) << res->body;
+    res = get("named", path, false);
+    ASSERT_TRUE(res) << path << ": " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 401) << path << ": the certificate alone is not enough";
+    res = get("stranger", path, true);
+    EXPECT_FALSE(res && res->status == 200) << path << ": another CA's certificate was served";
+  }
+  auto res = get("", "/healthz", false);
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200) << "a probe presents no certificate";
+  server->Stop();
+}
+
 TEST_F(Tls, ACertificateFromAnotherCaIsRefused) {
   auto server = StartManager("stranger");
   ExpectRefused(AskStatus(server->port(), "ca.crt"));
@@ -232,6 +231,18 @@ TEST_F(Tls, WithAClientCaOnlyClientsWithACertificateItSignedAreServed) {
   auto server = StartManager("ip", "", "ca.crt");
   ExpectRefused(AskStatus(server->port(), "ca.crt"));  // no client certificate
   ExpectRefused(AskStatus(server->port(), "ca.crt", "", "stranger"));  // another CA's
+  // Under TLS 1.3 the client's side of the handshake succeeds before the server refuses it: the
+  // client sees the connection closed, which a TLS client names as a refused handshake.
+  const std::string at = "127.0.0.1:" + std::to_string(server->port());
+  const grpc::Status closed = AskStatus(server->port(), "ca.crt");
+  std::string said = DescribeCallFailure(closed, at, /*over_tls=*/true);
+  EXPECT_NE(said.find("the TLS handshake with " + at +
+                      " failed: the server closed the connection as it was made"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("refused this client's, or got none"), std::string::npos) << said;
+  said = DescribeCallFailure(closed, at);  // a plaintext client: not a handshake
+  EXPECT_EQ(said.find("TLS handshake"), std::string::npos) << said;
   const grpc::Status served = AskStatus(server->port(), "ca.crt", "", "named");
   EXPECT_TRUE(served.ok()) << served.error_message();
   server->Stop();

@@ -479,6 +479,8 @@ regroup_status regroup_coordinator_start(regroup_coordinator** out, regroup_engi
       if (options->tls_key_file) o.tls_key_file = options->tls_key_file;
       if (options->version >= 2) o.insecure = options->insecure != 0;
       if (options->version >= 3 && options->lease_ms != 0) o.lease_ms = options->lease_ms;
+      if (options->version >= 4 && options->tls_client_ca_file)
+        o.tls_client_ca_file = options->tls_client_ca_file;
     }
     auto started = regroup::coordinator::Coordinator::Start(engine->mu, engine->engine, o);
     if (!started.ok()) return Report(err, started.status());

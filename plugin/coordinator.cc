@@ -47,7 +47,8 @@ class Coordinator::Service final : public v1::Coordinator::CallbackService {
         attachments_(engine_mu, engine, options_.credential, options_.lease_ms) {}
 
   Status Start() {
-    auto creds = ServerCredentials(options_.tls_cert_file, options_.tls_key_file);
+    auto creds = ServerCredentials(options_.tls_cert_file, options_.tls_key_file,
+                                   options_.tls_client_ca_file);
     if (!creds.ok()) return creds.status();
     grpc::ServerBuilder builder;
     ConfigureServer(builder);
@@ -257,6 +258,14 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(std::shared_mutex& eng
   if (options.credential.empty() && !options.insecure)
     return InvalidArgument("the coordinator has no credential: give the token the managers send, "
                            "or ask for insecure mode to accept every manager (testing only)");
+  // Managers' certificates are checked only in a TLS handshake: a client CA alone would serve
+  // plaintext and check nobody.
+  if (!options.tls_client_ca_file.empty() &&
+      (options.tls_cert_file.empty() || options.tls_key_file.empty()))
+    return InvalidArgument("the coordinator's TLS client CA (tls_client_ca_file " +
+                           options.tls_client_ca_file +
+                           ") needs its own certificate and key (tls_cert_file, tls_key_file): "
+                           "managers' certificates are checked only over TLS");
   if (options.lease_ms < 1 || options.lease_ms > kMaxLeaseMs)
     return InvalidArgument("the managers' lease of " + std::to_string(options.lease_ms) +
                            " ms is out of range: 1 to " + std::to_string(kMaxLeaseMs) + " ms");

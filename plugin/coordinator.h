@@ -26,6 +26,9 @@ struct CoordinatorOptions {
   std::string credential;
   bool insecure = false;                 // serve without a credential: managers must send none
   std::string tls_cert_file, tls_key_file;
+  // Mutual TLS: every manager must present a certificate this CA bundle signed (its handshake
+  // fails otherwise). Needs tls_cert_file and tls_key_file.
+  std::string tls_client_ca_file;
   // The managers' lease (Attachments): from 1 ms to 10 minutes.
   int64_t lease_ms = kDefaultLeaseMs;
 };
@@ -36,7 +39,8 @@ class Coordinator {
  public:
   // Starts serving `engine`, whose every user holds `engine_mu` (shared to read, exclusive to
   // change). Both must outlive the coordinator. Errors name the address or the file, or say
-  // that there is no credential (without `insecure`).
+  // that there is no credential (without `insecure`), or that a client CA has no certificate
+  // and key to serve TLS with.
   static StatusOr<std::unique_ptr<Coordinator>> Start(std::shared_mutex& engine_mu, Engine& engine,
                                                       CoordinatorOptions options);
   // Stops accepting, ends every stream (UNAVAILABLE) and waits for them. Never throws.

@@ -45,6 +45,19 @@ expect_refused "--coordinator-ca: the TLS CA file $dir is a directory" "${job[@]
   --coordinator 127.0.0.1:1 --coordinator-ca "$dir"
 expect_refused "--coordinator-server-name: the TLS server name c.svc needs a CA file" "${job[@]}" \
   --coordinator 127.0.0.1:1 --coordinator-server-name c.svc
+# This manager's certificate for a coordinator that requires one (mutual TLS): a key that does
+# not match it, or one given alone, is named before anything connects.
+for name in ca other; do
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$dir/$name.key" \
+    -out "$dir/$name.crt" -days 2 -subj "/CN=$name" 2>>"$dir/openssl.log" || fail "openssl: $(cat "$dir/openssl.log")"
+done
+expect_refused "--coordinator-tls-cert/--coordinator-tls-key: the TLS key $dir/other.key does not match the TLS certificate $dir/ca.crt" \
+  "${job[@]}" --coordinator 127.0.0.1:1 --coordinator-ca "$dir/ca.crt" \
+  --coordinator-tls-cert "$dir/ca.crt" --coordinator-tls-key "$dir/other.key"
+out=$(REGROUP_COORDINATOR_TLS_KEY_FILE="$dir/ca.key" timeout 10 "$manager" "${job[@]}" \
+  --coordinator 127.0.0.1:1 --coordinator-ca "$dir/ca.crt" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -qF "the key $dir/ca.key is given alone" <<<"$out" \
+  || fail "\$REGROUP_COORDINATOR_TLS_KEY_FILE alone must be refused by name: $rc $out"
 
 mkdir "$dir/ro" && chmod 0500 "$dir/ro"
 if [ "$(id -u)" -ne 0 ] || ! touch "$dir/ro/probe" 2>/dev/null; then

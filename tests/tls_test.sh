@@ -129,12 +129,16 @@ mstatus() { timeout 20 "$ctl" status --manager "$maddr" --credential-file token 
 out=$(mstatus); rc=$?
 [ $rc -eq 1 ] || fail "a client without a certificate must be refused (exit 1), got $rc: $out"
 # Under TLS 1.3 the client's side of the handshake is done before the server checks the client's
-# certificate: the client sees the connection closed; the server's log names the failure.
-grep -qF "did not answer" <<<"$out" || fail "no certificate: $out"
+# certificate: the client sees the connection closed, which a TLS client names as a refused
+# handshake; the server's log names the failure.
+grep -qF "did not answer: the TLS handshake with $maddr failed: the server closed the connection as it was made" <<<"$out" \
+  && grep -qF "it requires a client certificate (mutual TLS)" <<<"$out" || fail "no certificate: $out"
 grep -qF "peer did not return a certificate" mmanager.log \
   || fail "the manager's log must name the client without a certificate: $(cat mmanager.log)"
 out=$(mstatus --tls-cert stranger.crt --tls-key stranger.key); rc=$?
 [ $rc -eq 1 ] || fail "a client certificate another CA signed must be refused, got $rc: $out"
+grep -qF "the TLS handshake with $maddr failed: the server closed the connection" <<<"$out" \
+  || fail "another CA's client certificate: $out"
 out=$(mstatus --tls-cert client.crt --tls-key client.key) || fail "status with a client certificate: $out"
 grep -qF "job default/mtls-test: joining" <<<"$out" || fail "status over mutual TLS said: $out"
 out=$(REGROUP_TLS_CERT_FILE=client.crt REGROUP_TLS_KEY_FILE=client.key mstatus) \
@@ -155,6 +159,15 @@ for _ in $(seq 100); do
 done
 [ -n "$registered" ] || fail "the agent did not register over mutual TLS: $out; agent: $(cat magent.log)"
 agent_refused "go together and need --tls-ca" --tls-cert client.crt
+# An agent without a certificate: its last word names the refused handshake, as a TLS client
+# sees it under TLS 1.3 (the connection closed as it was made).
+out=$(timeout 30 "$agent" --manager "$maddr" --job-id default/mtls-test --credential-file token \
+  --tls-ca ca.crt --tls-server-name $name --socket-dir "$dir/msock2" --reconnect-timeout-s 3 \
+  --no-python -- "$trainer" --log "$dir/mtrainer2" 2>&1); rc=$?
+[ $rc -eq 1 ] || fail "an agent without a certificate must give up (exit 1), got $rc: $out"
+grep -qF "(the TLS handshake with $maddr failed: the server closed the connection as it was made" <<<"$out" \
+  && grep -qF "it requires a client certificate (mutual TLS)" <<<"$out" \
+  || fail "the agent without a certificate must name the refused handshake: $out"
 out=$(timeout 10 "$manager" --job-id default/mtls-test --nodes 1 --listen 127.0.0.1:0 \
   --credential-file token --no-record --tls-client-ca ca.crt 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF "the TLS client CA ca.crt needs the server's own certificate and key" <<<"$out" \

@@ -33,6 +33,9 @@ type CoordinatorOptions struct {
 	Credential  string
 	TLSCertFile string // serve TLS with this certificate (PEM) and TLSKeyFile; both or neither
 	TLSKeyFile  string
+	// TLSClientCAFile asks for mutual TLS: every manager must present a certificate this CA
+	// bundle (PEM) signed, or its handshake fails. Needs TLSCertFile and TLSKeyFile. ABI 1.8.
+	TLSClientCAFile string
 	// Insecure serves without a credential, accepting only managers that send none (tests on a
 	// trusted network). Never the default: the caller asks for it, and logs it at every start.
 	Insecure bool
@@ -110,13 +113,13 @@ func (c *coordinatorHandle) close() {
 }
 
 // StartCoordinator starts a coordinator serving engine e. It fails with StatusInvalidArgument for
-// an address it cannot listen on (the message names it), a TLS file it cannot read, or no
-// Credential without Insecure.
+// an address it cannot listen on (the message names it), a TLS file it cannot read, a
+// TLSClientCAFile without TLSCertFile and TLSKeyFile, or no Credential without Insecure.
 func StartCoordinator(e *Engine, opts CoordinatorOptions) (*Coordinator, error) {
 	const op = "StartCoordinator"
 	cstrings, free, err := cStrings(op, true, cArg{"listen address", opts.Listen},
 		cArg{"credential", opts.Credential}, cArg{"TLS certificate file", opts.TLSCertFile},
-		cArg{"TLS key file", opts.TLSKeyFile})
+		cArg{"TLS key file", opts.TLSKeyFile}, cArg{"TLS client CA file", opts.TLSClientCAFile})
 	if err != nil {
 		return nil, err
 	}
@@ -127,11 +130,12 @@ func StartCoordinator(e *Engine, opts CoordinatorOptions) (*Coordinator, error) 
 	}
 	defer e.mu.RUnlock()
 	copts := C.regroup_coordinator_options{
-		version:       C.REGROUP_COORDINATOR_OPTIONS_VERSION,
-		listen:        cstrings[0],
-		credential:    cstrings[1],
-		tls_cert_file: cstrings[2],
-		tls_key_file:  cstrings[3],
+		version:            C.REGROUP_COORDINATOR_OPTIONS_VERSION,
+		listen:             cstrings[0],
+		credential:         cstrings[1],
+		tls_cert_file:      cstrings[2],
+		tls_key_file:       cstrings[3],
+		tls_client_ca_file: cstrings[4],
 	}
 	if opts.Insecure {
 		copts.insecure = 1

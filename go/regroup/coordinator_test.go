@@ -120,6 +120,9 @@ func TestCoordinatorRefusesWhatItCannotServe(t *testing.T) {
 			"credential contains a NUL"},
 		// Open mode is asked for, never the default.
 		{"no credential", CoordinatorOptions{Listen: "127.0.0.1:0"}, "no credential"},
+		// A client CA alone would serve plaintext and check no manager.
+		{"client CA without a certificate", CoordinatorOptions{Listen: "127.0.0.1:0", Credential: "t",
+			TLSClientCAFile: "/nonexistent/ca.pem"}, "tls_client_ca_file /nonexistent/ca.pem"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -42,6 +42,10 @@ const (
 	// argTLSCertFile and argTLSKeyFile: serve the coordinator over TLS.
 	argTLSCertFile = "regroup.tlsCertFile"
 	argTLSKeyFile  = "regroup.tlsKeyFile"
+	// argTLSClientCAFile: mutual TLS, every manager must present a certificate this CA bundle
+	// signed (the ca.crt of the coordinator's cert-manager Secret); needs argTLSCertFile and
+	// argTLSKeyFile. Default none: managers present no certificate.
+	argTLSClientCAFile = "regroup.tlsClientCaFile"
 	// argLeaseMs: the managers' lease, in ms (1 to 600000). A manager commits a step only within
 	// this long of asking the coordinator, and a newer manager of a job gets no lease before the
 	// older one's ran out (docs/membership.md). Default 0: the library's, 10000.
@@ -100,9 +104,9 @@ func Builder(opts Options) framework.PluginBuilder {
 }
 
 type coordinatorConfig struct {
-	listen, credentialFile, tlsCert, tlsKey string
-	insecure                                bool
-	leaseMs                                 int
+	listen, credentialFile, tlsCert, tlsKey, tlsClientCA string
+	insecure                                             bool
+	leaseMs                                              int
 }
 
 type config struct {
@@ -137,6 +141,7 @@ func parseArguments(args framework.Arguments) config {
 	args.GetBool(&c.coordinator.insecure, argInsecure)
 	args.GetString(&c.coordinator.tlsCert, argTLSCertFile)
 	args.GetString(&c.coordinator.tlsKey, argTLSKeyFile)
+	args.GetString(&c.coordinator.tlsClientCA, argTLSClientCAFile)
 	lease := 0
 	args.GetInt(&lease, argLeaseMs)
 	if lease < 0 || lease > 600000 {

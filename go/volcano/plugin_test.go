@@ -687,6 +687,30 @@ func TestWithoutACredentialOnlyInsecureStartsACoordinator(t *testing.T) {
 	}
 }
 
+// Mutual TLS (issue 40): the client CA reaches the coordinator's options; alone, without the
+// coordinator's own certificate and key, it starts no coordinator and the error names it.
+func TestAClientCAWithoutACertificateStartsNoCoordinator(t *testing.T) {
+	cfg := parseArguments(framework.Arguments{argTLSClientCAFile: "/etc/regroup/tls/ca.crt"})
+	if cfg.coordinator.tlsClientCA != "/etc/regroup/tls/ca.crt" {
+		t.Errorf("%s read as %q", argTLSClientCAFile, cfg.coordinator.tlsClientCA)
+	}
+	port := coordinatorPortAfterASession(t, map[string]any{argCredentialFile: tokenFile(t, "key\n"),
+		argTLSClientCAFile: "/etc/regroup/tls/ca.crt"})
+	if port != 0 {
+		t.Fatalf("a coordinator listens on port %d with a client CA and no certificate; want none", port)
+	}
+	rt, err := Shared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.mu.Lock()
+	got := rt.coordErr
+	rt.mu.Unlock()
+	if got == nil || !strings.Contains(got.Error(), argTLSClientCAFile+" /etc/regroup/tls/ca.crt needs "+argTLSCertFile) {
+		t.Errorf("the coordinator's error %v does not name %s", got, argTLSClientCAFile)
+	}
+}
+
 func TestScaledInJobWinsItsReplacementBackByPreemption(t *testing.T) {
 	for _, tc := range []struct {
 		name       string

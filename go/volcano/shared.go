@@ -91,8 +91,15 @@ func (r *Runtime) ensureCoordinator(cfg coordinatorConfig, now time.Time) {
 		return
 	}
 	opts := regroup.CoordinatorOptions{Listen: cfg.listen, TLSCertFile: cfg.tlsCert, TLSKeyFile: cfg.tlsKey,
-		LeaseMs: int64(cfg.leaseMs)}
+		TLSClientCAFile: cfg.tlsClientCA, LeaseMs: int64(cfg.leaseMs)}
 	switch {
+	case cfg.tlsClientCA != "" && (cfg.tlsCert == "" || cfg.tlsKey == ""):
+		// Managers' certificates are checked only over TLS: a client CA alone checks nobody.
+		r.coordErr = fmt.Errorf("%s %s needs %s and %s: the managers' certificates are checked "+
+			"only over TLS", argTLSClientCAFile, cfg.tlsClientCA, argTLSCertFile, argTLSKeyFile)
+		r.coordLastTry = now
+		klog.Errorf("regroup: not starting the coordinator: %v", r.coordErr)
+		return
 	case cfg.credentialFile == "" && !cfg.insecure:
 		// A coordinator without the token would accept anyone as any job's manager.
 		r.coordErr = fmt.Errorf("no credential: set %s to the file holding the managers' token, "+
@@ -129,6 +136,10 @@ func (r *Runtime) ensureCoordinator(cfg coordinatorConfig, now time.Time) {
 	}
 	r.coordinator, r.coordAddr, r.coordErr, r.clusterKey = c, cfg.listen, nil, opts.Credential
 	klog.Infof("regroup: coordinator listening on %s (port %d)", cfg.listen, c.Port())
+	if opts.TLSClientCAFile != "" {
+		klog.Infof("regroup: the coordinator requires every manager's certificate signed by %s (%s)",
+			opts.TLSClientCAFile, argTLSClientCAFile)
+	}
 	if opts.Insecure {
 		klog.Warningf("regroup: the coordinator runs without a credential (%s: true): any client "+
 			"reaching %s can act as any job's manager", argInsecure, cfg.listen)

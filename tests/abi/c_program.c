@@ -949,6 +949,20 @@ static void test_coordinator(void) {
   options.tls_key_file = "/nonexistent/regroup-key.pem";
   EXPECT(REGROUP_INVALID_ARGUMENT, regroup_coordinator_start(&coordinator, engine, &options, &err));
   CHECK(coordinator == NULL);
+  /* A client CA (ABI 1.8) without the coordinator's own certificate and key; a version 3 struct
+   * has no such field, and the library reads none. */
+  options.tls_cert_file = NULL;
+  options.tls_key_file = NULL;
+  options.tls_client_ca_file = "/nonexistent/regroup-ca.pem";
+  EXPECT_MSG(REGROUP_INVALID_ARGUMENT, "tls_client_ca_file",
+             regroup_coordinator_start(&coordinator, engine, &options, &err));
+  options.version = 3;
+  EXPECT(REGROUP_OK, regroup_coordinator_start(&coordinator, engine, &options, &err));
+  CHECK(coordinator != NULL);
+  regroup_coordinator_free(coordinator);
+  coordinator = NULL;
+  options.version = REGROUP_COORDINATOR_OPTIONS_VERSION;
+  options.tls_client_ca_file = NULL;
 
   CHECK_EQ_INT(regroup_coordinator_port(NULL), 0);
   EXPECT(REGROUP_INVALID_ARGUMENT, regroup_coordinator_publish(NULL, &err));

@@ -55,7 +55,7 @@ int main(void) {
   }
   if (coordinator.version != REGROUP_COORDINATOR_OPTIONS_VERSION || coordinator.listen != NULL ||
       coordinator.credential != NULL || coordinator.tls_cert_file != NULL ||
-      coordinator.tls_key_file != NULL) {
+      coordinator.tls_key_file != NULL || coordinator.tls_client_ca_file != NULL) {
     fprintf(stderr, "REGROUP_COORDINATOR_OPTIONS_INIT does not set the version and NULLs\n");
     failures++;
   }

@@ -42,7 +42,7 @@ import functools
 import logging
 import os
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
 
@@ -139,6 +139,9 @@ class Trainer:
         self._undo = Undo()
         self._voted_at = 0.0
         self._commit_arrived = -1        # the last step whose commit the link thread saw arrive
+        # A committed step heard during the next one, whose checkpoint waits for that step's
+        # commit (_poll_outcome), with the snapshot that holds its buffers and RNG.
+        self._checkpoint_due: Optional[Tuple[Step, Snapshot]] = None
         self.pause_deadline: Optional[float] = None
         self._opened = False
         self.closed = False
@@ -241,6 +244,10 @@ class Trainer:
         if self.voted is not None:
             self._await_outcome(step)  # the previous step's: at most one vote in flight
             self.check_aborted(step)
+        if self._checkpoint_due is not None:
+            done, snapshot = self._checkpoint_due
+            self._checkpoint_due = None
+            checkpointing.maybe_checkpoint(self, done, snapshot)
         s = step.number
         interval = self.config.checksum_interval
         summed = time.perf_counter()
@@ -317,8 +324,9 @@ class Trainer:
         o, voted = item.outcome, self.voted
         return voted is not None and not o.commit and o.generation == voted.mark[1] and o.step == voted.step
 
-    def _take_outcome(self, item: Any, step: Optional[Step]) -> bool:
-        """Handles ``item`` if it is an outcome (returns whether it was one)."""
+    def _take_outcome(self, item: Any, step: Optional[Step], defer_checkpoint: bool = False) -> bool:
+        """Handles ``item`` if it is an outcome (returns whether it was one). ``defer_checkpoint``:
+        a commit's checkpoint waits for the commit of ``step`` (_poll_outcome)."""
         if isinstance(item, LinkLost) or item.WhichOneof("body") != "outcome":
             return False
         o, voted = item.outcome, self.voted
@@ -327,7 +335,10 @@ class Trainer:
         self.metrics["vote_round_trip_s"] += time.perf_counter() - self._voted_at
         if o.commit:
             self.heard_commit_step = max(self.heard_commit_step, voted.step)
-            self.finalize_vote(voted, step)
+            self.finalize_vote(voted, step, checkpoint=not defer_checkpoint)
+            if defer_checkpoint and voted.done is not None and step is not None:
+                assert step.snapshot is not None
+                self._checkpoint_due = (voted.done, step.snapshot)
             return True
         self.voted = None
         if step is not None:
@@ -356,18 +367,17 @@ class Trainer:
     def _poll_outcome(self, step: Step) -> None:
         """During the next step: takes the outcome if it already came (never waits).
 
-        Not with sharded state: a commit may write a checkpoint, and FSDP's ``state_dict``
-        reshards parameters that the step in flight had gathered, so that rank alone would
-        gather them again, and its peers' collectives would no longer match (a hang). The
-        outcome is then taken at the step's commit, where every rank takes it at the same point."""
+        A checkpoint the commit makes is written at this step's commit, after its reduce, where
+        every rank of the generation is at the same point: written here, in the middle of the
+        step, FSDP's ``state_dict`` would reshard parameters that the step had gathered, so that
+        rank alone would gather them again and its peers' collectives would no longer match (a
+        hang). The parameters are still the committed step's there (this one is not applied)."""
         assert self.link is not None
-        if self.config.sharding:
-            return
         while self.voted is not None:
             item = self.link.get_nowait()
             if item is None:
                 return
-            if self._rollback_pending(item) or not self._take_outcome(item, step):
+            if self._rollback_pending(item) or not self._take_outcome(item, step, defer_checkpoint=True):
                 self.link.unget(item)  # a rollback is taken at the commit (see _rollback_pending)
                 return
             if self.voted is None:
@@ -606,6 +616,9 @@ class Trainer:
     def leave(self, forget: bool = True) -> None:
         """Leaves the active generation (regroup.membership); none is active until the next
         one is entered (``forget=False``: closing, ``generation`` stays readable)."""
+        # A checkpoint that waited for a step of this generation to commit is not written: the
+        # next periodic one is (the committed state is the same; a dump writes it on demand).
+        self._checkpoint_due = None
         since_abort = self.membership.leave(forget)
         if since_abort is not None:
             self.metrics["abort_to_unblocked_s"].append(since_abort)

@@ -373,18 +373,18 @@ def wait_then_scale_in_out(c: Cluster, r: Result) -> None:
     lose_a_node_wait_scale_in_then_out(c, r)
 
 
-def lose_a_node_then_return(c: Cluster, r: Result) -> Tuple[dict, dict, Any]:
-    """Node 1 dies; after the scale-in and a few steps a new node and the replacement pod come,
-    training runs at full size again and every pod exits. Returns the loss's and the return's
-    notes and the replacement pod."""
-    f = c.kill_node(c.node_of(1))
+def lose_a_node_then_return(c: Cluster, r: Result, index: int = 1, full: str = "4 ranks") -> Tuple[dict, dict, Any]:
+    """The node of pod ``index`` dies; after the scale-in and a few steps a new node and the
+    replacement pod come, training runs at full size (``full``) again and every pod exits.
+    Returns the loss's and the return's notes and the replacement pod."""
+    f = c.kill_node(c.node_of(index))
     c.wait_event("directive", "scale_in", timeout=90, after_ms=int(f["at"] * 1000))
     c.wait_step(c.last_step() + 5)
     node = c.add_node()
     g = c.note("add a node", node=node.name)
-    pod = c.replace_pod(1, node)
+    pod = c.replace_pod(index, node)
     c.wait_event("directive", "scale_out", after_ms=int(g["at"] * 1000))
-    c.wait_event("generation", "4 ranks", after_ms=int(g["at"] * 1000))
+    c.wait_event("generation", full, after_ms=int(g["at"] * 1000))
     codes = c.wait_pods_exit()
     r.promise("the survivors and the replacement exited 0", set(codes.values()) == {0}, str(codes))
     return f, g, pod
@@ -465,24 +465,15 @@ def scheduler_restart_during_wait(c: Cluster, r: Result) -> None:
     check_strategy(c, r, ["wait", "scale_in"], ["restart_job"])
 
 
-def lose_a_node_scale_in_then_out(c: Cluster, r: Result, lost: str, index: int, started: bool = False,
+def lose_a_node_scale_in_then_out(c: Cluster, r: Result, index: int, started: bool = False,
                                   small: str = "2 ranks", full: str = "4 ranks") -> None:
-    """Kills ``lost`` (the node of pod ``index``), waits for the scale-in and a few steps at the
-    smaller size (``small``), then adds a node with the replacement pod and waits for the
-    scale-out (``full``). ``started``: the job runs already."""
+    """lose_a_node_then_return with pod ``index``'s node, prefer-elastic: a scale-in at once (to
+    ``small``), a scale-out once the replacement registers (to ``full``), and nothing else.
+    ``started``: the job runs already."""
     if not started:
         c.start()
         c.wait_step(8)
-    f = c.kill_node(c.node_of(index))
-    c.wait_event("directive", "scale_in", after_ms=int(f["at"] * 1000))
-    c.wait_step(c.last_step() + 5)
-    node = c.add_node()
-    g = c.note("add a node", node=node.name)
-    c.replace_pod(index, node)
-    c.wait_event("directive", "scale_out", after_ms=int(g["at"] * 1000))
-    c.wait_event("generation", full, after_ms=int(g["at"] * 1000))
-    codes = c.wait_pods_exit()
-    r.promise("the survivor and the readmitted pod exited 0", set(codes.values()) == {0}, str(codes))
+    f, g, _ = lose_a_node_then_return(c, r, index, full)
     measure(c, r, f, until=g)
     measure(c, r, g, detected_kinds=("register",))
     check_training(c, r)
@@ -496,7 +487,7 @@ def lose_a_node_scale_in_then_out(c: Cluster, r: Result, lost: str, index: int, 
 @scenario(4, "elastic-training with prefer-elastic: scales in at once, out when the replacement registers",
           lambda: JobSpec(steps=120, strategies="elastic-training,exit", prefer_elastic=True))
 def prefer_elastic(c: Cluster, r: Result) -> None:
-    lose_a_node_scale_in_then_out(c, r, "node-1", 1)
+    lose_a_node_scale_in_then_out(c, r, 1)
 
 
 @scenario(5, "a second node dies while scaled in: scales in again",
@@ -523,7 +514,7 @@ def second_loss_while_scaled_in(c: Cluster, r: Result) -> None:
 @scenario(6, "the node of rank 0 dies (it hosted the generation's store)",
           lambda: JobSpec(steps=120, strategies="elastic-training,exit", prefer_elastic=True), volcano=True)
 def rank0_node_lost(c: Cluster, r: Result) -> None:
-    lose_a_node_scale_in_then_out(c, r, "node-0", 0)
+    lose_a_node_scale_in_then_out(c, r, 0)
 
 
 @scenario(7, "the manager's pod dies: training pauses, the restarted manager takes over, no trainer restarts",
@@ -961,7 +952,7 @@ def grid_kill_lose_return(c: Cluster, r: Result) -> None:
     c.wait_event("resumed", after_ms=int(f["at"] * 1000))
     c.wait_event("generation", "8 ranks", after_ms=int(f["at"] * 1000))  # the rank is back
     measure(c, r, f)
-    lose_a_node_scale_in_then_out(c, r, node, 1, started=True, small="4 ranks", full="8 ranks")
+    lose_a_node_scale_in_then_out(c, r, 1, started=True, small="4 ranks", full="8 ranks")
     check_strategy(c, r, ["restart_in_place", "scale_in", "scale_out"], ["wait", "restart_job"])
 
 

@@ -907,6 +907,10 @@ static void test_coordinator(void) {
   EXPECT(REGROUP_OK, regroup_coordinator_publish(coordinator, &err));
   CHECK_EQ_INT(tick(engine, 1000), 0);
   EXPECT(REGROUP_OK, regroup_coordinator_publish(coordinator, &err));
+  /* No manager asked for a lease, and no state was saved: no holder waits to be stored (1.8). */
+  CHECK_EQ_INT(regroup_coordinator_save_wanted(coordinator, "default/nope"), 0);
+  CHECK_EQ_INT(regroup_coordinator_save_wanted(coordinator, NULL), 0);
+  CHECK_EQ_INT(regroup_coordinator_save_wanted(NULL, "default/nope"), 0);
   regroup_coordinator_free(coordinator);
 
   /* No credential: refused unless insecure mode is asked for (ABI 1.3), which a version 1

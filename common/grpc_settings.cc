@@ -24,9 +24,9 @@ std::string DescribeCallFailure(const grpc::Status& status, const std::string& t
       lower.find("socket closed") != std::string::npos)
     return "the TLS handshake with " + target +
            " failed: the server closed the connection as it was made (" + message +
-           "): it requires a client certificate (mutual TLS) and refused this client's, or got "
-           "none (check that this client presents a certificate, with its key, that the "
-           "server's client CA signed)";
+           "): a server that requires a client certificate (mutual TLS) does so when it refuses "
+           "this client's, or gets none (check that this client presents a certificate, with "
+           "its key, that the server's client CA signed)";
   // gRPC's words for a failed handshake ("Ssl handshake failed: SSL_ERROR_SSL: ... certificate
   // verify failed"), and for a certificate without the name expected ("Peer name N is not in
   // peer certificate"), which it checks once the handshake is done.

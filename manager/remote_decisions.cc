@@ -281,7 +281,8 @@ void RemoteDecisions::Run() {
       }
       cv_.notify_all();
       reader.join();
-      failure = "the stream ended (" + Describe(stream->Finish(), options_.target, options_.tls) + ")";
+      // Attached: the handshake was done, so a closed socket is not a refused certificate.
+      failure = "the stream ended (" + Describe(stream->Finish(), options_.target, false) + ")";
       unattached_since_ms = SteadyMs();
     } else {
       if (read && first.has_refusal()) {
@@ -292,7 +293,8 @@ void RemoteDecisions::Run() {
         context.TryCancel();  // attached as another epoch, or an answer that is neither
       }
       const grpc::Status st = stream->Finish();
-      if (failure.empty()) failure = "cannot attach (" + Describe(st, options_.target, options_.tls) + ")";
+      if (failure.empty())
+        failure = "cannot attach (" + Describe(st, options_.target, options_.tls) + ")";
     }
     {
       std::lock_guard lock(mu_);

@@ -240,7 +240,7 @@ TEST_F(Tls, WithAClientCaOnlyClientsWithACertificateItSignedAreServed) {
                       " failed: the server closed the connection as it was made"),
             std::string::npos)
       << said;
-  EXPECT_NE(said.find("refused this client's, or got none"), std::string::npos) << said;
+  EXPECT_NE(said.find("refuses this client's, or gets none"), std::string::npos) << said;
   said = DescribeCallFailure(closed, at);  // a plaintext client: not a handshake
   EXPECT_EQ(said.find("TLS handshake"), std::string::npos) << said;
   const grpc::Status served = AskStatus(server->port(), "ca.crt", "", "named");

@@ -318,6 +318,21 @@ class CoordinatorTest : public ::testing::Test {
     coordinator_ = nullptr;
   }
   void Publish() { ASSERT_EQ(regroup_coordinator_publish(coordinator_, nullptr), REGROUP_OK); }
+  // The job's state as the engine exports it, and imported back (as a restarted scheduler does).
+  json EngineState() {
+    char* out = nullptr;
+    EXPECT_EQ(regroup_engine_export_job_state(engine_, &out, kJob, nullptr), REGROUP_OK);
+    json state = json::parse(out ? out : "null");
+    regroup_string_free(out);
+    return state;
+  }
+  void ImportState(const json& state) {
+    const std::string text = state.dump();
+    regroup_error* err = nullptr;
+    ASSERT_EQ(regroup_engine_import_job_state(engine_, kJob, text.data(), text.size(), &err),
+              REGROUP_OK)
+        << Message(err);
+  }
   regroup_decision Decision(const char* job = kJob) {
     regroup_decision d = REGROUP_DECISION_INIT;
     EXPECT_EQ(regroup_engine_decision(engine_, &d, job, nullptr), REGROUP_OK);
@@ -1173,17 +1188,10 @@ TEST_F(CoordinatorTest, ARestartedCoordinatorGrantsAboveTheSavedEpochAndFencesOl
   ASSERT_TRUE(Eventually([&] { return !m.remote().Available(); }));
 
   // The saved state holds a newer manager's epoch, ahead of this clock by a day.
-  char* out = nullptr;
-  ASSERT_EQ(regroup_engine_export_job_state(engine_, &out, kJob, nullptr), REGROUP_OK);
-  json state = json::parse(out);
-  regroup_string_free(out);
+  json state = EngineState();
   const int64_t newer = Now() + 86400000;
   state["manager"]["epoch"] = newer;
-  const std::string text = state.dump();
-  regroup_error* err = nullptr;
-  ASSERT_EQ(regroup_engine_import_job_state(engine_, kJob, text.data(), text.size(), &err),
-            REGROUP_OK)
-      << Message(err);
+  ImportState(state);
 
   Start("127.0.0.1:" + std::to_string(port));
   EXPECT_TRUE(Eventually([&] {
@@ -1292,11 +1300,7 @@ TEST_F(CoordinatorTest, ARestartedCoordinatorLeasesTheHolderOnRecordAtOnceAndNoO
   // The scheduler restarts and imports the stored state.
   Stop();
   EXPECT_FALSE(first.Finish().ok());
-  const std::string text = stored.dump();
-  regroup_error* err = nullptr;
-  ASSERT_EQ(regroup_engine_import_job_state(engine_, kJob, text.data(), text.size(), &err),
-            REGROUP_OK)
-      << Message(err);
+  ImportState(stored);
   Start("127.0.0.1:" + std::to_string(port), /*lease_ms=*/3000);
 
   RawStream again(port_, kCredential);
@@ -1328,16 +1332,9 @@ TEST_F(CoordinatorTest, ARestoredLeaseHolderFencesOlderManagers) {
   const int port = port_;
   Stop();
   ASSERT_TRUE(Eventually([&] { return !m.remote().Available(); }));
-  char* out = nullptr;
-  ASSERT_EQ(regroup_engine_export_job_state(engine_, &out, kJob, nullptr), REGROUP_OK);
-  json state = json::parse(out);
-  regroup_string_free(out);
+  json state = EngineState();
   state["lease_holder"] = m.remote().epoch() + 1;
-  const std::string text = state.dump();
-  regroup_error* err = nullptr;
-  ASSERT_EQ(regroup_engine_import_job_state(engine_, kJob, text.data(), text.size(), &err),
-            REGROUP_OK)
-      << Message(err);
+  ImportState(state);
   Start("127.0.0.1:" + std::to_string(port));
   EXPECT_TRUE(Eventually([&] { return m.remote().FencedBy().has_value(); }))
       << m.remote().last_error();

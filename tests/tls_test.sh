@@ -132,7 +132,7 @@ out=$(mstatus); rc=$?
 # certificate: the client sees the connection closed, which a TLS client names as a refused
 # handshake; the server's log names the failure.
 grep -qF "did not answer: the TLS handshake with $maddr failed: the server closed the connection as it was made" <<<"$out" \
-  && grep -qF "it requires a client certificate (mutual TLS)" <<<"$out" || fail "no certificate: $out"
+  && grep -qF "a server that requires a client certificate (mutual TLS)" <<<"$out" || fail "no certificate: $out"
 grep -qF "peer did not return a certificate" mmanager.log \
   || fail "the manager's log must name the client without a certificate: $(cat mmanager.log)"
 out=$(mstatus --tls-cert stranger.crt --tls-key stranger.key); rc=$?
@@ -166,7 +166,7 @@ out=$(timeout 30 "$agent" --manager "$maddr" --job-id default/mtls-test --creden
   --no-python -- "$trainer" --log "$dir/mtrainer2" 2>&1); rc=$?
 [ $rc -eq 1 ] || fail "an agent without a certificate must give up (exit 1), got $rc: $out"
 grep -qF "(the TLS handshake with $maddr failed: the server closed the connection as it was made" <<<"$out" \
-  && grep -qF "it requires a client certificate (mutual TLS)" <<<"$out" \
+  && grep -qF "a server that requires a client certificate (mutual TLS)" <<<"$out" \
   || fail "the agent without a certificate must name the refused handshake: $out"
 out=$(timeout 10 "$manager" --job-id default/mtls-test --nodes 1 --listen 127.0.0.1:0 \
   --credential-file token --no-record --tls-client-ca ca.crt 2>&1); rc=$?

@@ -285,6 +285,14 @@ class TrainerConfig:
         optimizer_copies: with "zero1", 1 (a lost rank's slice sends the job to its newest
             checkpoint) or 2 (every rank also keeps a second copy of the slice half the ring
             away, from which a lost rank's slice is restored in place).
+        vote_overlap: whether a rank applies a step as it votes and computes the next one while
+            the vote travels, keeping an exact undo (regroup.undo: for Adam three times the
+            parameters, copied every step), or waits for the outcome before it applies (no copy,
+            the vote's round trip on every step). None (the default): ``$REGROUP_VOTE_OVERLAP``
+            (``1`` or ``0``) when set, else overlap when the backend's device is an accelerator
+            (NCCL, HCCL: the copy is device memory traffic, microseconds) and wait on the CPU
+            (gloo: the copy, a memory-bound pass on the cores that train, costs more than the
+            round trip it hides; bench/README.md). Every rank of a job must resolve it alike.
         timeouts: see :class:`Timeouts`.
     """
 
@@ -307,6 +315,7 @@ class TrainerConfig:
     sharding: Optional[str] = None
     optimizer_sharding: Optional[str] = None
     optimizer_copies: int = 1
+    vote_overlap: Optional[bool] = None
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -338,6 +347,8 @@ class TrainerConfig:
             raise ConfigError(f"checkpoint_interval={self.checkpoint_interval} needs a checkpoint_dir")
         if not isinstance(self.timeouts, Timeouts):
             raise ConfigError(f"timeouts={self.timeouts!r} must be a regroup.Timeouts")
+        if self.vote_overlap is not None and not isinstance(self.vote_overlap, bool):
+            raise ConfigError(f"vote_overlap={self.vote_overlap!r} must be True, False or None (by the device)")
         if self.scheduler_interval not in ("step", "epoch"):
             raise ConfigError(f"scheduler_interval={self.scheduler_interval!r} must be 'step' or 'epoch'")
         if self.sharding not in (None, "hsdp"):

@@ -104,9 +104,10 @@ def plan_layout(config: TrainerConfig, start: Any) -> Tuple[Layout, int, int]:
 
 
 def settle_vote(t: Trainer, plan: Any, layout: Layout, begin: int, count: int) -> None:
-    """The step this rank voted for and applied before the abort, its outcome unheard: kept
-    when the new generation resumes after it (it was committed after all), else undone (its
-    start put back) before this rank can serve or checkpoint state."""
+    """The step this rank voted for (and applied, or not when it waited for the outcome) before
+    the abort, its outcome unheard: kept (applied now if it was not) when the new generation
+    resumes after it (it was committed after all), else undone (its start put back) before this
+    rank can serve or checkpoint state."""
     voted = t.voted
     if voted is None:
         return
@@ -118,8 +119,12 @@ def settle_vote(t: Trainer, plan: Any, layout: Layout, begin: int, count: int) -
     own_vote = committed_by == (0, 0) or committed_by == voted.mark
     if plan.committed_step == voted.step == t.committed_step + 1 and own_vote:
         t.heard_commit_step = max(t.heard_commit_step, voted.step)
+        if not voted.applied:   # its outcome was waited for: applied now, from its gradients
+            assert voted.done is not None
+            t.apply(voted.done)
         t.finalize_vote(voted, None, checkpoint=False)
-        log.info("regroup: step %d, applied when voted, was committed after the abort", voted.step)
+        log.info("regroup: step %d, %s, was committed after the abort", voted.step,
+                 "applied when voted" if voted.applied else "voted and applied now")
     else:
         t.restore_voted(voted)
     t.state.zero_grad()

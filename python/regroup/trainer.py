@@ -15,9 +15,12 @@
         print(step.number, step.generation.world_size)
 
 Under ``regroup-agent`` ($REGROUP_AGENT_SOCKET set) every step is voted on through the agent
-and is final only when the manager commits it. The vote is off the critical path: a rank
-applies the step when it votes, keeping what undoes it (regroup.undo), computes the next step
-while the vote travels, and hears the outcome before its next vote. An abort, a rolled-back
+and is final only when the manager commits it. With the vote off the critical path
+(``TrainerConfig.vote_overlap``: by default on an accelerator) a rank applies the step when it
+votes, keeping what undoes it (regroup.undo), computes the next step while the vote travels,
+and hears the outcome before its next vote; otherwise (by default on the CPU, where the undo's
+copy costs more than the round trip) it waits for the outcome and applies the step only once
+committed. An abort, a rolled-back
 vote or a failed collective restores the step-start state (the voted step's, when that is the
 vote rolled back), rebuilds the process group when the generation changed, and yields the step
 again. Without an agent (a plain single process, or torchrun
@@ -68,16 +71,35 @@ __all__ = ["Generation", "MicroBatch", "Step", "Trainer", "is_communication_erro
 log = logging.getLogger("regroup")
 
 
+def vote_overlap(choice: Optional[bool], device: torch.device) -> bool:
+    """TrainerConfig.vote_overlap resolved: the choice, else ``$REGROUP_VOTE_OVERLAP``, else
+    overlap on an accelerator and wait on the CPU.
+
+    Raises:
+        ConfigError: ``$REGROUP_VOTE_OVERLAP`` is neither 1 nor 0.
+    """
+    if choice is not None:
+        return choice
+    value = os.environ.get("REGROUP_VOTE_OVERLAP", "").strip()
+    if value:
+        if value not in ("0", "1"):
+            raise ConfigError(f"REGROUP_VOTE_OVERLAP={value!r} must be 1 (overlap the vote) or 0 (wait for it)")
+        return value == "1"
+    return device.type != "cpu"
+
+
 @dataclasses.dataclass
 class _Voted:
-    """A step this rank voted for and applied, whose outcome it has not heard: ``snapshot`` and
-    ``undo`` together are the state at the step's start (buffers and RNG; what the apply changed)."""
+    """A step this rank voted for and applied (or, ``applied`` False, waits to apply), whose
+    outcome it has not heard: ``snapshot`` and ``undo`` together are the state at the step's
+    start (buffers and RNG; what the apply changed)."""
 
     step: int
     mark: Mark
     snapshot: Snapshot
     undo: Optional[Undo] = None
     done: Optional[Step] = None      # the script's Step object (for on_commit and checkpoints)
+    applied: bool = True             # False: waited for before the apply (vote_overlap off)
 
 
 class Trainer:
@@ -125,6 +147,7 @@ class Trainer:
         self._socket_path = socket_path
         self.backend = resolve_backend(config.backend)
         self.device = backend_device(self.backend)
+        self.vote_overlap = vote_overlap(config.vote_overlap, self.device)
         self.committed_step = -1
         self.heard_commit_step = -1
         self.checkpointer = Checkpointer(config.checkpoint_dir, config.keep_checkpoints) \
@@ -152,9 +175,10 @@ class Trainer:
                         # vote_s: blocked waiting for an outcome (the vote is off the critical
                         # path: only what the next step's compute did not hide);
                         # vote_round_trip_s: from each vote to its outcome taken; undo_s:
-                        # copying what the apply changes (regroup.undo).
+                        # copying what the apply changes (regroup.undo); apply_s: the
+                        # optimizer's (and scheduler's) step.
                         "committed_steps": 0, "reduce_s": 0.0, "checksum_s": 0.0, "vote_s": 0.0,
-                        "vote_round_trip_s": 0.0, "undo_s": 0.0}
+                        "vote_round_trip_s": 0.0, "undo_s": 0.0, "apply_s": 0.0}
 
     # -- public properties ----------------------------------------------------------------------
 
@@ -220,8 +244,10 @@ class Trainer:
     def commit(self, step: Step) -> None:
         """Reduces the gradients (unless done), votes for the step and applies it.
 
-        The vote is off the critical path: the step is applied as soon as this rank voted, and
-        the script goes on with the next step while the vote travels. Its outcome is heard
+        With ``vote_overlap`` (by default on an accelerator) the vote is off the critical path:
+        the step is applied as soon as this rank voted, and the script goes on with the next
+        step while the vote travels. Without it (by default on the CPU) this waits for the
+        outcome and applies the step once committed; a rollback raises StepRolledBack. Its outcome is heard
         before the next step's vote (or at the loop's end): a commit makes the step final
         (``committed_step``, ``on_commit``, checkpoints); an abort puts back the state of the
         step's start (kept until then, regroup.undo) and that step is yielded again.
@@ -256,21 +282,36 @@ class Trainer:
         voted = time.perf_counter()
         self.metrics["checksum_s"] += voted - summed
         if not self.managed:
-            self._apply(step)
+            self.apply(step)
             self.finalize_vote(_Voted(s, self.membership.active, step.snapshot, None, step), None)
             return
         assert self.link is not None and step.snapshot is not None
         self.link.vote(step.generation.number, s, True, checksum)
+        if not self.vote_overlap:
+            self._await_own_outcome(step)
+            return
         self._undo.take(self.state)
         self.voted = _Voted(s, self.membership.active, step.snapshot, self._undo, step)
         self._voted_at = time.perf_counter()
         self.metrics["undo_s"] += self._voted_at - voted
-        self._apply(step)
+        self.apply(step)
+
+    def _await_own_outcome(self, step: Step) -> None:
+        """The vote on the critical path (``vote_overlap`` off): waits for the outcome of the step
+        just voted for, and applies it only once committed. A rollback raises StepRolledBack (the
+        step is done again). After an abort the step stays voted, not applied, with its reduced
+        gradients: the next generation's plan applies it if it was committed after all, else
+        puts back its start (regroup.forming.settle_vote)."""
+        self.voted = _Voted(step.number, self.membership.active, step.snapshot, None, step, applied=False)
+        self._voted_at = time.perf_counter()
+        self.report_phase(pb.PHASE_VOTED, step.number)
+        self._await_outcome(step)
 
     @property
     def applied_step(self) -> int:
-        """The last step applied here: ``committed_step``, or the step whose vote is in flight."""
-        return self.voted.step if self.voted is not None else self.committed_step
+        """The last step applied here: ``committed_step``, or the applied step whose vote is in
+        flight."""
+        return self.voted.step if self.voted is not None and self.voted.applied else self.committed_step
 
     def hear_outcome(self) -> None:
         """Between steps: waits for the outcome of the vote in flight, if any. A commit makes
@@ -294,7 +335,7 @@ class Trainer:
         a rollback restores the voted step's start, and an abort returns (the plan settles it)."""
         voted = self.voted
         assert voted is not None and self.link is not None
-        waited = time.perf_counter()
+        waited, applying = time.perf_counter(), self.metrics["apply_s"]
         limit = self.config.timeouts.outcome
         deadline = None if limit is None else time.monotonic() + limit
         try:
@@ -311,8 +352,8 @@ class Trainer:
                     return
                 if not self._take_outcome(item, step):
                     dispatch(self, item, step)
-        finally:
-            self.metrics["vote_s"] += time.perf_counter() - waited
+        finally:  # waiting, not a waited step's apply on its commit
+            self.metrics["vote_s"] += time.perf_counter() - waited - (self.metrics["apply_s"] - applying)
 
     def _rollback_pending(self, item: Any) -> bool:
         """Whether ``item`` rolls back the vote in flight. Only taken where every rank of the
@@ -335,6 +376,11 @@ class Trainer:
         self.metrics["vote_round_trip_s"] += time.perf_counter() - self._voted_at
         if o.commit:
             self.heard_commit_step = max(self.heard_commit_step, voted.step)
+            if not voted.applied:   # waited for (vote_overlap off): applied now that it committed
+                assert voted.done is not None
+                self.apply(voted.done)
+                self.finalize_vote(voted, None)
+                return True
             self.finalize_vote(voted, step, checkpoint=not defer_checkpoint)
             if defer_checkpoint and voted.done is not None and step is not None:
                 assert step.snapshot is not None
@@ -557,10 +603,13 @@ class Trainer:
             raise self.collective_failed(step, e) from None
         step.reduced = True
 
-    def _apply(self, step: Step) -> None:
+    def apply(self, step: Step) -> None:
+        """Steps the optimizer (and scheduler) with the step's reduced gradients."""
+        began = time.perf_counter()
         self.report_phase(pb.PHASE_APPLYING, step.number)
         self.state.step_optimizer(step.number)
         self.state.zero_grad()
+        self.metrics["apply_s"] += time.perf_counter() - began
         step.committed = True
         self.busy = False  # an abort from here on concerns the next step, not this one
         self.report_phase(pb.PHASE_COMPUTING, step.number + 1)
@@ -606,8 +655,11 @@ class Trainer:
         was rolled back (then the same generation continues, unless an abort follows)."""
         failure = step.failure
         # A step applied while its vote travels stays applied (held with its undo) until the
-        # outcome, or the next generation's plan, settles it (regroup.forming.settle_vote).
-        self._rollback(step)
+        # outcome, or the next generation's plan, settles it (regroup.forming.settle_vote); so
+        # does a step whose outcome this rank waited for, with its gradients, not applied.
+        voted = self.voted
+        if voted is None or voted.applied or voted.done is not step:
+            self._rollback(step)
         if isinstance(failure, StepRolledBack) and not self.membership.aborted():
             return
         # An abort, a fault, or a newer generation: this generation is over.

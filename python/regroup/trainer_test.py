@@ -93,8 +93,10 @@ def test_final_weights_do_not_depend_on_the_parallel_layout(tmp_path, tmp_path_f
 class FakeJob:
     """Trainer processes of the example under a FakeAgent, driven step by step by the test."""
 
-    def __init__(self, tmp_path: Path, procs, steps: int = 20, nproc: int = 2, extra: Sequence[str] = ()):
+    def __init__(self, tmp_path: Path, procs, steps: int = 20, nproc: int = 2, extra: Sequence[str] = (),
+                 overlap: bool = True):
         self.tmp = tmp_path
+        self.overlap = overlap   # the vote off the critical path (TrainerConfig.vote_overlap)
         self.procs = procs
         self.steps = steps
         self.agent = FakeAgent(tmp_path, nproc)
@@ -126,7 +128,7 @@ class FakeJob:
                 "--ledger", str(self.ledger), *self.extra, *extra]
 
     def environment(self, r: int) -> Dict[str, str]:
-        return self.agent.env(r, r, self.nproc)
+        return {**self.agent.env(r, r, self.nproc), "REGROUP_VOTE_OVERLAP": "1" if self.overlap else "0"}
 
     def log(self, r: int) -> str:
         logs = sorted(self.tmp.glob(f"rank{r}.*.log"))
@@ -233,8 +235,30 @@ def test_every_step_is_voted_and_applied_only_on_commit(job, tmp_path_factory):
     j.finish(tmp_path_factory)
 
 
-def test_a_step_committed_before_the_abort_is_applied_after_it(job, tmp_path_factory):
-    j = job()
+def test_a_waited_vote_applies_the_step_only_once_it_commits(job, tmp_path_factory):
+    """The vote on the critical path (vote_overlap off, the CPU's default): a rank that voted
+    for step 4 computes nothing more until the outcome; then it applies step 4 and goes on."""
+    j = job(overlap=False, extra=["--step-sleep", "0.05", "--verbose"])
+    j.launch(0), j.launch(1)
+    j.form([0, 1])
+    j.run_until(3)
+    j.votes(4)
+    time.sleep(0.5)
+    assert all(j.agent.last_phase(r) == pb.PHASE_VOTED for r in range(2))
+    assert all(j.agent.heartbeats[r][-1][1].step == 4 for r in range(2))
+    assert not any("step=5 sleeping" in j.log(r) for r in range(2)), "a rank computed step 5 before step 4's outcome"
+    j.outcome(4)
+    j.votes(5)
+    j.outcome(5)
+    j.finish(tmp_path_factory)
+
+
+OVERLAP = pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "waited"])
+
+
+@OVERLAP
+def test_a_step_committed_before_the_abort_is_applied_after_it(job, tmp_path_factory, overlap):
+    j = job(overlap=overlap)
     j.launch(0), j.launch(1)
     j.form([0, 1])
     j.run_until(5)
@@ -244,8 +268,9 @@ def test_a_step_committed_before_the_abort_is_applied_after_it(job, tmp_path_fac
     j.finish(tmp_path_factory)
 
 
-def test_a_step_not_committed_before_the_abort_is_done_again(job, tmp_path_factory):
-    j = job()
+@OVERLAP
+def test_a_step_not_committed_before_the_abort_is_done_again(job, tmp_path_factory, overlap):
+    j = job(overlap=overlap)
     j.launch(0), j.launch(1)
     j.form([0, 1])
     j.run_until(5)
@@ -255,8 +280,9 @@ def test_a_step_not_committed_before_the_abort_is_done_again(job, tmp_path_facto
     j.finish(tmp_path_factory)
 
 
-def test_a_rolled_back_step_is_restored_and_done_again(job, tmp_path_factory):
-    j = job()
+@OVERLAP
+def test_a_rolled_back_step_is_restored_and_done_again(job, tmp_path_factory, overlap):
+    j = job(overlap=overlap)
     j.launch(0), j.launch(1)
     j.form([0, 1])
     j.run_until(2)

@@ -196,5 +196,78 @@ def test_parallel_state_is_rebuilt_per_generation_and_equals_the_grid_after_a_sc
         assert gpt == {"layers": 2, "fc1": [64, 32], "embedding": r < 2, "output": r >= 2}, (r, gpt)
 
 
+GPT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "train_megatron_gpt.py")
+GPT_DATA = {"dataset": 64, "micro_batch": 4, "microbatches": 4, "seed": 1234}
+GPT_ARGS = ["--float64", "--dataset", "64", "--micro-batch-size", "4", "--global-batch-size", "16",
+            "--checksum-interval", "4", "--quiet"]
+GPT_STEPS = 16
+GPT_ANNOTATIONS = [
+    "recover-strategy=retry,recover-in-place,recover,elastic-training,dump,exit",
+    # 25 s, under the hang timeout's floor (30 s): the manager counts a trainer's silence from
+    # its start, and importing torch and megatron-core takes seconds.
+    "regroup.io/heartbeat-interval-ms=250",
+    "regroup.io/liveness-misses=100",
+    "regroup.io/global-batch-size=16",
+    "regroup.io/micro-batch-size=4",
+    "regroup.io/checksum-interval=4",
+]
+
+
+@needs_megatron
+@pytest.mark.e2e
+def test_a_tiny_megatron_gpt_at_dp2_tp2_recovers_a_killed_rank_and_equals_the_fault_free_run(
+        tmp_path, procs, binaries):
+    """examples/train_megatron_gpt.py under a real manager and two agents (2 nodes x 2 ranks:
+    tp 2 within a node, dp 2 across them), float64, one rank SIGKILLed at step 4: it is restarted
+    in place while the other replica goes on alone, its three peers keep their processes, the
+    restarted process builds its model (in the provisional world), receives the state and its
+    replica rejoins (dp 2 again), and the final weights equal the plain one-process
+    Megatron-core run's (no Regroup: the script without the seed's flags), every micro-batch of
+    every step committed once."""
+    import signal
+    import subprocess
+
+    import torch
+
+    from regroup.e2e_test import Cluster
+    from regroup.testing import PYTHON, check_ledger, read_ledger, relative_error, wait_for
+
+    reference = tmp_path / "reference.pt"
+    subprocess.run([PYTHON, GPT, *GPT_ARGS, "--train-iters", str(GPT_STEPS), "--out", str(reference)],
+                   check=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    c = Cluster(tmp_path, procs, binaries, steps=GPT_STEPS, train=[], tp=2, script=GPT,
+                annotations=GPT_ANNOTATIONS, join_window_s=240)
+    c.train = ["--enable-elastic-training", "--tensor-model-parallel-size", "2", *GPT_ARGS,
+               "--train-iters", str(GPT_STEPS), "--step-sleep", "0.2", "--scaled-in-sleep", "1.5",
+               "--ledger", str(c.ledger),
+               "--out", str(c.out), "--verbose"]
+    c.start()
+    c.wait_step(4, timeout=300)
+    survivors = c.trainers("node0") + c.trainers("node1")[:1]
+    victim = c.trainers("node1")[1]
+    os.kill(victim, signal.SIGKILL)
+
+    def rejoined() -> bool:  # a step of both replicas in a generation after the fault's
+        return any(r["g"][1] > 2 and r["replica"] == 1 for r in read_ledger(c.ledger)) or c.dead()
+
+    wait_for(rejoined, 240, "the restarted rank's replica to rejoin")
+    assert not c.dead(), c.logs()
+    now = c.trainers("node0") + c.trainers("node1")
+    assert all(pid in now for pid in survivors), f"a survivor was restarted: {survivors} -> {now}\n{c.logs()}"
+    assert victim not in now
+    for name in ("node0", "node1"):
+        assert c.agents[name].wait(timeout=300) == 0, f"agent {name}\n{c.status()}\n{c.logs()}"
+    status = c.status()
+    assert "restart_in_place" in status, status
+    # Every generation's groups were rebound into the model's modules (regroup.megatron): the
+    # survivors' in three generations, the restarted process's in its first.
+    node0, node1 = (tmp_path / "node0.log").read_text(), (tmp_path / "node1.log").read_text()
+    assert node0.count("model's process groups rebound (42 references; this process's build 3)") == 2, c.logs()
+    assert "received the state of step" in node1.split("killed by signal 9")[-1], c.logs()
+    error = relative_error(torch.load(reference), torch.load(c.out))
+    assert error <= 1e-9, f"norm-relative error {error:.3e}\n{status}"
+    check_ledger(c.ledger, GPT_STEPS, **GPT_DATA, shuffle=False)
+
+
 if __name__ == "__main__":
     _worker(int(sys.argv[1]), sys.argv[2])

@@ -271,6 +271,11 @@ def rebind(model: Any, old: Any, new: Any) -> int:
                 new_value = swapped(value, where)
                 count += new_value is not value
                 module.__dict__[name] = new_value
+            elif isinstance(value, (list, tuple)) and any(isinstance(v, dist.ProcessGroup) for v in value):
+                new_values = [swapped(v, f"{where}[{i}]") if isinstance(v, dist.ProcessGroup) else v
+                              for i, v in enumerate(value)]
+                count += sum(a is not b for a, b in zip(value, new_values))
+                module.__dict__[name] = type(value)(new_values)
             elif isinstance(value, ProcessGroupCollection) and id(value) not in done:
                 done.add(id(value))
                 for f in dataclasses.fields(value):
@@ -368,10 +373,15 @@ def on_cpu(config: Any, micro_batch_size: int, seq_length: int) -> CPU:
     now when parallel_state is built (the script without Regroup).
 
     Raises:
-        ConfigError: sequence parallelism (its buffers are allocated elsewhere on CUDA).
+        ConfigError: sequence parallelism or pipeline stages (megatron-core allocates their
+            buffers with ``torch.cuda.current_device()``, which nothing but a patch could move).
     """
     if getattr(config, "sequence_parallel", False):
         raise ConfigError("on_cpu: sequence parallelism allocates its buffers on CUDA; turn it off")
+    if getattr(config, "pipeline_model_parallel_size", 1) > 1:
+        raise ConfigError("on_cpu: megatron-core 0.16.1's pipeline schedule allocates its receive "
+                          "buffers with torch.cuda.current_device() (p2p_communication.py, "
+                          "create_tensor_recv_prev): pipeline_model_parallel_size must be 1 on a CPU")
     heads = config.num_attention_heads // max(1, config.tensor_model_parallel_size)
     cpu = CPU(micro_batch_size * heads * seq_length * seq_length, config.params_dtype)
     if _active is not None:

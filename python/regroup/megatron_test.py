@@ -3,11 +3,13 @@
 groups rebuilt on every generation, equal to Regroup's grid, before and after a scale-in.
 
 What runs here (CPU, gloo): the argument handling, megatron-core 0.16's
-``parallel_state.initialize_model_parallel`` on 8 then 4 ranks, and a tiny GPTModel built on the
-rebuilt groups (its layers split by stage, its linear layers by tensor-parallel rank). What does
-not: that model's forward and backward (megatron-core's attention takes its buffers on CUDA:
-``GlobalMemoryBuffer.get_tensor`` calls ``torch.cuda.current_device()``), Megatron-LM's
-``pretrain()`` loop and MindSpeed's; NCCL.
+``parallel_state.initialize_model_parallel`` on 8 then 4 ranks, a tiny GPTModel built on the
+rebuilt groups (its layers split by stage, its linear layers by tensor-parallel rank), and
+examples/train_megatron_gpt.py's tiny GPT trained at dp 2 x tp 2 under a real manager and agents
+through a killed rank (``regroup.megatron.on_cpu``: forward and backward through
+``get_forward_backward_func()`` without pipelining). What does not: Megatron-core's pipeline
+schedule on a CPU (its receive buffers are made with ``torch.cuda.current_device()``),
+Megatron-LM's ``pretrain()`` loop and MindSpeed's; NCCL.
 """
 
 import json
@@ -98,6 +100,26 @@ def test_a_single_process_trainer_under_the_seed_flags_has_parallel_state_while_
         assert not ps.model_parallel_is_initialized()  # torn down with the generation
     finally:
         deactivate()
+
+
+@needs_megatron
+def test_on_cpu_refuses_what_megatron_core_allocates_on_cuda_naming_it():
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from regroup.megatron import on_cpu
+
+    def config(**kwargs):
+        return TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
+                                 use_cpu_initialization=True, pipeline_dtype=torch.float32, **kwargs)
+
+    with pytest.raises(ConfigError, match=r"pipeline schedule allocates its receive buffers with "
+                                          r"torch.cuda.current_device\(\) \(p2p_communication.py"):
+        on_cpu(config(pipeline_model_parallel_size=2), 4, 16)
+    with pytest.raises(ConfigError, match="sequence parallelism allocates its buffers on CUDA"):
+        on_cpu(config(tensor_model_parallel_size=2, sequence_parallel=True), 4, 16)
+    cpu = on_cpu(config(tensor_model_parallel_size=2), 4, 16)  # parallel_state not built: kept for later
+    assert (cpu.attention_elements, cpu.dtype) == (4 * 2 * 16 * 16, torch.float32)
 
 
 def _tiny_gpt(ps) -> dict:

@@ -23,10 +23,11 @@ With ``--enable-elastic-training`` or ``--enable-high-availability`` the script 
 ``regroup.megatron.activate()`` reads the parallel sizes from the script's own arguments,
 ``adapter.model(...)`` builds the model for this rank's place in its replica and rebinds its
 process groups in every generation, and ``regroup.Trainer`` runs the steps (a step is the same
-global batch, split over the replicas that are left after a fault). The lines marked
-``# regroup`` are all that differs from the script without it (see python/README.md,
-"Megatron-core"). ``regroup.megatron.on_cpu`` is needed by both: it is what lets Megatron-core
-0.16.1 run without CUDA.
+global batch, split over the replicas that are left after a fault). ``main()`` holds both: the
+15 lines marked ``# regroup`` come in, and the plain branch's set-up of torch.distributed and
+parallel_state (6 lines) and its loop's sample split, gradient all-reduce and optimizer step
+(12 lines) go out: the trainer does those. ``regroup.megatron.on_cpu`` is needed by both: it is
+what lets Megatron-core 0.16.1 run without CUDA (python/README.md, "Megatron-core").
 
 With ``--ledger FILE`` each replica's first rank appends, before voting, one JSON line per step
 (``{"g": [epoch, generation], "step": s, "replica": r, "mb": {j: [samples]}}``, as
@@ -266,7 +267,7 @@ def main(argv=None) -> int:
             dataset_size=args.dataset, micro_batch_size=mb, microbatches_per_step=M,  # regroup
             seed=args.seed, shuffle=False, checksum_interval=args.checksum_interval,  # regroup
             timeouts=regroup.Timeouts(abort_exit=args.abort_exit)))  # regroup
-        most_dp = 0
+        most_dp, g = 0, None
         for step in trainer.steps(args.train_iters):  # regroup
             g = step.generation  # regroup
             most_dp = max(most_dp, g.dp)
@@ -280,7 +281,7 @@ def main(argv=None) -> int:
             if step.committed and not args.quiet and last:
                 print(f"step={step.number} loss={loss / (mb * max(1, len(mbs))):.6f} dp={g.dp} "
                       f"generation={g.number} rank={g.rank}", flush=True)
-        done = g.replica == 0  # regroup: the last step's replica
+        done = g is not None and g.replica == 0  # regroup: the last step's replica
     if args.out and done:
         save_params(model, args, args.out, position)
     if ledger is not None:

@@ -124,8 +124,8 @@ def test_on_cpu_refuses_what_megatron_core_allocates_on_cuda_naming_it():
 
 def _tiny_gpt(ps) -> dict:
     """A tiny GPT built with this generation's parallel_state (CPU initialisation): its layers
-    split by stage and its linear layers by tensor-parallel rank. Its forward pass is not run:
-    megatron-core's attention takes its buffers on CUDA (GlobalMemoryBuffer.get_tensor)."""
+    split by stage and its linear layers by tensor-parallel rank. Only built: pp 2's schedule
+    needs CUDA (regroup.megatron.on_cpu); the tiny GPT test below trains one at pp 1."""
     import torch
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel

@@ -122,6 +122,45 @@ def test_on_cpu_refuses_what_megatron_core_allocates_on_cuda_naming_it():
     assert (cpu.attention_elements, cpu.dtype) == (4 * 2 * 16 * 16, torch.float32)
 
 
+@needs_megatron
+def test_rebind_swaps_every_group_a_module_holds_and_names_one_it_cannot_place():
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from regroup.megatron import ORDER, _collection, rebind
+
+    def build():
+        ps.destroy_model_parallel()
+        ps.initialize_model_parallel(tensor_model_parallel_size=2, order=ORDER, create_gloo_process_groups=False)
+        return _collection()
+
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    try:
+        old = build()
+        held = build()  # a collection of the model's own, as Megatron-core's layers keep
+        model = torch.nn.Sequential(torch.nn.Linear(1, 1))
+        model[0].tp_group, model.groups, model.pg_collection = held.tp, (held.tp, held.dp, 3), held
+        new = build()
+        in_collection = sum(isinstance(getattr(held, f.name, None), dist.ProcessGroup)
+                            for f in dataclasses.fields(held))
+        assert in_collection >= 4  # tp, pp, mp, dp and what initialize_model_parallel derives
+        assert rebind(model, held, new) == 1 + 2 + in_collection
+        assert model[0].tp_group is new.tp and model.groups == (new.tp, new.dp, 3)
+        assert model.pg_collection.tp is new.tp and model.pg_collection.dp is new.dp
+        assert rebind(model, held, new) == 0  # already the new ones
+        model[0].stray = old.tp  # a group of an earlier build that the adapter does not hold
+        with pytest.raises(ConfigError, match=r"^regroup.megatron: 0.stray holds a process group that "
+                                              r"parallel_state did not make"):
+            rebind(model, held, new)
+    finally:
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
 def _tiny_gpt(ps) -> dict:
     """A tiny GPT built with this generation's parallel_state (CPU initialisation): its layers
     split by stage and its linear layers by tensor-parallel rank. Only built: pp 2's schedule

@@ -286,16 +286,15 @@ def test_a_tiny_megatron_gpt_at_dp2_tp2_recovers_a_killed_rank_and_equals_the_fa
     Megatron-core run's (no Regroup: the script without the seed's flags), every micro-batch of
     every step committed once."""
     import signal
-    import subprocess
 
     import torch
 
     from regroup.e2e_test import Cluster
     from regroup.testing import PYTHON, check_ledger, read_ledger, relative_error, wait_for
 
-    reference = tmp_path / "reference.pt"
-    subprocess.run([PYTHON, GPT, *GPT_ARGS, "--train-iters", str(GPT_STEPS), "--out", str(reference)],
-                   check=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    reference = tmp_path / "reference.pt"  # run beside the cluster's start (both import megatron-core)
+    plain = procs.start([PYTHON, GPT, *GPT_ARGS, "--train-iters", str(GPT_STEPS), "--out", str(reference)],
+                        {"OMP_NUM_THREADS": "1"}, log=tmp_path / "reference.log")
     c = Cluster(tmp_path, procs, binaries, steps=GPT_STEPS, train=[], tp=2, script=GPT,
                 annotations=GPT_ANNOTATIONS, join_window_s=240)
     c.train = ["--enable-elastic-training", "--tensor-model-parallel-size", "2", *GPT_ARGS,
@@ -325,6 +324,7 @@ def test_a_tiny_megatron_gpt_at_dp2_tp2_recovers_a_killed_rank_and_equals_the_fa
     node0, node1 = (tmp_path / "node0.log").read_text(), (tmp_path / "node1.log").read_text()
     assert node0.count("model's process groups rebound (42 references; this process's build 3)") == 2, c.logs()
     assert "received the state of step" in node1.split("killed by signal 9")[-1], c.logs()
+    assert plain.wait(timeout=120) == 0, (tmp_path / "reference.log").read_text()[-3000:]
     error = relative_error(torch.load(reference), torch.load(c.out))
     assert error <= 1e-9, f"norm-relative error {error:.3e}\n{status}"
     check_ledger(c.ledger, GPT_STEPS, **GPT_DATA, shuffle=False)

@@ -239,8 +239,9 @@ def _collection() -> Any:
 
 def rebind(model: Any, old: Any, new: Any) -> int:
     """Swaps every process group of ``old`` (a ProcessGroupCollection) that ``model``'s modules
-    hold, as an attribute or inside a ProcessGroupCollection, for the group of the same kind in
-    ``new``; returns how many references were swapped.
+    hold, as an attribute (alone, or in a list or tuple) or inside a ProcessGroupCollection, for
+    the group of the same kind in ``new``; returns how many references were swapped. Groups kept
+    anywhere else (a closure, a nested object) are not found.
 
     Raises:
         ConfigError: a module holds a process group that ``old`` does not have (the adapter

@@ -61,10 +61,13 @@ class Cluster:
 
     def __init__(self, tmp_path: Path, procs, binaries, steps: int, train: Sequence[str], tp: int = 1,
                  script: Path = EXAMPLE, annotations: Sequence[str] = ANNOTATIONS, python: str = PYTHON,
-                 library: Optional[str] = str(Path(__file__).resolve().parents[1]), labels: Sequence[str] = ()):
+                 library: Optional[str] = str(Path(__file__).resolve().parents[1]), labels: Sequence[str] = (),
+                 join_window_s: int = 60):
         """``python`` runs the trainers; ``library`` is put on their PYTHONPATH (None: the
-        ``regroup`` installed into that python is the one they import)."""
+        ``regroup`` installed into that python is the one they import); ``join_window_s`` is the
+        manager's ``--join-window-s``."""
         self.tmp = tmp_path
+        self.join_window_s = join_window_s
         self.python = python
         self.library = library
         self.script = script
@@ -96,7 +99,7 @@ class Cluster:
         if port_file.exists():
             port_file.unlink()  # a previous manager's
         argv = [self.binaries["manager"], "--job-id", "mlp", "--nodes", str(nodes), "--nproc-per-node", str(nproc),
-                "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", "60",
+                "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--join-window-s", str(self.join_window_s),
                 "--record", str(self.record),
                 "--stay-after-done",  # the tests read the status once the job ended
                 *[x for label in self.labels for x in ("--label", label)]]

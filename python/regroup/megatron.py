@@ -24,6 +24,17 @@ parallel sizes are read once, from the script's own arguments (``--tensor-model-
 (:meth:`Adapter.check`, also run on every generation). A script's flags this adapter cannot keep
 (context or expert parallelism, virtual pipeline stages) are refused by name.
 
+Megatron-core's modules keep the process groups they were built with (``self.tp_group``, the
+``pg_collection`` of the attention and transformer layers), so a model built once would still
+call a generation that ended. :meth:`Adapter.model` builds the script's model in a provisional
+world of this rank's own position in its replica (torch's ``fake`` backend: the groups have the
+right ranks and sizes and never communicate), and every generation's build then swaps each group
+the model holds for the generation's group of the same kind (:func:`rebind`). A rank keeps its
+position (tensor-parallel rank, stage) across generations; a plan that moves it is refused.
+
+Megatron-core 0.16.1 on a machine without CUDA: :func:`on_cpu` (see its notes: the RNG tracker,
+the attention's buffer and the tensors the schedules make on "cuda").
+
 What this does not do: Megatron-LM's ``pretrain()`` loop is not wrapped; the script's loop runs
 Regroup's steps (``regroup.Trainer``) around Megatron-core's model and forward-backward
 function. See python/README.md, "Megatron-core".
@@ -31,10 +42,12 @@ function. See python/README.md, "Megatron-core".
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import os
 import sys
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from regroup.api import ConfigError, TrainerConfig
 from regroup.group import ProcessGroups, on_build, remove_builder
@@ -105,6 +118,59 @@ class Adapter:
         self.tp, self.pp = tp, pp
         self.gloo_groups = gloo_groups
         self.generations = 0
+        self.cpu: Optional["CPU"] = None      # on_cpu(): prepared after every rebuild
+        self._model: Any = None               # built by model(): its groups are rebound
+        self._position: Optional[int] = None  # the position in its replica it was built for
+        self._held: Any = None                # the ProcessGroupCollection it holds now
+
+    def position(self) -> int:
+        """This rank's position in its replica (``stage * tp + tp_rank``), from ``$RANK``: the
+        ranks of a replica are contiguous (regroup.group), so ``RANK % (tp * pp)``."""
+        return int(os.environ.get("RANK", "0")) % (self.tp * self.pp)
+
+    def model(self, factory: Callable[[], Any]) -> Any:
+        """Builds the script's model, ``factory()``, for this rank's position, and keeps it: every
+        generation rebinds the process groups its modules hold (:func:`rebind`).
+
+        Before the first generation there are no groups: ``factory()`` then runs in a
+        provisional world of one replica (``tp * pp`` ranks of torch's ``fake`` backend, which
+        never communicates) in which this rank has its position, with parallel_state built on
+        it, so Megatron-core's constructors find the tensor-parallel rank and size and the
+        pipeline stage they need; the world is destroyed after. Inside a generation, the
+        generation's parallel_state is used.
+
+        Raises:
+            ConfigError: torch has no ``fake`` backend, or a model was built already (one model
+                per script: virtual pipeline stages are refused).
+        """
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        if self._model is not None:
+            raise ConfigError("regroup.megatron: the adapter keeps one model; it was built already")
+        if ps.model_parallel_is_initialized():
+            built = factory()
+            position = ps.get_pipeline_model_parallel_rank() * self.tp + ps.get_tensor_model_parallel_rank()
+            held = _collection()
+        else:
+            try:
+                from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
+            except ImportError as e:
+                raise ConfigError("building a Megatron-core model before the first generation needs "
+                                  f"torch's fake process group backend (torch 2.x): {e}") from None
+            position = self.position()
+            dist.init_process_group("fake", store=FakeStore(), rank=position, world_size=self.tp * self.pp)
+            try:
+                ps.initialize_model_parallel(tensor_model_parallel_size=self.tp,
+                                             pipeline_model_parallel_size=self.pp, order=ORDER,
+                                             create_gloo_process_groups=False)
+                built = factory()
+                held = _collection()
+            finally:
+                ps.destroy_model_parallel()
+                dist.destroy_process_group()
+        self._model, self._position, self._held = built, position, held
+        return built
 
     def config(self, **kwargs: Any) -> TrainerConfig:
         """A TrainerConfig with the script's sizes (the other fields from ``kwargs``)."""
@@ -131,6 +197,12 @@ class Adapter:
 
         layout = groups.layout
         self.check(layout.tp, layout.pp)
+        if self._model is not None and layout.position != self._position:
+            raise ConfigError(
+                f"this rank's model was built for position {self._position} of its replica (stage "
+                f"{self._position // self.tp}, tensor-parallel rank {self._position % self.tp}) but "
+                f"the generation's plan puts it at position {layout.position}: a Megatron-core model "
+                "keeps its shard, so a rank must keep its position")
         ps.destroy_model_parallel()
         gloo = self.gloo_groups if self.gloo_groups is not None else groups.backend != "gloo"
         minutes = max(1, math.ceil(groups.sockets.collective_s / 60)) if groups.sockets.collective_s else 30
@@ -138,7 +210,15 @@ class Adapter:
                                      pipeline_model_parallel_size=self.pp, order=ORDER,
                                      distributed_timeout_minutes=minutes,
                                      create_gloo_process_groups=gloo)
+        if self.cpu is not None:
+            self.cpu.prepare()
         self.generations += 1
+        if self._model is not None:
+            current = _collection()
+            swapped = rebind(self._model, self._held, current)
+            self._held = current
+            log.info("regroup: the model's process groups rebound (%d references; this process's "
+                     "build %d)", swapped, self.generations)
         log.info("regroup: megatron-core parallel_state rebuilt: tp %d x pp %d x dp %d (%s)",
                  self.tp, self.pp, layout.dp, ORDER)
         return ps
@@ -148,6 +228,170 @@ class Adapter:
         from megatron.core import parallel_state as ps
 
         ps.destroy_model_parallel()
+
+
+def _collection() -> Any:
+    """parallel_state's groups now, by kind (Megatron-core's ``ProcessGroupCollection``)."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    return ProcessGroupCollection.use_mpu_process_groups()
+
+
+def rebind(model: Any, old: Any, new: Any) -> int:
+    """Swaps every process group of ``old`` (a ProcessGroupCollection) that ``model``'s modules
+    hold, as an attribute (alone, or in a list or tuple) or inside a ProcessGroupCollection, for
+    the group of the same kind in ``new``; returns how many references were swapped. Groups kept
+    anywhere else (a closure, a nested object) are not found.
+
+    Raises:
+        ConfigError: a module holds a process group that ``old`` does not have (the adapter
+            cannot tell which of the new groups replaces it).
+    """
+    import torch.distributed as dist
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    swap: Dict[int, Any] = {}
+    for f in dataclasses.fields(old):
+        before, after = getattr(old, f.name, None), getattr(new, f.name, None)
+        if isinstance(before, dist.ProcessGroup) and isinstance(after, dist.ProcessGroup):
+            swap.setdefault(id(before), after)
+    for group in list(swap.values()):  # already the new ones (a second rebind of one collection)
+        swap.setdefault(id(group), group)
+
+    def swapped(value: Any, where: str) -> Any:
+        if id(value) not in swap:
+            raise ConfigError(f"regroup.megatron: {where} holds a process group that parallel_state "
+                              "did not make: it cannot be rebuilt for the next generation")
+        return swap[id(value)]
+
+    count, done = 0, set()
+    for path, module in model.named_modules():
+        for name, value in list(vars(module).items()):
+            where = f"{path or type(model).__name__}.{name}"
+            if isinstance(value, dist.ProcessGroup):
+                new_value = swapped(value, where)
+                count += new_value is not value
+                module.__dict__[name] = new_value
+            elif isinstance(value, (list, tuple)) and any(isinstance(v, dist.ProcessGroup) for v in value):
+                new_values = [swapped(v, f"{where}[{i}]") if isinstance(v, dist.ProcessGroup) else v
+                              for i, v in enumerate(value)]
+                count += sum(a is not b for a, b in zip(value, new_values))
+                module.__dict__[name] = type(value)(new_values)
+            elif isinstance(value, ProcessGroupCollection) and id(value) not in done:
+                done.add(id(value))
+                for f in dataclasses.fields(value):
+                    group = getattr(value, f.name, None)
+                    if isinstance(group, dist.ProcessGroup):
+                        new_value = swapped(group, f"{where}.{f.name}")
+                        count += new_value is not group
+                        setattr(value, f.name, new_value)
+    return count
+
+
+def _cuda_to_cpu() -> Any:
+    """A TorchFunctionMode (torch.overrides) in which a tensor asked for on "cuda" (a factory's
+    ``device=``, ``Tensor.to``, ``Tensor.cuda``) is made on the CPU instead."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    def cpu(device: Any) -> Any:
+        if isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda":
+            return torch.device("cpu")
+        if isinstance(device, int) and not isinstance(device, bool):
+            return torch.device("cpu")  # a bare index names a CUDA device
+        return device
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = dict(kwargs or {})
+            if func is torch.Tensor.cuda:
+                return args[0]
+            if "device" in kwargs:
+                kwargs["device"] = cpu(kwargs["device"])
+            if func is torch.Tensor.to and len(args) > 1 and not isinstance(args[1], (torch.dtype, torch.Tensor)):
+                args = (args[0], cpu(args[1]), *args[2:])
+            return func(*args, **kwargs)
+
+    return Mode()
+
+
+@dataclasses.dataclass
+class CPU:
+    """What Megatron-core 0.16.1 needs to train on a machine without CUDA (made by
+    :func:`on_cpu`). Three places ask CUDA for a device whatever the model's configuration
+    (``use_cpu_initialization=True``, the local spec, no fusions):
+
+    1. the RNG tracker (``tensor_parallel.random``): attention's dropout runs in
+       ``get_cuda_rng_tracker().fork()``, which reads and sets the CUDA generator's state.
+       :meth:`prepare` makes the tracker Megatron-core has for inference
+       (``initialize_rng_tracker(inference_rng_tracker=True)``), whose ``fork()`` does nothing:
+       dropout then draws from torch's CPU generator, not from a per-tensor-parallel-rank state
+       (keep dropout 0, as the example does, for results independent of the layout);
+    2. ``GlobalMemoryBuffer.get_tensor`` allocates attention's scores at
+       ``torch.cuda.current_device()``: :meth:`prepare` puts a CPU tensor of the largest size
+       attention asks for into the buffer (its own ``buffer`` dict), so it never allocates;
+    3. tensors made on "cuda" by name: the schedules' token count
+       (``forward_backward_no_pipelining``: ``torch.zeros(..., device="cuda")``) and the default
+       causal mask: inside ``with cpu:`` a TorchFunctionMode (``torch.overrides``) makes them on
+       the CPU. Nothing of Megatron-core's is edited or patched.
+
+    Attributes:
+        attention_elements: micro-batch x heads per tensor-parallel rank x sequence^2.
+        dtype: the model's parameter dtype (attention's scores are in it).
+    """
+
+    attention_elements: int
+    dtype: Any
+
+    def __post_init__(self) -> None:
+        self._modes: List[Any] = []
+
+    def prepare(self) -> None:
+        """After every ``initialize_model_parallel`` (the adapter calls it on every rebuild)."""
+        import torch
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import random as megatron_random
+
+        megatron_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+        ps.get_global_memory_buffer().buffer[("mpu", self.dtype)] = torch.empty(
+            self.attention_elements, dtype=self.dtype)
+
+    def __enter__(self) -> "CPU":
+        mode = _cuda_to_cpu()
+        mode.__enter__()
+        self._modes.append(mode)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._modes.pop().__exit__(*exc)
+
+
+def on_cpu(config: Any, micro_batch_size: int, seq_length: int) -> CPU:
+    """Megatron-core 0.16.1 on a machine without CUDA, for a model of ``config`` (a
+    TransformerConfig) run on micro-batches of ``micro_batch_size`` sequences of ``seq_length``
+    tokens: see :class:`CPU`. Run Megatron-core's forward-backward function inside
+    ``with cpu:``. With the adapter active, every rebuild prepares it; otherwise it is prepared
+    now when parallel_state is built (the script without Regroup).
+
+    Raises:
+        ConfigError: sequence parallelism or pipeline stages (megatron-core allocates their
+            buffers with ``torch.cuda.current_device()``, which nothing but a patch could move).
+    """
+    if getattr(config, "sequence_parallel", False):
+        raise ConfigError("on_cpu: sequence parallelism allocates its buffers on CUDA; turn it off")
+    if getattr(config, "pipeline_model_parallel_size", 1) > 1:
+        raise ConfigError("on_cpu: megatron-core 0.16.1's pipeline schedule allocates its receive "
+                          "buffers with torch.cuda.current_device() (p2p_communication.py, "
+                          "create_tensor_recv_prev): pipeline_model_parallel_size must be 1 on a CPU")
+    heads = config.num_attention_heads // max(1, config.tensor_model_parallel_size)
+    cpu = CPU(micro_batch_size * heads * seq_length * seq_length, config.params_dtype)
+    if _active is not None:
+        _active.cpu = cpu
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        cpu.prepare()
+    return cpu
 
 
 _active: Optional[Adapter] = None

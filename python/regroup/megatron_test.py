@@ -3,11 +3,13 @@
 groups rebuilt on every generation, equal to Regroup's grid, before and after a scale-in.
 
 What runs here (CPU, gloo): the argument handling, megatron-core 0.16's
-``parallel_state.initialize_model_parallel`` on 8 then 4 ranks, and a tiny GPTModel built on the
-rebuilt groups (its layers split by stage, its linear layers by tensor-parallel rank). What does
-not: that model's forward and backward (megatron-core's attention takes its buffers on CUDA:
-``GlobalMemoryBuffer.get_tensor`` calls ``torch.cuda.current_device()``), Megatron-LM's
-``pretrain()`` loop and MindSpeed's; NCCL.
+``parallel_state.initialize_model_parallel`` on 8 then 4 ranks, a tiny GPTModel built on the
+rebuilt groups (its layers split by stage, its linear layers by tensor-parallel rank), and
+examples/train_megatron_gpt.py's tiny GPT trained at dp 2 x tp 2 under a real manager and agents
+through a killed rank (``regroup.megatron.on_cpu``: forward and backward through
+``get_forward_backward_func()`` without pipelining). What does not: Megatron-core's pipeline
+schedule on a CPU (its receive buffers are made with ``torch.cuda.current_device()``),
+Megatron-LM's ``pretrain()`` loop and MindSpeed's; NCCL.
 """
 
 import json
@@ -100,10 +102,69 @@ def test_a_single_process_trainer_under_the_seed_flags_has_parallel_state_while_
         deactivate()
 
 
+@needs_megatron
+def test_on_cpu_refuses_what_megatron_core_allocates_on_cuda_naming_it():
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from regroup.megatron import on_cpu
+
+    def config(**kwargs):
+        return TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
+                                 use_cpu_initialization=True, pipeline_dtype=torch.float32, **kwargs)
+
+    with pytest.raises(ConfigError, match=r"pipeline schedule allocates its receive buffers with "
+                                          r"torch.cuda.current_device\(\) \(p2p_communication.py"):
+        on_cpu(config(pipeline_model_parallel_size=2), 4, 16)
+    with pytest.raises(ConfigError, match="sequence parallelism allocates its buffers on CUDA"):
+        on_cpu(config(tensor_model_parallel_size=2, sequence_parallel=True), 4, 16)
+    cpu = on_cpu(config(tensor_model_parallel_size=2), 4, 16)  # parallel_state not built: kept for later
+    assert (cpu.attention_elements, cpu.dtype) == (4 * 2 * 16 * 16, torch.float32)
+
+
+@needs_megatron
+def test_rebind_swaps_every_group_a_module_holds_and_names_one_it_cannot_place():
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from regroup.megatron import ORDER, _collection, rebind
+
+    def build():
+        ps.destroy_model_parallel()
+        ps.initialize_model_parallel(tensor_model_parallel_size=2, order=ORDER, create_gloo_process_groups=False)
+        return _collection()
+
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    try:
+        old = build()
+        held = build()  # a collection of the model's own, as Megatron-core's layers keep
+        model = torch.nn.Sequential(torch.nn.Linear(1, 1))
+        model[0].tp_group, model.groups, model.pg_collection = held.tp, (held.tp, held.dp, 3), held
+        new = build()
+        in_collection = sum(isinstance(getattr(held, f.name, None), dist.ProcessGroup)
+                            for f in dataclasses.fields(held))
+        assert in_collection >= 4  # tp, pp, mp, dp and what initialize_model_parallel derives
+        assert rebind(model, held, new) == 1 + 2 + in_collection
+        assert model[0].tp_group is new.tp and model.groups == (new.tp, new.dp, 3)
+        assert model.pg_collection.tp is new.tp and model.pg_collection.dp is new.dp
+        assert rebind(model, held, new) == 0  # already the new ones
+        model[0].stray = old.tp  # a group of an earlier build that the adapter does not hold
+        with pytest.raises(ConfigError, match=r"^regroup.megatron: 0.stray holds a process group that "
+                                              r"parallel_state did not make"):
+            rebind(model, held, new)
+    finally:
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
 def _tiny_gpt(ps) -> dict:
     """A tiny GPT built with this generation's parallel_state (CPU initialisation): its layers
-    split by stage and its linear layers by tensor-parallel rank. Its forward pass is not run:
-    megatron-core's attention takes its buffers on CUDA (GlobalMemoryBuffer.get_tensor)."""
+    split by stage and its linear layers by tensor-parallel rank. Only built: pp 2's schedule
+    needs CUDA (regroup.megatron.on_cpu); the tiny GPT test below trains one at pp 1."""
     import torch
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -194,6 +255,79 @@ def test_parallel_state_is_rebuilt_per_generation_and_equals_the_grid_after_a_sc
     for r in range(4):
         gpt = json.loads((tmp_path / f"mc{r}.json").read_text())["2"]["gpt"]
         assert gpt == {"layers": 2, "fc1": [64, 32], "embedding": r < 2, "output": r >= 2}, (r, gpt)
+
+
+GPT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "train_megatron_gpt.py")
+GPT_DATA = {"dataset": 64, "micro_batch": 4, "microbatches": 4, "seed": 1234}
+GPT_ARGS = ["--float64", "--dataset", "64", "--micro-batch-size", "4", "--global-batch-size", "16",
+            "--checksum-interval", "4", "--quiet"]
+GPT_STEPS = 16
+GPT_ANNOTATIONS = [
+    "recover-strategy=retry,recover-in-place,recover,elastic-training,dump,exit",
+    # 25 s, under the hang timeout's floor (30 s): the manager counts a trainer's silence from
+    # its start, and importing torch and megatron-core takes seconds.
+    "regroup.io/heartbeat-interval-ms=250",
+    "regroup.io/liveness-misses=100",
+    "regroup.io/global-batch-size=16",
+    "regroup.io/micro-batch-size=4",
+    "regroup.io/checksum-interval=4",
+]
+
+
+@needs_megatron
+@pytest.mark.e2e
+def test_a_tiny_megatron_gpt_at_dp2_tp2_recovers_a_killed_rank_and_equals_the_fault_free_run(
+        tmp_path, procs, binaries):
+    """examples/train_megatron_gpt.py under a real manager and two agents (2 nodes x 2 ranks:
+    tp 2 within a node, dp 2 across them), float64, one rank SIGKILLed at step 4: it is restarted
+    in place while the other replica goes on alone, its three peers keep their processes, the
+    restarted process builds its model (in the provisional world), receives the state and its
+    replica rejoins (dp 2 again), and the final weights equal the plain one-process
+    Megatron-core run's (no Regroup: the script without the seed's flags), every micro-batch of
+    every step committed once."""
+    import signal
+
+    import torch
+
+    from regroup.e2e_test import Cluster
+    from regroup.testing import PYTHON, check_ledger, read_ledger, relative_error, wait_for
+
+    reference = tmp_path / "reference.pt"  # run beside the cluster's start (both import megatron-core)
+    plain = procs.start([PYTHON, GPT, *GPT_ARGS, "--train-iters", str(GPT_STEPS), "--out", str(reference)],
+                        {"OMP_NUM_THREADS": "1"}, log=tmp_path / "reference.log")
+    c = Cluster(tmp_path, procs, binaries, steps=GPT_STEPS, train=[], tp=2, script=GPT,
+                annotations=GPT_ANNOTATIONS, join_window_s=240)
+    c.train = ["--enable-elastic-training", "--tensor-model-parallel-size", "2", *GPT_ARGS,
+               "--train-iters", str(GPT_STEPS), "--step-sleep", "0.2", "--scaled-in-sleep", "1.5",
+               "--ledger", str(c.ledger),
+               "--out", str(c.out), "--verbose"]
+    c.start()
+    c.wait_step(4, timeout=300)
+    survivors = c.trainers("node0") + c.trainers("node1")[:1]
+    victim = c.trainers("node1")[1]
+    os.kill(victim, signal.SIGKILL)
+
+    def rejoined() -> bool:  # a step of both replicas in a generation after the fault's
+        return any(r["g"][1] > 2 and r["replica"] == 1 for r in read_ledger(c.ledger)) or c.dead()
+
+    wait_for(rejoined, 240, "the restarted rank's replica to rejoin")
+    assert not c.dead(), c.logs()
+    now = c.trainers("node0") + c.trainers("node1")
+    assert all(pid in now for pid in survivors), f"a survivor was restarted: {survivors} -> {now}\n{c.logs()}"
+    assert victim not in now
+    for name in ("node0", "node1"):
+        assert c.agents[name].wait(timeout=300) == 0, f"agent {name}\n{c.status()}\n{c.logs()}"
+    status = c.status()
+    assert "restart_in_place" in status, status
+    # Every generation's groups were rebound into the model's modules (regroup.megatron): the
+    # survivors' in three generations, the restarted process's in its first.
+    node0, node1 = (tmp_path / "node0.log").read_text(), (tmp_path / "node1.log").read_text()
+    assert node0.count("model's process groups rebound (42 references; this process's build 3)") == 2, c.logs()
+    assert "received the state of step" in node1.split("killed by signal 9")[-1], c.logs()
+    assert plain.wait(timeout=120) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+    error = relative_error(torch.load(reference), torch.load(c.out))
+    assert error <= 1e-9, f"norm-relative error {error:.3e}\n{status}"
+    check_ledger(c.ledger, GPT_STEPS, **GPT_DATA, shuffle=False)
 
 
 if __name__ == "__main__":

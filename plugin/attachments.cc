@@ -237,9 +237,15 @@ std::vector<Attachments::Outgoing> Attachments::Hello(uint64_t stream,
   }
   entry.epoch = epoch;
   entry.stream = stream;
-  if (entry.applied_epoch != epoch) {  // a new manager numbers its facts from 1
+  if (entry.applied_epoch != epoch) {
+    // A new manager numbers its facts from 1; one this coordinator learns of only now (it
+    // restarted) may have facts a stored state holds, applied before: those count as applied and
+    // saved, never applied again (its predecessor may have stored them without the manager hearing
+    // so).
+    const auto [stored_epoch, stored_seq] = found->facts_applied();
+    const bool stored = stored_epoch > 0 && static_cast<uint64_t>(stored_epoch) == epoch;
     entry.applied_epoch = epoch;
-    entry.applied_seq = entry.saved_seq = 0;
+    entry.applied_seq = entry.saved_seq = stored ? static_cast<uint64_t>(stored_seq) : 0;
   }
   Attached& a = streams_[stream];
   a = Attached{job, epoch, 0};
@@ -351,7 +357,13 @@ std::vector<Attachments::Outgoing> Attachments::Handle(uint64_t stream,
     ;  // sent again after a reattach, and applied (or refused) before: once is enough
   else if (report.body_case() != v1::ManagerReport::BODY_NOT_SET || !report.has_lease())
     st = ApplyFact(a, report, now_ms);
-  if (report.seq() != 0) entry.applied_seq = std::max(entry.applied_seq, report.seq());
+  if (report.seq() > entry.applied_seq) {
+    entry.applied_seq = report.seq();
+    // The job's state holds the mark too, so that a stored state says which facts it holds.
+    std::unique_lock lock(engine_mu_);
+    if (Job* job = engine_.FindJob(a.job))
+      job->NoteFactsApplied(static_cast<int64_t>(a.epoch), static_cast<int64_t>(entry.applied_seq));
+  }
   if (st.ok()) {
     if (!report.has_lease()) return {};
     Outgoing grant;

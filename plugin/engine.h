@@ -188,6 +188,11 @@ class Job {
   // The engine only keeps it across a save and a restore; the coordinator decides it
   // (Attachments, docs/membership.md "Leases").
   int64_t lease_holder() const { return lease_holder_; }
+  // The manager's facts a stored state holds: the epoch that numbered them and the highest one
+  // applied (0, 0: none). Kept only across a save and a restore, as the lease holder, so that a
+  // restarted coordinator never applies again a fact its predecessor applied and stored.
+  std::pair<int64_t, int64_t> facts_applied() const { return facts_applied_; }
+  void NoteFactsApplied(int64_t epoch, int64_t seq) { facts_applied_ = {epoch, seq}; }
 
   // The scheduler's part.
   std::vector<Eviction> Evictions() const;
@@ -297,6 +302,7 @@ class Job {
   std::set<int64_t> stateless_pods_;
   int64_t stateless_after_step_ = -1;
   int64_t lease_holder_ = 0;
+  std::pair<int64_t, int64_t> facts_applied_{0, 0};
   void NoteStateless(int64_t replica, int64_t position);
   std::vector<PodSlot> slots_;
   std::vector<PendingFault> pending_;           // inside the report window

@@ -614,7 +614,9 @@ json Job::StateJson() const {
           {"stateless_after_step", stateless_after_step_},
           {"manager", ManagerJson(manager_)},
           {"manager_at_directive", ManagerJson(manager_at_directive_)},
-          {"lease_holder", lease_holder_}};
+          {"lease_holder", lease_holder_},
+          {"facts_epoch", facts_applied_.first},
+          {"facts_seq", facts_applied_.second}};
 }
 
 Status Job::LoadState(const json& j) {
@@ -724,6 +726,10 @@ Status Job::LoadState(const json& j) {
         ReadManager(*it, "job state manager_at_directive", next.manager_at_directive_));
   REGROUP_RETURN_IF_ERROR(
       ju::GetInt(j, "lease_holder", where, 0, kMaxTime, next.lease_holder_, false));
+  REGROUP_RETURN_IF_ERROR(
+      ju::GetInt(j, "facts_epoch", where, 0, kMaxTime, next.facts_applied_.first, false));
+  REGROUP_RETURN_IF_ERROR(ju::GetInt(j, "facts_seq", where, 0, std::numeric_limits<int64_t>::max(),
+                                     next.facts_applied_.second, false));
   *this = std::move(next);
   return Status::Ok();
 }

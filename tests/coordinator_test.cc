@@ -333,6 +333,20 @@ class CoordinatorTest : public ::testing::Test {
               REGROUP_OK)
         << Message(err);
   }
+  // How many times `text` occurs in the job's engine state (a fault's detail: once per fault).
+  size_t CountInState(const std::string& text) {
+    const std::string s = EngineState().dump();
+    size_t n = 0;
+    for (size_t at = s.find(text); at != std::string::npos; at = s.find(text, at + 1)) ++n;
+    return n;
+  }
+  // The manager's fact number `seq`: pod 0 lost, told by `detail`.
+  static v1::ManagerReport NumberedFault(uint64_t seq, const std::string& detail) {
+    v1::ManagerReport r = FaultReport(v1::FAULT_KIND_POD_LOST, {0}, {}, -1);
+    r.mutable_fault()->set_detail(detail);
+    r.set_seq(seq);
+    return r;
+  }
   regroup_decision Decision(const char* job = kJob) {
     regroup_decision d = REGROUP_DECISION_INIT;
     EXPECT_EQ(regroup_engine_decision(engine_, &d, job, nullptr), REGROUP_OK);
@@ -756,21 +770,6 @@ TEST_F(CoordinatorTest, BadFactsAreRefusedAndChangeNothing) {
 // coordinator acknowledges the highest it applied, and one sent again after a reattach counts
 // once.
 TEST_F(CoordinatorTest, AFactSentAgainAfterAReattachIsAppliedOnceAndEveryMessageAcknowledges) {
-  auto fault = [](uint64_t seq, const std::string& detail) {
-    v1::ManagerReport r = FaultReport(v1::FAULT_KIND_POD_LOST, {0}, {}, -1);
-    r.mutable_fault()->set_detail(detail);
-    r.set_seq(seq);
-    return r;
-  };
-  auto count = [&](const std::string& text) {
-    char* state = nullptr;
-    EXPECT_EQ(regroup_engine_export_job_state(engine_, &state, kJob, nullptr), REGROUP_OK);
-    std::string s = state ? state : "";
-    regroup_string_free(state);
-    size_t n = 0;
-    for (size_t at = s.find(text); at != std::string::npos; at = s.find(text, at + 1)) ++n;
-    return n;
-  };
   uint64_t e = 0;
   std::string ticket;
   {
@@ -782,7 +781,7 @@ TEST_F(CoordinatorTest, AFactSentAgainAfterAReattachIsAppliedOnceAndEveryMessage
     EXPECT_EQ(granted.applied_seq(), 0u);
     e = granted.header().epoch();
     ticket = granted.epoch_ticket();
-    ASSERT_TRUE(s.Send(fault(1, "lost-once"), kJob, e));
+    ASSERT_TRUE(s.Send(NumberedFault(1, "lost-once"), kJob, e));
     v1::ManagerReport lease;
     lease.mutable_lease()->set_sent_ms(1);
     ASSERT_TRUE(s.Send(lease, kJob, e));
@@ -790,21 +789,21 @@ TEST_F(CoordinatorTest, AFactSentAgainAfterAReattachIsAppliedOnceAndEveryMessage
     EXPECT_TRUE(ack.has_lease());
     EXPECT_EQ(ack.applied_seq(), 1u) << "the lease's answer acknowledges the fault";
   }
-  ASSERT_TRUE(Eventually([&] { return count("lost-once") == 1; }));
+  ASSERT_TRUE(Eventually([&] { return CountInState("lost-once") == 1; }));
   // The stream broke; the manager attaches again and sends what it saw no acknowledgment of.
   RawStream again(port_, kCredential);
   ASSERT_TRUE(again.Hello(kJob, e, ticket));
   const v1::CoordinatorDirective answer = again.Read();
   ASSERT_TRUE(answer.has_directive()) << answer.DebugString();
   EXPECT_EQ(answer.applied_seq(), 1u) << "the answer to the hello says what was applied";
-  ASSERT_TRUE(again.Send(fault(1, "lost-once"), kJob, e));
-  ASSERT_TRUE(again.Send(fault(2, "lost-after"), kJob, e));
+  ASSERT_TRUE(again.Send(NumberedFault(1, "lost-once"), kJob, e));
+  ASSERT_TRUE(again.Send(NumberedFault(2, "lost-after"), kJob, e));
   v1::ManagerReport lease;
   lease.mutable_lease()->set_sent_ms(2);
   ASSERT_TRUE(again.Send(lease, kJob, e));
   EXPECT_EQ(again.Read().applied_seq(), 2u);
-  EXPECT_EQ(count("lost-once"), 1u) << "the fault sent again is not counted twice";
-  EXPECT_EQ(count("lost-after"), 1u);
+  EXPECT_EQ(CountInState("lost-once"), 1u) << "the fault sent again is not counted twice";
+  EXPECT_EQ(CountInState("lost-after"), 1u);
   EXPECT_TRUE(again.Finish().ok());
 }
 
@@ -866,6 +865,47 @@ TEST_F(CoordinatorTest, OnceStatesAreSavedOnlyTheFactsASavedStateHoldsAreAcknowl
             REGROUP_INVALID_ARGUMENT);
   EXPECT_EQ(regroup_coordinator_state_saved(nullptr, kJob, 0, 0, nullptr), REGROUP_INVALID_ARGUMENT);
   EXPECT_TRUE(s.Finish().ok());
+}
+
+// Scenario 18 with a 30 s lease: a fault applied and stored by the scheduler, whose
+// acknowledgment the manager had not heard (it rides on the lease's answers) when the scheduler
+// restarted, was sent again to the new coordinator and applied again: a second wait, with a new
+// deadline, replaced the stored one. A stored state says which facts it holds.
+TEST_F(CoordinatorTest, AFactAStoredStateHoldsIsNotAppliedAgainAfterARestart) {
+  const int port = port_;
+  RawStream s(port_, kCredential);
+  ASSERT_TRUE(s.Hello(kJob, 0));
+  const v1::CoordinatorDirective granted = s.Read();
+  ASSERT_TRUE(granted.has_directive());
+  const uint64_t e = granted.header().epoch();
+  ASSERT_TRUE(s.Send(NumberedFault(1, "lost-before-the-restart"), kJob, e));
+  ASSERT_TRUE(Eventually([&] { return CountInState("lost-before-the-restart") == 1; }));
+  char* out = nullptr;
+  uint64_t epoch = 0, seq = 0;
+  ASSERT_EQ(regroup_coordinator_export_job_state(coordinator_, kJob, &out, &epoch, &seq, nullptr),
+            REGROUP_OK);
+  const json stored = json::parse(out);
+  regroup_string_free(out);
+  EXPECT_EQ((std::pair<uint64_t, uint64_t>{epoch, seq}), (std::pair<uint64_t, uint64_t>{e, 1}));
+  EXPECT_EQ(stored.value("facts_epoch", uint64_t{0}), e) << stored.dump();
+  EXPECT_EQ(stored.value("facts_seq", uint64_t{0}), 1u);
+  ASSERT_EQ(regroup_coordinator_state_saved(coordinator_, kJob, epoch, seq, nullptr), REGROUP_OK);
+
+  // The scheduler restarts before the manager heard the acknowledgment, and imports the state.
+  Stop();
+  EXPECT_FALSE(s.Finish().ok());
+  ImportState(stored);
+  Start("127.0.0.1:" + std::to_string(port));
+  RawStream again(port_, kCredential);
+  ASSERT_TRUE(again.Hello(kJob, e, granted.epoch_ticket()));
+  const v1::CoordinatorDirective answer = again.Read();
+  ASSERT_TRUE(answer.has_directive()) << answer.DebugString();
+  EXPECT_EQ(answer.applied_seq(), 1u) << "the stored state holds fact 1: the manager need not resend it";
+  ASSERT_TRUE(again.Send(NumberedFault(1, "lost-before-the-restart"), kJob, e));
+  ASSERT_TRUE(again.Send(NumberedFault(2, "lost-after-the-restart"), kJob, e));
+  ASSERT_TRUE(Eventually([&] { return CountInState("lost-after-the-restart") == 1; }));
+  EXPECT_EQ(CountInState("lost-before-the-restart"), 1u) << "the fault sent again is not applied twice";
+  EXPECT_TRUE(again.Finish().ok());
 }
 
 TEST_F(CoordinatorTest, CoordinatorDownPausesSurvivorsThenDumpsAfterTheDecisionWait) {

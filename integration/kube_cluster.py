@@ -373,12 +373,23 @@ class KubeCluster:
                      f"--from-file=tls.key={self.pki / 'coordinator.key'}", f"--from-file=ca.crt={self.pki / 'ca.crt'}")
         # The chart as deploy/README.md installs it, pinned to the control-plane node (an
         # administrator's choice; the node is tainted so that no job's pod lands there).
+        # $REGROUP_KUBE_VALUES (a JSON object) adds chart values, e.g. '{"coordinator": {"leaseMs": 30000}}'.
         values = self.dir / "regroup-values.yaml"
         values.write_text(yaml.safe_dump({
             "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
             "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
         }))
-        self.helm("install", "regroup", str(CHART), "--namespace", "volcano-system", "--values", str(values))
+        extra = os.environ.get("REGROUP_KUBE_VALUES")
+        more = [] if not extra else ["--values", str(self.dir / "regroup-values-extra.yaml")]
+        if extra:
+            try:
+                given = json.loads(extra)
+            except ValueError as e:
+                raise ValueError(f"$REGROUP_KUBE_VALUES is not JSON: {e}") from None
+            if not isinstance(given, dict):
+                raise ValueError(f"$REGROUP_KUBE_VALUES must be a JSON object of chart values, not {extra!r}")
+            (self.dir / "regroup-values-extra.yaml").write_text(yaml.safe_dump(given))
+        self.helm("install", "regroup", str(CHART), "--namespace", "volcano-system", "--values", str(values), *more)
         # Volcano's installation creates the root queue and the default queue under it
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([
             {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "metadata": {"name": name},

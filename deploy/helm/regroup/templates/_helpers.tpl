@@ -11,17 +11,28 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
-{{/* Volcano's scheduler configuration: files/volcano-scheduler.conf, and with
+{{/* Volcano's scheduler configuration: files/volcano-scheduler.conf; with
 coordinator.requireManagerCertificates the coordinator's client CA (regroup.tlsClientCaFile, the
-ca.crt of its TLS Secret) on the line after its key. */}}
+ca.crt of its TLS Secret) on the line after its key, and with coordinator.leaseMs the managers'
+lease (regroup.leaseMs) after that. */}}
 {{- define "regroup.schedulerConf" -}}
 {{- $conf := .Files.Get "files/volcano-scheduler.conf" -}}
-{{- if .Values.coordinator.requireManagerCertificates -}}
 {{- $key := "regroup.tlsKeyFile: /etc/regroup/tls/tls.key" -}}
 {{- if not (contains $key $conf) -}}
-{{- fail (printf "coordinator.requireManagerCertificates: files/volcano-scheduler.conf has no line %q to add the client CA after" $key) -}}
+{{- fail (printf "files/volcano-scheduler.conf has no line %q to add the coordinator's options after" $key) -}}
 {{- end -}}
-{{- $conf = replace $key (printf "%s\n      regroup.tlsClientCaFile: /etc/regroup/tls/ca.crt" $key) $conf -}}
+{{- $more := "" -}}
+{{- if .Values.coordinator.requireManagerCertificates -}}
+{{- $more = printf "%s\n      regroup.tlsClientCaFile: /etc/regroup/tls/ca.crt" $more -}}
 {{- end -}}
+{{- $given := .Values.coordinator.leaseMs -}}
+{{- if not (kindIs "invalid" $given) -}}
+{{- $lease := int64 $given -}}
+{{- if or (not (regexMatch "^[0-9]+$" (toString $given))) (lt $lease 1) (gt $lease 600000) -}}
+{{- fail (printf "coordinator.leaseMs: %v is not a lease: give whole milliseconds from 1 to 600000" $given) -}}
+{{- end -}}
+{{- $more = printf "%s\n      regroup.leaseMs: %d" $more $lease -}}
+{{- end -}}
+{{- $conf = replace $key (printf "%s%s" $key $more) $conf -}}
 {{- $conf -}}
 {{- end -}}

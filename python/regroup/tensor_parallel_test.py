@@ -58,6 +58,37 @@ def test_a_plan_is_refused_with_what_cannot_carry_it():
         config(tensor_parallel_plan=ColwiseParallel(), ddp=True)
 
 
+@needs_tp
+def test_a_dtensor_collective_wait_is_left_at_once_on_an_abort():
+    """DTensor's waits (torch's functional collectives) go through the generation's sockets on
+    gloo: an abort leaves one that gloo's lost wake-up would hold (here a wait that never ends
+    by itself), instead of the abort watchdog exiting the rank with its shard."""
+    import threading
+
+    import torch.distributed._functional_collectives as funcol
+
+    from regroup import tensor_parallel
+    from regroup.abort import Abandoned, GroupSockets
+
+    sockets = GroupSockets(0)
+    sockets.begin()
+    sockets.end()
+    stuck, saved = threading.Event(), tensor_parallel._torch_wait
+    tensor_parallel.abortable_functional_waits(sockets)
+    tensor_parallel._torch_wait = lambda t: (stuck.wait(60), t)[1]   # a wait gloo never wakes
+    abort = threading.Timer(0.2, sockets.shutdown)
+    abort.start()
+    try:
+        with pytest.raises(Abandoned, match="a DTensor collective was left: the generation was aborted"):
+            funcol.wait_tensor(torch.ones(1))
+    finally:
+        stuck.set()
+        abort.join()
+        tensor_parallel._torch_wait = saved
+        tensor_parallel.abortable_functional_waits(None)
+    assert funcol.wait_tensor is tensor_parallel._wait_tensor
+
+
 def grid_reference(tmp_path, steps: int, extra) -> dict:
     """One plain process computing the whole model (the hand split's script, no --tp)."""
     out = tmp_path / "ref.pt"

@@ -13,14 +13,19 @@ first stage also holds the input layer, the last the output layer), run by a
 ``torch.distributed.pipelining`` schedule that ``regroup.pipeline.Pipeline`` rebuilds on every
 generation's pipeline group; ``--tp`` splits every block over the tensor-parallel group (W1 by
 rows, W2 by columns: an all-reduce of the block's output in the forward pass and of its input's
-gradient in the backward pass, both ``regroup.all_reduce``). There is no dropout and no
+gradient in the backward pass). ``--tp-impl hand`` (the default) splits the parameters by hand
+and runs those all-reduces itself (``regroup.all_reduce``); ``--tp-impl dtensor`` builds the
+blocks of ``nn.Linear`` layers, whole, and hands the trainer a ``parallelize_module`` plan (W1
+``ColwiseParallel``, W2 ``RowwiseParallel``): the trainer parallelizes them with DTensor over
+each generation's tensor-parallel group and re-homes them on the next generation's
+(``regroup.tensor_parallel``; torch 2.x). There is no dropout and no
 batch-norm: the schedule runs the micro-batches itself. Without an agent and with one process
 the whole model is computed, whatever ``--tp`` and ``--pp`` say: the reference the grid must
 match.
 
 The flags and outputs are those of ``examples/train_mlp.py`` (``--ledger``, ``--out``,
 ``--step-sleep``, ...; not ``--ddp``, ``--dropout``, ``--poison-step``, ``--hold-sync``) plus
-``--pp``, ``--ffn``, ``--blocks`` and ``--schedule``; the ledger is written by each replica's rank at position 0 (stage 0,
+``--pp``, ``--ffn``, ``--blocks``, ``--schedule`` and ``--tp-impl``; the ledger is written by each replica's rank at position 0 (stage 0,
 tensor-parallel rank 0).
 """
 
@@ -41,16 +46,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import regroup  # noqa: E402
 import train_mlp  # noqa: E402
+from regroup.state import local_tensor  # noqa: E402
 from train_mlp import make_data, save_atomic  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     """This script's own flags, then train_mlp.py's (the data, the optimizer, the ledger...)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[1], add_help=False)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[1], add_help=False,
+                                allow_abbrev=False)  # --tp is train_mlp.py's, not --tp-impl
     p.add_argument("--pp", type=int, default=1, help="pipeline stages per replica")
     p.add_argument("--ffn", type=int, default=32, help="the blocks' inner width (split by --tp)")
     p.add_argument("--blocks", type=int, default=4, help="blocks (split by --pp)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
+    p.add_argument("--tp-impl", choices=("hand", "dtensor"), default="hand",
+                   help="split the blocks over --tp by hand, or with DTensor (parallelize_module)")
     own, rest = p.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         p.print_help()
@@ -159,6 +168,69 @@ class GridStage(torch.nn.Module):
         return h
 
 
+class Block(torch.nn.Module):
+    """One block as ``nn.Linear`` layers: ``h + W2 tanh(W1 h + b1) + b2``."""
+
+    def __init__(self, hidden: int, ffn: int, dtype: torch.dtype):
+        super().__init__()
+        self.w1 = torch.nn.Linear(hidden, ffn, dtype=dtype, device="meta")
+        self.w2 = torch.nn.Linear(ffn, hidden, dtype=dtype, device="meta")
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.w2(torch.tanh(self.w1(h)))
+
+
+class DTensorStage(torch.nn.Module):
+    """Stage ``stage`` of ``pp`` of the model, whole (``--tp-impl dtensor``): the trainer splits
+    its blocks over the tensor-parallel group with :func:`dtensor_plan`."""
+
+    def __init__(self, args: argparse.Namespace, dtype: torch.dtype, pp: int, stage: int):
+        super().__init__()
+        if args.blocks % pp:
+            raise SystemExit(f"--blocks {args.blocks} must divide by --pp {pp}")
+        per = args.blocks // pp
+        self.first, self.last = stage == 0, stage == pp - 1
+        if self.first:
+            self.inp = torch.nn.Linear(args.features, args.hidden, dtype=dtype, device="meta")
+        self.blocks = torch.nn.ModuleDict({f"b{i}": Block(args.hidden, args.ffn, dtype)
+                                           for i in range(stage * per, (stage + 1) * per)})
+        if self.last:
+            self.head = torch.nn.Linear(args.hidden, args.outputs, dtype=dtype, device="meta")
+        self.to_empty(device="cpu")
+        full = full_parameters(args, dtype)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                p.copy_(full[hand_name(name)])
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            h = self.inp(h)
+        for block in self.blocks.values():
+            h = block(h)
+        return self.head(h) if self.last else h
+
+
+def dtensor_plan(model: DTensorStage) -> dict:
+    """Every block's W1 split by rows (``ColwiseParallel``), W2 by columns (``RowwiseParallel``):
+    the hand split's cut, with the same all-reduces."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {}
+    for key in model.blocks:
+        plan[f"blocks.{key}.w1"] = ColwiseParallel()
+        plan[f"blocks.{key}.w2"] = RowwiseParallel()
+    return plan
+
+
+def hand_name(name: str) -> str:
+    """A DTensorStage parameter's name in full_parameters: blocks.b3.w1.bias -> b3_b1."""
+    parts = name.split(".")
+    if parts[0] == "blocks":
+        _, block, layer, kind = parts
+        return f"{block}_{kind[0]}{layer[1:]}"
+    return f"{parts[0]}_{parts[1][0]}"
+
+
 def merge(shards: dict, tp: int) -> dict:
     """The whole model's parameters from replica 0's shards ({(stage, tp_rank): params})."""
     out = {}
@@ -187,7 +259,15 @@ def main(argv=None) -> int:
 
     x, y = make_data(argparse.Namespace(seed=args.seed, dataset=args.dataset, features=args.features,
                                         hidden=args.ffn, outputs=args.outputs), dtype)
-    model = GridStage(args, dtype, tp, tp_rank, pp, stage)
+    dtensor = args.tp_impl == "dtensor"
+    plan = None
+    if dtensor:
+        if args.ffn % tp:
+            raise SystemExit(f"--ffn {args.ffn} must divide by --tp {tp}")
+        model = DTensorStage(args, dtype, pp, stage)
+        plan = dtensor_plan(model) if tp > 1 else None
+    else:
+        model = GridStage(args, dtype, tp, tp_rank, pp, stage)
     if args.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=args.lr or 0.02, momentum=0.9)
     else:
@@ -197,20 +277,22 @@ def main(argv=None) -> int:
         microbatches_per_step=args.microbatches, seed=args.seed, tensor_parallel=tp,
         pipeline_parallel=pp, checksum_interval=args.checksum_interval,
         checkpoint_dir=args.checkpoint_dir, checkpoint_interval=args.checkpoint_interval,
-        timeouts=regroup.Timeouts(abort_exit=args.abort_exit))
+        timeouts=regroup.Timeouts(abort_exit=args.abort_exit), tensor_parallel_plan=plan)
     trainer = regroup.Trainer(model, opt, config=config)
     pipe = None
     if pp > 1:
         from regroup.pipeline import Pipeline
         example_in = x[:1] if model.first else torch.zeros(1, args.hidden, dtype=dtype)
         example_out = torch.zeros(1, args.outputs if model.last else args.hidden, dtype=dtype)
-        pipe = Pipeline(model, sum_loss, example_in, example_out, schedule=args.schedule)
+        # With DTensor the trainer rebuilds the module every generation: the schedule follows it.
+        pipe = Pipeline(None if dtensor else model, sum_loss, example_in, example_out, schedule=args.schedule)
     ledger = os.open(args.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.ledger else None
 
     most_dp = 0
     for step in trainer.steps(args.steps):
         g = step.generation
-        model.tp_group = g.tp_group
+        if not dtensor:
+            model.tp_group = g.tp_group
         most_dp = max(most_dp, g.dp)
         loss_sum, lines = 0.0, {}
         with step:
@@ -242,7 +324,9 @@ def main(argv=None) -> int:
 
     if args.out:
         g = trainer.generation
-        params = {name: p.detach().clone() for name, p in trainer.module.named_parameters()}
+        # With DTensor: each rank's local shard, named as the hand split names its parameters.
+        params = {hand_name(name) if dtensor else name: local_tensor(p).detach().clone()
+                  for name, p in trainer.module.named_parameters()}
         if g is None or g.world_size == 1:
             save_atomic(params, args.out)
         elif g.replica == 0:

@@ -282,6 +282,12 @@ class TrainerConfig:
             slice of the flattened parameters, steps it, and the new parameters are all-gathered
             (regroup.zero). Needs replicas of one rank (tensor and pipeline parallel 1), an
             elementwise optimizer (SGD, Adam, AdamW, RMSprop) of one parameter group.
+        tensor_parallel_plan: None, or a ``torch.distributed.tensor.parallel.parallelize_module``
+            plan (``{"submodule.name": ColwiseParallel(), ...}``): the trainer parallelizes the
+            plain model it is given over each generation's tensor-parallel group (a DeviceMesh
+            built on it) and re-homes it on the next generation's, each rank keeping its local
+            shards (regroup.tensor_parallel; torch 2.x). Needs ``tensor_parallel`` >= 2, and
+            neither ``ddp``, ``sharding`` nor ``optimizer_sharding``.
         optimizer_copies: with "zero1", 1 (a lost rank's slice sends the job to its newest
             checkpoint) or 2 (every rank also keeps a second copy of the slice half the ring
             away, from which a lost rank's slice is restored in place).
@@ -316,6 +322,7 @@ class TrainerConfig:
     optimizer_sharding: Optional[str] = None
     optimizer_copies: int = 1
     vote_overlap: Optional[bool] = None
+    tensor_parallel_plan: Any = None
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -370,6 +377,9 @@ class TrainerConfig:
             raise ConfigError(f"optimizer_sharding={self.optimizer_sharding!r} shards over data-parallel "
                               f"replicas of one rank: tensor_parallel={self.tensor_parallel} x "
                               f"pipeline_parallel={self.pipeline_parallel} must be 1")
+        if self.tensor_parallel_plan is not None:
+            from regroup.tensor_parallel import check_plan
+            check_plan(self)
         if self.sharding is not None and self.ddp:
             raise ConfigError(f"sharding={self.sharding!r} reduces the gradients itself: ddp=True "
                               "cannot be combined with it")

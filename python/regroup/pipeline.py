@@ -91,7 +91,9 @@ class Pipeline:
     """This rank's stage and a schedule rebuilt when the generation changes (see the module).
 
     Args:
-        stage_module: this rank's stage of the model (the module the trainer holds, or a part).
+        stage_module: this rank's stage of the model (the module the trainer holds, or a part);
+            None: ``trainer.module`` as it is in each generation (a state that rebuilds the
+            module every generation, as ``tensor_parallel_plan`` does, needs it).
         loss_fn: ``loss_fn(output, target)`` summed over the samples (used on the last stage).
         example_input: one sample's input to this stage (shape without the batch dimension is
             taken from it: ``example_input[:1]`` is enough).
@@ -99,7 +101,7 @@ class Pipeline:
         schedule: "gpipe" or "1f1b".
     """
 
-    def __init__(self, stage_module: torch.nn.Module,
+    def __init__(self, stage_module: Optional[torch.nn.Module],
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  example_input: torch.Tensor, example_output: torch.Tensor, schedule: str = "gpipe"):
         _pipelining()
@@ -125,8 +127,9 @@ class Pipeline:
                 raise ConfigError("the step's generation has no groups (it ended)")
             shape_in = (micro_batch_size,) + tuple(self.example_input.shape[1:])
             shape_out = (micro_batch_size,) + tuple(self.example_output.shape[1:])
+            module = self.module if self.module is not None else step._trainer.module
             self._schedule = build_schedule(
-                self.module, groups, g.microbatch_count, self.loss_fn,
+                module, groups, g.microbatch_count, self.loss_fn,
                 torch.empty(shape_in, dtype=self.example_input.dtype),
                 torch.empty(shape_out, dtype=self.example_output.dtype), self.schedule_name)
             self._key = key

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The pipeline schedule (torch 2.x): examples/train_grid.py on a tp 2 x pp 2 grid equals one
-process computing the whole model (1F1B; GPipe runs in integration scenario 40); on torch 1.13 a
-clear ConfigError."""
+process computing the whole model (1F1B; GPipe runs in integration scenario 40), with its blocks
+split by hand and with DTensor (``--tp-impl dtensor``: the schedule built on the trainer's
+module); on torch 1.13 a clear ConfigError."""
 
 import os
 import re
@@ -37,13 +38,15 @@ def test_without_pipelining_a_pipeline_is_refused_naming_the_torch():
 
 
 @needs_pipelining
-def test_a_tp2_pp2_grid_equals_one_process_computing_the_whole_model(tmp_path, procs, schedule="1f1b"):
+@pytest.mark.parametrize("tp_impl", ["hand", "dtensor"])
+def test_a_tp2_pp2_grid_equals_one_process_computing_the_whole_model(tmp_path, procs, tp_impl, schedule="1f1b"):
     """1F1B here; GPipe (train_grid.py's default) in integration scenario 40."""
     env = {"OMP_NUM_THREADS": "1"}
     subprocess.run([PYTHON, str(GRID), *ARGS, "--out", str(tmp_path / "ref.pt")], check=True,
                    timeout=300, env={**os.environ, **env}, stdout=subprocess.DEVNULL)
     port = str(free_port())
     workers = [procs.start([PYTHON, str(GRID), *ARGS, "--tp", "2", "--pp", "2", "--schedule", schedule,
+                            "--tp-impl", tp_impl,
                             "--out", str(tmp_path / "grid.pt"), "--verbose"],
                            {**env, "WORLD_SIZE": "4", "RANK": str(r), "MASTER_ADDR": "127.0.0.1",
                             "MASTER_PORT": port}, log=tmp_path / f"r{r}.log") for r in range(4)]

@@ -41,7 +41,7 @@ import torch
 
 from regroup.api import ConfigError
 from regroup.contract import checksum
-from regroup.state import TrainingState
+from regroup.state import TrainingState, as_param_shard, local_tensor as _local, localize as _localize
 
 log = logging.getLogger("regroup")
 
@@ -72,23 +72,6 @@ def require_fsdp2(what: str) -> None:
                           f"this is torch {torch.__version__}")
 
 
-def _local(t: Any) -> Any:
-    """A DTensor's local shard (a plain tensor otherwise)."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _localize(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return _local(tree).detach()
-    if isinstance(tree, dict):
-        return type(tree)((k, _localize(v)) for k, v in tree.items())
-    if isinstance(tree, list):
-        return [_localize(v) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(_localize(v) for v in tree)
-    return tree
-
-
 class ShardedModel(torch.nn.Module):
     """One generation's FSDP2 module, as ``step.model``: calls it, and ``no_sync()`` defers the
     gradient reduction (every micro-batch of a step but the last, as DDP's)."""
@@ -109,77 +92,54 @@ class ShardedModel(torch.nn.Module):
             self.module.set_requires_gradient_sync(True)
 
 
-class HSDPState(TrainingState):
-    """The training state of an HSDP job: the module sharded over each replica's ranks.
+class LocalShardState(TrainingState):
+    """A training state whose module is rebuilt on every generation's own mesh, each rank keeping
+    its local shards (HSDP here, tensor parallelism in regroup.tensor_parallel).
 
-    ``model`` is the plain (unsharded) module as the script built it; it is sharded in place by
-    the first generation, and replaced by a fresh sharded copy at every later one.
-
-    Raises:
-        ConfigError: this torch has no FSDP2.
+    The subclass's :meth:`regroup` makes the generation's module (the first time from ``model``
+    in place, later from a copy of the meta-device template) and hands it to :meth:`adopt`. What
+    moves between ranks, is compared and is checkpointed is the local shards of the parameters
+    and of the optimizer's state, tagged with :attr:`KIND`, this rank's position and the
+    replica's size; a shard is only ever loaded at its own position.
     """
 
+    KIND = ""    # the "sharding" tag of the state trees
+    WHAT = ""    # how a script asks for it (for messages)
+
     def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                 scheduler: Any = None, extra: Any = None, *, global_batch: int):
-        require_fsdp2("sharding='hsdp'")
+                 scheduler: Any = None, extra: Any = None):
         super().__init__(model, optimizer, scheduler, extra)
-        self.global_batch = global_batch
         # The structure only: parameters and buffers on the meta device.
         self._template = copy.deepcopy(model).to("meta")
         self._sharded = False
         self._params: List[torch.nn.Parameter] = list(model.parameters())  # sharded once sharded
         self.position = 0
         self.replica_size = 1
-        self.wrapper: Optional[ShardedModel] = None
 
-    # -- a generation ---------------------------------------------------------------------------
+    def fresh_module(self) -> torch.nn.Module:
+        """A copy of the template (meta device) to build the next generation's module from."""
+        return copy.deepcopy(self._template)
 
-    def regroup(self, groups: Any) -> None:
-        """Shards the model over the new generation's groups, keeping this rank's local shards."""
-        from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import fully_shard
+    def move_into(self, new: torch.nn.Module) -> None:
+        """Copies this rank's local shards of the current module's parameters (those noted when
+        they were made: a step broken by an abort may leave the registered ones others) and its
+        buffers into ``new``, a module of the same structure sharded the same way."""
+        with torch.no_grad():
+            for (name, p), q in zip(new.named_parameters(), self._params):
+                _local(p).copy_(_local(q))
+            olds = dict(self.model.named_buffers())
+            for name, b in new.named_buffers():
+                b.copy_(olds[name])
 
-        layout = groups.layout
-        if layout.replica_size < 2:
-            raise ConfigError("sharding='hsdp' shards a replica over its ranks: give it at least 2 "
-                              "(tensor_parallel, regroup.io/tensor-parallel)")
-        if layout.replica_size != self.replica_size and self._sharded:
-            raise ConfigError(f"the replicas changed size ({self.replica_size} -> "
-                              f"{layout.replica_size}): HSDP resizes by whole replicas")
-        device = "cuda" if groups.backend == "nccl" else "cpu"
-        # FSDP shards over the replica only; the sum across replicas is the trainer's own reduce
-        # (regroup.state.reduce_gradients over the position's data-parallel group, divided by G),
-        # which an abort frees at once, as FSDP's own waits on its collectives would not be.
-        mesh = DeviceMesh.from_group(groups.tp_group, device, mesh=layout.replica_ranks(layout.replica),
-                                     mesh_dim_names=("shard",))
-        old = self.model
-        # The sharded parameters noted when they were made: a step broken by an abort may leave
-        # the module's registered parameters the unsharded ones.
+    def adopt(self, new: torch.nn.Module, layout: Any) -> None:
+        """``new`` is the generation's module: the optimizer is re-keyed to its parameters."""
         old_params = self._params
-        if not self._sharded:
-            fully_shard(old, mesh=mesh)
-            new = old
-        else:
-            new = copy.deepcopy(self._template)
-            fully_shard(new, mesh=mesh)
-            new.to_empty(device=device)
-            with torch.no_grad():
-                for (name, p), q in zip(new.named_parameters(), old_params):
-                    _local(p).copy_(_local(q))
-                olds = dict(old.named_buffers())
-                for name, b in new.named_buffers():
-                    b.copy_(olds[name])
-        new.set_gradient_divide_factor(1.0)          # summed only: the trainer divides by G
-        new.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM/AVG
-        if groups.backend == "gloo":
-            _abortable_comms(new, groups.sockets)
         self._params = list(new.parameters())
         self._rekey_optimizer(old_params, self._params)
         self.model = new
         self._sharded = True
         self.position = layout.position
         self.replica_size = layout.replica_size
-        self.wrapper = ShardedModel(new)
 
     def _rekey_optimizer(self, old: List[torch.nn.Parameter], new: List[torch.nn.Parameter]) -> None:
         """The optimizer's parameters become the new module's; its state follows them."""
@@ -194,46 +154,28 @@ class HSDPState(TrainingState):
             for p in group["params"]:
                 if id(p) not in index:
                     raise ConfigError("the optimizer holds a parameter that is not the model's: "
-                                      "under sharding='hsdp' give it model.parameters()")
+                                      f"under {self.WHAT} give it model.parameters()")
                 q = new[index[id(p)]]
                 params.append(q)
                 if p in state:
-                    moved[q] = {k: self._as_param(v, q) for k, v in state[p].items()}
+                    moved[q] = {k: as_param_shard(v, q) for k, v in state[p].items()}
             group["params"] = params
         state.clear()
         state.update(moved)
 
-    @staticmethod
-    def _as_param(value: Any, param: Any) -> Any:
-        """An optimizer state tensor shaped like ``param``'s local shard, as a DTensor like it."""
-        from torch.distributed.tensor import DTensor
-
-        if not isinstance(value, torch.Tensor) or value.dim() == 0:
-            return value
-        local = _local(value)
-        if not isinstance(param, DTensor) or local.shape != param.to_local().shape:
-            return value
-        return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
-                                  shape=param.shape, stride=param.stride())
-
-    def live_model(self) -> Any:
-        return self.wrapper
-
     def materialize_grads(self) -> List[torch.Tensor]:
-        """The local shards of the gradients (reduce-scattered within the replica), zeros where
-        none was computed: what the trainer sums across the replicas and divides by G."""
+        """The local shards of the gradients, zeros where none was computed: what the trainer
+        sums across the replicas and divides by G. A gradient whose placements are not its
+        parameter's (a partial sum) is first brought to them."""
         grads = []
         for p in self._params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            grads.append(_local(p.grad))
+            g = p.grad
+            if hasattr(g, "placements") and tuple(g.placements) != tuple(p.placements):
+                g = p.grad = g.redistribute(p.device_mesh, p.placements)
+            grads.append(_local(g))
         return grads
-
-    def share(self, indices: torch.Tensor) -> torch.Tensor:
-        """This rank's contiguous part of a micro-batch of its replica."""
-        if self.replica_size < 2:
-            return indices
-        return torch.tensor_split(indices, self.replica_size)[self.position].clone()
 
     # -- what moves and what is compared --------------------------------------------------------
 
@@ -246,13 +188,14 @@ class HSDPState(TrainingState):
         out["model"] = _localize(out["model"])
         if "optimizer" in out:
             out["optimizer"] = _localize(out["optimizer"])
-        out["sharding"] = {"kind": "hsdp", "position": self.position, "replica_size": self.replica_size}
+        out["sharding"] = {"kind": self.KIND, "position": self.position, "replica_size": self.replica_size}
         return out
 
     def load_state_dict(self, state: Dict[str, Any]) -> int:
         meta = state.get("sharding")
-        if meta is None or meta.get("kind") != "hsdp":
-            raise ConfigError("the state is not an HSDP one (sharding='hsdp' loads local shards only)")
+        if meta is None or meta.get("kind") != self.KIND:
+            raise ConfigError(f"the state is not a {self.KIND!r} one ({self.WHAT} loads its own local "
+                              f"shards only; this one is {meta.get('kind') if meta else 'unsharded'})")
         if self._sharded and (meta["position"], meta["replica_size"]) != (self.position, self.replica_size):
             raise ConfigError(f"the state holds the shard of position {meta['position']} of "
                               f"{meta['replica_size']}, not this rank's ({self.position} of "
@@ -284,8 +227,73 @@ class HSDPState(TrainingState):
         opt.state.clear()
         for i, st in sd["state"].items():
             p = params[int(i)]
-            opt.state[p] = {k: self._as_param(v.clone() if isinstance(v, torch.Tensor) else v, p)
+            opt.state[p] = {k: as_param_shard(v.clone() if isinstance(v, torch.Tensor) else v, p)
                             for k, v in st.items()}
+
+
+class HSDPState(LocalShardState):
+    """The training state of an HSDP job: the module sharded over each replica's ranks.
+
+    ``model`` is the plain (unsharded) module as the script built it; it is sharded in place by
+    the first generation, and replaced by a fresh sharded copy at every later one.
+
+    Raises:
+        ConfigError: this torch has no FSDP2.
+    """
+
+    KIND = "hsdp"
+    WHAT = "sharding='hsdp'"
+
+    def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                 scheduler: Any = None, extra: Any = None, *, global_batch: int):
+        require_fsdp2("sharding='hsdp'")
+        super().__init__(model, optimizer, scheduler, extra)
+        self.global_batch = global_batch
+        self.wrapper: Optional[ShardedModel] = None
+
+    # -- a generation ---------------------------------------------------------------------------
+
+    def regroup(self, groups: Any) -> None:
+        """Shards the model over the new generation's groups, keeping this rank's local shards."""
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        layout = groups.layout
+        if layout.replica_size < 2:
+            raise ConfigError("sharding='hsdp' shards a replica over its ranks: give it at least 2 "
+                              "(tensor_parallel, regroup.io/tensor-parallel)")
+        if layout.replica_size != self.replica_size and self._sharded:
+            raise ConfigError(f"the replicas changed size ({self.replica_size} -> "
+                              f"{layout.replica_size}): HSDP resizes by whole replicas")
+        device = "cuda" if groups.backend == "nccl" else "cpu"
+        # FSDP shards over the replica only; the sum across replicas is the trainer's own reduce
+        # (regroup.state.reduce_gradients over the position's data-parallel group, divided by G),
+        # which an abort frees at once, as FSDP's own waits on its collectives would not be.
+        mesh = DeviceMesh.from_group(groups.tp_group, device, mesh=layout.replica_ranks(layout.replica),
+                                     mesh_dim_names=("shard",))
+        if not self._sharded:
+            new = self.model
+            fully_shard(new, mesh=mesh)
+        else:
+            new = self.fresh_module()
+            fully_shard(new, mesh=mesh)
+            new.to_empty(device=device)
+            self.move_into(new)
+        new.set_gradient_divide_factor(1.0)          # summed only: the trainer divides by G
+        new.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM/AVG
+        if groups.backend == "gloo":
+            _abortable_comms(new, groups.sockets)
+        self.adopt(new, layout)
+        self.wrapper = ShardedModel(new)
+
+    def live_model(self) -> Any:
+        return self.wrapper
+
+    def share(self, indices: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous part of a micro-batch of its replica."""
+        if self.replica_size < 2:
+            return indices
+        return torch.tensor_split(indices, self.replica_size)[self.position].clone()
 
 
 def _abortable_comms(module: Any, sockets: Any) -> None:
@@ -322,7 +330,11 @@ class _NoModel(torch.nn.Module):
 
 
 def make_state(config: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any, extra: Any) -> TrainingState:
-    """The training state for ``config.sharding`` and ``config.optimizer_sharding`` (None: the plain one)."""
+    """The training state for ``config.tensor_parallel_plan``, ``config.sharding`` and
+    ``config.optimizer_sharding`` (None: the plain one)."""
+    if config.tensor_parallel_plan is not None:
+        from regroup.tensor_parallel import TensorParallelState
+        return TensorParallelState(model, optimizer, scheduler, extra, plan=config.tensor_parallel_plan)
     if config.optimizer_sharding == "zero1":
         from regroup.zero import ZeroState
         return ZeroState(model, optimizer, scheduler, extra, copies=config.optimizer_copies)

@@ -74,6 +74,28 @@ def wait_replica_back(c: Cluster, after: tuple, what: str) -> None:
     assert c.last_step() < c.steps - 1 and not c.dead(), f"training ended before {what}\n{c.status()}\n{c.logs()}"
 
 
+def kill_lose_and_return(c: Cluster, tmp_path, lost: int) -> None:
+    """The faults of a two-node run: a rank of node1 killed (restarted in place), then node
+    ``lost`` lost (its replica leaves, the other trains on alone), then its replacement
+    ``node{lost}-replacement`` added (scale-out); each recovery waited for and checked."""
+    log = tmp_path / "node1.log"
+    wait_for(lambda: "fork server ready" in log.read_text(), 60, "node1's fork server")
+    before = newest_generation(c)
+    os.kill(c.trainers("node1")[1], signal.SIGKILL)        # a killed rank: restarted in place
+    wait_replica_back(c, before, "the killed rank's replica to train again")
+    assert "restart_in_place" in c.status()
+    before = newest_generation(c)
+    agent = c.agents[f"node{lost}"]
+    for pid in [agent.pid, *c.trainers(f"node{lost}")]:    # a lost node: its replica leaves
+        os.kill(pid, signal.SIGKILL)
+    agent.wait(timeout=30)
+    wait_for(lambda: newest_generation(c) > before or c.dead(), 60, "the other replica to train on alone")
+    assert "scale_in" in c.status()
+    before = newest_generation(c)
+    c.start_agent(f"node{lost}-replacement", lost)         # the node's return: scale out
+    wait_replica_back(c, before, "the replacement replica to train")
+
+
 def test_hsdp_recovers_a_killed_rank_a_lost_node_and_its_return(tmp_path, tmp_path_factory, procs, binaries):
     # Long enough (0.15 s a step) for a replacement node's trainers to start (torch 2.x imports
     # take tens of seconds on a loaded 2-core machine) before training ends; the test waits for
@@ -83,22 +105,7 @@ def test_hsdp_recovers_a_killed_rank_a_lost_node_and_its_return(tmp_path, tmp_pa
     c = Cluster(tmp_path, procs, binaries, steps=steps, train=[*SHARD, "--step-sleep", "0.15"], tp=2)
     c.start()
     c.wait_step(8)
-    log = tmp_path / "node1.log"
-    wait_for(lambda: "fork server ready" in log.read_text(), 60, "node1's fork server")
-    before = newest_generation(c)
-    os.kill(c.trainers("node1")[1], signal.SIGKILL)        # a killed rank: restarted in place
-    wait_replica_back(c, before, "the killed rank's replica to train again")
-    assert "restart_in_place" in c.status()
-    before = newest_generation(c)
-    lost = c.agents["node1"]
-    for pid in [lost.pid, *c.trainers("node1")]:           # a lost node: its replica leaves
-        os.kill(pid, signal.SIGKILL)
-    lost.wait(timeout=30)
-    wait_for(lambda: newest_generation(c) > before or c.dead(), 60, "replica 0 to train on alone")
-    assert "scale_in" in c.status()
-    before = newest_generation(c)
-    c.start_agent("node1-replacement", 1)                  # the node's return: scale out
-    wait_replica_back(c, before, "the replacement replica to train")
+    kill_lose_and_return(c, tmp_path, lost=1)
     status = c.finish(tmp_path_factory, [], ["node0", "node1-replacement"], expected=expected)
     assert "scale_out" in status, status
 

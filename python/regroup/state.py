@@ -127,6 +127,39 @@ def cpu_clone(tree: Any) -> Any:
     return tree
 
 
+def local_tensor(t: Any) -> Any:
+    """A DTensor's local shard (regroup.sharded, regroup.tensor_parallel), a plain tensor as is:
+    what this rank holds, moves, compares and checkpoints."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def localize(tree: Any) -> Any:
+    """A state tree with every DTensor replaced by its local shard (detached)."""
+    if isinstance(tree, torch.Tensor):
+        return local_tensor(tree).detach()
+    if isinstance(tree, dict):
+        return type(tree)((k, localize(v)) for k, v in tree.items())
+    if isinstance(tree, list):
+        return [localize(v) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(localize(v) for v in tree)
+    return tree
+
+
+def as_param_shard(value: Any, param: Any) -> Any:
+    """An optimizer state tensor shaped like a DTensor ``param``'s local shard, as a DTensor like
+    it (its mesh and placements); any other value, or any value of a plain parameter, as is."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0 or not hasattr(param, "placements"):
+        return value
+    local = local_tensor(value)
+    if local.shape != local_tensor(param).shape:
+        return value
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
+
+
 def rng_state() -> Dict[str, Any]:
     """The random generators' state: torch CPU (and CUDA when in use), Python, NumPy if loaded."""
     out: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}

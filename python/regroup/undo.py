@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from regroup.state import without_callables
+from regroup.state import as_param_shard, local_tensor, without_callables
 
 
 class Undo:
@@ -47,17 +47,31 @@ class Undo:
     def take(self, state: Any) -> None:
         """Copies what applying a step will change (``state``: a regroup.state.TrainingState)."""
         with torch.no_grad():
-            self._params = [(p, self._copy((id(p), None), p.detach())) for p in state.parameters()]
+            # A DTensor (a tensor-parallel or FSDP2 parameter, its optimizer state) is copied by
+            # its local shard: no collective, and nothing tied to the generation's mesh is kept.
+            used = set()
+            self._params = []
+            for p in state.parameters():
+                used.add((id(p), None))
+                self._params.append((p, self._copy((id(p), None), local_tensor(p.detach()))))
             self._opt = {}
             self._hyper = []
             opt = state.optimizer
             if opt is not None:
                 for p, st in opt.state.items():
-                    self._opt[id(p)] = [(k, self._copy((id(p), k), v.detach()), True)
-                                        if isinstance(v, torch.Tensor) else (k, copy.deepcopy(v), False)
-                                        for k, v in st.items()]
+                    saved = []
+                    for k, v in st.items():
+                        if isinstance(v, torch.Tensor):
+                            used.add((id(p), k))
+                            saved.append((k, self._copy((id(p), k), local_tensor(v.detach())), True))
+                        else:
+                            saved.append((k, copy.deepcopy(v), False))
+                    self._opt[id(p)] = saved
                 self._hyper = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
                                for g in opt.param_groups]
+            # The copies of tensors gone with an earlier generation's module are let go.
+            for key in [key for key in self._buffers if key not in used]:
+                del self._buffers[key]
         sched = getattr(state, "scheduler", None)
         self._scheduler = copy.deepcopy(without_callables(sched.state_dict())) if sched is not None else None
         self._state = state.undo_take()
@@ -69,7 +83,7 @@ class Undo:
             raise RuntimeError("no undo is held")
         with torch.no_grad():
             for p, buf in self._params:
-                p.copy_(buf)
+                local_tensor(p).copy_(buf)
             opt = state.optimizer
             if opt is not None:
                 for p in list(opt.state):
@@ -82,11 +96,12 @@ class Undo:
                         del st[k]
                     for k, v, tensor in saved:
                         now = st.get(k)
-                        if tensor and isinstance(now, torch.Tensor) and now.shape == v.shape \
-                                and now.dtype == v.dtype and now.device == v.device:
-                            now.copy_(v)
+                        local = local_tensor(now) if isinstance(now, torch.Tensor) else None
+                        if tensor and local is not None and local.shape == v.shape \
+                                and local.dtype == v.dtype and local.device == v.device:
+                            local.copy_(v)
                         else:
-                            st[k] = v.clone() if tensor else copy.deepcopy(v)
+                            st[k] = as_param_shard(v.clone(), p) if tensor else copy.deepcopy(v)
                 for g, h in zip(opt.param_groups, self._hyper):
                     g.update(copy.deepcopy(h))
         sched = getattr(state, "scheduler", None)

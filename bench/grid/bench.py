@@ -150,12 +150,13 @@ def steady(args, tmp: Path) -> dict:
 
 
 def window_figures(times: Dict[str, List[dict]], start: float, end: float, survivors: List[str]) -> dict:
-    """The longest gap between committed step ends of a survivor that overlaps [start, end), and
-    the state bytes every process sent in it."""
+    """The longest gap between consecutive committed step ends of a survivor that ends in
+    (start, end] (the stop a fault at ``start`` caused ends after it; one that ends after ``end``
+    is the next fault's), and the state bytes every process sent in [start, end)."""
     longest = 0.0
     for name in survivors:
         ends = [line["t"] for line in times[name] if line["committed"]]
-        longest = max([longest] + [b - a for a, b in zip(ends, ends[1:]) if b > start and a < end])
+        longest = max([longest] + [b - a for a, b in zip(ends, ends[1:]) if start < b <= end])
     sent = 0
     for lines in times.values():
         before = max([line["sent"] for line in lines if line["t"] < start], default=0)
@@ -200,7 +201,7 @@ def recovery(args, tmp: Path) -> dict:
         network = c.net.mode
     data = read_times(times)
     # The trainers that lived through every fault: a line before the first and after the last.
-    survivors = [n for n, lines in data.items() if lines[0]["t"] < f["at"] and lines[-1]["t"] > full_h["at_ms"] / 1000]
+    survivors = [n for n, lines in data.items() if lines[0]["t"] < f["at"] and lines[-1]["t"] > int(full_h["at_ms"]) / 1000]
     # The returning pod's trainers: their first line after the node came; their first commit.
     returned = [min(line["t"] for line in lines if line["committed"]) for lines in data.values()
                 if lines[0]["t"] > h["at"] and any(line["committed"] for line in lines)]
@@ -211,14 +212,15 @@ def recovery(args, tmp: Path) -> dict:
                "strategy": rec.strategy, "resume_ms": rec.resume_ms, "steps_lost": rec.steps_lost,
                **window_figures(data, start, stop, survivors)}
         if full is not None:
-            row["full_size_s"] = full["at_ms"] / 1000 - start
+            row["full_size_s"] = int(full["at_ms"]) / 1000 - start
         rows.append(row)
     if returned:
         rows[2]["returning_first_step_s"] = min(returned) - h["at"]
     for row in rows:
         print(f"{row['fault']:24s} {row['detected_by']} {row['detection_ms']} ms, {row['strategy']}: next committed "
-              f"step {row['resume_ms']} ms after the fault, full size again "
-              f"{row.get('full_size_s', float('nan')):.2f} s, longest stop of the survivors "
+              f"step {row['resume_ms']} ms after the fault, " +
+              (f"full size again {row['full_size_s']:.2f} s, " if "full_size_s" in row else "") +
+              f"longest stop of the survivors "
               f"{row['longest_stop_s']:.2f} s, {row['state_bytes_sent']} bytes of state sent, "
               f"{row['steps_lost']} steps lost" +
               (f"; the returning pod's first step {row['returning_first_step_s']:.1f} s after the node came"
@@ -247,6 +249,8 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=300, help="seconds one run (or one wait) may take")
     p.add_argument("--smoke", action="store_true", help="tiny: dp 2 x tp 2, one run of each, 12 steps")
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--workdir", default=None, help="keep the runs' logs and step times here (default: a "
+                                                   "temporary folder, removed)")
     args = p.parse_args()
     if args.smoke:
         args.layouts, args.runs, args.steps, args.warmup = "2x2x1", 1, 12, 2
@@ -254,7 +258,8 @@ def main() -> int:
     python = sharded_bench.PYTHON
     print(f"python {python}; machine: {os.cpu_count()} cores, load {loadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="regroup-grid-") as tmp:
-        figures = recovery(args, Path(tmp)) if args.recovery else steady(args, Path(tmp))
+        work = Path(args.workdir) if args.workdir else Path(tmp)
+        figures = recovery(args, work) if args.recovery else steady(args, work)
     figures["load"] = loadavg()
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))

@@ -56,23 +56,25 @@ def line(t, sent, committed=True):
 
 
 class WindowFigures(unittest.TestCase):
-    def test_the_longest_gap_overlapping_the_window_and_the_bytes_sent_in_it(self):
+    def test_the_longest_gap_ending_in_the_window_and_the_bytes_sent_in_it(self):
         times = {
-            # a survivor: a 3 s gap across the window's start, a 2 s one inside it
-            "a": [line(0.0, 0), line(1.0, 0), line(4.0, 100), line(4.5, 100), line(6.5, 150), line(7.0, 150)],
+            # a survivor: a 3 s gap across the window's start (the fault's), a 5 s one across its
+            # end (the next fault's, not this one's)
+            "a": [line(0.0, 0), line(1.0, 0), line(4.0, 100), line(4.5, 100), line(9.5, 150)],
             # another survivor: its 9 s gap ends before the window
             "b": [line(-10.0, 0), line(-1.0, 0), line(2.0, 0), line(3.0, 40)],
             # a process killed in the window: what it sent before the window does not count
             "c": [line(0.5, 7), line(2.5, 9)],
             # an uncommitted step's end is no end of a stop
-            "d": [line(1.5, 0), line(5.0, 0, committed=False), line(9.0, 0)],
+            "d": [line(1.5, 0), line(5.0, 0, committed=False), line(5.9, 0)],
         }
         got = bench.window_figures(times, 2.0, 6.0, ["a", "b", "d"])
-        self.assertEqual(got["longest_stop_s"], 7.5)   # d's 1.5 .. 9.0
+        self.assertAlmostEqual(got["longest_stop_s"], 4.4)   # d's 1.5 .. 5.9
         self.assertEqual(got["state_bytes_sent"], 100 + 40 + 2)
         got = bench.window_figures(times, 2.0, 6.0, ["a", "b"])
         self.assertEqual(got["longest_stop_s"], 3.0)
-
+        got = bench.window_figures(times, 6.0, 10.0, ["a", "b"])
+        self.assertEqual(got, {"longest_stop_s": 5.0, "state_bytes_sent": 50})
 
 if __name__ == "__main__":
     unittest.main()

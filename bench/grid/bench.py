@@ -112,6 +112,9 @@ def regroup_run(layout, args, work: Path) -> float:
                   extra_train=[*model_args(args), "--checksum-interval", "0"],
                   extra_annotations={"regroup.io/checksum-interval": "0"})
     with Cluster(work, job, network="loopback", log=lambda _: None) as c:
+        # 8 trainers importing torch 2.x on a loaded machine can take more than the cluster's
+        # 120 s join window (the manager then waits for a replacement of the only pod)
+        c.join_window_s = int(args.timeout)
         c.start()
         codes = c.wait_pods_exit(timeout=args.timeout)
         if set(codes.values()) != {0}:

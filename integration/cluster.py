@@ -314,6 +314,7 @@ class Cluster:
         self.manager_node: Optional[NodeNet] = None
         self.manager_port, self.http_port = free_ports(self.manager_host, 2)
         self.manager_starts = 0
+        self.join_window_s = 120   # the manager's --join-window-s (bench/grid: longer, 8 cold trainers)
         self.pods: Dict[str, Pod] = {}       # by pod name (current incarnation)
         self.exited: List[Pod] = []          # pods that ended, in order
         self.injected: List[dict] = []       # faults injected: {"at": unix s, "fault": ..., ...}
@@ -380,7 +381,7 @@ class Cluster:
                else ["--job", str(self.job_file)])
         argv = [self.bin["regroup-manager"], *job, "--job-id", self.job.job_id,
                 "--listen", self.manager_addr, "--http", f"{self.manager_host}:{self.http_port}",
-                "--credential-file", str(self.credential), "--join-window-s", "120"]
+                "--credential-file", str(self.credential), "--join-window-s", str(self.join_window_s)]
         argv += ["--stay-after-done"]  # the scenarios read /status once the job ended
         argv += self.record_args(coordinator)
         if coordinator:

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import regroup  # noqa: E402
 import train_mlp  # noqa: E402
 from regroup.state import local_tensor  # noqa: E402
-from train_mlp import make_data, save_atomic  # noqa: E402
+from train_mlp import gather_shard_files, make_data, save_atomic  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -332,13 +332,7 @@ def main(argv=None) -> int:
         elif g.replica == 0:
             save_atomic({"stage": stage, "tp_rank": tp_rank, "params": params}, f"{args.out}.p{position}")
             if position == 0:
-                names = [f"{args.out}.p{p}" for p in range(tp * pp)]
-                deadline = time.monotonic() + 60
-                while not all(os.path.exists(n) for n in names):
-                    if time.monotonic() > deadline:
-                        raise SystemExit(f"the other shards of {args.out} did not appear within 60 s")
-                    time.sleep(0.05)
-                parts = [torch.load(n) for n in names]
+                parts = gather_shard_files(args.out, tp * pp)
                 save_atomic(merge({(p["stage"], p["tp_rank"]): p["params"] for p in parts}, tp), args.out)
     if ledger is not None:
         os.close(ledger)

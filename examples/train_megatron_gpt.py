@@ -58,7 +58,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  #
 from megatron.core.models.gpt.gpt_model import GPTModel  # noqa: E402
 from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
-from train_mlp import save_atomic  # noqa: E402
+from train_mlp import gather_shard_files, save_atomic  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -193,13 +193,7 @@ def save_params(model, args, out: str, position: int) -> None:
     save_atomic({"tp_rank": position % tp, "params": shard_of(model, offset)}, f"{out}.p{position}")
     if position:
         return
-    names = [f"{out}.p{p}" for p in range(tp * pp)]
-    deadline = time.monotonic() + 60
-    while not all(os.path.exists(n) for n in names):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the other shards of {out} did not appear within 60 s")
-        time.sleep(0.05)
-    shards = sorted((torch.load(n) for n in names), key=lambda s: s["tp_rank"])
+    shards = sorted(gather_shard_files(out, tp * pp), key=lambda s: s["tp_rank"])
     whole = {}
     for name in {n for s in shards for n in s["params"]}:
         held = [s["params"][name] for s in shards if name in s["params"]]

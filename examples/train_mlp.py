@@ -186,6 +186,17 @@ def save_atomic(obj, path: str) -> None:
     os.replace(tmp, path)
 
 
+def gather_shard_files(out: str, count: int, timeout: float = 60) -> list:
+    """The ``count`` files ``OUT.pN`` that a replica's positions saved (waited for, bounded), loaded."""
+    names = [f"{out}.p{p}" for p in range(count)]
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(n) for n in names):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the other shards of {out} did not appear within {timeout:.0f} s")
+        time.sleep(0.05)
+    return [torch.load(n) for n in names]
+
+
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import json
 import random
 import sys
 from collections import OrderedDict
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -114,17 +114,22 @@ def without_callables(state: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in state.items() if not callable(v)}
 
 
+def map_tensors(tree: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """A state tree (dicts, lists, tuples) with ``fn`` applied to every tensor in it."""
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if isinstance(tree, dict):
+        return type(tree)((k, map_tensors(v, fn)) for k, v in tree.items())
+    if isinstance(tree, list):
+        return [map_tensors(v, fn) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(map_tensors(v, fn) for v in tree)
+    return tree
+
+
 def cpu_clone(tree: Any) -> Any:
     """A copy of a state tree with every tensor cloned to CPU (safe to write in the background)."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
-    if isinstance(tree, dict):
-        return type(tree)((k, cpu_clone(v)) for k, v in tree.items())
-    if isinstance(tree, list):
-        return [cpu_clone(v) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(cpu_clone(v) for v in tree)
-    return tree
+    return map_tensors(tree, lambda t: t.detach().to("cpu", copy=True))
 
 
 def local_tensor(t: Any) -> Any:
@@ -135,15 +140,7 @@ def local_tensor(t: Any) -> Any:
 
 def localize(tree: Any) -> Any:
     """A state tree with every DTensor replaced by its local shard (detached)."""
-    if isinstance(tree, torch.Tensor):
-        return local_tensor(tree).detach()
-    if isinstance(tree, dict):
-        return type(tree)((k, localize(v)) for k, v in tree.items())
-    if isinstance(tree, list):
-        return [localize(v) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(localize(v) for v in tree)
-    return tree
+    return map_tensors(tree, lambda t: local_tensor(t).detach())
 
 
 def as_param_shard(value: Any, param: Any) -> Any:

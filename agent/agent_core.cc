@@ -643,6 +643,11 @@ void AgentCore::OnAbort(const v1::AbortGeneration& abort) {
   DeliverAll(reply);
   ForgetConfirmed(/*votes=*/true, /*exits=*/true);
   if (!tally_.active() || abort.generation() >= tally_.generation()) LeaveGeneration();
+  // The answer: this pod is here and has passed the abort on. Once every pod a fault does not
+  // name has answered, the decision maker decides without waiting out its report window.
+  v1::AgentMessage ack = NewMessage();
+  ack.mutable_ack()->set_directive_id(abort.directive_id());
+  SendEvent(std::move(ack));
 }
 
 void AgentCore::OnOutcome(const v1::StepOutcome& outcome) {

@@ -238,6 +238,12 @@ v1::ManagerReport AttachCore::ReplacementReport(int64_t pod, const std::string& 
   return r;
 }
 
+v1::ManagerReport AttachCore::SettledReport(uint64_t generation) {
+  v1::ManagerReport r;
+  r.mutable_settled()->set_generation(generation);
+  return r;
+}
+
 v1::ManagerReport AttachCore::ProgressReport(uint64_t generation, int64_t committed_step,
                                              uint32_t live_ranks) {
   v1::ManagerReport r;

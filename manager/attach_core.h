@@ -46,6 +46,7 @@ class AttachCore {
   // The facts' wire form (Decisions' calls, as the coordinator reads them).
   static v1::ManagerReport FaultReport(const v1::FaultFacts& fault);
   static v1::ManagerReport ReplacementReport(int64_t pod, const std::string& uid);
+  static v1::ManagerReport SettledReport(uint64_t generation);
   static v1::ManagerReport ProgressReport(uint64_t generation, int64_t committed_step,
                                           uint32_t live_ranks);
 

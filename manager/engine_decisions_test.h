@@ -18,6 +18,9 @@ class EngineDecisions : public Decisions {
     engine_.PodRunning(pod, uid, node, now);
   }
   void Fault(const v1::FaultFacts& fault, int64_t now) override { engine_.Fault(fault, now); }
+  void FaultsSettled(uint64_t generation, int64_t now) override {
+    engine_.FaultsSettled(generation, now);
+  }
   void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override {
     engine_.ReplacementRegistered(pod, uid, now);
   }

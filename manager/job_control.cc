@@ -51,6 +51,10 @@ void EmbeddedDecisions::Fault(const v1::FaultFacts& fault, int64_t now) {
   if (auto typed = FaultFromWire(fault, now)) (void)engine_.ReportFault(job_id_, std::move(*typed));
 }
 
+void EmbeddedDecisions::FaultsSettled(uint64_t generation, int64_t) {
+  (void)engine_.ReportFaultsSettled(job_id_, static_cast<int64_t>(generation));
+}
+
 void EmbeddedDecisions::ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) {
   (void)engine_.ReportReplacementRegistered(job_id_, pod, uid, now);
 }
@@ -441,6 +445,7 @@ Status JobControl::Handle(uint64_t stream, const v1::AgentMessage& message, int6
       OnLeave(pod, message.leave(), now);
       return Status::Ok();
     case v1::AgentMessage::kAck:
+      AbortAnswered(pod, message.ack().directive_id(), now);
       return Status::Ok();
     case v1::AgentMessage::kRegister:
       return FailedPrecondition("the stream is already registered");
@@ -746,7 +751,8 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
       !ranks.empty() || (pods.empty() && known_ranks.empty() && local_ranks.empty());
   if (known_ranks.empty())
     for (int64_t p : pods) touches_generation |= !running().RanksOf(p).empty();
-  if (state_ == State::kTraining && touches_generation) {
+  const bool aborts = state_ == State::kTraining && touches_generation;
+  if (aborts) {
     first_fault_ms_ = now;
     Abort(FaultKindText(kind) + ": " + detail, now);
   }
@@ -764,6 +770,15 @@ void JobControl::Fault(v1::FaultKind kind, std::vector<int64_t> pods, std::vecto
   f.set_step(step);
   f.set_detail(detail);
   ReportFault(f, now);
+  if (aborts) {
+    // The report window gathers the other sides of this fault; every other pod's answer to the
+    // abort says it has none to add, and the window need not run out (docs/design.md).
+    // (Settled at the next Tick at the soonest: never in the middle of this fault's handling.)
+    settling_generation_ = abort_->abort().generation();
+    unanswered_.clear();
+    for (int64_t p : running().Pods())
+      if (pods_[p].state != AgentState::kLost) unanswered_.insert(p);
+  }
 }
 
 bool JobControl::EarlierProcessDied(int64_t pod, const v1::LocalRank& rank,
@@ -982,6 +997,23 @@ void JobControl::CatchUp(int64_t pod) {
   }
 }
 
+void JobControl::AbortAnswered(int64_t pod, uint64_t directive_id, int64_t now) {
+  if (settling_generation_ == 0 || !abort_ || directive_id != abort_->abort().directive_id())
+    return;
+  unanswered_.erase(pod);
+  if (unanswered_.empty()) SettleFaults(now);  // (lost pods leave the set at a tick: no scan here)
+}
+
+void JobControl::SettleFaults(int64_t now) {
+  if (settling_generation_ == 0) return;
+  std::erase_if(unanswered_, [&](int64_t p) { return pods_[p].state == AgentState::kLost; });
+  if (!unanswered_.empty()) return;
+  decisions_->FaultsSettled(settling_generation_, now);
+  settling_generation_ = 0;
+  decisions_->Tick(now);
+  TakeDecisions(now);
+}
+
 void JobControl::SendAbort(int64_t pod) {
   if (!abort_) return;
   Send(pod, *abort_);
@@ -992,6 +1024,8 @@ void JobControl::Abort(const std::string& reason, int64_t now) {
   if (state_ != State::kTraining) return;
   state_ = State::kAborted;
   abort_ms_ = now;
+  settling_generation_ = 0;  // answers to an earlier abort settle nothing now
+  unanswered_.clear();
   commit_.DropVote();
   v1::ManagerMessage m;
   auto* a = m.mutable_abort();
@@ -1673,12 +1707,9 @@ void JobControl::Tick(int64_t now) {
   CommitHeld(now);
   if (state_ == State::kJoining) TryFirstGeneration(now);
   if (state_ != State::kStopped) DetectFailures(now);
+  SettleFaults(now);
   decisions_->Tick(now);
-  while (auto d = decisions_->Poll()) {
-    if (state_ == State::kStopped) break;
-    reconcile_.Drop();
-    Apply(*d, now);
-  }
+  TakeDecisions(now);
   // Work waiting for restarted processes or pods to come back (a scale-out while training
   // waits for a step boundary instead: see Commit).
   if (reconcile_.pending() && state_ != State::kTraining && state_ != State::kStopped &&
@@ -1690,6 +1721,14 @@ void JobControl::Tick(int64_t now) {
   }
   CheckPendingWait(now);
   CheckDecisionWait(now);
+}
+
+void JobControl::TakeDecisions(int64_t now) {
+  while (auto d = decisions_->Poll()) {
+    if (state_ == State::kStopped) break;
+    reconcile_.Drop();
+    Apply(*d, now);
+  }
 }
 
 // The decision wait (Reconciliation::DecisionWaitOver): once it is over, this incarnation stops,

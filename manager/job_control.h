@@ -51,6 +51,9 @@ class Decisions {
   virtual void PodRunning(int64_t pod, const std::string& uid, const std::string& node,
                           int64_t now) = 0;
   virtual void Fault(const v1::FaultFacts& fault, int64_t now) = 0;
+  // Every pod of the aborted `generation` that no fault names answered its abort: nothing more
+  // of those faults is coming, and the decision maker need not wait out its report window.
+  virtual void FaultsSettled(uint64_t generation, int64_t now) = 0;
   virtual void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) = 0;
   virtual void ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
                               uint32_t live_ranks, int64_t now) = 0;
@@ -85,6 +88,7 @@ class EmbeddedDecisions final : public Decisions {
   void PodRunning(int64_t pod, const std::string& uid, const std::string& node,
                   int64_t now) override;
   void Fault(const v1::FaultFacts& fault, int64_t now) override;
+  void FaultsSettled(uint64_t generation, int64_t now) override;
   void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override;
   void ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
                       uint32_t live_ranks, int64_t now) override;
@@ -254,6 +258,13 @@ class JobControl {
   void Abort(const std::string& reason, int64_t now);
   // The latest abort (abort_) to one pod, again: it was away when it went out.
   void SendAbort(int64_t pod);
+  // Pod `pod` answered the abort `directive_id` (its agent acknowledged it).
+  void AbortAnswered(int64_t pod, uint64_t directive_id, int64_t now);
+  // Tells the decision maker the faults are settled once every pod of the aborted generation
+  // answered the abort or is lost (a pod whose stream is down keeps the report window open).
+  void SettleFaults(int64_t now);
+  // Carries out the decision maker's new directives.
+  void TakeDecisions(int64_t now);
   // A pod that resumed its session: what it missed while its stream was down, sent again.
   void CatchUp(int64_t pod);
   // A pod uid that must never take part again (lost, left or replaced), kept on record too.
@@ -394,8 +405,8 @@ class JobControl {
   bool restart_on_record_ = false;  // ... by another incarnation: it is on the durable record
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
   std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (pod, pid) EarlierProcessDied told
-  int64_t state_lost_step_ = -2;
-  int64_t undecided_since_ms_ = -1;  // aborted, no directive pending, the decision maker reachable  // the committed step whose state_lost the decision maker heard
+  int64_t state_lost_step_ = -2;  // the committed step whose state_lost the decision maker heard
+  int64_t undecided_since_ms_ = -1;  // aborted, no directive pending, the decision maker reachable
   StepCommit commit_;  // the vote and the commit
   PeerReports peer_reports_;  // the survivors' reports of failed collectives, by the peer named
 
@@ -407,6 +418,10 @@ class JobControl {
   int64_t last_tick_ms_ = -1;                  // the previous Tick (a stall is not the pods')
   int64_t record_looked_ms_ = -1;              // the last look at the stored record (Tick)
   int64_t first_fault_ms_ = -1;
+  // A fault aborted `settling_generation_`: the pods of it that have not answered the abort and
+  // are not lost. Once none is left, the decision maker hears that the faults are settled.
+  std::set<int64_t> unanswered_;
+  uint64_t settling_generation_ = 0;  // 0: no fault's abort waits for answers
 
   std::vector<Outgoing> outgoing_;
   Counters counters_;

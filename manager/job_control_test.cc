@@ -483,6 +483,7 @@ class Scripted final : public Decisions {
  public:
   void PodRunning(int64_t, const std::string&, const std::string&, int64_t) override {}
   void Fault(const v1::FaultFacts& fault, int64_t) override { faults.push_back(fault); }
+  void FaultsSettled(uint64_t generation, int64_t) override { settled.push_back(generation); }
   void ReplacementRegistered(int64_t, const std::string&, int64_t) override {}
   void ReportProgress(uint64_t, uint64_t, int64_t, uint32_t, int64_t) override {}
   void Tick(int64_t) override {}
@@ -496,6 +497,7 @@ class Scripted final : public Decisions {
   std::optional<Directive> Standing() const override { return standing; }
 
   std::vector<v1::FaultFacts> faults;
+  std::vector<uint64_t> settled;  // the generations whose faults were settled
   std::deque<Directive> directives;
   std::optional<Directive> standing;  // the decision it keeps (Decisions::Standing)
 };
@@ -1907,6 +1909,41 @@ TEST(JobControl, ABrokenStreamAndOneEarlyReportNamingItsPodSettleANodeLossAtOnce
   other.rt->Disconnected(other.streams_[3], other.now);
   EXPECT_TRUE(other.rt->IsFenced("pod-3"));
   EXPECT_FALSE(other.rt->IsFenced("pod-1"));
+}
+
+// Issue 37: the report window gathers the other sides of a fault. Once every pod it does not
+// name has answered the abort, nothing more is coming: the decision maker decides at once, not
+// when its window (200 ms) runs out. A pod that has not answered keeps the window open.
+TEST(JobControl, EveryOtherPodsAnswerToTheAbortSettlesANodeLossWithoutWaitingOutTheWindow) {
+  for (const bool all_answer : {true, false}) {
+    ScriptedAgents sim(4, 2, kForce, kElastic);
+    sim.RegisterAll();
+    sim.Run(20, 0);
+    ASSERT_EQ(sim.rt->generation(), 1u);
+    sim.rt->Disconnected(sim.streams_[3], sim.now);
+    sim.Gone(3);
+    ASSERT_TRUE(sim.Send(1, CollectiveFailedWith(sim.rt->generation(), "10.0.0.3")).ok());
+    ASSERT_TRUE(sim.rt->IsFenced("pod-3"));
+    sim.Collect();
+    for (int64_t n : {0, 1, 2}) {
+      ASSERT_EQ(sim.Count(n, v1::ManagerMessage::kAbort), 1) << n;
+      if (n == 2 && !all_answer) continue;
+      v1::AgentMessage ack;
+      ack.mutable_ack()->set_directive_id(sim.inbox_[n].back().abort().directive_id());
+      ASSERT_TRUE(sim.Send(n, ack).ok());
+    }
+    sim.Collect();
+    if (all_answer) {
+      EXPECT_EQ(sim.rt->generation(), 2u) << "decided as the last answer came, not at a tick";
+      EXPECT_EQ(sim.starts_[0].plan().data_parallel(), 3u);
+      continue;
+    }
+    sim.Run(160, 0);
+    EXPECT_EQ(sim.rt->generation(), 1u) << "pod 2 has not answered: the window is still open";
+    sim.Run(60, 0);
+    EXPECT_EQ(sim.rt->generation(), 2u) << "the window ran out";
+    EXPECT_EQ(sim.starts_[0].plan().data_parallel(), 3u);
+  }
 }
 
 // Found by the integration scenario 6: a collective of generation 1 failed as it ended, its

@@ -65,6 +65,10 @@ void RemoteDecisions::Fault(const v1::FaultFacts& fault, int64_t) {
   Enqueue(AttachCore::FaultReport(fault));
 }
 
+void RemoteDecisions::FaultsSettled(uint64_t generation, int64_t) {
+  Enqueue(AttachCore::SettledReport(generation));
+}
+
 void RemoteDecisions::ReplacementRegistered(int64_t pod, const std::string& uid, int64_t) {
   Enqueue(AttachCore::ReplacementReport(pod, uid));
 }

@@ -79,6 +79,7 @@ class RemoteDecisions final : public Decisions {
   void PodRunning(int64_t pod, const std::string& uid, const std::string& node,
                   int64_t now) override;
   void Fault(const v1::FaultFacts& fault, int64_t now) override;
+  void FaultsSettled(uint64_t generation, int64_t now) override;
   void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t now) override;
   void ReportProgress(uint64_t epoch, uint64_t generation, int64_t committed_step,
                       uint32_t live_ranks, int64_t now) override;

@@ -32,6 +32,7 @@ std::string_view FactName(v1::ManagerReport::BodyCase body) {
     case v1::ManagerReport::kFault: return "fault";
     case v1::ManagerReport::kReplacement: return "replacement";
     case v1::ManagerReport::kProgress: return "progress";
+    case v1::ManagerReport::kSettled: return "settled";
     default: return "report";
   }
 }
@@ -305,13 +306,18 @@ Status Attachments::ApplyFact(const Attached& a, const v1::ManagerReport& report
       std::unique_lock lock(engine_mu_);
       return engine_.ReportProgress(a.job, status);
     }
+    case v1::ManagerReport::kSettled: {
+      std::unique_lock lock(engine_mu_);
+      return engine_.ReportFaultsSettled(
+          a.job, static_cast<int64_t>(std::min<uint64_t>(report.settled().generation(), INT64_MAX)));
+    }
     case v1::ManagerReport::kHello:
       return FailedPrecondition("this stream is already attached for job " + a.job +
                                 " (epoch " + std::to_string(a.epoch) +
                                 "): hello is its first message only");
     default:
       return InvalidArgument("the report of job " + a.job +
-                             " has no body: send a fault, replacement, progress or lease request");
+                             " has no body: send a fault, replacement, progress, settled or lease request");
   }
 }
 

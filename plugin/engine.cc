@@ -322,6 +322,13 @@ Status Job::OnReplacementRegistered(int64_t index, std::string_view uid, int64_t
   return Status::Ok();
 }
 
+void Job::OnFaultsSettled(int64_t generation) {
+  // Of a generation before the manager's latest: a report sent again after a reconnect, about
+  // faults already decided on.
+  if (generation < manager_.generation) return;
+  if (!pending_.empty()) window_settled_ = true;
+}
+
 void Job::OnManagerProgress(const ManagerProgress& status) {
   if (status.epoch < manager_.epoch) return;  // a fenced manager's report
   if (status.epoch == manager_.epoch && status.generation < manager_.generation) return;
@@ -676,6 +683,7 @@ void Job::Decide(int64_t now) {
   std::vector<PendingFault> batch = std::move(pending_);
   pending_.clear();
   window_start_ms_ = -1;
+  window_settled_ = false;
   if (IsTerminal(phase_) || phase_ == REGROUP_PHASE_RESTARTING) return;
   if (phase_ == REGROUP_PHASE_PAUSED) {
     for (auto& f : batch) held_.push_back(std::move(f));
@@ -929,9 +937,12 @@ bool Job::Tick(int64_t now) {
     it = it->second <= now ? avoid_.erase(it) : std::next(it);
   if (IsTerminal(phase_)) {
     pending_.clear();
+    window_settled_ = false;
     return false;
   }
-  if (!pending_.empty() && now >= window_start_ms_ + config_.report_window_ms) Decide(now);
+  if (!pending_.empty() &&
+      (window_settled_ || now >= window_start_ms_ + config_.report_window_ms))
+    Decide(now);
   if (phase_ == REGROUP_PHASE_PAUSED) DecideHeldWhilePaused(now);
   if (!TryGrow(now) && phase_ == REGROUP_PHASE_WAITING && directive_.deadline_ms >= 0 &&
       now >= directive_.deadline_ms) {
@@ -1123,6 +1134,13 @@ Status Engine::ReportReplacementRegistered(std::string_view job, int64_t index,
   auto found = JobFor(job, "");
   if (!found.ok()) return found.status();
   return (*found)->OnReplacementRegistered(index, uid, now);
+}
+
+Status Engine::ReportFaultsSettled(std::string_view job, int64_t generation) {
+  auto found = JobFor(job, "");
+  if (!found.ok()) return found.status();
+  (*found)->OnFaultsSettled(generation);
+  return Status::Ok();
 }
 
 Status Engine::ReportProgress(std::string_view job, const ManagerProgress& status) {

@@ -218,6 +218,7 @@ class Job {
   Status OnFault(PendingFault fault);
   Status OnReplacementRegistered(int64_t index, std::string_view uid, int64_t now);
   void OnManagerProgress(const ManagerProgress& status);
+  void OnFaultsSettled(int64_t generation);
   void UpdateSpec(JobSpec spec, JobConfig config);
 
   // Advances to `now`; returns true when a new directive was issued.
@@ -307,6 +308,7 @@ class Job {
   std::vector<PodSlot> slots_;
   std::vector<PendingFault> pending_;           // inside the report window
   int64_t window_start_ms_ = -1;
+  bool window_settled_ = false;  // the manager will report nothing more of these faults
   std::vector<PendingFault> held_;              // held while process-recover-enable=pause
   int64_t held_since_ms_ = -1;
   std::map<std::string, int64_t, std::less<>> avoid_;  // node -> until (ms)
@@ -354,6 +356,11 @@ class Engine {
                                      int64_t now);
   // The job's manager's progress (epoch, generation, committed step, live ranks).
   Status ReportProgress(std::string_view job, const ManagerProgress& status);
+  // The job's manager will report nothing more of the faults that aborted `generation` (every
+  // pod they do not name answered the abort): the report window open now closes at the next
+  // Tick. Nothing when no fault waits (a window opened later keeps its length), or when the
+  // manager has reported progress of a later generation since (a report sent again).
+  Status ReportFaultsSettled(std::string_view job, int64_t generation);
 
   // Applies one event or an array of events (JSON). Stops at the first bad one.
   Status ApplyEvents(const nlohmann::json& events, int64_t now);

@@ -198,7 +198,10 @@ TEST(Sim, AManagerAcceptingNoRecordCanSplitTheJob) {
     const Result r = sim::Run(o);
     EXPECT_EQ(r.refused_starts, 0u);
     if (!r.ok) {
-      EXPECT_NE(r.violation.find("a fenced incarnation commits"), std::string::npos)
+      // Two managers of one job: the older one commits after the newer, or one of them ends the
+      // job while the other still runs a pod of it.
+      EXPECT_TRUE(r.violation.find("a fenced incarnation commits") != std::string::npos ||
+                  r.violation.find("after the job stopped") != std::string::npos)
           << Explain(o, r);
       ++split;
     }
@@ -230,12 +233,14 @@ TEST(Sim, SeedsThatResumedFromStateNoRankHeldNoLongerDo) {
   }
 }
 
-// The last three seeds with a census gap: a restarted manager's new decision maker took a standby
-// for a holder (5519), the decision maker took replicas that had stopped while the survivors
-// trained on for holders (8780), and 29712. The manager's net catches each: it forms no such
-// generation, tells the decision maker (state_lost), and the job goes to the checkpoint.
+// Seeds with a census gap but for the manager's net: a restarted manager's new decision maker
+// took a standby for a holder (5519), and three more of the first 10,000 (672, 1950, 2377; 8780
+// and 29712, where the decision maker took replicas that had stopped while the survivors trained
+// on for holders, took another course once a fault's report window closed on the survivors'
+// answers, issue 37). The manager's net catches each: it forms no such generation, tells the
+// decision maker (state_lost), and the job goes to the checkpoint.
 TEST(Sim, AGenerationNoRankOfWhichHoldsAShardIsCaughtByTheManager) {
-  for (uint64_t s : {5519, 8780, 29712}) {
+  for (uint64_t s : {5519, 672, 1950, 2377}) {
     Options o;
     o.seed = s;
     const Result r = sim::Run(o);

@@ -200,6 +200,9 @@ class Coordinated final : public manager::Decisions {
   void Fault(const v1::FaultFacts& fault, int64_t) override {
     core_.Enqueue(manager::AttachCore::FaultReport(fault));
   }
+  void FaultsSettled(uint64_t generation, int64_t) override {
+    core_.Enqueue(manager::AttachCore::SettledReport(generation));
+  }
   void ReplacementRegistered(int64_t pod, const std::string& uid, int64_t) override {
     core_.Enqueue(manager::AttachCore::ReplacementReport(pod, uid));
   }

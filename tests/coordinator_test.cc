@@ -947,6 +947,30 @@ TEST_F(CoordinatorTest, CoordinatorDownWithoutDumpExitsAfterTheDecisionWait) {
   EXPECT_EQ(exits, 2);
 }
 
+// Issue 37: the manager's word that its faults are settled travels as a fact, after the fault;
+// the coordinator's engine then decides without waiting out the report window (its clock here
+// stays 50 ms past the moment the fault was sent: only the settle can close the window).
+TEST_F(CoordinatorTest, AManagersFaultsSettledCloseTheReportWindowAtTheCoordinator) {
+  Manager m(JobJson("recover-in-place,dump"), port_);
+  ASSERT_TRUE(m.remote().WaitAvailable(kWait)) << m.remote().last_error();
+  v1::FaultFacts f;
+  f.set_kind(v1::FAULT_KIND_PROCESS_EXIT);
+  f.add_pods(0);
+  f.add_ranks(0);
+  f.set_step(5);
+  const int64_t sent = Now();
+  m.remote().Fault(f, 0);
+  auto decided_within_the_window = [&] {
+    EXPECT_EQ(regroup_engine_tick(engine_, sent + 50, nullptr, nullptr), REGROUP_OK);
+    return Decision().kind == REGROUP_DIRECTIVE_RESTART_IN_PLACE;
+  };
+  ASSERT_TRUE(Eventually([&] { return m.remote().queued() == 0; }));
+  std::this_thread::sleep_for(100ms);  // written and read: the fault waits in its window
+  EXPECT_FALSE(decided_within_the_window());
+  m.remote().FaultsSettled(1, 0);
+  EXPECT_TRUE(Eventually(decided_within_the_window)) << DecisionJson().dump();
+}
+
 TEST_F(CoordinatorTest, FactsQueuedWhileAwayAreDeliveredAfterReattach) {
   Manager m(JobJson("recover-in-place,dump"), port_);
   ASSERT_TRUE(m.remote().WaitAvailable(kWait));

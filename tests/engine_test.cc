@@ -458,6 +458,29 @@ TEST_F(EngineTest, ReportWindowMergesAnExitAndACollectiveErrorIntoOneDecision) {
   EXPECT_EQ(job().history().size(), 1u) << "one decision for both reports";
 }
 
+// Issue 37: the manager says its faults are settled (every other pod answered the abort): the
+// window closes at the next tick. A settle with no fault waiting, or one of a generation older
+// than the manager's progress (sent again after a reconnect), leaves the next window whole.
+TEST_F(EngineTest, FaultsSettledCloseTheReportWindowAtTheNextTick) {
+  Submit(kForce, {{"recover-strategy", "retry,recover-in-place"}});
+  Progress(3, 6, 900, 8);
+  ASSERT_TRUE(engine_.ReportFaultsSettled(kJob, 3).ok());  // nothing waits: no effect
+  Fault("process_exit", {5}, 7, 1000);
+  EXPECT_EQ(Tick(1010).kind, REGROUP_DIRECTIVE_CONTINUE) << "the window is open";
+  ASSERT_TRUE(engine_.ReportFaultsSettled(kJob, 2).ok());  // stale: ignored
+  EXPECT_EQ(Tick(1020).kind, REGROUP_DIRECTIVE_CONTINUE);
+  ASSERT_TRUE(engine_.ReportFaultsSettled(kJob, 3).ok());
+  const Directive& d = Tick(1030);
+  EXPECT_EQ(d.kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE) << "decided 30 ms after the fault";
+  EXPECT_EQ(d.restart_ranks, (std::vector<int64_t>{5}));
+  // The next fault's window is whole again.
+  Progress(4, 9, 1500, 8);
+  Fault("collective_error", {2}, 10, 2000);
+  EXPECT_EQ(Tick(2199).kind, REGROUP_DIRECTIVE_RESTART_IN_PLACE) << "no new decision yet";
+  EXPECT_EQ(Tick(2200).kind, REGROUP_DIRECTIVE_RETRY);
+  EXPECT_EQ(engine_.ReportFaultsSettled("default/other", 4).code(), REGROUP_NOT_FOUND);
+}
+
 TEST_F(EngineTest, CollectiveErrorAloneIsRetried) {
   Submit(kForce, {{"recover-strategy", "retry"}});
   Fault("collective_error", {0}, 12, 0);

@@ -26,7 +26,8 @@ match.
 The flags and outputs are those of ``examples/train_mlp.py`` (``--ledger``, ``--out``,
 ``--step-sleep``, ...; not ``--ddp``, ``--dropout``, ``--poison-step``, ``--hold-sync``) plus
 ``--pp``, ``--ffn``, ``--blocks``, ``--schedule`` and ``--tp-impl``; the ledger is written by each replica's rank at position 0 (stage 0,
-tensor-parallel rank 0).
+tensor-parallel rank 0). ``--optimizer-sharding zero1`` (with ``--tp-impl hand``) shards each
+position's optimizer state over the ranks at that position in every replica (regroup.zero).
 """
 
 from __future__ import annotations
@@ -277,7 +278,9 @@ def main(argv=None) -> int:
         microbatches_per_step=args.microbatches, seed=args.seed, tensor_parallel=tp,
         pipeline_parallel=pp, checksum_interval=args.checksum_interval,
         checkpoint_dir=args.checkpoint_dir, checkpoint_interval=args.checkpoint_interval,
-        timeouts=regroup.Timeouts(abort_exit=args.abort_exit), tensor_parallel_plan=plan)
+        timeouts=regroup.Timeouts(abort_exit=args.abort_exit), tensor_parallel_plan=plan,
+        optimizer_sharding=None if args.optimizer_sharding == "none" else args.optimizer_sharding,
+        optimizer_copies=args.optimizer_copies)
     trainer = regroup.Trainer(model, opt, config=config)
     pipe = None
     if pp > 1:

@@ -106,6 +106,7 @@ class JobSpec:
     steps: int = 40
     tp: int = 1
     pp: int = 1                           # > 1: examples/train_grid.py, pipeline stages (torch 2.x)
+    grid: bool = False                    # examples/train_grid.py also with pp 1 (a hand-split tp grid)
     optimizer: str = "sgd"
     step_sleep: float = 0.1
     strategies: str = "retry,recover-in-place,recover,elastic-training,dump,exit"
@@ -136,7 +137,7 @@ class JobSpec:
 
     @property
     def script(self) -> Path:
-        return DROPIN if self.dropin else GRID if self.pp > 1 else EXAMPLE
+        return DROPIN if self.dropin else GRID if self.pp > 1 or self.grid else EXAMPLE
 
     @property
     def steps_per_epoch(self) -> int:

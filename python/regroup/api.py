@@ -280,8 +280,12 @@ class TrainerConfig:
         optimizer_sharding: None (every replica holds the whole optimizer state), or "zero1": a
             distributed optimizer; each data-parallel rank keeps the state of one contiguous
             slice of the flattened parameters, steps it, and the new parameters are all-gathered
-            (regroup.zero). Needs replicas of one rank (tensor and pipeline parallel 1), an
-            elementwise optimizer (SGD, Adam, AdamW, RMSprop) of one parameter group.
+            (regroup.zero). On a tp x pp grid every position (a tensor-parallel rank of a
+            pipeline stage) slices its own local parameters (a hand-split shard, a stage) over
+            its data-parallel group: the ranks at that position in every replica. Needs an
+            elementwise optimizer (SGD, Adam, AdamW, RMSprop) of one parameter group over the
+            rank's plain local parameters: not ``sharding`` nor ``tensor_parallel_plan``
+            (DTensor parameters).
         tensor_parallel_plan: None, or a ``torch.distributed.tensor.parallel.parallelize_module``
             plan (``{"submodule.name": ColwiseParallel(), ...}``): the trainer parallelizes the
             plain model it is given over each generation's tensor-parallel group (a DeviceMesh
@@ -360,9 +364,6 @@ class TrainerConfig:
             raise ConfigError(f"scheduler_interval={self.scheduler_interval!r} must be 'step' or 'epoch'")
         if self.sharding not in (None, "hsdp"):
             raise ConfigError(f"sharding={self.sharding!r} must be 'hsdp' or None")
-        if self.sharding is not None:
-            from regroup.sharded import require_fsdp2
-            require_fsdp2(f"sharding={self.sharding!r}")
         if self.optimizer_sharding not in (None, "zero1"):
             raise ConfigError(f"optimizer_sharding={self.optimizer_sharding!r} must be 'zero1' or None")
         if self.optimizer_copies not in (1, 2) or isinstance(self.optimizer_copies, bool):
@@ -373,10 +374,13 @@ class TrainerConfig:
         if self.optimizer_sharding is not None and self.sharding is not None:
             raise ConfigError(f"optimizer_sharding={self.optimizer_sharding!r} cannot be combined with "
                               f"sharding={self.sharding!r} (which shards the optimizer state with the model)")
-        if self.optimizer_sharding is not None and self.replica_size != 1:
-            raise ConfigError(f"optimizer_sharding={self.optimizer_sharding!r} shards over data-parallel "
-                              f"replicas of one rank: tensor_parallel={self.tensor_parallel} x "
-                              f"pipeline_parallel={self.pipeline_parallel} must be 1")
+        if self.optimizer_sharding is not None and self.tensor_parallel_plan is not None:
+            raise ConfigError(f"optimizer_sharding={self.optimizer_sharding!r} cannot be combined with "
+                              "tensor_parallel_plan: ZeRO-1 slices plain local parameters, not DTensors "
+                              "(split the model by hand, as examples/train_grid.py --tp-impl hand does)")
+        if self.sharding is not None:   # after the refusals of combinations, whatever the torch
+            from regroup.sharded import require_fsdp2
+            require_fsdp2(f"sharding={self.sharding!r}")
         if self.tensor_parallel_plan is not None:
             from regroup.tensor_parallel import check_plan
             check_plan(self)

@@ -337,7 +337,9 @@ def make_state(config: Any, model: torch.nn.Module, optimizer: Any, scheduler: A
         return TensorParallelState(model, optimizer, scheduler, extra, plan=config.tensor_parallel_plan)
     if config.optimizer_sharding == "zero1":
         from regroup.zero import ZeroState
-        return ZeroState(model, optimizer, scheduler, extra, copies=config.optimizer_copies)
+        return ZeroState(model, optimizer, scheduler, extra, copies=config.optimizer_copies,
+                         replica_size=config.replica_size,
+                         tensor_parallel=config.tensor_parallel if config.pipeline_parallel else config.replica_size)
     if config.sharding is None:
         return TrainingState(model, optimizer, scheduler, extra)
     if config.sharding == "hsdp":

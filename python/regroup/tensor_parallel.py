@@ -107,8 +107,7 @@ def check_plan(config: Any) -> None:
         raise ConfigError(f"tensor_parallel_plan splits modules over the tensor-parallel group: "
                           f"tensor_parallel={config.tensor_parallel} must be at least 2")
     for name, value, why in (("ddp", config.ddp, "the trainer sums the local gradients across the replicas itself"),
-                             ("sharding", config.sharding, "FSDP over the same ranks is not supported"),
-                             ("optimizer_sharding", config.optimizer_sharding, "ZeRO-1 needs replicas of one rank")):
+                             ("sharding", config.sharding, "FSDP over the same ranks is not supported")):
         if value:
             raise ConfigError(f"tensor_parallel_plan cannot be combined with {name}={value!r}: {why}")
 

@@ -97,23 +97,30 @@ def grid_reference(tmp_path, steps: int, extra) -> dict:
     return torch.load(out)
 
 
+def grid_through_faults(tmp_path, tmp_path_factory, procs, binaries, train, lost: int, steps: int = 40) -> None:
+    """examples/train_grid.py (tp 2, Adam, ``train``'s flags) on 2 nodes of one replica each,
+    through a killed rank, node ``lost`` lost and its return (sharded_e2e_test.kill_lose_and_return):
+    the weights equal one plain process's and the ledger holds every sample once."""
+    # Steps are slow (2 s) while scaled in, long enough for a replacement node's trainers to
+    # import torch and join before training ends (about 30 s on a loaded 2-core machine); the
+    # test waits for each recovery, it does not assume one.
+    optimizer = ["--optimizer", "adam"]
+    expected = grid_reference(tmp_path, steps, optimizer)
+    c = Cluster(tmp_path, procs, binaries, steps=steps, script=GRID, tp=2,
+                train=[*train, *optimizer, "--scaled-in-sleep", "2.0", "--verbose"])
+    c.start()
+    c.wait_step(5)
+    kill_lose_and_return(c, tmp_path, lost=lost)
+    status = c.finish(tmp_path_factory, [], [f"node{1 - lost}", f"node{lost}-replacement"], expected=expected)
+    assert "scale_out" in status, status
+
+
 @needs_tp
 @pytest.mark.e2e
 def test_dtensor_tp_recovers_a_killed_rank_a_lost_node_and_its_return(tmp_path, tmp_path_factory, procs, binaries):
-    # Steps are quick at full size and slow (2 s) while scaled in, long enough for a replacement
-    # node's trainers to import torch and join before training ends (about 30 s on a loaded
-    # 2-core machine); the test waits for each recovery, it does not assume one.
-    steps, optimizer = 40, ["--optimizer", "adam"]
-    expected = grid_reference(tmp_path, steps, optimizer)
-    c = Cluster(tmp_path, procs, binaries, steps=steps, script=GRID, tp=2,
-                train=["--tp-impl", "dtensor", *optimizer, "--step-sleep", "0.02", "--scaled-in-sleep", "2.0",
-                       "--verbose"])
-    c.start()
-    c.wait_step(5)
     # node0 is replica 0's: losing it renumbers node1's ranks 2, 3 -> 0, 1.
-    kill_lose_and_return(c, tmp_path, lost=0)
-    status = c.finish(tmp_path_factory, [], ["node1", "node0-replacement"], expected=expected)
-    assert "scale_out" in status, status
+    grid_through_faults(tmp_path, tmp_path_factory, procs, binaries, ["--tp-impl", "dtensor", "--step-sleep", "0.02"],
+                        lost=0)
     text = (tmp_path / "node1.log").read_text()
     # node1's ranks went from 2, 3 to 0, 1 and back: their module moved onto each new mesh.
     assert "tensor-parallel module re-homed on the mesh of ranks [0, 1]" in text, text[-3000:]

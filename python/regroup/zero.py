@@ -1,14 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """A distributed optimizer (ZeRO-1) that recovers in place: ``TrainerConfig(optimizer_sharding="zero1")``.
 
-Every data-parallel rank holds the whole model (replicas of one rank: tensor and pipeline
-parallel 1) but only a slice of the optimizer's state. The trainable parameters, flattened in
-``model.parameters()`` order (``n`` elements), are cut into ``dp`` contiguous slices by one
-deterministic rule of the generation's data-parallel size: slice ``k`` is
-``[k * n // dp, (k + 1) * n // dp)`` (:func:`slice_bounds`). Rank ``r`` owns slice ``r``; with
-``optimizer_copies=2`` it also keeps a second copy of slice ``(r + dp // 2) % dp``, half the ring
-away, so that losing a node (a block of at most ``dp // 2`` consecutive ranks, the ring wrapping
-around) leaves one copy of every slice.
+Every rank holds its local parameters (the whole model in replicas of one rank; on a tp x pp
+grid its hand-split shard of its pipeline stage) but only a slice of their optimizer state. A
+position of the grid (a tensor-parallel rank of a stage; the only one in replicas of one rank)
+is sharded over its data-parallel group, the ranks at that position in every replica (the group
+the trainer reduces its gradients over), and ``r`` below is a rank's index there (its replica).
+The trainable parameters, flattened in ``model.parameters()`` order (``n`` elements), are cut
+into ``dp`` contiguous slices by one deterministic rule of the generation's data-parallel size:
+slice ``k`` is ``[k * n // dp, (k + 1) * n // dp)`` (:func:`slice_bounds`). Rank ``r`` owns slice
+``r``; with ``optimizer_copies=2`` it also keeps a second copy of slice ``(r + dp // 2) % dp``,
+half the ring away, so that losing a node (a block of at most ``dp // 2`` consecutive replicas,
+the ring wrapping around) leaves one copy of every slice.
 
 A step (:meth:`ZeroState.prepare`, in the trainer's reduce, before the vote): the gradients are
 summed over the replicas and divided by the global batch as always; each rank runs the script's
@@ -24,14 +27,17 @@ RMSprop), whose step on a slice is the full optimizer's step restricted to it, e
 
 A generation change (restart in place, scale-in, scale-out) runs the ordinary state sync
 (regroup.sync: a new rank receives the model, scheduler and extra state from a holder, without
-the slices), then :meth:`ZeroState.after_sync` repartitions: one all-gather says which slices of
-the old partition each rank holds, every rank computes the same moves (:func:`plan_moves`), and
-each new slice is assembled from the overlapping old ones, point to point. A slice no rank holds
-(its owner lost, and no second copy, or both copies lost) cannot be recovered from a peer: the
-generation fails naming "optimizer shard lost, no second copy" and the job goes to its newest
-checkpoint. A checkpoint holds one file per slice (``shard-0000k-of-0000D``, the first with the
-model and the rest of the state); loading it gives a rank every slice, which the same
-repartition cuts to the new size.
+the slices), then :meth:`ZeroState.after_sync` repartitions: one all-gather over the whole
+generation says which slices of the old partition each rank holds, the ranks of each position
+compute the same moves (:func:`plan_moves`), and each new slice is assembled from the
+overlapping old ones, point to point between ranks of that position. A slice no rank of its
+position holds (its owner lost, and no second copy, or both copies lost) cannot be recovered
+from a peer: every rank of the generation fails naming "optimizer shard lost, no second copy"
+and the position, and the job goes to its newest checkpoint. A checkpoint holds one file per
+(position, slice): file ``position * dp + slice`` of ``tp * pp * dp`` (in replicas of one rank
+``shard-0000k-of-0000D``), a position's first with its model shard and the rest of the state;
+loading it gives a rank every slice of its position, which the same repartition cuts to the new
+size.
 """
 
 from __future__ import annotations
@@ -82,36 +88,54 @@ class Move:
     hi: int
 
 
-def plan_moves(held_by: Sequence[Set[int]], old_dp: int, new_dp: int, numel: int, copies: int) -> List[Move]:
+def where(position: int, replica_size: int, tp: int) -> str:
+    """How a message names a grid position (nothing for replicas of one rank)."""
+    if replica_size == 1:
+        return ""
+    return f" at position {position} (pipeline stage {position // tp}, tensor-parallel rank {position % tp})"
+
+
+def lost_slices(held_by: Sequence[Set[int]], old_dp: int, copies: int, at: str = "") -> Optional[str]:
+    """Why the old partition cannot be cut (some slice held by no rank), or None.
+
+    ``at``: the grid position whose data-parallel group ``held_by`` is (:func:`where`)."""
+    held = set().union(*held_by) if held_by else set()
+    missing = [k for k in range(old_dp) if k not in held]
+    if not missing:
+        return None
+    return (f"{LOST}: slice{'s' if len(missing) > 1 else ''} {missing}{at} of the optimizer state "
+            f"(partitioned over dp {old_dp}) {'are' if len(missing) > 1 else 'is'} held by no rank of "
+            f"the generation ({'set optimizer_copies=2 to keep one; ' if copies == 1 else 'both copies lost; '}"
+            "the job must resume from its newest checkpoint)")
+
+
+def plan_moves(held_by: Sequence[Set[int]], old_dp: int, new_dp: int, numel: int, copies: int,
+               at: str = "") -> List[Move]:
     """What moves where to cut the old partition's slices into the new one's.
 
     Args:
-        held_by: for each rank of the new generation, the old slices it holds (empty: none).
+        held_by: for each rank of the new generation's data-parallel group (its index there:
+            the replica), the old slices it holds (empty: none).
         old_dp, new_dp: the data-parallel sizes of the old and the new partition.
         numel: the flattened parameters' size.
         copies: 1, or 2 (every rank also holds its second copy: :func:`slices_of`).
+        at: the grid position, for the message (:func:`where`).
 
     Returns:
         Every piece each rank needs, in one order every rank computes alike (a rank's own
-        pieces first from itself; else from the lowest rank that holds the old slice).
+        pieces first from itself; else from the lowest rank that holds the old slice); sources
+        and destinations are indices in ``held_by``.
 
     Raises:
         StateSyncError: some old slice is held by no rank ("optimizer shard lost, no second copy").
     """
+    lost = lost_slices(held_by, old_dp, copies, at)
+    if lost is not None:
+        raise StateSyncError(lost)
     world = len(held_by)
     source: Dict[int, int] = {}
     for k in range(old_dp):
-        for r in range(world):
-            if k in held_by[r]:
-                source[k] = r
-                break
-    missing = [k for k in range(old_dp) if k not in source]
-    if missing:
-        raise StateSyncError(
-            f"{LOST}: slice{'s' if len(missing) > 1 else ''} {missing} of the optimizer state "
-            f"(partitioned over dp {old_dp}) {'are' if len(missing) > 1 else 'is'} held by no rank of "
-            f"the generation ({'set optimizer_copies=2 to keep one; ' if copies == 1 else 'both copies lost; '}"
-            "the job must resume from its newest checkpoint)")
+        source[k] = next(r for r in range(world) if k in held_by[r])
     moves = []
     for r in range(world):
         for j in slices_of(r, new_dp, copies):
@@ -124,7 +148,7 @@ def plan_moves(held_by: Sequence[Set[int]], old_dp: int, new_dp: int, numel: int
     return moves
 
 
-def choose_partition(views: Sequence[Sequence[Tuple[int, Set[int]]]]) -> Tuple[int, List[Set[int]]]:
+def choose_partition(views: Sequence[Sequence[Tuple[int, Set[int]]]], at: str = "") -> Tuple[int, List[Set[int]]]:
     """The old partition to cut from, and which of its slices each rank holds.
 
     ``views[r]`` is every (dp, slices) holding of rank ``r`` at the committed step: its current
@@ -139,7 +163,7 @@ def choose_partition(views: Sequence[Sequence[Tuple[int, Set[int]]]]) -> Tuple[i
     """
     dps = sorted({d for view in views for d, _ in view if d})
     if not dps:
-        raise StateSyncError("no rank holds the optimizer state")
+        raise StateSyncError(f"no rank{at} holds the optimizer state")
 
     def held_by(dp: int) -> List[Set[int]]:
         return [set().union(*[s for d, s in view if d == dp]) for view in views]
@@ -179,7 +203,8 @@ class ZeroState(TrainingState):
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                 scheduler: Any = None, extra: Any = None, *, copies: int = 1):
+                 scheduler: Any = None, extra: Any = None, *, copies: int = 1, replica_size: int = 1,
+                 tensor_parallel: Optional[int] = None):
         super().__init__(model, optimizer, scheduler, extra)
         if optimizer is None:
             raise ConfigError("optimizer_sharding='zero1' shards an optimizer's state: give the trainer the optimizer")
@@ -199,8 +224,13 @@ class ZeroState(TrainingState):
             raise ConfigError(f"optimizer_sharding='zero1' flattens the parameters: they must share one dtype "
                               f"and device, not {sorted(str(k) for k in kinds)}")
         self.copies = copies
-        self.numel = sum(p.numel() for p in params)
-        self.rank = 0
+        self.numel = sum(p.numel() for p in params)   # this rank's local parameters (its position's)
+        # The grid: ranks per replica (tp x pp) and tensor-parallel size; a position's slices
+        # are cut from its own local parameters, over its data-parallel group.
+        self.replica_size = replica_size
+        self.tp = tensor_parallel or replica_size
+        self.position = 0
+        self.rank = 0                 # this rank's index in its position's data-parallel group
         self.dp = 1                   # the partition of ``held``
         # slice index -> that slice's optimizer state (flat tensors and scalars); replaced, never
         # changed in place, by every apply (the previous dict is the undo: regroup.undo)
@@ -316,15 +346,18 @@ class ZeroState(TrainingState):
                 holds any.
             RuntimeError: a collective failed.
         """
-        if layout.replica_size != 1:
-            raise ConfigError(f"optimizer_sharding='zero1' needs replicas of one rank; generation has "
-                              f"{layout.replica_size} (tensor x pipeline parallel)")
+        R = layout.replica_size
+        if R != self.replica_size:
+            raise ConfigError(f"optimizer_sharding='zero1' was set up for replicas of {self.replica_size} "
+                              f"ranks; the generation has {R} (tensor x pipeline parallel)")
         self._pending = None
         self._slots.clear()
         world, rank, new_dp = layout.world_size, layout.rank, layout.dp
-        mine = slices_of(rank, new_dp, self.copies)
+        position, me = layout.position, layout.replica   # me: this rank's index in its dp group
+        self.tp = layout.tp
+        mine = slices_of(me, new_dp, self.copies)
         if committed_step < 0:  # nothing stepped yet: every slice starts empty
-            self.held, self.dp, self.rank = {j: {} for j in mine}, new_dp, rank
+            self.held, self.dp, self.rank, self.position = {j: {} for j in mine}, new_dp, me, position
             return 0
         holdings: List[Tuple[int, Dict[int, Dict[str, Any]]]] = []
         if holders[rank]:
@@ -332,39 +365,53 @@ class ZeroState(TrainingState):
             if self._earlier is not None and self._earlier[0] == committed_step and self._earlier[1] != self.dp:
                 holdings.append(self._earlier[1:])
         mine_view = [(d, set(h)) for d, h in holdings]
+        # The census is over the whole generation: every rank learns every position's holdings,
+        # so that a slice lost at any position fails every rank alike, naming it.
         views = [mine_view] if world == 1 else self._census(groups, mine_view, world, device)
-        old_dp, held_by = choose_partition(views)
+        partitions, lost = [], []
+        for p in range(R):
+            at = where(p, R, layout.tp)
+            dp_p, held_p = choose_partition(views[p::R], at)   # the ranks at p, replica order
+            partitions.append((dp_p, held_p))
+            why = lost_slices(held_p, dp_p, self.copies, at)
+            if why is not None:
+                lost.append(why)
+        if lost:
+            raise StateSyncError("; ".join(lost))
+        old_dp, held_by = partitions[position]
         source = next((h for d, h in holdings if d == old_dp), {})
-        moves = plan_moves(held_by, old_dp, new_dp, self.numel, self.copies)
+        moves = plan_moves(held_by, old_dp, new_dp, self.numel, self.copies, where(position, R, layout.tp))
         call = groups.sockets.call if groups is not None and groups.backend == "gloo" else None
         pieces: Dict[int, List[Tuple[int, Dict[str, Any]]]] = {j: [] for j in mine}
         sent = received = 0
-        for m in moves:
-            if m.source == rank:
+        for m in moves:   # point to point between the ranks at this position (global rank i * R + p)
+            if m.source == me:
                 c, d = slice_bounds(self.numel, old_dp, m.old)
                 piece = _piece(source[m.old], c, d - c, m.lo, m.hi)
-                if m.dest == rank:
+                if m.dest == me:
                     pieces[m.new].append((m.lo, piece))
                     continue
                 buffer = io.BytesIO()
                 save_tree(piece, buffer)
                 data = bytearray(buffer.getvalue())
+                dest = m.dest * R + position
                 if call is not None:
-                    call(send_payload, data, [m.dest], device)
+                    call(send_payload, data, [dest], device)
                 else:
-                    send_payload(data, [m.dest], device)
+                    send_payload(data, [dest], device)
                 sent += len(data)
-            elif m.dest == rank:
-                data = call(recv_payload, m.source, device) if call is not None else recv_payload(m.source, device)
+            elif m.dest == me:
+                src = m.source * R + position
+                data = call(recv_payload, src, device) if call is not None else recv_payload(src, device)
                 received += len(data)
                 pieces[m.new].append((m.lo, load_tree(io.BytesIO(data))))
         if old_dp != new_dp and source:
             self._earlier = (committed_step, old_dp, source)
         self.held = {j: self._assemble(j, new_dp, pieces[j]) for j in mine}
-        self.dp, self.rank, self._applies = new_dp, rank, 0
+        self.dp, self.rank, self.position, self._applies = new_dp, me, position, 0
         self.bytes_received += received
-        log.info("regroup: ZeRO-1 optimizer slices %s of dp %d assembled from dp %d (%d bytes received)",
-                 mine, new_dp, old_dp, received)
+        log.info("regroup: ZeRO-1 optimizer slices %s%s of dp %d assembled from dp %d (%d bytes received)",
+                 mine, where(position, R, layout.tp), new_dp, old_dp, received)
         return sent
 
     def _census(self, groups: Any, mine: List[Tuple[int, Set[int]]], world: int,
@@ -411,17 +458,20 @@ class ZeroState(TrainingState):
         return buffer.getvalue()
 
     def checkpoint_files(self, generation: Any, dump: bool, position: int, count: int) -> List[Tuple[int, int, Any]]:
-        """One file per slice: the owner writes its own at a periodic checkpoint; a dump writes
-        every slice held here (a second copy stands for a lost owner)."""
+        """One file per (position, slice), file ``position * dp + slice`` of ``tp * pp * dp``
+        (replicas of one rank: file ``slice`` of ``dp``): the owner writes its own at a periodic
+        checkpoint; a dump writes every slice held here (a second copy stands for a lost owner)."""
+        count = self.replica_size * self.dp
         if dump:
-            return [(k, self.dp, k) for k in sorted(self.held)]
-        return [(self.rank, self.dp, self.rank)]
+            return [(self.position * self.dp + k, count, k) for k in sorted(self.held)]
+        return [(self.position * self.dp + self.rank, count, self.rank)]
 
     def checkpoint_state(self, committed_step: int, part: Any) -> Dict[str, Any]:
-        """Slice ``part``'s file: the first also holds the model and the rest of the state, the
-        others their slice only (a checkpoint is then the size of an unsharded one)."""
+        """Slice ``part``'s file: a position's first also holds its model shard and the rest of
+        the state, the others their slice only (a checkpoint is then the size of an unsharded one)."""
         out = TrainingState.state_dict(self, committed_step) if part == 0 else {"committed_step": committed_step}
-        out["zero1"] = {"dp": self.dp, "numel": self.numel, "slices": {part: self.held[part]}}
+        out["zero1"] = {"dp": self.dp, "numel": self.numel, "position": self.position,
+                        "slices": {part: self.held[part]}}
         return out
 
     def state_dict(self, committed_step: int) -> Dict[str, Any]:
@@ -444,18 +494,28 @@ class ZeroState(TrainingState):
         self._pending = None
 
     def load_checkpoint(self, checkpointer: Any, info: Any, position: int) -> None:
-        """Loads the model and the rest from the first file, and every slice from all of them
-        (the first rank's random generators, as an unsharded checkpoint holds replica 0's)."""
-        first = checkpointer.load(info, 0)
+        """Loads the model and the rest from ``position``'s first file, and every slice of that
+        position from all of its files (the first rank's random generators, as an unsharded
+        checkpoint holds replica 0's)."""
+        if info.replica_size % self.replica_size:
+            raise CheckpointError(f"checkpoint {info.path} has {info.replica_size} files, not a multiple of "
+                                  f"{self.replica_size} positions: the job's tensor x pipeline size changed")
+        files = info.replica_size // self.replica_size   # the dp the checkpoint was written at
+        first = checkpointer.load(info, position * files)
         meta = first.get("zero1")
         if meta is None:
             raise CheckpointError(f"checkpoint {info.path} holds a whole optimizer state, not ZeRO-1 slices: "
                                   "resume it without optimizer_sharding")
+        if int(meta["dp"]) != files or int(meta.get("position", 0)) != position:
+            raise CheckpointError(f"checkpoint {info.path}: file {position * files} holds position "
+                                  f"{meta.get('position', 0)} at dp {meta['dp']}, not position {position} of "
+                                  f"{self.replica_size} at dp {files}: the job's tensor x pipeline size changed")
         slices: Dict[int, Any] = {}
-        for f in range(info.replica_size):
-            part = first if f == 0 else checkpointer.load(info, f)
+        for f in range(files):
+            part = first if f == 0 else checkpointer.load(info, position * files + f)
             slices.update({int(k): v for k, v in part["zero1"]["slices"].items()})
         if set(slices) != set(range(int(meta["dp"]))):
-            raise CheckpointError(f"checkpoint {info.path} holds optimizer slices {sorted(slices)} of dp {meta['dp']}")
+            raise CheckpointError(f"checkpoint {info.path} holds optimizer slices {sorted(slices)}"
+                                  f"{where(position, self.replica_size, self.tp)} of dp {meta['dp']}")
         self.load_state_dict({k: v for k, v in first.items() if k != "zero1"})
         self._take_slices(meta, slices)

@@ -10,10 +10,14 @@
 - the checkpoint fallback: a dp 4 job's checkpoint (one file per slice) resumed by one process
   trains on to the uninterrupted run's weights, and so does a dump by one rank holding second
   copies;
+- on a tp x pp grid, each position's slices over its own data-parallel group: the repartition
+  tp 2 x dp 2 -> dp 1 -> dp 2 per position, a lost slice named with its position (pp 2), a
+  hand-split tp 2 x dp 2 job's checkpoint (a file per position and slice) resumed at tp 2 x dp 1,
+  and a hand-run dp 2 x pp 2 pipeline trained as one process and resumed at dp 1;
 - the undo of an applied step whose vote is rolled back, and the configuration's refusals.
 
 The recovery under the real manager and agents (a killed rank, a lost node, its return) is
-integration scenario 50.
+integration scenario 50, and on a tp 2 grid zero_e2e_test.py.
 """
 
 from __future__ import annotations
@@ -200,8 +204,8 @@ def test_zero1_sgd_with_momentum_in_one_process_equals_the_plain_optimizer():
 # -- the repartition ----------------------------------------------------------------------------
 
 
-def _reference_state(numel: int) -> dict:
-    g = torch.Generator().manual_seed(5)
+def _reference_state(numel: int, seed: int = 5) -> dict:
+    g = torch.Generator().manual_seed(seed)
     return {"exp_avg": torch.randn(numel, generator=g, dtype=torch.float64),
             "exp_avg_sq": torch.rand(numel, generator=g, dtype=torch.float64), "step": torch.tensor(5.0)}
 
@@ -211,17 +215,19 @@ def _slice(full: dict, numel: int, dp: int, k: int) -> dict:
     return {key: (v[a:b].clone() if v.dim() else v.clone()) for key, v in full.items()}
 
 
-def _generation(rank: int, world: int, port: int, state: ZeroState, holds: bool):
-    """Forms a real generation (regroup.group) of ``world`` ranks and repartitions ``state``."""
+def _generation(rank: int, world: int, port: int, state: ZeroState, holds: bool, tp: int = 1, pp: int = 1):
+    """Forms a real generation (regroup.group) of ``world`` ranks (a dp x ``tp`` x ``pp`` grid)
+    and repartitions ``state``; without ``holds``, the last replica is new (holds nothing)."""
     from regroup.abort import GroupSockets
     from regroup.group import Layout, build_groups
 
     sockets = GroupSockets(port)
-    groups = build_groups(store_host="127.0.0.1", store_port=port, layout=Layout(world, rank, 1), backend="gloo",
-                          rendezvous_s=60, collective_s=60, aborted=threading.Event(), sockets=sockets)
-    holders = [holds] * world   # every survivor holds the committed state; the new rank does not
+    groups = build_groups(store_host="127.0.0.1", store_port=port, layout=Layout.grid(world, rank, tp, pp),
+                          backend="gloo", rendezvous_s=60, collective_s=60, aborted=threading.Event(),
+                          sockets=sockets)
+    holders = [holds] * world   # every survivor holds the committed state; the new ranks do not
     if not holds:
-        holders = [r != world - 1 for r in range(world)]
+        holders = [r < world - tp * pp for r in range(world)]
     try:
         return state.after_sync(groups.layout, groups, holders, 5, torch.device("cpu")), None
     except StateSyncError as e:
@@ -297,6 +303,211 @@ def test_repartition_dp4_to_3_to_4_restores_a_lost_slice_from_its_second_copy_an
         assert error is not None and LOST in error and "slice [2]" in error and "newest checkpoint" in error, error
 
 
+# -- on a tp x pp grid: every position slices its own local parameters over its dp group ----------
+
+
+def _position_state(position: int, copies: int, replica_size: int = 2, tp: int = 2) -> ZeroState:
+    """A rank's state at ``position``: each position's local parameters differ in size (a
+    shard, a stage), so the slices of one position are not another's."""
+    torch.manual_seed(position)
+    model = torch.nn.Sequential(torch.nn.Linear(3 + position, 2 + position, dtype=torch.float64))
+    return ZeroState(model, make_optimizer(model), copies=copies, replica_size=replica_size, tensor_parallel=tp)
+
+
+def _grid_rank(rank: int, world: int, port: int, out: str) -> None:
+    """4 processes, 2 replicas of 2 ranks. With second copies, on tp 2: dp 2, replica 1 lost
+    (dp 1: each position's survivor holds its whole state), replica 1 back with nothing (dp 2).
+    Without, on pp 2: replica 1 lost; the survivors cannot form dp 1, naming both positions."""
+    torch.set_num_threads(1)
+    report = {}
+    for case, copies, tp, pp, base in (("copies2", 2, 2, 1, port + 1), ("copies1", 1, 1, 2, port + 4)):
+        position, replica = rank % 2, rank // 2
+        state = _position_state(position, copies, tp=tp)
+        full = _reference_state(state.numel, seed=10 + position)
+        state.dp, state.rank, state.position = 2, replica, position
+        state.held = {k: _slice(full, state.numel, 2, k) for k in slices_of(replica, 2, copies)}
+        r = report[case] = {}
+        if replica == 0:
+            sent, error = _generation(rank, 2, base, state, True, tp, pp)
+            r["dp1"] = {"error": error, "held": state.held, "rank": state.rank, "dp": state.dp, "sent": sent}
+            if error is not None:
+                continue
+        elif copies == 1:
+            continue                          # the survivors cannot form dp 1: no return
+        else:
+            state = _position_state(position, copies, tp=tp)   # back as a fresh process
+        sent, error = _generation(rank, 4, base + 1, state, replica == 0, tp, pp)
+        r["dp2"] = {"error": error, "held": state.held, "rank": state.rank, "dp": state.dp,
+                    "position": state.position, "received": state.bytes_received}
+    torch.save(report, os.path.join(out, f"rank{rank}.pt"))
+
+
+def test_on_a_tp2_grid_each_position_repartitions_its_own_slices_and_a_lost_one_is_named_with_its_position(tmp_path):
+    _spawn(_grid_rank, 4, str(tmp_path))
+    reports = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(4)]
+    for rank, report in enumerate(reports):
+        position = rank % 2
+        numel = _position_state(position, 2).numel
+        full = _reference_state(numel, seed=10 + position)
+        r = report["copies2"]
+        if rank < 2:   # replica 0: dp 1 holds its position's every slice, its own and its copy's
+            assert r["dp1"]["error"] is None and r["dp1"]["dp"] == 1 and r["dp1"]["sent"] == 0
+            _check_held(r["dp1"]["held"], full, numel, 1, 0, 2)
+        assert r["dp2"]["error"] is None and (r["dp2"]["dp"], r["dp2"]["position"]) == (2, position)
+        _check_held(r["dp2"]["held"], full, numel, 2, rank // 2, 2)
+        if rank >= 2:  # the returning replica received its position's slices from position's survivor
+            assert r["dp2"]["received"] > 0
+    assert _position_state(0, 2).numel != _position_state(1, 2).numel
+    # without second copies (pp 2: positions are stages): every survivor names both positions
+    for rank in (0, 1):
+        error = reports[rank]["copies1"]["dp1"]["error"]
+        assert error is not None and error.startswith(LOST), error
+        for position in (0, 1):
+            named = f"slice [1] at position {position} (pipeline stage {position}, tensor-parallel rank 0)"
+            assert named in error, error
+        assert "newest checkpoint" in error
+
+
+def _grid_ckpt_rank(rank: int, world: int, port: int, argv: list) -> None:
+    import runpy
+    import sys
+
+    _env(rank, world, port)
+    sys.argv = [str(GRID), *argv]
+    try:
+        runpy.run_path(str(GRID), run_name="__main__")
+    except SystemExit as e:
+        assert not e.code, e.code
+
+
+GRID = Path(__file__).resolve().parents[2] / "examples" / "train_grid.py"
+GRID_ARGS = ["--float64", "--dataset", "64", "--microbatches", "4", "--micro-batch", "4", "--quiet",
+             "--optimizer", "adam", "--checksum-interval", "0"]
+
+
+def test_a_checkpoint_at_tp2_x_dp2_holds_a_file_per_position_and_slice_and_resumes_at_tp2_x_dp1(tmp_path):
+    """examples/train_grid.py (hand tp 2, Adam) at dp 2 checkpoints every 3 steps: 4 files, file
+    ``position * 2 + slice``. The job gone back to step 2's checkpoint resumes at dp 1 (2 ranks)
+    and trains on to one plain process's weights."""
+    import subprocess
+
+    from regroup.checkpoint import Checkpointer
+    from regroup.state import load_tree
+    from regroup.testing import PYTHON
+
+    ckpt, steps = tmp_path / "ckpt", 6
+    zero = [*GRID_ARGS, "--tp", "2", "--optimizer-sharding", "zero1", "--checkpoint-dir", str(ckpt)]
+    _spawn(_grid_ckpt_rank, 4, [*zero, "--steps", str(steps), "--checkpoint-interval", "3"])
+    complete = Checkpointer(str(ckpt)).complete()
+    assert [(c.step, c.replica_size) for c in complete] == [(2, 4), (5, 4)], complete
+    for f in range(4):
+        written = load_tree(complete[0].shard(f))
+        meta = written["zero1"]
+        assert (meta["position"], sorted(meta["slices"]), meta["dp"]) == (f // 2, [f % 2], 2), f
+        assert ("model" in written) == (f % 2 == 0), f   # a position's first file holds its model shard
+    shutil.rmtree(complete[1].path)    # the job goes back to step 2's checkpoint, at dp 1
+    ledger = tmp_path / "ledger"
+    _spawn(_grid_ckpt_rank, 2, [*zero, "--steps", str(steps + 2), "--out", str(tmp_path / "resumed.pt"),
+                                "--ledger", str(ledger)])
+    from regroup.testing import read_ledger
+    assert sorted({r["step"] for r in read_ledger(ledger)}) == list(range(3, steps + 2))  # from the checkpoint
+    ref = tmp_path / "ref.pt"
+    subprocess.run([PYTHON, str(GRID), *GRID_ARGS, "--steps", str(steps + 2), "--out", str(ref)], check=True,
+                   timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    error = relative_error(torch.load(ref), torch.load(tmp_path / "resumed.pt"))
+    assert error <= 1e-9, f"norm-relative error {error:.3e}"
+
+
+def _stages(whole: bool):
+    """The two pipeline stages of a tiny model (each drawn from its own seed), or both in one."""
+    torch.manual_seed(1)
+    first = torch.nn.Sequential(torch.nn.Linear(5, 6, dtype=torch.float64), torch.nn.Tanh())
+    torch.manual_seed(2)
+    last = torch.nn.Linear(6, 2, dtype=torch.float64)
+    return torch.nn.Sequential(first, last) if whole else (first, last)
+
+
+def _pipeline_data():
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(64, 5, generator=g, dtype=torch.float64), torch.randn(64, 2, generator=g, dtype=torch.float64)
+
+
+def _pipeline_rank(rank: int, world: int, port: int, out: str, steps: int, ckpt: str, interval: int) -> None:
+    """A rank of a dp x pp 2 job (ZeRO-1, Adam, second copies) whose 2-stage pipeline is run by
+    hand (torch 1.13 has no torch.distributed.pipelining): activations and their gradients sent
+    point to point between the stages, micro-batch by micro-batch."""
+    import torch.distributed as dist
+
+    _env(rank, world, port)
+    x, y = _pipeline_data()
+    stage = rank % 2
+    model = _stages(False)[stage]
+    trainer = regroup.Trainer(model, make_optimizer(model), config=regroup.TrainerConfig(
+        **CONFIG, tensor_parallel=1, pipeline_parallel=2, optimizer_sharding="zero1", optimizer_copies=2,
+        checkpoint_dir=ckpt, checkpoint_interval=interval))
+    first = None
+    for step in trainer.steps(steps):
+        first = step.number if first is None else first
+        layout = step.generation.groups.layout
+        with step:
+            for mb in step.microbatches():
+                with mb:
+                    if stage == 0:
+                        h = model(x[mb.indices])
+                        dist.send(h.detach().contiguous(), layout.pp_next)
+                        grad = torch.empty_like(h)
+                        dist.recv(grad, layout.pp_next)
+                        h.backward(grad)
+                    else:
+                        h = torch.empty(len(mb.indices), 6, dtype=torch.float64)
+                        dist.recv(h, layout.pp_prev)
+                        h.requires_grad_()
+                        step.backward(((model(h) - y[mb.indices]) ** 2).sum())
+                        dist.send(h.grad, layout.pp_prev)
+            trainer.commit(step)
+    if step.generation.replica == 0:
+        torch.save({"params": {n: p.detach() for n, p in model.named_parameters()},
+                    "first": first},
+                   os.path.join(out, f"stage{stage}.pt"))
+
+
+def _pipeline_reference(steps: int) -> dict:
+    """One plain process: both stages as one model, one plain Adam."""
+    x, y = _pipeline_data()
+    model = _stages(True)
+    trainer = regroup.Trainer(model, make_optimizer(model), config=regroup.TrainerConfig(**CONFIG))
+    for step in trainer.steps(steps):
+        with step:
+            for mb in step.microbatches():
+                with mb:
+                    step.backward(((model(x[mb.indices]) - y[mb.indices]) ** 2).sum())
+            trainer.commit(step)
+    return {f"{i}.{n}": p.detach() for i, stage in enumerate(model) for n, p in stage.named_parameters()}
+
+
+def _pipeline_weights(out: Path, first: int) -> dict:
+    saved = [torch.load(out / f"stage{i}.pt") for i in range(2)]
+    assert [s["first"] for s in saved] == [first] * 2   # the first step trained (after a checkpoint's)
+    return {f"{i}.{n}": p for i, s in enumerate(saved) for n, p in s["params"].items()}
+
+
+def test_zero1_on_a_dp2_x_pp2_pipeline_trains_as_one_process_and_its_checkpoint_resumes_at_dp1(tmp_path):
+    """Each stage's parameters are sliced over the stage's own data-parallel group; the job's
+    checkpoint (a file per stage and slice) resumed at dp 1 x pp 2 trains on to the same weights."""
+    from regroup.checkpoint import Checkpointer
+
+    ckpt = tmp_path / "ckpt"
+    _spawn(_pipeline_rank, 4, str(tmp_path), STEPS, str(ckpt), 3)
+    error = relative_error(_pipeline_reference(STEPS), _pipeline_weights(tmp_path, 0))
+    assert error <= 1e-9, f"dp 2 x pp 2: norm-relative error {error:.3e}"
+    complete = Checkpointer(str(ckpt)).complete()
+    assert [(c.step, c.replica_size) for c in complete] == [(2, 4), (5, 4)], complete
+    shutil.rmtree(complete[1].path)
+    _spawn(_pipeline_rank, 2, str(tmp_path), STEPS + 2, str(ckpt), 0)
+    error = relative_error(_pipeline_reference(STEPS + 2), _pipeline_weights(tmp_path, 3))
+    assert error <= 1e-9, f"resumed at dp 1 x pp 2: norm-relative error {error:.3e}"
+
+
 def test_plan_moves_names_every_lost_slice_and_takes_own_pieces_locally():
     with pytest.raises(StateSyncError, match=r"optimizer shard lost, no second copy: slices \[2, 3\]"):
         plan_moves([{0}, {1}], 4, 2, 100, 1)
@@ -346,8 +557,14 @@ def test_the_configuration_refuses_what_cannot_work():
         regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", optimizer_copies=3)
     with pytest.raises(regroup.ConfigError, match="set optimizer_sharding='zero1'"):
         regroup.TrainerConfig(**CONFIG, optimizer_copies=2)
-    with pytest.raises(regroup.ConfigError, match="tensor_parallel=2 x pipeline_parallel=None must be 1"):
-        regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", tensor_parallel=2)
+    # a tp x pp grid is sharded per position; what slices no plain local parameters is refused
+    regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", tensor_parallel=2, pipeline_parallel=2)
+    with pytest.raises(regroup.ConfigError, match="optimizer_sharding='zero1' cannot be combined with "
+                                                  "sharding='hsdp'"):
+        regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", sharding="hsdp", tensor_parallel=2)
+    with pytest.raises(regroup.ConfigError, match="optimizer_sharding='zero1' cannot be combined with "
+                                                  "tensor_parallel_plan: .* not DTensors"):
+        regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", tensor_parallel=2, tensor_parallel_plan={})
     model = make_model()
     config = regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1")
     with pytest.raises(regroup.ConfigError, match="elementwise optimizer.*this is LBFGS"):

@@ -30,9 +30,12 @@ v1::ManagerMessage Generations::Start(int64_t pod, const v1::GenerationPlan& pla
   auto* start = m.mutable_start();
   start->set_directive_id(directive_id);
   *start->mutable_plan() = plan;
+  // The pod's own ranks, in the order of their global ranks (not a walk over every rank of the
+  // job for each pod: at 8,192 pods of 8 ranks that was half a billion steps a generation).
   const std::vector<RankPlace>& places = running_.places();
-  for (size_t g = 0; g < places.size(); ++g) {
-    if (places[g].pod != pod) continue;
+  std::vector<uint32_t> ranks = running_.RanksOf(pod);
+  std::sort(ranks.begin(), ranks.end());
+  for (const uint32_t g : ranks) {
     auto* ra = start->mutable_plan()->add_ranks();
     ra->set_local_rank(places[g].local_rank);
     ra->set_rank(static_cast<uint32_t>(g));

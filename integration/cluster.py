@@ -634,10 +634,16 @@ class Cluster:
         if self.scheduler is not None:
             self.scheduler.on_node_killed(node)  # its kubelet dies; the node goes NotReady
         pids = set(self.net.pids(n))
+        agents = []
         for pod in self.pods.values():
             if pod.node is n:
                 pids.update(_tree(pod.process.pid))
-        for pid in pids:
+                agents.append(_agent_pid(pod.process.pid))
+        # The agents first: a host that dies takes its processes down together, and an agent
+        # killed after one of its trainers would report that trainer's exit first, a process
+        # fault instead of the lost node.
+        first = [a for a in agents if a is not None]
+        for pid in first + sorted(pids - set(first)):
             _signal(pid, signal.SIGKILL)
         record = self.note("kill a node", at=at, node=node)
         for pod in self.pods.values():

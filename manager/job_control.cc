@@ -1001,17 +1001,21 @@ void JobControl::AbortAnswered(int64_t pod, uint64_t directive_id, int64_t now) 
   if (settling_generation_ == 0 || !abort_ || directive_id != abort_->abort().directive_id())
     return;
   unanswered_.erase(pod);
-  if (unanswered_.empty()) SettleFaults(now);  // (lost pods leave the set at a tick: no scan here)
+  // The last answer: the decision is taken now, not at the next tick. (Lost pods leave the set
+  // at a tick: no scan of it here, per answer.)
+  if (unanswered_.empty() && SettleFaults(now)) {
+    decisions_->Tick(now);
+    TakeDecisions(now);
+  }
 }
 
-void JobControl::SettleFaults(int64_t now) {
-  if (settling_generation_ == 0) return;
+bool JobControl::SettleFaults(int64_t now) {
+  if (settling_generation_ == 0) return false;
   std::erase_if(unanswered_, [&](int64_t p) { return pods_[p].state == AgentState::kLost; });
-  if (!unanswered_.empty()) return;
+  if (!unanswered_.empty()) return false;
   decisions_->FaultsSettled(settling_generation_, now);
   settling_generation_ = 0;
-  decisions_->Tick(now);
-  TakeDecisions(now);
+  return true;
 }
 
 void JobControl::SendAbort(int64_t pod) {

@@ -261,8 +261,9 @@ class JobControl {
   // Pod `pod` answered the abort `directive_id` (its agent acknowledged it).
   void AbortAnswered(int64_t pod, uint64_t directive_id, int64_t now);
   // Tells the decision maker the faults are settled once every pod of the aborted generation
-  // answered the abort or is lost (a pod whose stream is down keeps the report window open).
-  void SettleFaults(int64_t now);
+  // answered the abort or is lost (a pod whose stream is down keeps the report window open);
+  // true when it told it now.
+  bool SettleFaults(int64_t now);
   // Carries out the decision maker's new directives.
   void TakeDecisions(int64_t now);
   // A pod that resumed its session: what it missed while its stream was down, sent again.

@@ -1946,6 +1946,37 @@ TEST(JobControl, EveryOtherPodsAnswerToTheAbortSettlesANodeLossWithoutWaitingOut
   }
 }
 
+// What the decision maker hears: the aborted generation's faults settled, once, and only on
+// answers to the abort that is current (a coordinator ignores a settle of an older generation).
+TEST(JobControl, TheFaultsOfTheAbortedGenerationAreSettledOnceOnAnswersToItsAbort) {
+  ScriptedAgents sim(4, 2, kForce, kElastic);
+  Scripted* decisions = UseScripted(sim);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  ASSERT_EQ(sim.rt->generation(), 1u);
+  sim.rt->Disconnected(sim.streams_[3], sim.now);
+  sim.Gone(3);
+  ASSERT_TRUE(sim.Send(1, CollectiveFailedWith(1, "10.0.0.3")).ok());
+  sim.Collect();
+  ASSERT_EQ(decisions->faults.size(), 1u);
+  const uint64_t abort_id = sim.inbox_[0].back().abort().directive_id();
+  auto answer = [&](int64_t n, uint64_t id) {
+    v1::AgentMessage ack;
+    ack.mutable_ack()->set_directive_id(id);
+    ASSERT_TRUE(sim.Send(n, ack).ok());
+  };
+  for (int64_t n : {0, 1, 2}) answer(n, abort_id - 1);  // another directive's acknowledgment
+  EXPECT_TRUE(decisions->settled.empty());
+  answer(0, abort_id);
+  answer(1, abort_id);
+  EXPECT_TRUE(decisions->settled.empty()) << "pod 2 has not answered";
+  answer(2, abort_id);
+  EXPECT_EQ(decisions->settled, (std::vector<uint64_t>{1}));
+  answer(2, abort_id);  // again: settled already
+  sim.Run(100);
+  EXPECT_EQ(decisions->settled, (std::vector<uint64_t>{1}));
+}
+
 // Found by the integration scenario 6: a collective of generation 1 failed as it ended, its
 // report arrived once generation 2 was running, and it aborted generation 2.
 TEST(JobControl, ALateFaultOfAnEarlierGenerationDoesNotAbortTheRunningOne) {

@@ -338,8 +338,7 @@ def make_state(config: Any, model: torch.nn.Module, optimizer: Any, scheduler: A
     if config.optimizer_sharding == "zero1":
         from regroup.zero import ZeroState
         return ZeroState(model, optimizer, scheduler, extra, copies=config.optimizer_copies,
-                         replica_size=config.replica_size,
-                         tensor_parallel=config.tensor_parallel if config.pipeline_parallel else config.replica_size)
+                         replica_size=config.replica_size, tensor_parallel=config.tensor_parallel)
     if config.sharding is None:
         return TrainingState(model, optimizer, scheduler, extra)
     if config.sharding == "hsdp":

@@ -461,10 +461,10 @@ class ZeroState(TrainingState):
         """One file per (position, slice), file ``position * dp + slice`` of ``tp * pp * dp``
         (replicas of one rank: file ``slice`` of ``dp``): the owner writes its own at a periodic
         checkpoint; a dump writes every slice held here (a second copy stands for a lost owner)."""
-        count = self.replica_size * self.dp
+        files = count * self.dp
         if dump:
-            return [(self.position * self.dp + k, count, k) for k in sorted(self.held)]
-        return [(self.position * self.dp + self.rank, count, self.rank)]
+            return [(position * self.dp + k, files, k) for k in sorted(self.held)]
+        return [(position * self.dp + self.rank, files, self.rank)]
 
     def checkpoint_state(self, committed_step: int, part: Any) -> Dict[str, Any]:
         """Slice ``part``'s file: a position's first also holds its model shard and the rest of

@@ -839,6 +839,9 @@ v1::LocalRank AgentCore::Report(uint32_t r) const {
   out.set_voted_step(k.voted_step);
   out.set_voted_epoch(k.voted_epoch);
   out.set_voted_generation(k.voted_generation);
+  out.set_voted_world_size(k.voted_world_size);
+  out.set_voted_ok(k.voted_ok);
+  out.set_voted_checksum(k.voted_checksum);
   return out;
 }
 
@@ -987,6 +990,9 @@ void AgentCore::OnTrainerMessage(Millis now, uint32_t r, const v1::TrainerMessag
       k.voted_step = vote.step();
       k.voted_epoch = started_epoch_;
       k.voted_generation = vote.generation();
+      k.voted_world_size = vote.generation() == k.plan_generation ? k.plan_world_size : 0;
+      k.voted_ok = vote.ok();
+      k.voted_checksum = vote.checksum();
       NoteHeldState(k);
       k.generation = std::max(k.generation, vote.generation());
       if (auto why = tally_.Add(r, vote)) {
@@ -1031,6 +1037,8 @@ void AgentCore::Deliver(uint32_t r, const v1::AgentReply& reply) {
   Rank& k = ranks_[r];
   const v1::GenerationPlan& plan = reply.start().plan();
   k.generation = plan.generation();
+  k.plan_generation = plan.generation();
+  k.plan_world_size = plan.world_size();
   // A plan that resumes at or after its vote settles it: the trainer applies the step it voted
   // for if the plan resumes after it, committed by the generation it voted in (or nobody knows
   // which), and drops it otherwise (python/regroup/forming.py).

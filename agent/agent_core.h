@@ -142,10 +142,18 @@ class AgentCore {
     uint64_t heard_commit_generation = 0;  // (0, 0: not known)
     int64_t voted_step = -1;               // a vote whose outcome it has not heard
     uint64_t voted_epoch = 0, voted_generation = 0;  // (0, 0: none)
+    uint32_t voted_world_size = 0;         // of the generation it was cast in (0: not known)
+    bool voted_ok = false;
+    uint64_t voted_checksum = 0;
     void ForgetVote() {
       voted_step = -1;
       voted_epoch = voted_generation = 0;
+      voted_world_size = 0;
+      voted_ok = false;
+      voted_checksum = 0;
     }
+    uint64_t plan_generation = 0;  // the last plan delivered to it, and its world size
+    uint32_t plan_world_size = 0;
     bool exited = false;
     int exit_code = 0;
     int exit_signal = 0;

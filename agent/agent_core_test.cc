@@ -314,6 +314,10 @@ TEST_F(AgentCoreTest, AVoteIsReportedUntilAnOutcomeOrAPlanSettlesIt) {
   EXPECT_EQ(r.voted_epoch(), 1u);
   EXPECT_EQ(r.voted_generation(), 3u);
   EXPECT_EQ(r.committed_step(), 40);
+  // The rest of the vote, with which a restarted manager finishes one whose every rank voted.
+  EXPECT_EQ(r.voted_world_size(), 1u) << "the world size of the plan it was cast in";
+  EXPECT_TRUE(r.voted_ok());
+  EXPECT_EQ(r.voted_checksum(), 0u);
   start(4, 41, 3);  // resumes after step 41, committed by generation 3: it applies its vote
   r = Reported();
   EXPECT_EQ(r.voted_generation(), 0u) << "settled by the plan";
@@ -327,6 +331,10 @@ TEST_F(AgentCoreTest, AVoteIsReportedUntilAnOutcomeOrAPlanSettlesIt) {
   r = Reported();
   EXPECT_EQ(r.voted_generation(), 0u) << "settled by the outcome";
   EXPECT_EQ(r.committed_step(), 42);
+  vote(7, 43);  // a vote in a generation whose plan it never had: its size is not known
+  r = Reported();
+  EXPECT_EQ(r.voted_generation(), 7u);
+  EXPECT_EQ(r.voted_world_size(), 0u);
   vote(4, 43);
   start(6, 43, 5);  // step 43 was committed by generation 5, which it was not in: dropped
   r = Reported();

@@ -544,7 +544,11 @@ def manager_restart(c: Cluster, r: Result) -> None:
     r.promise("every pod exited 0", set(codes.values()) == {0}, str(codes))
     # detection: the agents re-register with the new manager; resumed: its first generation (the
     # trainers kept their state and step, so that generation is the first step it commits)
-    measure(c, r, f, detected_kinds=("register",), resumed_kinds=("generation",))
+    rec = measure(c, r, f, detected_kinds=("register",), resumed_kinds=("generation",))
+    # The ranks vote for the step they computed and wait for its outcome (on the CPU the vote is
+    # on the critical path); every rank of the generation voted, so the restarted manager
+    # finishes that vote instead of having the step redone.
+    r.promise("no step was lost", rec.steps_lost == 0, f"{rec.steps_lost} steps redone")
     check_training(c, r)
     check_strategy(c, r, [], ["restart_in_place", "scale_in", "restart_job"])
     check_story(c, r, [("register", ""), ("generation", "4 ranks"), ("done", "")])

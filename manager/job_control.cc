@@ -1076,7 +1076,8 @@ void JobControl::ReportFault(const v1::FaultFacts& fault, int64_t now) {
   // anything for one that need not keep any state, and would resume "with the survivors'
   // state" a shard only a lost pod held.
   if (!FormedAGeneration())
-    decisions_->ReportProgress(options_.epoch, generation(), commit_.HighestHeard(pods_), 0, now);
+    decisions_->ReportProgress(options_.epoch, generation(),
+                               commit_.HighestHeard(pods_, /*finish_votes=*/true), 0, now);
   decisions_->Fault(fault, now);
 }
 
@@ -1090,7 +1091,16 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   // The step to resume from: the highest any survivor committed, or heard commit for, kept or
   // not (a standby that heard the commit of step s proves s committed; the kept ranks voted for
   // it in the generation that committed it, and apply it from their vote).
-  commit_.CatchUp(pods_);  // committed by a generation this incarnation did not run
+  // committed by a generation this incarnation did not run; before this incarnation's first
+  // generation, a vote the one before it did not decide, finished here when every rank of the
+  // generation it was cast in voted for the step, none heard the outcome, and each could commit.
+  const bool finished_vote = commit_.CatchUp(pods_, /*finish_votes=*/!FormedAGeneration());
+  if (finished_vote)
+    Event(now, "commit",
+          "step " + std::to_string(commit_.step()) + " is committed: every rank of generation (" +
+              std::to_string(commit_.mark().first) + ", " +
+              std::to_string(commit_.mark().second) +
+              ") voted for it, and the manager that ran it stopped before the outcome");
   if (!StateHeld(replicas, now)) return false;
   // Who holds the committed state (HoldsCommittedState), as of the generation that committed it.
   std::set<std::pair<int64_t, uint32_t>> holders;

@@ -1158,6 +1158,77 @@ TEST(JobControl, RestartedManagerResumesAtTheCommitAnySurvivorHeard) {
   EXPECT_EQ(sim.starts_[0].plan().epoch(), 2u);
 }
 
+// ...and says the rest of that vote, as an agent does: the generation it was cast in had
+// `world` ranks, and the rank could commit the step.
+std::vector<v1::LocalRank> VotedWhole(std::vector<v1::LocalRank> ranks, int64_t step,
+                                      uint32_t world) {
+  ranks = Voted(std::move(ranks), step);
+  for (auto& r : ranks) {
+    r.set_voted_world_size(world);
+    r.set_voted_ok(true);
+  }
+  return ranks;
+}
+
+// Issue 37 (scenario 7 redid a step): the manager died with a vote in flight. Every rank of the
+// generation voted for step 41, none heard the outcome: the vote was whole, and the old manager
+// would have committed it. The restarted one finishes it, naming the generation that cast it
+// (whose ranks apply their own votes, python/regroup/forming.py), instead of having it redone.
+TEST(JobControl, ARestartedManagerFinishesAVoteEveryRankOfTheGenerationCast) {
+  JobControlOptions o;
+  o.epoch = 2;
+  ScriptedAgents sim(2, 2, kForce, kElastic, o);
+  for (int64_t n = 0; n < 2; ++n)
+    ASSERT_TRUE(sim.Register(n, "", VotedWhole(Survivor(2, 40), 41, 4), 2).ok());
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 10u);
+  const v1::GenerationPlan& plan = sim.starts_[0].plan();
+  EXPECT_EQ(plan.committed_step(), 41);
+  EXPECT_EQ(plan.committed_epoch(), 1u);
+  EXPECT_EQ(plan.committed_generation(), 9u);
+  EXPECT_EQ(Logged(sim, "commit", "step 41 is committed: every rank of generation (1, 9) voted"),
+            1);
+}
+
+// ...but a vote that is not whole, or that the old manager might have refused, is not finished:
+// the step is redone (the ranks drop their votes), as before.
+TEST(JobControl, ARestartedManagerFinishesNoVoteItCannotKnowWouldHaveCommitted) {
+  struct Case {
+    std::string what;
+    std::function<void(int64_t pod, std::vector<v1::LocalRank>&)> change;
+    bool forms = true;  // a generation forms within the run (a dead process is restarted first)
+  };
+  const std::vector<Case> cases = {
+      {"a rank could not commit the step",
+       [](int64_t n, auto& r) { if (n == 1) r[0].set_voted_ok(false); }},
+      {"a checksum step (replicas' checksums are compared by the tally only)",
+       [](int64_t, auto& r) { for (auto& x : r) x.set_voted_checksum(7); }},
+      {"an older agent (the generation's size not known)",
+       [](int64_t, auto& r) { for (auto& x : r) x.set_voted_world_size(0); }},
+      {"a rank's process died after it voted",
+       [](int64_t n, auto& r) { if (n == 0) r[1].set_alive(false); }, false},
+      {"a rank of the generation is not back (its pod is away)",
+       [](int64_t, auto& r) { for (auto& x : r) x.set_voted_world_size(6); }},
+      {"a rank voted in another generation",
+       [](int64_t n, auto& r) { if (n == 1) r[1].set_voted_generation(8); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    JobControlOptions o;
+    o.epoch = 2;
+    ScriptedAgents sim(2, 2, kForce, kElastic, o);
+    for (int64_t n = 0; n < 2; ++n) {
+      std::vector<v1::LocalRank> ranks = VotedWhole(Survivor(2, 40), 41, 4);
+      c.change(n, ranks);
+      ASSERT_TRUE(sim.Register(n, "", ranks, 2).ok());
+    }
+    sim.Run(1000, -1);
+    if (c.forms) ASSERT_GE(sim.rt->generation(), 10u);
+    for (const auto& [node, start] : sim.starts_) EXPECT_EQ(start.plan().committed_step(), 40);
+    EXPECT_EQ(Logged(sim, "commit", "is committed: every rank"), 0);
+  }
+}
+
 TEST(JobControl, AMinorityOfTheLastGenerationMustNotFormOne) {
   JobControlOptions o;
   o.epoch = 3;

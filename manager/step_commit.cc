@@ -2,6 +2,7 @@
 #include "manager/step_commit.h"
 
 #include <algorithm>
+#include <map>
 
 namespace regroup::manager {
 
@@ -24,6 +25,40 @@ CommitMark HeardMark(const Pods& pods, int64_t step) {
     }
   }
   return mark;
+}
+
+// A vote the incarnation before this one did not decide: every rank of the generation it was
+// cast in voted for `step` there, each able to commit it and none with a checksum (replicas'
+// checksums are compared by a vote's tally, which is not redone here: such a step is redone
+// instead). Returns that generation, else (0, 0). Ranks are counted by process, alive: each rank
+// of a generation is one process, which holds one vote at most, so the votes of a generation's
+// world size are all of its ranks'. A lost pod's ranks, or a rank that took its outcome (its
+// vote is gone), leave the count short.
+CommitMark UndecidedVoteComplete(const Pods& pods, int64_t step) {
+  struct Count {
+    uint32_t votes = 0, world = 0;
+    bool spoiled = false;
+  };
+  std::map<CommitMark, Count> counts;
+  for (const Agent& a : pods.all()) {
+    if (a.state == AgentState::kLost || a.pod_uid.empty()) continue;
+    for (const auto& lr : a.ranks) {
+      if (lr.voted_step() != step || lr.voted_generation() == 0) continue;
+      Count& c = counts[{lr.voted_epoch(), lr.voted_generation()}];
+      c.spoiled = c.spoiled || !lr.alive() || !lr.voted_ok() || lr.voted_checksum() != 0 ||
+                  lr.voted_world_size() == 0 || lr.committed_step() + 1 != step ||
+                  (c.world != 0 && c.world != lr.voted_world_size());
+      c.world = lr.voted_world_size();
+      ++c.votes;
+    }
+  }
+  CommitMark complete = kUnknown;
+  for (const auto& [mark, c] : counts) {
+    if (c.spoiled || c.votes != c.world) continue;
+    if (complete != kUnknown) return kUnknown;  // two whole generations: trust neither
+    complete = mark;
+  }
+  return complete;
 }
 
 }  // namespace
@@ -107,20 +142,29 @@ void StepCommit::Forget() {
   mark_ = kUnknown;
 }
 
-int64_t StepCommit::HighestHeard(const Pods& pods) const {
+std::pair<int64_t, CommitMark> StepCommit::Known(const Pods& pods, bool finish_votes) const {
   int64_t heard = step_;
   for (const Agent& a : pods.all())
     if (a.state != AgentState::kLost && !a.pod_uid.empty())
       for (const auto& lr : a.ranks)
         heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
-  return heard;
+  if (finish_votes)
+    if (const CommitMark voted_in = UndecidedVoteComplete(pods, heard + 1); voted_in != kUnknown)
+      return {heard + 1, voted_in};
+  return {heard, heard > step_ ? HeardMark(pods, heard) : mark_};
 }
 
-void StepCommit::CatchUp(const Pods& pods) {
-  const int64_t heard = HighestHeard(pods);
-  if (heard <= step_) return;
-  step_ = heard;
-  mark_ = HeardMark(pods, heard);
+int64_t StepCommit::HighestHeard(const Pods& pods, bool finish_votes) const {
+  return Known(pods, finish_votes).first;
+}
+
+bool StepCommit::CatchUp(const Pods& pods, bool finish_votes) {
+  const auto [step, mark] = Known(pods, finish_votes);
+  if (step <= step_) return false;
+  const bool finished = finish_votes && step > HighestHeard(pods, false);
+  step_ = step;
+  mark_ = mark;
+  return finished;
 }
 
 bool StepCommit::Holds(int64_t pod, uint32_t local, const Agent& a, const RankLayout& running,

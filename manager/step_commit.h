@@ -56,10 +56,14 @@ class StepCommit {
   void NewGeneration();
   // A job restart: it resumes from a checkpoint, not from a commit.
   void Forget();
-  // The highest step committed here or heard committed by a pod not lost.
-  int64_t HighestHeard(const Pods& pods) const;
-  // A step committed by a generation this incarnation did not run becomes the committed one.
-  void CatchUp(const Pods& pods);
+  // The highest step committed here or heard committed by a pod not lost; with `finish_votes`
+  // (an incarnation that has not formed a generation yet), the step after it where the ranks of
+  // a generation all voted for it, able to commit it, and none heard the outcome: the vote the
+  // incarnation before this one did not decide, which it would have committed.
+  int64_t HighestHeard(const Pods& pods, bool finish_votes) const;
+  // A step committed by a generation this incarnation did not run (or a vote finished, as
+  // above) becomes the committed one. True when it is a finished vote.
+  bool CatchUp(const Pods& pods, bool finish_votes);
   // The process restarted since the last commit: it holds no vote of its own.
   void Restarted(int64_t pod, uint32_t local) { restarted_since_commit_.insert({pod, local}); }
 
@@ -75,6 +79,8 @@ class StepCommit {
   int64_t MedianStepMs() const;
 
  private:
+  std::pair<int64_t, CommitMark> Known(const Pods& pods, bool finish_votes) const;
+
   int64_t step_ = -1;    // the committed step
   CommitMark mark_{0, 0};  // who committed it; (0, 0) when it was heard from agents
   // The vote of the step in flight.

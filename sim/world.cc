@@ -418,6 +418,9 @@ class World {
   uint64_t highest_commit_epoch_ = 0;  // the newest incarnation that decided a commit
   // step -> the (e, g) that last committed it, as the manager decided it
   std::map<int64_t, std::pair<uint64_t, uint64_t>> committed_by_;
+  // (e, g, step) -> the processes that voted for the step in that generation; (e, g) -> its size
+  std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::set<std::string>> votes_;
+  std::map<std::pair<uint64_t, uint64_t>, uint32_t> world_of_;
   // What the real trainers' census would see of a generation: the step it resumes after, the
   // positions its ranks hold, and those where one of them holds that step's state.
   struct Census {
@@ -1525,6 +1528,24 @@ void World::CheckPlan(Pod* pod, const v1::GenerationPlan& plan, uint64_t epoch) 
   // A plan that names the generation that committed its step names the one that did: a rank
   // applies its own vote for the step only when it voted in that generation.
   const std::pair<uint64_t, uint64_t> named{plan.committed_epoch(), plan.committed_generation()};
+  world_of_.emplace(std::make_pair(epoch, plan.generation()), plan.world_size());
+  // A restarted manager may finish a vote the one before it did not decide, naming the
+  // generation that cast it, when every rank of that generation voted for the step: its
+  // decision, here.
+  if (auto by = committed_by_.find(plan.committed_step());
+      named != std::pair<uint64_t, uint64_t>{0, 0} && (by == committed_by_.end() || by->second != named)) {
+    auto world = world_of_.find(named);
+    auto votes = votes_.find({named.first, named.second, plan.committed_step()});
+    if (world != world_of_.end() && votes != votes_.end() && votes->second.size() == world->second) {
+      if (epoch < highest_commit_epoch_)
+        Violate("epoch " + std::to_string(epoch) + " finishes the vote of step " +
+                std::to_string(plan.committed_step()) + " after epoch " +
+                std::to_string(highest_commit_epoch_) + " committed: a fenced incarnation commits");
+      highest_commit_epoch_ = std::max(highest_commit_epoch_, epoch);
+      committed_by_.insert_or_assign(plan.committed_step(), named);
+      by = committed_by_.find(plan.committed_step());
+    }
+  }
   if (auto by = committed_by_.find(plan.committed_step());
       named != std::pair<uint64_t, uint64_t>{0, 0} && by != committed_by_.end() && by->second != named)
     Violate("generation (" + std::to_string(epoch) + ", " + std::to_string(plan.generation()) +
@@ -1736,6 +1757,7 @@ void World::StepDone(Pod* pod, uint32_t local, uint64_t token) {
   if (!t.alive || t.token != token) return;
   t.phase = v1::PHASE_VOTED;
   t.voted = t.step;
+  votes_[{t.epoch, t.generation, t.step}].insert(pod->uid() + "/" + std::to_string(local));
   v1::TrainerMessage vote;
   vote.mutable_vote()->set_generation(t.generation);
   vote.mutable_vote()->set_step(t.step);

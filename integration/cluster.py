@@ -627,8 +627,10 @@ class Cluster:
         _signal(pids[local], signal.SIGSTOP)
         return self.note("freeze a trainer (SIGSTOP)", at=at, node=node, pid=pids[local])
 
-    def kill_node(self, node: str) -> dict:
-        """Every process of the node, at once (SIGKILL), as when its host dies."""
+    def kill_node(self, node: str, trainers_first: bool = False) -> dict:
+        """Every process of the node, at once (SIGKILL), as when its host dies; with
+        ``trainers_first``, as when its container is killed process by process (a forced pod
+        deletion): an agent then reports a trainer's death before its own."""
         at = self._refresh()
         n = self.nodes[node]
         if self.scheduler is not None:
@@ -643,8 +645,11 @@ class Cluster:
         # killed after one of its trainers would report that trainer's exit first, a process
         # fault instead of the lost node.
         first = [a for a in agents if a is not None]
-        for pid in first + sorted(pids - set(first)):
+        order = first + sorted(pids - set(first))
+        for pid in (order[len(first):] + first if trainers_first else order):
             _signal(pid, signal.SIGKILL)
+            if trainers_first and pid == order[-1]:
+                time.sleep(0.02)  # the agents read the exits before they go
         record = self.note("kill a node", at=at, node=node)
         for pod in self.pods.values():
             if pod.node is n:

@@ -149,6 +149,9 @@ def main(argv=None) -> int:
     p.add_argument("--script", choices=("contract", "ddp"), default="contract",
                    help="the trainer: examples/train_mlp.py (the step contract), or ddp: "
                         "examples/ddp_regroup.py, a plain DDP script adopted in five lines")
+    p.add_argument("--trainers-die-first", action="store_true",
+                   help="the lost node's trainers are killed a moment before its agent (a forced pod "
+                        "deletion), so its agent reports a trainer's death before its own")
     args = p.parse_args(argv)
     if args.nodes < 2:
         p.error("--nodes must be at least 2: a node is lost on purpose")
@@ -180,7 +183,7 @@ def main(argv=None) -> int:
             c.wait_event("resumed", after_ms=int(f1["at"] * 1000))
             c.wait_step(c.last_step() + args.steps // 6)
             lost = f"node-{args.nodes - 1}"
-            f2 = c.kill_node(lost)
+            f2 = c.kill_node(lost, trainers_first=args.trainers_die_first)
             marks.append((f2["at"] - t0, f"{lost} lost"))
             c.wait_event("directive", "scale_in", after_ms=int(f2["at"] * 1000))
             c.wait_step(c.last_step() + args.steps // 6)

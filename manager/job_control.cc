@@ -2,6 +2,7 @@
 #include "manager/job_control.h"
 
 #include <algorithm>
+#include <csignal>
 #include <iterator>
 #include <numeric>
 
@@ -512,6 +513,7 @@ void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t no
   const std::string why = e.signal() ? "killed by signal " + std::to_string(e.signal())
                                      : "exit code " + std::to_string(e.exit_code());
   pods_.Exited(pod, e.local_rank(), /*clean=*/false);
+  if (e.signal() == SIGKILL) killed_[pod] = {now, e.local_rank()};
   if (rank < 0) {
     const int32_t known =
         reconcile_.KnownRankWhileInterim(pod, e.local_rank());
@@ -705,6 +707,19 @@ void JobControl::Disconnected(uint64_t stream, int64_t now) {
     // Unless its peers' collectives with it failed already: its node is gone.
     SettleLostPeers(now);
     if (a.state == AgentState::kLost || state_ == State::kStopped) return;
+    // Or one of its trainers was just killed outright: its container, or its node, went down
+    // around it (the agent reported the exit before it went too). A heartbeat's time: one
+    // stream's blip at that moment costs the pod a replacement, not correctness.
+    if (auto k = killed_.find(pod);
+        k != killed_.end() && now - k->second.first <= heartbeat_interval_ms_) {
+      LoseSilentPod(pod,
+                    "the stream of pod " + a.pod_uid + " broke " +
+                        std::to_string(now - k->second.first) + " ms after its local rank " +
+                        std::to_string(k->second.second) +
+                        " was killed (signal 9): the pod died around it",
+                    now);
+      return;
+    }
   }
   if (state_ == State::kTraining && a.state == AgentState::kActive) {
     // A broken stream is not a lost pod: it has its liveness timeout to resume its session

@@ -410,6 +410,9 @@ class JobControl {
   int64_t undecided_since_ms_ = -1;  // aborted, no directive pending, the decision maker reachable
   StepCommit commit_;  // the vote and the commit
   PeerReports peer_reports_;  // the survivors' reports of failed collectives, by the peer named
+  // pod -> when one of its trainers was last reported killed by SIGKILL, and its local rank: a
+  // stream that breaks within a heartbeat of it is the pod dying around its processes.
+  std::map<int64_t, std::pair<int64_t, uint32_t>> killed_;
 
   std::optional<v1::ManagerMessage> stop_;     // the StopTraining that ended the job or this
                                                // incarnation

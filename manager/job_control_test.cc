@@ -5,6 +5,7 @@
 #include "manager/engine_decisions_test.h"
 
 #include <algorithm>
+#include <csignal>
 #include <functional>
 
 #include <gtest/gtest.h>
@@ -1913,6 +1914,58 @@ TEST(JobControl, ThreeSurvivorsReportsSettleANodeLossBeforeTheLivenessTimeout) {
   EXPECT_LE(fenced_at - lost_at, 2 * sim.rt->heartbeat_interval_ms() + 20);
   EXPECT_EQ(Logged(sim, "fault", "with pod pod-3 failed"), 1);
   for (int64_t n : {0, 1, 2}) EXPECT_FALSE(sim.rt->IsFenced("pod-" + std::to_string(n)));
+}
+
+// A replica a rank: a pod's other ranks train on in the interim generation when one dies.
+const Map kElasticTp1 = {{"recover-strategy", "recover-in-place,elastic-training"},
+                         {"regroup.io/prefer-elastic", "true"}};
+
+// A pod's container killed whole (a forced deletion, a preemption): its agent reported a trainer
+// killed (SIGKILL), then its own stream broke. Issue 37: the stream got its grace (the liveness
+// timeout), while the survivors waited in a generation that held the dead pod's other ranks, whose
+// rendezvous nothing failed. A stream that breaks within a heartbeat of a SIGKILL of one of its
+// pod's trainers is the pod dying around it: lost at once.
+TEST(JobControl, AStreamThatBreaksJustAfterItsTrainerWasKilledIsAPodThatDied) {
+  ScriptedAgents sim(4, 2, kForce, kElasticTp1);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  ASSERT_TRUE(sim.Exit(3, 0, -1, SIGKILL).ok());
+  sim.now += 5;
+  sim.Gone(3);
+  sim.rt->Disconnected(sim.streams_[3], sim.now);
+  EXPECT_TRUE(sim.rt->IsFenced("pod-3")) << "lost at once, not after its grace";
+  EXPECT_EQ(Logged(sim, "fault", "pod_lost: the stream of pod pod-3 broke 5 ms after its local "
+                                 "rank 0 was killed (signal 9)"),
+            1);
+  sim.Run(400, 0);  // the decision maker's report window (no agent here answers the abort)
+  for (int64_t n : {0, 1, 2}) EXPECT_FALSE(sim.rt->IsFenced("pod-" + std::to_string(n)));
+  EXPECT_EQ(sim.rt->world_size(), 6u) << "the survivors go on without it";
+}
+
+// ...but a stream that breaks alone, or a heartbeat after the kill, or after an exit with a code
+// (a trainer's own failure), keeps its grace: its session may resume.
+TEST(JobControl, AStreamBreakingNotJustAfterAKillKeepsItsGrace) {
+  struct Case {
+    std::string what;
+    int32_t code, signal;
+    int64_t after_ms;  // from the exit to the break; -1: no exit
+  };
+  for (const Case& c : {Case{"a break alone", 0, 0, -1},
+                        Case{"a break a heartbeat after the kill", -1, SIGKILL, 120},
+                        Case{"a break after an exit with a code", 1, 0, 5},
+                        Case{"a break after a SIGTERM", -1, SIGTERM, 5}}) {
+    SCOPED_TRACE(c.what);
+    ScriptedAgents sim(4, 2, kForce, kElasticTp1);
+    sim.RegisterAll();
+    sim.Run(20, 0);
+    if (c.after_ms >= 0) {
+      ASSERT_TRUE(sim.Exit(3, 0, c.code, c.signal).ok());
+      sim.now += c.after_ms;
+    }
+    sim.rt->Disconnected(sim.streams_[3], sim.now);
+    EXPECT_FALSE(sim.rt->IsFenced("pod-3"));
+    EXPECT_EQ(Logged(sim, "fault", "after its local rank"), 0);
+  }
 }
 
 // One survivor's word is not enough against a pod whose stream is up: it may be the survivor's

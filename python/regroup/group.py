@@ -553,6 +553,12 @@ def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: s
         return datetime.timedelta(seconds=max(0.1, (deadline - time.monotonic()) / GLOO_CONNECT_ATTEMPTS))
 
     try:
+        # An abort that came before the store's connection existed shut nothing down, and
+        # nothing would end the waits below for a peer that is gone (with torch 1.13, the
+        # collective timeout): it is looked at here, once the connection exists, so that an abort
+        # either is seen now or finds the connection to shut down.
+        if aborted.is_set():
+            raise RuntimeError("aborted while forming the generation's groups")
         if bounded:
             sockets.building_until = deadline
             _all_arrived(store, layout.world_size, deadline)

@@ -283,6 +283,24 @@ def test_an_abort_while_the_groups_are_built_leaves_the_rank_until_the_rendezvou
     assert 30.0 < armed[1] <= 30.0 + FORMING_GRACE_S, armed
 
 
+def test_an_abort_that_came_before_the_store_existed_ends_the_forming_at_once():
+    """An abort that came while this rank was still leaving its previous step (before its
+    connection to the new generation's store existed) shut nothing down; the rank hosting the
+    store then waited in torch's init_process_group for a peer that was gone: on torch 1.13 up to
+    the collective timeout (issue 37: a pod lost a moment after a generation started stopped the
+    demo's job). The abort is looked at once the connection exists."""
+    import torch.distributed as dist
+
+    from regroup.group import build_groups
+
+    aborted = threading.Event()
+    aborted.set()
+    with pytest.raises(RuntimeError, match="aborted while forming the generation's groups"):
+        build_groups(store_host="127.0.0.1", store_port=free_port(), layout=Layout(2, 0, 1),
+                     backend="gloo", rendezvous_s=3, collective_s=3, aborted=aborted)
+    assert not dist.is_initialized()
+
+
 def _formed_under_a_short_rendezvous(rank: int, directory: str) -> None:
     import torch
     import torch.distributed as dist

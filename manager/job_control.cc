@@ -466,6 +466,9 @@ Status JobControl::OnFault(int64_t pod, const v1::FaultReport& f, int64_t now) {
   // A late report of a generation already replaced (its collective failed as it ended) says
   // nothing about the one running now.
   if (f.generation() != 0 && f.generation() < generation()) {
+    // (An early one quietly: a rank's peers closing their groups as they left an older
+    // generation read to it as peers gone, python/regroup/abort.py's PeerWatch.)
+    if (f.early()) return Status::Ok();
     Event(now, "stale_fault",
           "ignored a fault of generation " + std::to_string(f.generation()) + " (now " +
               std::to_string(generation()) + "): " + BoundedText(f.detail(), 256),

@@ -46,6 +46,7 @@ import errno
 import faulthandler
 import logging
 import os
+import select
 import socket
 import sys
 import threading
@@ -81,15 +82,25 @@ def _inode_of(fd: int) -> Optional[int]:
     return int(target[8:-1]) if target.startswith("socket:[") else None
 
 
-def _describe(fd: int) -> Optional[Tuple[int, int, bool]]:
-    """(local port, peer port, listening) of a TCP socket; None for anything else."""
+def _tcp_socket(fd: int) -> Optional[socket.socket]:
+    """A duplicate of ``fd`` as a socket object when it is a TCP socket, else None; the caller
+    closes it (which closes the duplicate only)."""
     try:
         s = socket.socket(fileno=os.dup(fd))
     except OSError:
         return None
+    if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
+        return s
+    s.close()
+    return None
+
+
+def _describe(fd: int) -> Optional[Tuple[int, int, bool]]:
+    """(local port, peer port, listening) of a TCP socket; None for anything else."""
+    s = _tcp_socket(fd)
+    if s is None:
+        return None
     try:
-        if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
-            return None
         listening = bool(s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
         local = s.getsockname()[1]
         try:
@@ -100,7 +111,7 @@ def _describe(fd: int) -> Optional[Tuple[int, int, bool]]:
     except OSError:
         return None
     finally:
-        s.close()  # closes the duplicate only
+        s.close()
 
 
 def shutdown_fd(fd: int) -> bool:
@@ -513,6 +524,80 @@ def _keep_parked_at_exit() -> None:
         for objects in _leaked:
             for obj in objects:
                 ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+class PeerWatch:
+    """Tells at once of a peer whose connection to this rank closed: a thread polls the
+    generation's group connections for the peer's end (``POLLRDHUP``, ``POLLHUP``, ``POLLERR``)
+    without reading them, and calls ``closed(host)`` once per peer host.
+
+    A process that dies has its kernel close its sockets: its peers' ends read as closed at
+    once, while the training thread may be far from its next collective (in its forward, its
+    backward, its sleep). So a survivor tells its agent which peer is gone within milliseconds
+    of the death instead of at its next collective, and the manager settles a pod whose stream
+    broke as lost that much sooner (``TrainerFault.early``; docs/design.md). ``closed`` must
+    check itself that the generation is not over (an abort shuts our own connections down,
+    which reads the same here). :meth:`stop` before the groups are destroyed or parked (their
+    descriptor numbers may then be reused).
+    """
+
+    _CLOSED = select.POLLRDHUP | select.POLLHUP | select.POLLERR
+
+    def __init__(self, fds: List[int], closed: Callable[[str], None]):
+        self._closed = closed
+        self._poll = select.poll()
+        self._host: Dict[int, str] = {}
+        for fd in fds:
+            host = _peer_host(fd)
+            if host is not None:
+                self._host[fd] = host
+                self._poll.register(fd, select.POLLRDHUP)
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
+        self._poll.register(self._wake_r, select.POLLIN)
+        self._told: set = set()
+        self._thread = threading.Thread(target=self._run, name="regroup-peer-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while self._host:
+                for fd, events in self._poll.poll():
+                    if fd == self._wake_r:
+                        return
+                    host = self._host.pop(fd, None)
+                    self._poll.unregister(fd)
+                    if host is None or events & select.POLLNVAL or not events & self._CLOSED:
+                        continue
+                    if host not in self._told:
+                        self._told.add(host)
+                        try:
+                            self._closed(host)
+                        except Exception as e:  # noqa: BLE001 - a report must not end the watch
+                            log.debug("regroup: reporting a closed peer failed: %s", e)
+        finally:
+            os.close(self._wake_r)
+
+    def stop(self) -> None:
+        """Ends the thread (at once) and waits for it."""
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+        self._thread.join(timeout=1.0)
+        os.close(self._wake_w)
+
+
+def _peer_host(fd: int) -> Optional[str]:
+    """The address of a connected TCP socket's peer; None for anything else."""
+    s = _tcp_socket(fd)
+    if s is None:
+        return None
+    try:
+        return str(s.getpeername()[0])
+    except OSError:
+        return None
+    finally:
+        s.close()
 
 
 class Watchdog:

@@ -373,3 +373,59 @@ def test_a_quieted_store_client_sleeps_once_its_server_is_gone():
                     "CPU in 1 s): nothing to quiet")
     quiet = _store_client_cpu(quiet=True)
     assert quiet < 0.1, f"{quiet:.2f} s of CPU in 1 s after quiet_store (unquieted: {spinning:.2f} s)"
+
+
+def _connected_pair():
+    """Two ends of one TCP connection on loopback."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    listener.close()
+    return client, server
+
+
+def test_a_peer_whose_process_is_gone_is_told_at_once_and_once():
+    """PeerWatch: the peer's end closing (its process died: its kernel closed its sockets) is
+    told once per peer host, without reading the connection, while an open one tells nothing;
+    the training thread is nowhere near a collective meanwhile."""
+    from regroup.abort import PeerWatch
+
+    a, peer_a = _connected_pair()
+    b, peer_b = _connected_pair()
+    quiet, quiet_peer = _connected_pair()
+    told = []
+    changed = threading.Event()
+
+    def closed(host):
+        told.append(host)
+        changed.set()
+
+    watch = PeerWatch([a.fileno(), b.fileno(), quiet.fileno()], closed)
+    try:
+        peer_a.sendall(b"unread")  # data waiting is not a closed peer
+        time.sleep(0.05)
+        assert told == []
+        peer_a.close()
+        assert changed.wait(10), "the closed peer was not told"
+        assert told == ["127.0.0.1"]
+        changed.clear()
+        peer_b.close()  # the same host: told once
+        time.sleep(0.1)
+        assert told == ["127.0.0.1"]
+        assert a.recv(16) == b"unread", "the watch read nothing"
+    finally:
+        watch.stop()
+        for s in (a, b, quiet, peer_b, quiet_peer):
+            s.close()
+
+
+def test_a_peer_watch_stops_at_once_and_over_nothing():
+    from regroup.abort import PeerWatch
+
+    for fds in ([], None):
+        if fds is None:
+            a, peer = _connected_pair()
+            fds = [a.fileno()]
+        watch = PeerWatch(fds, lambda host: None)
+        watch.stop()
+        assert not watch._thread.is_alive()

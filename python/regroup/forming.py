@@ -12,17 +12,18 @@ environment.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from regroup import contract
 from regroup._proto import wire_pb2 as pb
-from regroup.abort import GroupSockets
+from regroup.abort import GroupSockets, PeerWatch
 from regroup.api import AgentConnectionError, CheckpointError, ConfigError, StateSyncError, TrainerConfig
 from regroup.group import Layout, ProcessGroups, build_groups, run_builders
 from regroup.step import Generation
@@ -209,6 +210,8 @@ def enter(t: Trainer, start: Any) -> None:
                                   begin, count, plan.committed_step, groups), layout.position)
     t.metrics["generations"] += 1
     t.metrics["rebuild_s"].append(time.monotonic() - started)
+    if t.managed and t.link is not None and groups is not None and layout.world_size > 1:
+        t.membership.peer_watch = PeerWatch(sockets.fds, _closed_peer_reporter(t, mark, layout.rank))
     if t.managed and t.link is not None:
         try:
             t.link.ack(start.directive_id)
@@ -218,6 +221,22 @@ def enter(t: Trainer, start: Any) -> None:
              "resuming at step %d; formed in %.1f ms", plan.generation, plan.epoch, layout.rank,
              layout.world_size, layout.dp, begin, begin + count, plan.committed_step + 1,
              (time.monotonic() - started) * 1000)
+
+
+def _closed_peer_reporter(t: Trainer, mark: Tuple[int, int], rank: int) -> Callable[[str], None]:
+    """What a :class:`PeerWatch` calls when a peer's connection closed: an early report naming
+    that peer (the sign a failed collective gives, given before any collective fails), while the
+    generation runs and was not aborted (an abort shuts our own connections down)."""
+
+    def closed(host: str) -> None:
+        if t.membership.active != mark or t.membership.aborted() or t.link is None:
+            return
+        with contextlib.suppress(AgentConnectionError):
+            t.link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, mark[1], t.committed_step + 1,
+                         f"rank {rank}: its connection to {host} closed (the peer's process is gone)",
+                         early=True, peer=host)
+
+    return closed
 
 
 class _AbortFlag:

@@ -48,6 +48,7 @@ class Membership:
         self.abort_reason = ""
         self.abort_at: Optional[float] = None
         self.sockets: Any = None
+        self.peer_watch: Any = None  # regroup.abort.PeerWatch over the active generation's groups
         self.groups: Any = None
         self.ddp: Any = None
         self.generation: Any = None
@@ -104,6 +105,9 @@ class Membership:
         with self.lock:
             groups, self.groups = self.groups, None
             self.sockets = None
+            watch, self.peer_watch = self.peer_watch, None
+        if watch is not None:
+            watch.stop()  # before the groups' descriptors are closed (their numbers reused)
         if self.ddp is not None:
             retire_model(self.ddp, self.active[1])
         self.ddp = None

@@ -188,10 +188,7 @@ def enter(t: Trainer, start: Any) -> None:
             log.warning("regroup: %s", detail)
             try:
                 assert t.link is not None
-                # No step (-1): none ran. Named by the step it would have begun, two failures to
-                # form (a store host still leaving its previous generation, twice) read as a
-                # poison step at the decision maker, which dumped a job that had lost a node.
-                t.link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, plan.generation, -1, detail)
+                t.link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, plan.generation, plan.committed_step + 1, detail)
             except AgentConnectionError:
                 pass
         else:

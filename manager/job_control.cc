@@ -517,6 +517,12 @@ void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t no
                                      : "exit code " + std::to_string(e.exit_code());
   pods_.Exited(pod, e.local_rank(), /*clean=*/false);
   if (e.signal() == SIGKILL) killed_[pod] = {now, e.local_rank()};
+  // A rank that could not leave its step after an abort (the trainer's watchdog exits it with
+  // EXIT_ABORT_STUCK: a collective left it stuck) failed because of the abort, not of its step:
+  // its fault names no step, which would otherwise read as the step failing twice (a poison
+  // step) beside the fault that caused the abort.
+  constexpr int32_t kExitAbortStuck = 75;  // python/regroup/api.py
+  const int64_t step = e.signal() == 0 && e.exit_code() == kExitAbortStuck ? -1 : e.step();
   if (rank < 0) {
     const int32_t known =
         reconcile_.KnownRankWhileInterim(pod, e.local_rank());
@@ -524,7 +530,7 @@ void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t no
       // Restarted in place while the survivors continued, it died again before it rejoined: the
       // decision maker hears of it (it counts against the recovery budget); the survivors
       // train on.
-      Fault(v1::FAULT_KIND_PROCESS_EXIT, {pod}, {}, e.step(),
+      Fault(v1::FAULT_KIND_PROCESS_EXIT, {pod}, {}, step,
             "rank " + std::to_string(known) + " (restarted in place, not yet rejoined) " + why,
             now, {static_cast<uint32_t>(known)});
       return;
@@ -535,7 +541,7 @@ void JobControl::OnProcessExit(int64_t pod, const v1::ProcessExit& e, int64_t no
     return;
   }
   const std::string detail = "rank " + std::to_string(rank) + " " + why;
-  Fault(v1::FAULT_KIND_PROCESS_EXIT, {pod}, {static_cast<uint32_t>(rank)}, e.step(), detail, now);
+  Fault(v1::FAULT_KIND_PROCESS_EXIT, {pod}, {static_cast<uint32_t>(rank)}, step, detail, now);
   ContinueWithoutFailedRanks(detail, now);
 }
 

@@ -1942,6 +1942,22 @@ TEST(JobControl, AStreamThatBreaksJustAfterItsTrainerWasKilledIsAPodThatDied) {
   EXPECT_EQ(sim.rt->world_size(), 6u) << "the survivors go on without it";
 }
 
+// A rank whose training thread could not leave its step after an abort exits with
+// EXIT_ABORT_STUCK (75; python/regroup/abort.py's watchdog: gloo left it in a collective). The
+// abort made it fail, not its step: no poison step. CI's megatron_test had a survivor's watchdog
+// exit read as the killed rank's step failing twice, and the job was dumped.
+TEST(JobControl, ARankThatCouldNotLeaveItsStepAfterAnAbortMakesNoPoisonStep) {
+  ScriptedAgents sim(2, 2, kForce, kElasticTp1);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  ASSERT_TRUE(sim.Exit(1, 1, -1, SIGKILL).ok());  // at step 0
+  sim.Run(300, 0);
+  ASSERT_TRUE(sim.Exit(0, 0, 75).ok());  // at step 0 too
+  sim.Run(300, 0);
+  EXPECT_EQ(Logged(sim, "directive", "poison"), 0);
+  EXPECT_GE(Logged(sim, "directive", "restart_in_place"), 2) << "each restarted in place";
+}
+
 // ...but a stream that breaks alone, or a heartbeat after the kill, or after an exit with a code
 // (a trainer's own failure), keeps its grace: its session may resume.
 TEST(JobControl, AStreamBreakingNotJustAfterAKillKeepsItsGrace) {

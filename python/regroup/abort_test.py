@@ -375,9 +375,9 @@ def test_a_quieted_store_client_sleeps_once_its_server_is_gone():
     assert quiet < 0.1, f"{quiet:.2f} s of CPU in 1 s after quiet_store (unquieted: {spinning:.2f} s)"
 
 
-def _connected_pair():
-    """Two ends of one TCP connection on loopback."""
-    listener = socket.create_server(("127.0.0.1", 0))
+def _connected_pair(peer_host: str = "127.0.0.1"):
+    """Two ends of one TCP connection on loopback; the second's address is ``peer_host``."""
+    listener = socket.create_server((peer_host, 0))
     client = socket.create_connection(listener.getsockname())
     server, _ = listener.accept()
     listener.close()
@@ -386,36 +386,43 @@ def _connected_pair():
 
 def test_a_peer_whose_process_is_gone_is_told_at_once_and_once():
     """PeerWatch: the peer's end closing (its process died: its kernel closed its sockets) is
-    told once per peer host, without reading the connection, while an open one tells nothing;
-    the training thread is nowhere near a collective meanwhile."""
+    told once per peer host, without reading the connection, while data waiting tells nothing;
+    the training thread is nowhere near a collective meanwhile. Each check waits for a later
+    close to be told, so that what was not told by then never will be."""
     from regroup.abort import PeerWatch
 
     a, peer_a = _connected_pair()
     b, peer_b = _connected_pair()
-    quiet, quiet_peer = _connected_pair()
+    c, peer_c = _connected_pair("127.0.0.2")
+    d, peer_d = _connected_pair("127.0.0.3")
     told = []
-    changed = threading.Event()
+    changed = threading.Condition()
 
     def closed(host):
-        told.append(host)
-        changed.set()
+        with changed:
+            told.append(host)
+            changed.notify_all()
 
-    watch = PeerWatch([a.fileno(), b.fileno(), quiet.fileno()], closed)
+    def wait_told(count):
+        with changed:
+            assert changed.wait_for(lambda: len(told) >= count, 10), f"told only {told}"
+
+    watch = PeerWatch([a.fileno(), b.fileno(), c.fileno(), d.fileno()], closed)
     try:
         peer_a.sendall(b"unread")  # data waiting is not a closed peer
-        time.sleep(0.05)
-        assert told == []
+        peer_c.close()
+        wait_told(1)
+        assert told == ["127.0.0.2"]
         peer_a.close()
-        assert changed.wait(10), "the closed peer was not told"
-        assert told == ["127.0.0.1"]
-        changed.clear()
-        peer_b.close()  # the same host: told once
-        time.sleep(0.1)
-        assert told == ["127.0.0.1"]
+        wait_told(2)
+        peer_b.close()  # the same host as a's: told once
+        peer_d.close()
+        wait_told(3)
+        assert told == ["127.0.0.2", "127.0.0.1", "127.0.0.3"]
         assert a.recv(16) == b"unread", "the watch read nothing"
     finally:
         watch.stop()
-        for s in (a, b, quiet, peer_b, quiet_peer):
+        for s in (a, b, c, d, peer_d):
             s.close()
 
 

@@ -142,7 +142,7 @@ void StepCommit::Forget() {
   mark_ = kUnknown;
 }
 
-std::pair<int64_t, CommitMark> StepCommit::Known(const Pods& pods, bool finish_votes) const {
+StepCommit::KnownCommit StepCommit::Known(const Pods& pods, bool finish_votes) const {
   int64_t heard = step_;
   for (const Agent& a : pods.all())
     if (a.state != AgentState::kLost && !a.pod_uid.empty())
@@ -150,21 +150,20 @@ std::pair<int64_t, CommitMark> StepCommit::Known(const Pods& pods, bool finish_v
         heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
   if (finish_votes)
     if (const CommitMark voted_in = UndecidedVoteComplete(pods, heard + 1); voted_in != kUnknown)
-      return {heard + 1, voted_in};
-  return {heard, heard > step_ ? HeardMark(pods, heard) : mark_};
+      return {heard + 1, voted_in, /*finished_vote=*/true};
+  return {heard, heard > step_ ? HeardMark(pods, heard) : mark_, /*finished_vote=*/false};
 }
 
 int64_t StepCommit::HighestHeard(const Pods& pods, bool finish_votes) const {
-  return Known(pods, finish_votes).first;
+  return Known(pods, finish_votes).step;
 }
 
 bool StepCommit::CatchUp(const Pods& pods, bool finish_votes) {
-  const auto [step, mark] = Known(pods, finish_votes);
-  if (step <= step_) return false;
-  const bool finished = finish_votes && step > HighestHeard(pods, false);
-  step_ = step;
-  mark_ = mark;
-  return finished;
+  const KnownCommit known = Known(pods, finish_votes);
+  if (known.step <= step_) return false;
+  step_ = known.step;
+  mark_ = known.mark;
+  return known.finished_vote;
 }
 
 bool StepCommit::Holds(int64_t pod, uint32_t local, const Agent& a, const RankLayout& running,

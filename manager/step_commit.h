@@ -79,7 +79,12 @@ class StepCommit {
   int64_t MedianStepMs() const;
 
  private:
-  std::pair<int64_t, CommitMark> Known(const Pods& pods, bool finish_votes) const;
+  struct KnownCommit {
+    int64_t step;
+    CommitMark mark;
+    bool finished_vote;  // the step is a vote finished here, not one heard committed
+  };
+  KnownCommit Known(const Pods& pods, bool finish_votes) const;
 
   int64_t step_ = -1;    // the committed step
   CommitMark mark_{0, 0};  // who committed it; (0, 0) when it was heard from agents

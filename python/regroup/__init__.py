@@ -39,8 +39,8 @@ __version__ = _version()
 # imported on first use.
 from regroup.api import (EXIT_ABORT_STUCK, AgentConnectionError, AgentError, CheckpointError,
                          CollectiveFailed, ConfigError, GenerationAborted, ProtocolError, RegroupError,
-                         StateSyncError, StepFailed, StepRolledBack, StopMode, Timeouts, TrainerConfig,
-                         TrainingStopped, UsageError, init_manager, start_manager)
+                         StateLost, StateSyncError, StepFailed, StepRolledBack, StopMode, Timeouts,
+                         TrainerConfig, TrainingStopped, UsageError, init_manager, start_manager)
 
 _NEEDS_TORCH = {"DataLoader": "regroup.dropin", "DDP": "regroup.dropin",
                 "DistributedDataParallel": "regroup.dropin", "init_process_group": "regroup.dropin",
@@ -62,7 +62,7 @@ __all__ = [
     "DataLoader", "DDP", "DistributedDataParallel", "init_process_group", "optimizer", "status",
     "Abandoned", "all_reduce", "AgentConnectionError", "AgentError", "CheckpointError", "CollectiveFailed", "ConfigError",
     "EXIT_ABORT_STUCK", "GenerationAborted", "Generation", "MicroBatch", "ProtocolError",
-    "RegroupError", "StateSyncError", "Step", "StepFailed", "StepRolledBack", "StopMode",
+    "RegroupError", "StateLost", "StateSyncError", "Step", "StepFailed", "StepRolledBack", "StopMode",
     "Timeouts", "Trainer", "TrainerConfig", "TrainingStopped", "UsageError", "init_manager",
     "start_manager",
 ]

@@ -16,7 +16,8 @@ Errors form one hierarchy under :class:`RegroupError`:
   step and absorbed by ``with step:``; a script never needs to catch these.
 * :class:`TrainingStopped`: the manager stopped training (StopTraining EXIT, or any stop when
   ``exit_on_stop`` is off); raised out of ``Trainer.steps()``.
-* :class:`StateSyncError`, :class:`CheckpointError`: state could not be moved or stored.
+* :class:`StateSyncError`, :class:`CheckpointError`: state could not be moved or stored;
+  :class:`StateLost`: part of it is held by no rank (only a checkpoint has it).
 
 It also holds ``init_manager`` / ``start_manager`` (and MindCluster's names for them,
 ``init_taskd_manager`` / ``start_taskd_manager``), which run the ``regroup-manager`` binary, so a
@@ -46,6 +47,7 @@ __all__ = [
     "GenerationAborted",
     "ProtocolError",
     "RegroupError",
+    "StateLost",
     "StateSyncError",
     "StepFailed",
     "StepRolledBack",
@@ -136,6 +138,12 @@ class CollectiveFailed(StepFailed):
 
 class StateSyncError(RegroupError):
     """Model, optimizer or RNG state could not be received from, or sent to, a peer."""
+
+
+class StateLost(StateSyncError):
+    """Part of the committed state is held by no rank of the generation (an optimizer slice
+    without its second copy, a position no replica holds): only a checkpoint has it. The rank
+    reports a ``state_lost`` fault, which takes the job to its newest checkpoint."""
 
 
 class CheckpointError(RegroupError):

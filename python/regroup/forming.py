@@ -24,7 +24,8 @@ import torch.distributed as dist
 from regroup import contract
 from regroup._proto import wire_pb2 as pb
 from regroup.abort import GroupSockets, PeerWatch
-from regroup.api import AgentConnectionError, CheckpointError, ConfigError, StateSyncError, TrainerConfig
+from regroup.api import (AgentConnectionError, CheckpointError, ConfigError, StateLost, StateSyncError,
+                         TrainerConfig)
 from regroup.group import Layout, ProcessGroups, build_groups, run_builders
 from regroup.step import Generation
 from regroup.sync import sync_state
@@ -186,9 +187,13 @@ def enter(t: Trainer, start: Any) -> None:
         if not t.membership.aborted():
             detail = f"rank {layout.rank} could not form generation {plan.generation}: {e}"
             log.warning("regroup: %s", detail)
+            # Part of the state held by no rank goes to the checkpoint (state_lost). Either way the
+            # fault names no step: none ran, and two failures to form at one point of the training
+            # (a store host still leaving its previous generation, twice) are no poison step.
+            kind = pb.FAULT_KIND_STATE_LOST if isinstance(e, StateLost) else pb.FAULT_KIND_COLLECTIVE_ERROR
             try:
                 assert t.link is not None
-                t.link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, plan.generation, plan.committed_step + 1, detail)
+                t.link.fault(kind, plan.generation, -1, detail)
             except AgentConnectionError:
                 pass
         else:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from regroup.api import StateSyncError
+from regroup.api import StateLost, StateSyncError
 from regroup.group import Layout, ProcessGroups
 from regroup.state import recv_state, send_state
 
@@ -74,7 +74,7 @@ def plan_transfers(holders: Sequence[bool], replica_size: int, committed_step: i
         elif holding:
             src = holding[0]
         else:
-            raise StateSyncError(f"no rank at position {position} holds the state at step "
+            raise StateLost(f"no rank at position {position} holds the state at step "
                                  f"{committed_step}: it cannot be recovered from a peer")
         to = tuple(r for r in ranks if r != src and not holders[r])
         if to:
@@ -107,6 +107,7 @@ def sync_state(t: Trainer, plan: Any, layout: Layout, groups: ProcessGroups) -> 
             dist.all_gather(everyone, mine)
         holders = [bool(x[0].item()) for x in everyone]
     call = groups.sockets.call if groups.backend == "gloo" else None
+    received = False
     for transfer in plan_transfers(holders, layout.replica_size, plan.committed_step):
         src, to = transfer.source, list(transfer.receivers)
         if layout.rank == src:
@@ -116,8 +117,13 @@ def sync_state(t: Trainer, plan: Any, layout: Layout, groups: ProcessGroups) -> 
             if got != plan.committed_step:
                 raise StateSyncError(f"rank {src} sent the state of step {got}, not "
                                      f"{plan.committed_step}")
-            t.committed_step = got
+            received = True
             log.info("regroup: received the state of step %d from rank %d", got, src)
     # A distributed optimizer (regroup.zero) cuts its slices to the new partition.
     t.metrics["state_bytes_sent"] += t.state.after_sync(layout, groups, holders, plan.committed_step, t.device)
+    # Only now is the whole state at the step: a receiver whose optimizer slices could not be cut
+    # holds the model of the step and the optimizer of none, and claims nothing (in the next
+    # census it would have offered a fresh optimizer as the step's).
+    if received:
+        t.committed_step = plan.committed_step
     t.synced = True

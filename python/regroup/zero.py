@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import torch
 import torch.distributed as dist
 
-from regroup.api import CheckpointError, ConfigError, StateSyncError
+from regroup.api import CheckpointError, ConfigError, StateLost, StateSyncError
 from regroup.state import TrainingState, load_tree, recv_payload, save_tree, send_payload
 
 log = logging.getLogger("regroup")
@@ -131,7 +131,7 @@ def plan_moves(held_by: Sequence[Set[int]], old_dp: int, new_dp: int, numel: int
     """
     lost = lost_slices(held_by, old_dp, copies, at)
     if lost is not None:
-        raise StateSyncError(lost)
+        raise StateLost(lost)
     world = len(held_by)
     source: Dict[int, int] = {}
     for k in range(old_dp):
@@ -163,7 +163,7 @@ def choose_partition(views: Sequence[Sequence[Tuple[int, Set[int]]]], at: str = 
     """
     dps = sorted({d for view in views for d, _ in view if d})
     if not dps:
-        raise StateSyncError(f"no rank{at} holds the optimizer state")
+        raise StateLost(f"no rank{at} holds the optimizer state")
 
     def held_by(dp: int) -> List[Set[int]]:
         return [set().union(*[s for d, s in view if d == dp]) for view in views]
@@ -377,7 +377,7 @@ class ZeroState(TrainingState):
             if why is not None:
                 lost.append(why)
         if lost:
-            raise StateSyncError("; ".join(lost))
+            raise StateLost("; ".join(lost))
         old_dp, held_by = partitions[position]
         source = next((h for d, h in holdings if d == old_dp), {})
         moves = plan_moves(held_by, old_dp, new_dp, self.numel, self.copies, where(position, R, layout.tp))

@@ -53,8 +53,8 @@ def test_zero1_on_a_tp2_grid_without_second_copies_names_the_lost_slice_and_its_
     steps, optimizer = 40, ["--optimizer", "adam"]
     expected = grid_reference(tmp_path, steps, optimizer)
     ckpt = tmp_path / "ckpt"
-    # As integration scenario 51: in-place recovery or exit (no dump: the poison-step guard's
-    # second failed forming is then a fault that restarts the job, with fault-retry-times).
+    # As integration scenario 51: in-place recovery or exit; the lost slice is a state_lost fault,
+    # which restarts the job from its checkpoint (with fault-retry-times).
     annotations = [a for a in ANNOTATIONS if not a.startswith(("recover-strategy=", "regroup.io/prefer-elastic="))]
     c = Cluster(tmp_path, procs, binaries, steps=steps, script=GRID, tp=2,
                 annotations=[*annotations, "recover-strategy=recover-in-place,exit"],

@@ -215,16 +215,20 @@ def _slice(full: dict, numel: int, dp: int, k: int) -> dict:
     return {key: (v[a:b].clone() if v.dim() else v.clone()) for key, v in full.items()}
 
 
-def _generation(rank: int, world: int, port: int, state: ZeroState, holds: bool, tp: int = 1, pp: int = 1):
-    """Forms a real generation (regroup.group) of ``world`` ranks (a dp x ``tp`` x ``pp`` grid)
-    and repartitions ``state``; without ``holds``, the last replica is new (holds nothing)."""
+def _groups(rank: int, world: int, port: int, tp: int = 1, pp: int = 1):
+    """A real generation's groups (regroup.group) of ``world`` ranks (a dp x ``tp`` x ``pp`` grid)."""
     from regroup.abort import GroupSockets
     from regroup.group import Layout, build_groups
 
-    sockets = GroupSockets(port)
-    groups = build_groups(store_host="127.0.0.1", store_port=port, layout=Layout.grid(world, rank, tp, pp),
-                          backend="gloo", rendezvous_s=60, collective_s=60, aborted=threading.Event(),
-                          sockets=sockets)
+    return build_groups(store_host="127.0.0.1", store_port=port, layout=Layout.grid(world, rank, tp, pp),
+                        backend="gloo", rendezvous_s=60, collective_s=60, aborted=threading.Event(),
+                        sockets=GroupSockets(port))
+
+
+def _generation(rank: int, world: int, port: int, state: ZeroState, holds: bool, tp: int = 1, pp: int = 1):
+    """Forms a real generation of ``world`` ranks (a dp x ``tp`` x ``pp`` grid) and repartitions
+    ``state``; without ``holds``, the last replica is new (holds nothing)."""
+    groups = _groups(rank, world, port, tp, pp)
     holders = [holds] * world   # every survivor holds the committed state; the new ranks do not
     if not holds:
         holders = [r < world - tp * pp for r in range(world)]
@@ -301,6 +305,62 @@ def test_repartition_dp4_to_3_to_4_restores_a_lost_slice_from_its_second_copy_an
     for rank in (0, 1, 3):
         error = reports[rank]["copies1"]["dp3"]["error"]
         assert error is not None and LOST in error and "slice [2]" in error and "newest checkpoint" in error, error
+
+
+def _unrecoverable_rank(rank: int, world: int, port: int, out: str) -> None:
+    """4 processes, dp 4 without second copies, committed step 5: rank 3 is a restarted process
+    (nothing held), so slice [3] is lost. Two generations of the same ranks in a row, each through
+    the whole state sync (regroup.sync.sync_state: the census, the model state sent to rank 3, the
+    slices cut); what each rank raised and the step it then claims to hold."""
+    from types import SimpleNamespace
+
+    from regroup.sync import sync_state
+
+    torch.set_num_threads(1)
+    state = _zero_state(1)
+    full = _reference_state(state.numel)
+    held_before = None
+    if rank < 3:
+        state.dp, state.rank = 4, rank
+        state.held = held_before = {rank: _slice(full, state.numel, 4, rank)}
+    t = SimpleNamespace(state=state, committed_step=5 if rank < 3 else -1, synced=rank < 3, resume_from=None,
+                        device=torch.device("cpu"), metrics={"state_bytes_sent": 0})
+    report = {}
+    for attempt in range(2):
+        groups = _groups(rank, world, port + attempt, 1, 1)
+        try:
+            sync_state(t, SimpleNamespace(committed_step=5), groups.layout, groups)
+            error = None
+        except StateSyncError as e:
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            groups.destroy()
+        report[attempt] = {"error": error, "committed_step": t.committed_step, "synced": t.synced,
+                           "held": state.held, "dp": state.dp}
+    report["held_before"] = held_before
+    torch.save(report, os.path.join(out, f"rank{rank}.pt"))
+
+
+def test_a_rank_whose_slices_could_not_be_cut_claims_no_step_and_the_next_generation_fails_alike(tmp_path):
+    """Rank 3 received the model state of step 5, then the cut failed (slice [3] is lost): it must
+    not claim to hold step 5. Integration scenario 51 once trained on with such ranks: in the next
+    generation they claimed the step, and their fresh optimizer (an empty dp 1 partition) read as
+    a whole partition to cut from, so every rank's Adam state silently started over."""
+    _spawn(_unrecoverable_rank, 4, str(tmp_path))
+    reports = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(4)]
+    for rank, report in enumerate(reports):
+        for attempt in (0, 1):
+            r = report[attempt]
+            assert r["error"] is not None and r["error"].startswith("StateLost:"), (rank, attempt, r["error"])
+            assert LOST in r["error"] and "slice [3]" in r["error"], r["error"]
+        if rank == 3:   # the model state arrived, the optimizer's did not: no claim to step 5
+            assert report[0]["committed_step"] == report[1]["committed_step"] == -1
+            assert not report[1]["synced"]
+        else:           # the holders keep what they held, untouched
+            assert report[1]["committed_step"] == 5 and report[1]["dp"] == 4
+            assert report[1]["held"].keys() == report["held_before"].keys()
+            for k, st in report[1]["held"].items():
+                assert all(torch.equal(st[key], v) for key, v in report["held_before"][k].items())
 
 
 # -- on a tp x pp grid: every position slices its own local parameters over its dp group ----------

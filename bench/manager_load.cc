@@ -5,8 +5,9 @@
 //   manager_load --manager-bin build/regroup-manager --sizes 256,1024,2048,8192
 //
 // Starts a manager for a job of N pods x nproc ranks, connects N simulated agents (one gRPC
-// stream each, on gRPC's callback API: a few threads drive them all; one beat per agent 10 times
-// a second, carrying the ranks whose report changed, as agent_core.cc sends them, or every rank
+// stream each, on gRPC's callback API: a few threads drive them all; one beat per agent every
+// heartbeat interval the manager's Welcome names (100 ms, stretched for a job of more than 2,000
+// pods), carrying the ranks whose report changed, as agent_core.cc sends them, or every rank
 // with --full-beats, as older agents did), and measures: the rendezvous
 // (all agents registered -> every agent has its generation), the manager's CPU and memory in
 // steady state, a step vote's round trip, the time for an abort and for the next generation to
@@ -194,6 +195,9 @@ class Load {
   Load(int nproc, std::string credential, bool full_beats)
       : nproc_(nproc), credential_(std::move(credential)), full_beats_(full_beats) {}
 
+  // The heartbeat interval the manager's Welcome names (one for every agent of the job).
+  std::atomic<int> beat_interval_ms{100};
+
   // Stamps the header (under a.mu) and writes. False when the stream is over.
   bool Write(Agent& a, v1::AgentMessage m, bool beat = false) {
     Stamp(a, m);
@@ -281,6 +285,8 @@ class Load {
       if (m.header().epoch() > a.epoch) a.epoch = m.header().epoch();
       switch (m.body_case()) {
         case v1::ManagerMessage::kWelcome:
+          if (m.welcome().heartbeat_interval_ms() > 0)
+            beat_interval_ms = static_cast<int>(m.welcome().heartbeat_interval_ms());
           a.epoch = std::max(a.epoch, m.welcome().epoch());
           a.generation = std::max(a.generation, m.welcome().generation());
           a.welcomed = true;
@@ -452,7 +458,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
   app.add_option("--liveness-misses", liveness_misses,
-                 "heartbeats (100 ms apart) missed before a pod is lost; the job default is 5, but "
+                 "heartbeats (100 ms apart, stretched past 2,000 agents) missed before a pod is lost; the job default is 5, but "
                  "one process playing thousands of agents on a shared machine falls behind by more")
       ->capture_default_str()
       ->check(CLI::Range(2, 100));
@@ -611,10 +617,11 @@ int main(int argc, char** argv) {
     all.push_back(load.agents.back().get());
   }
 
-  // Heartbeats at 10 per second per agent (once welcomed), from a few threads, each agent in
-  // one of 10 slots of the 100 ms so they arrive spread out as real agents' do. The longest gap
-  // between two heartbeats of one agent is reported: above the liveness timeout (500 ms) the
-  // manager rightly declares that pod lost, and the load generator, not the manager, fell behind.
+  // A heartbeat per agent every interval the Welcome named (once welcomed), from a few threads,
+  // each agent in one of 10 slots of the interval so they arrive spread out as real agents' do.
+  // The longest gap between two heartbeats of one agent is reported: above the liveness timeout
+  // the manager rightly declares that pod lost, and the load generator, not the manager, fell
+  // behind.
   std::atomic<bool> stop{false};
   std::atomic<int64_t> max_gap_us{0};
   const int beaters = std::clamp(agents_n / 256, 1, 4);
@@ -624,8 +631,9 @@ int main(int argc, char** argv) {
       std::vector<Clock::time_point> last(load.agents.size());
       auto period = Clock::now();
       while (!stop) {
+        const int interval = load.beat_interval_ms;
         for (int slot = 0; slot < 10 && !stop; ++slot) {
-          std::this_thread::sleep_until(period + std::chrono::milliseconds(10 * slot));
+          std::this_thread::sleep_until(period + std::chrono::microseconds(100 * interval * slot));
           for (size_t i = static_cast<size_t>(t); i < load.agents.size();
                i += static_cast<size_t>(beaters)) {
             if ((i / static_cast<size_t>(beaters)) % 10 != static_cast<size_t>(slot)) continue;
@@ -643,7 +651,7 @@ int main(int argc, char** argv) {
             last[i] = now;
           }
         }
-        period += std::chrono::milliseconds(100);
+        period += std::chrono::milliseconds(interval);
         if (period < Clock::now()) period = Clock::now();  // behind: do not burst
       }
     });
@@ -857,12 +865,13 @@ int main(int argc, char** argv) {
       "abort_ms_p99=%.2f next_generation_ms_p50=%.2f next_generation_ms_p99=%.2f "
       "killed_agent_abort_ms=%.1f reform_ms_p50=%.2f reform_ms_p99=%.2f "
       "reform_after_abort_ms_p99=%.2f frozen_agent_detect_ms=%.1f beat_gap_ms_max=%.1f refusals=%llu load_cpu_pct=%.1f "
-      "liveness_ms=%d beats=%s loadavg_1m=%s result=%s\n",
+      "beat_interval_ms=%d liveness_ms=%d beats=%s loadavg_1m=%s result=%s\n",
       agents_n, agents_n * nproc, rendezvous_ms > 0 && failed != "rendezvous" ? "yes" : "no",
       rendezvous_ms, cpu, steady.rss_mb, end.hwm_mb, vote.p50, vote.p99, abort_p.p50, abort_p.p99,
       gen.p50, gen.p99, killed_detect, reform.p50, reform.p99, reformed.p99, frozen_detect,
       static_cast<double>(max_gap_us.load()) / 1000.0,
       static_cast<unsigned long long>(refusals), total_s > 0 ? load_cpu / total_s * 100.0 : 0.0,
-      liveness_misses * 100, full_beats ? "full" : "summary", loadavg_start.c_str(), failed.empty() ? "ok" : ("failed:" + failed).c_str());
+      load.beat_interval_ms.load(), liveness_misses * load.beat_interval_ms.load(),
+      full_beats ? "full" : "summary", loadavg_start.c_str(), failed.empty() ? "ok" : ("failed:" + failed).c_str());
   return failed.empty() ? 0 : 1;
 }

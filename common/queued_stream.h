@@ -47,7 +47,7 @@ class QueuedStream final : public grpc::ServerBidiReactor<In, Out> {
   // Queues a message; with `close`, the stream finishes with `status` once it is written. A peer
   // that lets more than the bound pile up unwritten is cut off (the call is cancelled, and what
   // was queued is dropped): one slow or stopped reader never grows the server without bound.
-  void Send(const Out& message, bool close = false, const grpc::Status& status = grpc::Status::OK) {
+  void Send(Out message, bool close = false, const grpc::Status& status = grpc::Status::OK) {
     std::lock_guard lock(mu_);
     if (finishing_) return;
     const size_t bytes = message.ByteSizeLong();
@@ -64,7 +64,7 @@ class QueuedStream final : public grpc::ServerBidiReactor<In, Out> {
       if (!writing_) this->Finish(close_status_);
       return;
     }
-    queue_.push_back({message, bytes});
+    queue_.push_back({std::move(message), bytes});
     queued_bytes_ += bytes;
     if (close) {
       finishing_ = true;

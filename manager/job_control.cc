@@ -84,6 +84,14 @@ std::optional<Directive> EmbeddedDecisions::Poll() {
 // Registration and messages
 // ---------------------------------------------------------------------------------------------
 
+uint32_t HeartbeatIntervalMs(const JobConfig& config, int64_t pods) {
+  const int64_t job = config.heartbeat_interval_ms;
+  const int64_t budget = (std::max<int64_t>(pods, 1) * 1000 + kBeatBudgetPerSecond - 1) /
+                         kBeatBudgetPerSecond;
+  const int64_t ceiling = config.hang_timeout_min_s * 1000 / (2 * config.liveness_misses);
+  return static_cast<uint32_t>(std::max(job, std::min(budget, ceiling)));
+}
+
 JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options,
                        std::unique_ptr<Decisions> decisions)
     : spec_(std::move(spec)),
@@ -91,9 +99,7 @@ JobControl::JobControl(JobSpec spec, JobConfig config, JobControlOptions options
       options_(options),
       decisions_(std::move(decisions)),
       layout_(Layout::Of(config_, spec_.pods)),
-      heartbeat_interval_ms_(options.heartbeat_interval_ms
-                                 ? options.heartbeat_interval_ms
-                                 : static_cast<uint32_t>(config_.heartbeat_interval_ms)),
+      heartbeat_interval_ms_(HeartbeatIntervalMs(config_, spec_.pods)),
       log_(options_.event_log),
       pods_(spec_.pods, LivenessMs()),
       reconcile_(log_),
@@ -908,8 +914,9 @@ bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t n
   }
   if (restart_pods.empty()) return false;
   std::vector<int64_t> left;
+  const std::set<int64_t> kept(keep.begin(), keep.end());  // 65,536 replicas at 8,192 pods of 8
   for (int64_t r : running().replicas())
-    if (std::find(keep.begin(), keep.end(), r) == keep.end()) left.push_back(r);
+    if (!kept.count(r)) left.push_back(r);
   std::string restarted;
   for (int64_t n : restart_pods) {
     const Agent& a = pods_[n];
@@ -1578,9 +1585,15 @@ int64_t JobControl::PodAtHost(const std::string& host, int64_t reporter) const {
 void JobControl::SettleLostPeers(int64_t now) {
   if (state_ != State::kTraining) return;
   const int64_t window = LivenessMs();
+  // Only a pod a report named can be settled here, or, after a report that named none, a pod
+  // whose stream broke: with no report (every tick of a healthy job), nothing to walk.
+  const std::set<int64_t> named = peer_reports_.Named(generation());
+  const bool unnamed = peer_reports_.Unnamed(generation(), window, now);
+  if (named.empty() && !unnamed) return;
   for (size_t i = 0; i < pods_.size() && state_ == State::kTraining; ++i) {
     const auto n = static_cast<int64_t>(i);
     const Agent& a = pods_[n];
+    if (!named.count(n) && !(unnamed && !a.connected)) continue;
     if (a.state != AgentState::kActive || running().RanksOf(n).empty()) continue;
     // Only the word of pods that train beside it, and are heard from themselves, counts.
     std::set<int64_t> by = peer_reports_.Reporters(generation(), n, window, now);

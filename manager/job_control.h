@@ -101,10 +101,22 @@ class EmbeddedDecisions final : public Decisions {
   uint64_t last_directive_ = 0;
 };
 
+// The most heartbeats a second a manager is asked to take from its agents, whatever the job's
+// size: past it, a beat costs the vote and the fault handling their latency (bench/README.md, the
+// manager under load: 8,192 agents beating 10 times a second saturated a core).
+inline constexpr int64_t kBeatBudgetPerSecond = 20000;
+
+// The heartbeat interval the agents are told (Welcome.heartbeat_interval_ms): the job's
+// regroup.io/heartbeat-interval-ms, stretched for a job of more than kBeatBudgetPerSecond / 10
+// pods so that the manager hears at most kBeatBudgetPerSecond beats a second; the liveness timeout
+// (liveness-misses of these) stretches with it, kept below half the hang timeout's floor. What a
+// longer interval costs is only silence detection: an agent or trainer that dies closes its
+// connections (peers and the manager see that at once), only a node cut off silently waits.
+uint32_t HeartbeatIntervalMs(const JobConfig& config, int64_t pods);
+
 struct JobControlOptions {
   uint64_t epoch = 1;                // this manager incarnation
   int64_t join_window_ms = 30000;    // how long the first (or a restarted) rendezvous waits
-  uint32_t heartbeat_interval_ms = 0;  // 0: the job's regroup.io/heartbeat-interval-ms
   size_t event_log = 256;            // events kept for status
   // The durable record the previous incarnation left (job_record.h): lost pods stay fenced, a
   // stopped job stays stopped, and the first generation needs a majority of its members.
@@ -374,7 +386,7 @@ class JobControl {
   // later step, or in the gradient collective or voted while it computes) or silent that long
   // while its peers beat. Nothing when the commit waits for the lease, or no step committed yet.
   std::optional<Pods::Finding> FirstStalled(int64_t now) const;
-  int64_t LivenessMs() const { return config_.heartbeat_interval_ms * config_.liveness_misses; }
+  int64_t LivenessMs() const { return int64_t{heartbeat_interval_ms_} * config_.liveness_misses; }
   // Every rank of these replicas is ready (ReplicaReady).
   bool Ready(const std::vector<int64_t>& replicas) const;
   // With a coordinator: the decision wait while it is unreachable (see job_control.cc).

@@ -248,6 +248,32 @@ TEST(JobControl, FirstGenerationFormsWhenAllAgentsRegistered) {
   EXPECT_EQ(sim.Count(0, v1::ManagerMessage::kWelcome), 1);
 }
 
+// The manager hears at most kBeatBudgetPerSecond beats a second: a job of many pods beats less
+// often, its liveness timeout stretched with the interval and kept below half the hang floor.
+TEST(JobControl, ABigJobsAgentsBeatLessOftenSoTheManagerHearsABoundedRate) {
+  JobConfig c;  // the defaults: 100 ms, 5 misses, a 30 s hang floor
+  EXPECT_EQ(HeartbeatIntervalMs(c, 8), 100u);
+  EXPECT_EQ(HeartbeatIntervalMs(c, 2000), 100u) << "2,000 pods x 10 a second: the budget";
+  EXPECT_EQ(HeartbeatIntervalMs(c, 2048), 103u);
+  EXPECT_EQ(HeartbeatIntervalMs(c, 8192), 410u);
+  EXPECT_EQ(HeartbeatIntervalMs(c, 1000000), 3000u) << "liveness (5 x 3 s) below half of 30 s";
+  c.heartbeat_interval_ms = 1000;
+  EXPECT_EQ(HeartbeatIntervalMs(c, 8192), 1000u) << "never shorter than the job's own";
+  c.liveness_misses = 100;
+  c.heartbeat_interval_ms = 100;
+  EXPECT_EQ(HeartbeatIntervalMs(c, 8192), 150u) << "100 misses: 15 s, half the hang floor";
+
+  // What the agents of a job of 8,192 pods are told, and what their silence is held to.
+  ScriptedAgents sim(8192, 1, kForce, {});
+  ASSERT_TRUE(sim.Register(0).ok());
+  sim.Collect();
+  ASSERT_EQ(sim.Count(0, v1::ManagerMessage::kWelcome), 1);
+  const v1::Welcome& w = sim.inbox_[0].front().welcome();
+  EXPECT_EQ(w.heartbeat_interval_ms(), 410u);
+  EXPECT_EQ(w.liveness_timeout_ms(), 2050u);
+  EXPECT_EQ(sim.rt->StatusReport().nodes(0).liveness_timeout_ms(), 2050u);
+}
+
 TEST(JobControl, JoinWindowClosingWithAMissingPodAsksTheEngine) {
   ScriptedAgents sim(4, 2, kForce, kElastic);
   for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Register(n).ok());

@@ -224,63 +224,61 @@ std::optional<Pods::Finding> Pods::FirstSilent(int64_t now) const {
 // A stalled generation is blamed on a rank that never entered it first (it is still in an older
 // generation, or never took the start): the ranks waiting for it in the rendezvous or a
 // collective are its victims, and restarting one of them would stall the next generation too.
-std::optional<Pods::Finding> Pods::FirstOutside(const RankLayout& layout, uint64_t generation,
-                                                int64_t hang, int64_t now) const {
+Pods::Finding Pods::Outside(const RankLayout& layout, size_t g, uint64_t generation,
+                            int64_t hang, int64_t now) const {
+  const RankPlace& p = layout.places()[g];
+  const Agent& a = agents_[static_cast<size_t>(p.pod)];
+  const v1::LocalRank& lr = a.ranks[p.local_rank];
+  return Finding{static_cast<int64_t>(g), lr.step(),
+                 "rank " + std::to_string(g) + " never entered generation " +
+                     std::to_string(generation) + " (it is in generation " +
+                     std::to_string(lr.generation()) + ", at step " + std::to_string(lr.step()) +
+                     " for " + std::to_string(now - a.step_since_ms[p.local_rank]) +
+                     " ms) and holds it up (hang timeout " + std::to_string(hang) + " ms)",
+                 a.step_since_ms[p.local_rank]};
+}
+
+// One walk of the generation's ranks (every tick: 65,536 of them at 8,192 pods of 8), in order
+// of blame: a rank outside the generation first, then a frozen one, then one paused or stuck.
+std::optional<Pods::Finding> Pods::FirstHang(const RankLayout& layout, uint64_t generation,
+                                             int64_t hang, bool commit_held, int64_t now) {
+  std::optional<size_t> frozen, paused, stuck;  // the first rank over the hang timeout of each kind
   for (size_t g = 0; g < layout.size(); ++g) {
     const RankPlace& p = layout.places()[g];
     const Agent& a = agents_[static_cast<size_t>(p.pod)];
     const v1::LocalRank& lr = a.ranks[p.local_rank];
-    if (!lr.alive() || lr.phase() == v1::PHASE_DONE || lr.generation() >= generation ||
-        now - a.step_since_ms[p.local_rank] <= hang)
-      continue;
-    return Finding{static_cast<int64_t>(g), lr.step(),
-                   "rank " + std::to_string(g) + " never entered generation " +
-                       std::to_string(generation) + " (it is in generation " +
-                       std::to_string(lr.generation()) + ", at step " +
-                       std::to_string(lr.step()) + " for " +
-                       std::to_string(now - a.step_since_ms[p.local_rank]) +
-                       " ms) and holds it up (hang timeout " + std::to_string(hang) + " ms)",
-                   a.step_since_ms[p.local_rank]};
-  }
-  return std::nullopt;
-}
-
-std::optional<Pods::Finding> Pods::FirstHang(const RankLayout& layout, uint64_t generation,
-                                             int64_t hang, bool commit_held, int64_t now) {
-  if (auto outside = FirstOutside(layout, generation, hang, now)) return outside;
-  std::optional<size_t> paused, stuck;  // the first rank over the hang timeout of each kind
-  for (size_t g = 0; g < layout.size(); ++g) {
-    const RankPlace& p = layout.places()[g];
-    Agent& a = agents_[static_cast<size_t>(p.pod)];
-    const v1::LocalRank& lr = a.ranks[p.local_rank];
     if (!lr.alive() || lr.phase() == v1::PHASE_DONE) continue;
-    // A process still starting (importing, loading) has not said hello yet: it gets the hang
-    // timeout, not the liveness one.
-    const bool starting = !Started(lr);
-    const int64_t bound = a.rank_silence[p.local_rank].TimeoutMs(liveness_ms_, now);
-    // A process that ran lately (its CPU time grew within the bound, as its agent read it) is
-    // not frozen, only late: starved on an overloaded machine, or its heartbeat thread waiting
-    // for the interpreter's lock. Its bound is the hang timeout, as a step's is. (A stopped or
-    // deadlocked process runs nothing: its bound stays the liveness one.)
-    const bool ran = lr.has_cpu_idle_ms() && lr.cpu_idle_ms() <= bound;
-    if (lr.beat_age_ms() > (starting || ran ? hang : bound)) {
-      a.hung[p.local_rank] = lr.pid();  // frozen: a failed process until it beats again
-      return Finding{static_cast<int64_t>(g), lr.step(),
-                     "rank " + std::to_string(g) + " sent no heartbeat for " +
-                         std::to_string(lr.beat_age_ms()) + " ms (" +
-                         (ran ? "running, past the hang timeout"
-                              : "frozen process" +
-                                    (starting ? "" : Stretched(bound, liveness_ms_))) +
-                         ")",
-                     now - static_cast<int64_t>(lr.beat_age_ms())};
+    const int64_t at_step = now - a.step_since_ms[p.local_rank];
+    if (lr.generation() < generation && at_step > hang)
+      return Outside(layout, g, generation, hang, now);
+    if (frozen) continue;  // only a rank outside the generation is blamed before it
+    if (lr.beat_age_ms() > RankBeatBound(a, p.local_rank, hang, now)) {
+      frozen = g;
+      continue;
     }
     // A rank waiting for a generation (PAUSED: its agent paused it, or it missed its start) has
     // left this one: past the hang timeout it is the rank that holds the generation up, before
     // any rank waiting for it.
-    if (!commit_held && now - a.step_since_ms[p.local_rank] > hang) {
+    if (!commit_held && at_step > hang) {
       std::optional<size_t>& first = lr.phase() == v1::PHASE_PAUSED ? paused : stuck;
       if (!first) first = g;
     }
+  }
+  if (frozen) {
+    const RankPlace& p = layout.places()[*frozen];
+    Agent& a = agents_[static_cast<size_t>(p.pod)];
+    const v1::LocalRank& lr = a.ranks[p.local_rank];
+    a.hung[p.local_rank] = lr.pid();  // frozen: a failed process until it beats again
+    const int64_t bound = a.rank_silence[p.local_rank].TimeoutMs(liveness_ms_, now);
+    const bool ran = lr.has_cpu_idle_ms() && lr.cpu_idle_ms() <= bound;
+    return Finding{static_cast<int64_t>(*frozen), lr.step(),
+                   "rank " + std::to_string(*frozen) + " sent no heartbeat for " +
+                       std::to_string(lr.beat_age_ms()) + " ms (" +
+                       (ran ? "running, past the hang timeout"
+                            : "frozen process" +
+                                  (Started(lr) ? Stretched(bound, liveness_ms_) : "")) +
+                       ")",
+                   now - static_cast<int64_t>(lr.beat_age_ms())};
   }
   if (!paused && !stuck) return std::nullopt;
   const size_t g = paused ? *paused : *stuck;
@@ -293,6 +291,18 @@ std::optional<Pods::Finding> Pods::FirstHang(const RankLayout& layout, uint64_t 
                      std::to_string(now - a.step_since_ms[p.local_rank]) + " ms (hang timeout " +
                      std::to_string(hang) + " ms)",
                  a.step_since_ms[p.local_rank]};
+}
+
+// How long rank `local` of `a` may go without a beat: its liveness bound, or the hang timeout
+// for a process still starting (importing, loading: it has not said hello yet) or one that ran
+// lately (its CPU time grew within the bound, as its agent read it: not frozen, only late,
+// starved on an overloaded machine or its heartbeat thread waiting for the interpreter's lock).
+// A stopped or deadlocked process runs nothing: its bound stays the liveness one.
+int64_t Pods::RankBeatBound(const Agent& a, uint32_t local, int64_t hang, int64_t now) const {
+  const v1::LocalRank& lr = a.ranks[local];
+  const int64_t bound = a.rank_silence[local].TimeoutMs(liveness_ms_, now);
+  const bool ran = lr.has_cpu_idle_ms() && lr.cpu_idle_ms() <= bound;
+  return !Started(lr) || ran ? hang : bound;
 }
 
 bool Pods::Forget(const std::string& uid) {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -157,12 +158,13 @@ class Pods {
   template <typename Message>
   void NoteFreePorts(Agent& agent, const Message& report);
   bool RecentStore(const std::string& host, uint32_t port) const;
-  std::optional<Finding> FirstOutside(const RankLayout& layout, uint64_t generation,
-                                      int64_t hang_ms, int64_t now) const;
+  Finding Outside(const RankLayout& layout, size_t rank, uint64_t generation, int64_t hang_ms,
+                  int64_t now) const;
+  int64_t RankBeatBound(const Agent& agent, uint32_t local, int64_t hang_ms, int64_t now) const;
 
   std::vector<Agent> agents_;               // by pod index
   int64_t liveness_ms_;
-  std::map<uint64_t, int64_t> stream_pod_;  // stream -> pod index
+  std::unordered_map<uint64_t, int64_t> stream_pod_;  // stream -> pod index (every message)
   std::set<std::string> lost_uids_;         // pods that were lost: zombies if they return
   std::set<std::string> replace_uids_;      // of those, the ones that must be replaced
   std::vector<std::string> lost_;           // lost_uids_, oldest first

@@ -276,7 +276,7 @@ void ManagerServer::Flush() {
   for (auto& out : job_->TakeOutgoing()) {
     auto it = by_node_.find(out.node_rank);
     if (it == by_node_.end()) continue;
-    it->second->Send(out.message, out.close);
+    it->second->Send(std::move(out.message), out.close);
   }
 }
 

@@ -75,7 +75,9 @@ constexpr KeySpec kKeys[] = {
      &JobConfig::even_split,
      "Require the data-parallel degree to divide the number of micro-batches per step."},
     {"regroup.io/heartbeat-interval-ms", S::kAnnotation, O::kRegroup, T::kInt, 10, 10000, "",
-     "100", 100, &JobConfig::heartbeat_interval_ms, "Milliseconds between heartbeats."},
+     "100", 100, &JobConfig::heartbeat_interval_ms,
+     "Milliseconds between heartbeats; stretched for a job of more than 2,000 pods, so that its "
+     "manager hears at most 20,000 beats a second."},
     {"regroup.io/liveness-misses", S::kAnnotation, O::kRegroup, T::kInt, 2, 100, "", "5", 5,
      &JobConfig::liveness_misses,
      "Missed heartbeats after which a pod or rank is lost; up to 4 times as many for one whose "

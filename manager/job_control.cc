@@ -88,7 +88,8 @@ uint32_t HeartbeatIntervalMs(const JobConfig& config, int64_t pods) {
   const int64_t job = config.heartbeat_interval_ms;
   const int64_t budget = (std::max<int64_t>(pods, 1) * 1000 + kBeatBudgetPerSecond - 1) /
                          kBeatBudgetPerSecond;
-  const int64_t ceiling = config.hang_timeout_min_s * 1000 / (2 * config.liveness_misses);
+  const int64_t ceiling =
+      config.hang_timeout_min_s * 1000 / (2 * std::max<int64_t>(config.liveness_misses, 1));
   return static_cast<uint32_t>(std::max(job, std::min(budget, ceiling)));
 }
 

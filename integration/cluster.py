@@ -40,6 +40,7 @@ from network import Network, NodeNet
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
+from regroup.api import UsageError  # noqa: E402
 from regroup.testing import descendants, read_ledger, trainers_of, wait_for  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "train_mlp.py"
@@ -286,6 +287,20 @@ class Pod:
     log: Path
 
 
+def refuse_a_used_workdir(workdir: Path) -> None:
+    """A run's folder must not hold an earlier run's ledger or weights: the new run would read the
+    old ledger as its own (a demo run twice with one --workdir killed its trainer before the job
+    had formed, waiting for a step the old ledger already held).
+
+    Raises:
+        UsageError: it does, naming what it holds.
+    """
+    held = [name for name in ("ledger.jsonl", "final.pt") if (workdir / name).exists()]
+    if held:
+        raise UsageError(f"{workdir} holds an earlier run ({', '.join(held)}): give a new or empty folder, "
+                         "or remove it first")
+
+
 class Cluster:
     """Nodes, the job's manager and its pods, on this machine."""
 
@@ -293,6 +308,7 @@ class Cluster:
                  binaries: Optional[Dict[str, str]] = None, spare_nodes: int = 0, record: bool = False):
         self.scheduler = None  # a VolcanoLoop when Volcano is in the loop (volcano_loop.py)
         self.dir = Path(workdir)
+        refuse_a_used_workdir(self.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.job = job
         self.log = log

@@ -20,3 +20,15 @@ def test_bad_commands_get_clear_errors(tmp_path):
         assert execute(c, "") == ""
         assert "kill-node" in json.loads(execute(c, "help"))["ok"]
         assert json.loads(execute(c, "add-node")) == {"ok": {"node": "node-2"}}
+
+
+def test_a_folder_holding_an_earlier_run_is_refused_naming_what_it_holds(tmp_path):
+    """Its ledger would be read as the new run's: a demo run twice in one --workdir killed its
+    trainer at once, waiting for a step the old ledger held."""
+    import pytest
+
+    from regroup.api import UsageError
+
+    (tmp_path / "ledger.jsonl").write_text('{"step": 81}\n')
+    with pytest.raises(UsageError, match=r"holds an earlier run \(ledger.jsonl\): give a new or empty folder"):
+        Cluster(tmp_path, JobSpec(nodes=2), network="loopback", log=lambda m: None)

@@ -25,8 +25,9 @@ from typing import Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster import Cluster, JobSpec  # noqa: E402
+from cluster import Cluster, JobSpec, refuse_a_used_workdir  # noqa: E402
 from scenarios import Result, check_story, check_strategy, check_training, measure, reference_weights  # noqa: E402
+from regroup.api import UsageError  # noqa: E402
 
 STEP_LINE = re.compile(r"step=(\d+) loss=([0-9.eE+-]+) world=(\d+) dp=(\d+) generation=(\S+)")
 
@@ -157,6 +158,10 @@ def main(argv=None) -> int:
         p.error("--nodes must be at least 2: a node is lost on purpose")
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="regroup-demo-"))
+    try:
+        refuse_a_used_workdir(workdir)
+    except UsageError as e:
+        p.error(str(e))
     world = args.nodes * args.nproc
     job = JobSpec(nodes=args.nodes, nproc=args.nproc, steps=args.steps, step_sleep=args.step_sleep,
                   strategies="retry,recover-in-place,recover,elastic-training,dump,exit", prefer_elastic=True,

@@ -842,6 +842,7 @@ v1::LocalRank AgentCore::Report(uint32_t r) const {
   out.set_voted_world_size(k.voted_world_size);
   out.set_voted_ok(k.voted_ok);
   out.set_voted_checksum(k.voted_checksum);
+  if (k.voted_rank >= 0) out.set_voted_rank(static_cast<uint32_t>(k.voted_rank));
   return out;
 }
 
@@ -991,6 +992,7 @@ void AgentCore::OnTrainerMessage(Millis now, uint32_t r, const v1::TrainerMessag
       k.voted_epoch = started_epoch_;
       k.voted_generation = vote.generation();
       k.voted_world_size = vote.generation() == k.plan_generation ? k.plan_world_size : 0;
+      k.voted_rank = vote.generation() == k.plan_generation ? k.plan_rank : -1;
       k.voted_ok = vote.ok();
       k.voted_checksum = vote.checksum();
       NoteHeldState(k);
@@ -1039,6 +1041,7 @@ void AgentCore::Deliver(uint32_t r, const v1::AgentReply& reply) {
   k.generation = plan.generation();
   k.plan_generation = plan.generation();
   k.plan_world_size = plan.world_size();
+  k.plan_rank = reply.start().has_assignment() ? reply.start().assignment().rank() : -1;
   // A plan that resumes at or after its vote settles it: the trainer applies the step it voted
   // for if the plan resumes after it, committed by the generation it voted in (or nobody knows
   // which), and drops it otherwise (python/regroup/forming.py).

@@ -145,15 +145,18 @@ class AgentCore {
     uint32_t voted_world_size = 0;         // of the generation it was cast in (0: not known)
     bool voted_ok = false;
     uint64_t voted_checksum = 0;
+    int64_t voted_rank = -1;               // its rank in that generation (-1: not known)
     void ForgetVote() {
       voted_step = -1;
       voted_epoch = voted_generation = 0;
       voted_world_size = 0;
       voted_ok = false;
       voted_checksum = 0;
+      voted_rank = -1;
     }
-    uint64_t plan_generation = 0;  // the last plan delivered to it, and its world size
+    uint64_t plan_generation = 0;  // the last plan delivered to it, its world size and its rank
     uint32_t plan_world_size = 0;
+    int64_t plan_rank = -1;
     bool exited = false;
     int exit_code = 0;
     int exit_signal = 0;

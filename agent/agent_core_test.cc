@@ -297,14 +297,17 @@ TEST_F(AgentCoreTest, AVoteIsReportedUntilAnOutcomeOrAPlanSettlesIt) {
       plan->set_committed_step(committed);
       plan->set_committed_epoch(by_generation ? 1 : 0);
       plan->set_committed_generation(by_generation);
-      plan->add_ranks()->set_local_rank(0);
+      auto* mine = plan->add_ranks();
+      mine->set_local_rank(0);
+      mine->set_rank(0);
     });
   };
-  auto vote = [&](uint64_t generation, int64_t step) {
+  auto vote = [&](uint64_t generation, int64_t step, uint64_t checksum = 0) {
     v1::TrainerMessage m;
     m.mutable_vote()->set_generation(generation);
     m.mutable_vote()->set_step(step);
     m.mutable_vote()->set_ok(true);
+    m.mutable_vote()->set_checksum(checksum);
     core_.OnTrainerMessage(now_, 0, m);
   };
   start(3, 40, 0);
@@ -318,6 +321,8 @@ TEST_F(AgentCoreTest, AVoteIsReportedUntilAnOutcomeOrAPlanSettlesIt) {
   EXPECT_EQ(r.voted_world_size(), 1u) << "the world size of the plan it was cast in";
   EXPECT_TRUE(r.voted_ok());
   EXPECT_EQ(r.voted_checksum(), 0u);
+  ASSERT_TRUE(r.has_voted_rank()) << "its rank in that plan, by which checksums compare";
+  EXPECT_EQ(r.voted_rank(), 0u);
   start(4, 41, 3);  // resumes after step 41, committed by generation 3: it applies its vote
   r = Reported();
   EXPECT_EQ(r.voted_generation(), 0u) << "settled by the plan";
@@ -331,10 +336,12 @@ TEST_F(AgentCoreTest, AVoteIsReportedUntilAnOutcomeOrAPlanSettlesIt) {
   r = Reported();
   EXPECT_EQ(r.voted_generation(), 0u) << "settled by the outcome";
   EXPECT_EQ(r.committed_step(), 42);
-  vote(7, 43);  // a vote in a generation whose plan it never had: its size is not known
+  vote(7, 43, 99);  // a vote in a generation whose plan it never had: its size is not known
   r = Reported();
   EXPECT_EQ(r.voted_generation(), 7u);
   EXPECT_EQ(r.voted_world_size(), 0u);
+  EXPECT_EQ(r.voted_checksum(), 99u);
+  EXPECT_FALSE(r.has_voted_rank()) << "nor its rank";
   vote(4, 43);
   start(6, 43, 5);  // step 43 was committed by generation 5, which it was not in: dropped
   r = Reported();

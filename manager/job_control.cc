@@ -1109,7 +1109,9 @@ void JobControl::ReportFault(const v1::FaultFacts& fault, int64_t now) {
   // state" a shard only a lost pod held.
   if (!FormedAGeneration())
     decisions_->ReportProgress(options_.epoch, generation(),
-                               commit_.HighestHeard(pods_, /*finish_votes=*/true), 0, now);
+                               commit_.HighestHeard(pods_, /*finish_votes=*/true,
+                                                    layout_.replica_ranks()),
+                               0, now);
   decisions_->Fault(fault, now);
 }
 
@@ -1126,7 +1128,8 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   // committed by a generation this incarnation did not run; before this incarnation's first
   // generation, a vote the one before it did not decide, finished here when every rank of the
   // generation it was cast in voted for the step, none heard the outcome, and each could commit.
-  const bool finished_vote = commit_.CatchUp(pods_, /*finish_votes=*/!FormedAGeneration());
+  const bool finished_vote =
+      commit_.CatchUp(pods_, /*finish_votes=*/!FormedAGeneration(), layout_.replica_ranks());
   if (finished_vote)
     Event(now, "commit",
           "step " + std::to_string(commit_.step()) + " is committed: every rank of generation (" +

@@ -1217,6 +1217,32 @@ TEST(JobControl, ARestartedManagerFinishesAVoteEveryRankOfTheGenerationCast) {
             1);
 }
 
+// Pod `n`'s ranks voted for a checksum step: `at[p]` at tensor-parallel position p (tp 2, each
+// pod one replica), with their ranks in the generation, as an agent reports them.
+std::vector<v1::LocalRank> VotedChecksums(int64_t n, std::vector<uint64_t> at) {
+  std::vector<v1::LocalRank> ranks = VotedWhole(Survivor(2, 40), 41, 4);
+  for (uint32_t l = 0; l < 2; ++l) {
+    ranks[l].set_voted_rank(static_cast<uint32_t>(n) * 2 + l);
+    ranks[l].set_voted_checksum(at[l]);
+  }
+  return ranks;
+}
+
+// A checksum step (scenario 7 redid one when the manager died at step 10, checksums every 5):
+// the restarted manager compares the replicas' checksums, position by position, as the tally
+// would have, and finishes the vote when they agree.
+TEST(JobControl, ARestartedManagerFinishesAChecksumVoteWhoseReplicasAgree) {
+  JobControlOptions o;
+  o.epoch = 2;
+  ScriptedAgents sim(2, 2, kForce, kElastic, o);
+  for (int64_t n = 0; n < 2; ++n)
+    ASSERT_TRUE(sim.Register(n, "", VotedChecksums(n, {7, 8}), 2).ok());
+  sim.Run(20);
+  ASSERT_EQ(sim.rt->generation(), 10u);
+  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 41);
+  EXPECT_EQ(Logged(sim, "commit", "step 41 is committed"), 1);
+}
+
 // ...but a vote that is not whole, or that the old manager might have refused, is not finished:
 // the step is redone (the ranks drop their votes), as before.
 TEST(JobControl, ARestartedManagerFinishesNoVoteItCannotKnowWouldHaveCommitted) {
@@ -1228,8 +1254,13 @@ TEST(JobControl, ARestartedManagerFinishesNoVoteItCannotKnowWouldHaveCommitted) 
   const std::vector<Case> cases = {
       {"a rank could not commit the step",
        [](int64_t n, auto& r) { if (n == 1) r[0].set_voted_ok(false); }},
-      {"a checksum step (replicas' checksums are compared by the tally only)",
-       [](int64_t, auto& r) { for (auto& x : r) x.set_voted_checksum(7); }},
+      {"replicas disagree on their checksums (rank 3's against rank 1's, at position 1)",
+       [](int64_t n, auto& r) { r = VotedChecksums(n, {7, n == 1 ? 9u : 8u}); }},
+      {"a checksum whose rank in the generation is not known (an older agent)",
+       [](int64_t n, auto& r) {
+         r = VotedChecksums(n, {7, 8});
+         r[1].clear_voted_rank();
+       }},
       {"an older agent (the generation's size not known)",
        [](int64_t, auto& r) { for (auto& x : r) x.set_voted_world_size(0); }},
       {"a rank's process died after it voted",

@@ -27,17 +27,30 @@ CommitMark HeardMark(const Pods& pods, int64_t step) {
   return mark;
 }
 
+// Whether replicas agree on their parameters where a checksum was taken, as a vote's tally
+// compares them: each rank's against replica 0's rank at its position (0: none taken).
+bool ChecksumsAgree(const std::vector<uint64_t>& checksums, int64_t replica_ranks) {
+  const auto per_replica = static_cast<size_t>(std::max<int64_t>(replica_ranks, 1));
+  for (size_t r = per_replica; r < checksums.size(); ++r) {
+    const uint64_t first = checksums[r % per_replica];
+    if (checksums[r] != 0 && first != 0 && checksums[r] != first) return false;
+  }
+  return true;
+}
+
 // A vote the incarnation before this one did not decide: every rank of the generation it was
-// cast in voted for `step` there, each able to commit it and none with a checksum (replicas'
-// checksums are compared by a vote's tally, which is not redone here: such a step is redone
-// instead). Returns that generation, else (0, 0). Ranks are counted by process, alive: each rank
-// of a generation is one process, which holds one vote at most, so the votes of a generation's
-// world size are all of its ranks'. A lost pod's ranks, or a rank that took its outcome (its
-// vote is gone), leave the count short.
-CommitMark UndecidedVoteComplete(const Pods& pods, int64_t step) {
+// cast in voted for `step` there, each able to commit it, and replicas' checksums, where taken,
+// agree (compared here as the tally would have; a checksum from a rank whose rank in the
+// generation is not known, an older agent's, leaves the step to be redone). Returns that
+// generation, else (0, 0). Ranks are counted by process, alive: each rank of a generation is
+// one process, which holds one vote at most, so the votes of a generation's world size are all
+// of its ranks'. A lost pod's ranks, or a rank that took its outcome (its vote is gone), leave
+// the count short.
+CommitMark UndecidedVoteComplete(const Pods& pods, int64_t step, int64_t replica_ranks) {
   struct Count {
     uint32_t votes = 0, world = 0;
     bool spoiled = false;
+    std::vector<uint64_t> checksums;  // by rank in the generation
   };
   std::map<CommitMark, Count> counts;
   for (const Agent& a : pods.all()) {
@@ -45,16 +58,23 @@ CommitMark UndecidedVoteComplete(const Pods& pods, int64_t step) {
     for (const auto& lr : a.ranks) {
       if (lr.voted_step() != step || lr.voted_generation() == 0) continue;
       Count& c = counts[{lr.voted_epoch(), lr.voted_generation()}];
-      c.spoiled = c.spoiled || !lr.alive() || !lr.voted_ok() || lr.voted_checksum() != 0 ||
-                  lr.voted_world_size() == 0 || lr.committed_step() + 1 != step ||
+      c.spoiled = c.spoiled || !lr.alive() || !lr.voted_ok() || lr.voted_world_size() == 0 ||
+                  lr.committed_step() + 1 != step ||
                   (c.world != 0 && c.world != lr.voted_world_size());
       c.world = lr.voted_world_size();
       ++c.votes;
+      if (lr.voted_checksum() == 0) continue;
+      if (!lr.has_voted_rank() || lr.voted_rank() >= lr.voted_world_size()) {
+        c.spoiled = true;
+        continue;
+      }
+      c.checksums.resize(lr.voted_world_size(), 0);
+      c.checksums[lr.voted_rank()] = lr.voted_checksum();
     }
   }
   CommitMark complete = kUnknown;
   for (const auto& [mark, c] : counts) {
-    if (c.spoiled || c.votes != c.world) continue;
+    if (c.spoiled || c.votes != c.world || !ChecksumsAgree(c.checksums, replica_ranks)) continue;
     if (complete != kUnknown) return kUnknown;  // two whole generations: trust neither
     complete = mark;
   }
@@ -92,12 +112,7 @@ StatusOr<StepCommit::Ballot> StepCommit::Vote(int64_t pod, const v1::Votes& vote
   vote_ok_ = vote_ok_ && votes.ok();
   if (voted_count_ < voted_.size()) return Ballot::kOpen;
   // Every rank voted. Replicas must agree on their parameters where a checksum was taken.
-  bool mismatch = false;
-  for (size_t r = replica_ranks; r < checksums_.size() && !mismatch; ++r) {
-    const uint64_t first = checksums_[r % replica_ranks];
-    mismatch = checksums_[r] != 0 && first != 0 && checksums_[r] != first;
-  }
-  if (mismatch) return Ballot::kMismatch;
+  if (!ChecksumsAgree(checksums_, replica_ranks)) return Ballot::kMismatch;
   return vote_ok_ ? Ballot::kPassed : Ballot::kRejected;
 }
 
@@ -142,24 +157,27 @@ void StepCommit::Forget() {
   mark_ = kUnknown;
 }
 
-StepCommit::KnownCommit StepCommit::Known(const Pods& pods, bool finish_votes) const {
+StepCommit::KnownCommit StepCommit::Known(const Pods& pods, bool finish_votes,
+                                          int64_t replica_ranks) const {
   int64_t heard = step_;
   for (const Agent& a : pods.all())
     if (a.state != AgentState::kLost && !a.pod_uid.empty())
       for (const auto& lr : a.ranks)
         heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
   if (finish_votes)
-    if (const CommitMark voted_in = UndecidedVoteComplete(pods, heard + 1); voted_in != kUnknown)
+    if (const CommitMark voted_in = UndecidedVoteComplete(pods, heard + 1, replica_ranks);
+        voted_in != kUnknown)
       return {heard + 1, voted_in, /*finished_vote=*/true};
   return {heard, heard > step_ ? HeardMark(pods, heard) : mark_, /*finished_vote=*/false};
 }
 
-int64_t StepCommit::HighestHeard(const Pods& pods, bool finish_votes) const {
-  return Known(pods, finish_votes).step;
+int64_t StepCommit::HighestHeard(const Pods& pods, bool finish_votes,
+                                 int64_t replica_ranks) const {
+  return Known(pods, finish_votes, replica_ranks).step;
 }
 
-bool StepCommit::CatchUp(const Pods& pods, bool finish_votes) {
-  const KnownCommit known = Known(pods, finish_votes);
+bool StepCommit::CatchUp(const Pods& pods, bool finish_votes, int64_t replica_ranks) {
+  const KnownCommit known = Known(pods, finish_votes, replica_ranks);
   if (known.step <= step_) return false;
   step_ = known.step;
   mark_ = known.mark;

@@ -58,12 +58,13 @@ class StepCommit {
   void Forget();
   // The highest step committed here or heard committed by a pod not lost; with `finish_votes`
   // (an incarnation that has not formed a generation yet), the step after it where the ranks of
-  // a generation all voted for it, able to commit it, and none heard the outcome: the vote the
-  // incarnation before this one did not decide, which it would have committed.
-  int64_t HighestHeard(const Pods& pods, bool finish_votes) const;
+  // a generation all voted for it, able to commit it, replicas of `replica_ranks` ranks agreeing
+  // on their checksums, and none heard the outcome: the vote the incarnation before this one did
+  // not decide, which it would have committed.
+  int64_t HighestHeard(const Pods& pods, bool finish_votes, int64_t replica_ranks) const;
   // A step committed by a generation this incarnation did not run (or a vote finished, as
   // above) becomes the committed one. True when it is a finished vote.
-  bool CatchUp(const Pods& pods, bool finish_votes);
+  bool CatchUp(const Pods& pods, bool finish_votes, int64_t replica_ranks);
   // The process restarted since the last commit: it holds no vote of its own.
   void Restarted(int64_t pod, uint32_t local) { restarted_since_commit_.insert({pod, local}); }
 
@@ -84,7 +85,7 @@ class StepCommit {
     CommitMark mark;
     bool finished_vote;  // the step is a vote finished here, not one heard committed
   };
-  KnownCommit Known(const Pods& pods, bool finish_votes) const;
+  KnownCommit Known(const Pods& pods, bool finish_votes, int64_t replica_ranks) const;
 
   int64_t step_ = -1;    // the committed step
   CommitMark mark_{0, 0};  // who committed it; (0, 0) when it was heard from agents

@@ -1197,26 +1197,6 @@ std::vector<v1::LocalRank> VotedWhole(std::vector<v1::LocalRank> ranks, int64_t 
   return ranks;
 }
 
-// Issue 37 (scenario 7 redid a step): the manager died with a vote in flight. Every rank of the
-// generation voted for step 41, none heard the outcome: the vote was whole, and the old manager
-// would have committed it. The restarted one finishes it, naming the generation that cast it
-// (whose ranks apply their own votes, python/regroup/forming.py), instead of having it redone.
-TEST(JobControl, ARestartedManagerFinishesAVoteEveryRankOfTheGenerationCast) {
-  JobControlOptions o;
-  o.epoch = 2;
-  ScriptedAgents sim(2, 2, kForce, kElastic, o);
-  for (int64_t n = 0; n < 2; ++n)
-    ASSERT_TRUE(sim.Register(n, "", VotedWhole(Survivor(2, 40), 41, 4), 2).ok());
-  sim.Run(20);
-  ASSERT_EQ(sim.rt->generation(), 10u);
-  const v1::GenerationPlan& plan = sim.starts_[0].plan();
-  EXPECT_EQ(plan.committed_step(), 41);
-  EXPECT_EQ(plan.committed_epoch(), 1u);
-  EXPECT_EQ(plan.committed_generation(), 9u);
-  EXPECT_EQ(Logged(sim, "commit", "step 41 is committed: every rank of generation (1, 9) voted"),
-            1);
-}
-
 // Pod `n`'s ranks voted for a checksum step: `at[p]` at tensor-parallel position p (tp 2, each
 // pod one replica), with their ranks in the generation, as an agent reports them.
 std::vector<v1::LocalRank> VotedChecksums(int64_t n, std::vector<uint64_t> at) {
@@ -1228,19 +1208,33 @@ std::vector<v1::LocalRank> VotedChecksums(int64_t n, std::vector<uint64_t> at) {
   return ranks;
 }
 
-// A checksum step (scenario 7 redid one when the manager died at step 10, checksums every 5):
-// the restarted manager compares the replicas' checksums, position by position, as the tally
-// would have, and finishes the vote when they agree.
-TEST(JobControl, ARestartedManagerFinishesAChecksumVoteWhoseReplicasAgree) {
-  JobControlOptions o;
-  o.epoch = 2;
-  ScriptedAgents sim(2, 2, kForce, kElastic, o);
-  for (int64_t n = 0; n < 2; ++n)
-    ASSERT_TRUE(sim.Register(n, "", VotedChecksums(n, {7, 8}), 2).ok());
-  sim.Run(20);
-  ASSERT_EQ(sim.rt->generation(), 10u);
-  EXPECT_EQ(sim.starts_[0].plan().committed_step(), 41);
-  EXPECT_EQ(Logged(sim, "commit", "step 41 is committed"), 1);
+// Issue 37 (scenario 7 redid a step): the manager died with a vote in flight. Every rank of the
+// generation voted for step 41, none heard the outcome: the vote was whole, and the old manager
+// would have committed it. The restarted one finishes it, naming the generation that cast it
+// (whose ranks apply their own votes, python/regroup/forming.py), instead of having it redone.
+// A checksum step too (CI's scenario 7 redid step 10, checksums every 5): the restarted manager
+// compares the replicas' checksums, position by position, as the tally would have.
+TEST(JobControl, ARestartedManagerFinishesAVoteEveryRankOfTheGenerationCast) {
+  for (const bool checksums : {false, true}) {
+    SCOPED_TRACE(checksums ? "a checksum step whose replicas agree" : "no checksum");
+    JobControlOptions o;
+    o.epoch = 2;
+    ScriptedAgents sim(2, 2, kForce, kElastic, o);
+    for (int64_t n = 0; n < 2; ++n)
+      ASSERT_TRUE(sim.Register(n, "",
+                               checksums ? VotedChecksums(n, {7, 8})
+                                         : VotedWhole(Survivor(2, 40), 41, 4),
+                               2)
+                      .ok());
+    sim.Run(20);
+    ASSERT_EQ(sim.rt->generation(), 10u);
+    const v1::GenerationPlan& plan = sim.starts_[0].plan();
+    EXPECT_EQ(plan.committed_step(), 41);
+    EXPECT_EQ(plan.committed_epoch(), 1u);
+    EXPECT_EQ(plan.committed_generation(), 9u);
+    EXPECT_EQ(
+        Logged(sim, "commit", "step 41 is committed: every rank of generation (1, 9) voted"), 1);
+  }
 }
 
 // ...but a vote that is not whole, or that the old manager might have refused, is not finished:

@@ -1250,6 +1250,11 @@ TEST(JobControl, ARestartedManagerFinishesNoVoteItCannotKnowWouldHaveCommitted) 
        [](int64_t n, auto& r) { if (n == 1) r[0].set_voted_ok(false); }},
       {"replicas disagree on their checksums (rank 3's against rank 1's, at position 1)",
        [](int64_t n, auto& r) { r = VotedChecksums(n, {7, n == 1 ? 9u : 8u}); }},
+      {"a world size no job has, with checksums (a hostile agent: nothing is sized by it)",
+       [](int64_t n, auto& r) {
+         r = VotedChecksums(n, {7, 8});
+         for (auto& x : r) x.set_voted_world_size(4000000000u);
+       }},
       {"a checksum whose rank in the generation is not known (an older agent)",
        [](int64_t n, auto& r) {
          r = VotedChecksums(n, {7, 8});

@@ -50,7 +50,7 @@ CommitMark UndecidedVoteComplete(const Pods& pods, int64_t step, int64_t replica
   struct Count {
     uint32_t votes = 0, world = 0;
     bool spoiled = false;
-    std::vector<uint64_t> checksums;  // by rank in the generation
+    std::map<uint32_t, uint64_t> checksums;  // by rank in the generation (an agent's word: sparse)
   };
   std::map<CommitMark, Count> counts;
   for (const Agent& a : pods.all()) {
@@ -68,13 +68,16 @@ CommitMark UndecidedVoteComplete(const Pods& pods, int64_t step, int64_t replica
         c.spoiled = true;
         continue;
       }
-      c.checksums.resize(lr.voted_world_size(), 0);
       c.checksums[lr.voted_rank()] = lr.voted_checksum();
     }
   }
   CommitMark complete = kUnknown;
   for (const auto& [mark, c] : counts) {
-    if (c.spoiled || c.votes != c.world || !ChecksumsAgree(c.checksums, replica_ranks)) continue;
+    if (c.spoiled || c.votes != c.world) continue;
+    // Whole: its world size is its ranks' count, so the vector is as large as what was reported.
+    std::vector<uint64_t> checksums(c.world, 0);
+    for (const auto& [rank, sum] : c.checksums) checksums[rank] = sum;
+    if (!ChecksumsAgree(checksums, replica_ranks)) continue;
     if (complete != kUnknown) return kUnknown;  // two whole generations: trust neither
     complete = mark;
   }

@@ -252,7 +252,7 @@ std::optional<Pods::Finding> Pods::FirstHang(const RankLayout& layout, uint64_t 
     if (lr.generation() < generation && at_step > hang)
       return Outside(layout, g, generation, hang, now);
     if (frozen) continue;  // only a rank outside the generation is blamed before it
-    if (lr.beat_age_ms() > RankBeatBound(a, p.local_rank, hang, now)) {
+    if (lr.beat_age_ms() > RankBeat(a, p.local_rank, hang, now).allowed_ms) {
       frozen = g;
       continue;
     }
@@ -269,14 +269,13 @@ std::optional<Pods::Finding> Pods::FirstHang(const RankLayout& layout, uint64_t 
     Agent& a = agents_[static_cast<size_t>(p.pod)];
     const v1::LocalRank& lr = a.ranks[p.local_rank];
     a.hung[p.local_rank] = lr.pid();  // frozen: a failed process until it beats again
-    const int64_t bound = a.rank_silence[p.local_rank].TimeoutMs(liveness_ms_, now);
-    const bool ran = lr.has_cpu_idle_ms() && lr.cpu_idle_ms() <= bound;
+    const RankBeatBound b = RankBeat(a, p.local_rank, hang, now);
     return Finding{static_cast<int64_t>(*frozen), lr.step(),
                    "rank " + std::to_string(*frozen) + " sent no heartbeat for " +
                        std::to_string(lr.beat_age_ms()) + " ms (" +
-                       (ran ? "running, past the hang timeout"
-                            : "frozen process" +
-                                  (Started(lr) ? Stretched(bound, liveness_ms_) : "")) +
+                       (b.ran ? "running, past the hang timeout"
+                              : "frozen process" +
+                                    (Started(lr) ? Stretched(b.liveness_ms, liveness_ms_) : "")) +
                        ")",
                    now - static_cast<int64_t>(lr.beat_age_ms())};
   }
@@ -298,11 +297,12 @@ std::optional<Pods::Finding> Pods::FirstHang(const RankLayout& layout, uint64_t 
 // lately (its CPU time grew within the bound, as its agent read it: not frozen, only late,
 // starved on an overloaded machine or its heartbeat thread waiting for the interpreter's lock).
 // A stopped or deadlocked process runs nothing: its bound stays the liveness one.
-int64_t Pods::RankBeatBound(const Agent& a, uint32_t local, int64_t hang, int64_t now) const {
+Pods::RankBeatBound Pods::RankBeat(const Agent& a, uint32_t local, int64_t hang,
+                                   int64_t now) const {
   const v1::LocalRank& lr = a.ranks[local];
   const int64_t bound = a.rank_silence[local].TimeoutMs(liveness_ms_, now);
   const bool ran = lr.has_cpu_idle_ms() && lr.cpu_idle_ms() <= bound;
-  return !Started(lr) || ran ? hang : bound;
+  return {!Started(lr) || ran ? hang : bound, bound, ran};
 }
 
 bool Pods::Forget(const std::string& uid) {

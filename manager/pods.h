@@ -160,7 +160,12 @@ class Pods {
   bool RecentStore(const std::string& host, uint32_t port) const;
   Finding Outside(const RankLayout& layout, size_t rank, uint64_t generation, int64_t hang_ms,
                   int64_t now) const;
-  int64_t RankBeatBound(const Agent& agent, uint32_t local, int64_t hang_ms, int64_t now) const;
+  struct RankBeatBound {
+    int64_t allowed_ms;   // how long the rank may go without a beat
+    int64_t liveness_ms;  // its liveness bound (stretched for beats that lately came late)
+    bool ran;             // its process ran lately: late, not frozen
+  };
+  RankBeatBound RankBeat(const Agent& agent, uint32_t local, int64_t hang_ms, int64_t now) const;
 
   std::vector<Agent> agents_;               // by pod index
   int64_t liveness_ms_;

@@ -446,16 +446,70 @@ def all_reduce(tensor: Any, op: Any = None, group: Any = None) -> None:
     """
     import torch.distributed as dist
 
+    _leavable(getattr(dist.all_reduce, "regroup_original", dist.all_reduce), _backend_of)(tensor, op, group)
+
+
+def _backend_of(group: Any) -> str:
+    import torch.distributed as dist
+
+    return dist.get_backend(group) if group is not None else dist.get_backend()
+
+
+class LeavableWork:
+    """The handle of an asynchronous gloo all-reduce whose :meth:`wait` leaves on an abort
+    (:meth:`GroupSockets.wait`); anything else is the torch Work's."""
+
+    def __init__(self, work: Any, sockets: "GroupSockets"):
+        self._work, self._sockets = work, sockets
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        self._sockets.wait(self._work, "an all-reduce")
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def _leavable(original: Callable[..., Any], backend_of: Callable[[Any], str]) -> Callable[..., Any]:
+    """``original`` (torch's all-reduce), waited for through the generation's sockets on gloo."""
+    import torch.distributed as dist
+
     from regroup.guards import check_group
 
-    check_group(group)
-    op = dist.ReduceOp.SUM if op is None else op
-    sockets = current()
-    backend = dist.get_backend(group) if group is not None else dist.get_backend()
-    if sockets is None or backend != "gloo":
-        dist.all_reduce(tensor, op=op, group=group)
-        return
-    sockets.wait(dist.all_reduce(tensor, op=op, group=group, async_op=True), "an all-reduce")
+    def all_reduce(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> Any:
+        check_group(group)
+        op = dist.ReduceOp.SUM if op is None else op
+        sockets = current()
+        if sockets is None or backend_of(group) != "gloo":
+            return original(tensor, op=op, group=group, async_op=async_op)
+        work = original(tensor, op=op, group=group, async_op=True)
+        if async_op:
+            return LeavableWork(work, sockets)
+        sockets.wait(work, "an all-reduce")
+        return None
+
+    all_reduce.regroup_original = original  # type: ignore[attr-defined]
+    all_reduce.__doc__ = original.__doc__
+    return all_reduce
+
+
+def leave_torch_all_reduce_on_abort(backend_of: Callable[[Any], str] = _backend_of) -> None:
+    """Makes ``torch.distributed.all_reduce`` itself leave on an abort, as :func:`all_reduce`
+    does, for code that calls torch's and cannot be changed: Megatron-core's tensor-parallel
+    layers and cross-entropy (regroup.megatron turns it on). A blocking call on a gloo group of
+    the live generation waits through :meth:`GroupSockets.wait`; an asynchronous one returns a
+    :class:`LeavableWork`; anything else (NCCL, no generation) is torch's call unchanged.
+    Idempotent; :func:`restore_torch_all_reduce` undoes it."""
+    import torch.distributed as dist
+
+    if not hasattr(dist.all_reduce, "regroup_original"):
+        dist.all_reduce = _leavable(dist.all_reduce, backend_of)
+
+
+def restore_torch_all_reduce() -> None:
+    import torch.distributed as dist
+
+    dist.all_reduce = getattr(dist.all_reduce, "regroup_original", dist.all_reduce)
 
 
 # -- collectives left behind: their groups live until they end -------------------------------

@@ -436,3 +436,61 @@ def test_a_peer_watch_stops_at_once_and_over_nothing():
         watch = PeerWatch(fds, lambda host: None)
         watch.stop()
         assert not watch._thread.is_alive()
+
+
+def test_torchs_own_all_reduce_leaves_on_an_abort_once_turned_on():
+    """Code that calls torch.distributed.all_reduce itself (Megatron-core's tensor-parallel
+    layers) leaves it on an abort once regroup.megatron turns this on, blocking or not; outside
+    a generation, or on another backend, torch's call runs as it was asked."""
+    import torch
+    import torch.distributed as dist
+
+    from regroup import abort
+    from regroup.abort import Abandoned, GroupSockets, LeavableWork
+
+    calls = []
+    stuck = _Work()
+
+    def torchs(tensor, op=None, group=None, async_op=False):
+        calls.append((op, group, async_op))
+        return stuck
+
+    backend = {"now": "gloo"}
+    original = dist.all_reduce
+    dist.all_reduce = torchs
+    try:
+        abort.leave_torch_all_reduce_on_abort(lambda group: backend["now"])
+        abort.leave_torch_all_reduce_on_abort(lambda group: backend["now"])   # idempotent
+        assert dist.all_reduce.regroup_original is torchs
+        assert dist.all_reduce(torch.ones(1)) is stuck and calls[-1][2] is False   # no generation
+        s = GroupSockets(0)
+        s.begin()
+        backend["now"] = "nccl"
+        assert dist.all_reduce(torch.ones(1), group="g") is stuck and calls[-1] == (dist.ReduceOp.SUM, "g", False)
+        backend["now"] = "gloo"
+        t, box = _in_thread(lambda: dist.all_reduce(torch.ones(1), group="g"))       # blocking
+        wait_for(lambda: s._on_abort, 30, "the waiter to register")
+        assert calls[-1][2] is True          # asked of torch asynchronously, waited for here
+        handle = dist.all_reduce(torch.ones(1), group="g", async_op=True)
+        assert isinstance(handle, LeavableWork) and not handle.is_completed()
+        t2, box2 = _in_thread(handle.wait)
+        wait_for(lambda: len(s._on_abort) == 2, 30, "the second waiter to register")
+        s.shutdown()
+        t.join(timeout=30)
+        t2.join(timeout=30)
+        assert isinstance(box.get("error"), Abandoned) and isinstance(box2.get("error"), Abandoned), (box, box2)
+        s.release()
+        done = _Work()
+        done.fut.set_result([torch.ones(1)])
+        s2 = GroupSockets(0)
+        s2.begin()
+        calls.clear()
+        stuck = done
+        assert dist.all_reduce(torch.ones(1), group="g") is None and calls[-1][2] is True
+        assert dist.all_reduce(torch.ones(1), group="g", async_op=True).wait() is True
+        s2.release()
+        abort.restore_torch_all_reduce()
+        assert dist.all_reduce is torchs
+    finally:
+        dist.all_reduce = original
+        abort._current = None

@@ -32,6 +32,14 @@ right ranks and sizes and never communicate), and every generation's build then 
 the model holds for the generation's group of the same kind (:func:`rebind`). A rank keeps its
 position (tensor-parallel rank, stage) across generations; a plan that moves it is refused.
 
+Megatron-core's tensor-parallel layers and cross-entropy call ``torch.distributed.all_reduce``
+themselves, in the training thread. On gloo a rank blocked in one when the generation is aborted
+may never be woken (gloo's lost wake-up, regroup.abort), and only the abort watchdog's exit 75
+and a restart in place would free it. While the adapter is on, torch's all-reduce on a gloo
+group of the live generation is waited for as Regroup's own collectives are, and leaves at once
+on an abort (:func:`regroup.abort.leave_torch_all_reduce_on_abort`); the all-gathers and
+reduce-scatters of sequence parallelism, which is refused on the CPU, are not covered.
+
 Megatron-core 0.16.1 on a machine without CUDA: :func:`on_cpu` (see its notes: the RNG tracker,
 the attention's buffer and the tensors the schedules make on "cuda").
 
@@ -49,6 +57,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from regroup.abort import leave_torch_all_reduce_on_abort, restore_torch_all_reduce
 from regroup.api import ConfigError, TrainerConfig
 from regroup.group import ProcessGroups, on_build, remove_builder
 
@@ -424,6 +433,9 @@ def activate(argv: Optional[List[str]] = None, gloo_groups: Optional[bool] = Non
                           f"megatron.core cannot be imported: {e}") from None
     adapter = Adapter(tp, pp, gloo_groups)
     on_build("megatron", adapter.build, adapter.teardown)
+    # Megatron-core's tensor-parallel all-reduces are torch's, waited for in the training thread:
+    # on gloo they now leave on an abort as Regroup's own do (regroup.abort).
+    leave_torch_all_reduce_on_abort()
     _active = adapter
     log.info("regroup: Megatron-core adapter on (tp %d, pp %d)", tp, pp)
     return adapter
@@ -433,6 +445,7 @@ def deactivate() -> None:
     """Turns the adapter off (tests)."""
     global _active
     remove_builder("megatron")
+    restore_torch_all_reduce()
     _active = None
 
 

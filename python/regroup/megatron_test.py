@@ -92,14 +92,21 @@ def test_a_single_process_trainer_under_the_seed_flags_has_parallel_state_while_
         for step in trainer.steps(2):
             with step:
                 seen.append(ps.model_parallel_is_initialized() and ps.get_data_parallel_world_size())
+                # Megatron's own all-reduce (torch's) on its tensor-parallel group, through the
+                # wrapper that leaves it on an abort (regroup.abort)
+                ones = torch.ones(3)
+                assert torch.distributed.all_reduce(ones, group=ps.get_tensor_model_parallel_group()) is None
+                assert torch.equal(ones, torch.ones(3))
                 for mb in step.microbatches():
                     step.backward(model(torch.ones(len(mb.indices), 2)).sum())
                 trainer.commit(step)
         trainer.close()
         assert seen == [1, 1] and adapter.generations == 1
         assert not ps.model_parallel_is_initialized()  # torn down with the generation
+        assert hasattr(torch.distributed.all_reduce, "regroup_original")
     finally:
         deactivate()
+    assert not hasattr(torch.distributed.all_reduce, "regroup_original")   # torch's own again
 
 
 @needs_megatron

@@ -12,7 +12,9 @@ The model is megatron-core's ``GPTModel`` with the local layer spec (``get_gpt_l
 no Transformer Engine, no Apex, no fused kernels), ``use_cpu_initialization=True`` (every rank
 draws the full weights from torch's CPU generator and keeps its tensor-parallel shard: the same
 numbers whatever the layout) and no dropout. Each step runs Megatron-core's own
-``get_forward_backward_func()`` over the micro-batches; the loss is the cross entropy of every
+``get_forward_backward_func()`` over the micro-batches (with ``--pipeline-model-parallel-size
+2``, its pipeline schedule: the stages hold untied embeddings and draw their initial weights
+apart, so a pipelined run equals a plain run of the same stages, not a one-process one); the loss is the cross entropy of every
 next token, computed here in the parameters' dtype from the logits gathered over the
 tensor-parallel group (:class:`GatherLogits`): Megatron-core's vocab-parallel cross entropy casts
 the logits to float32, which a float64 exactness test cannot have, and its own gather

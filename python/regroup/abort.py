@@ -456,14 +456,18 @@ def _backend_of(group: Any) -> str:
 
 
 class LeavableWork:
-    """The handle of an asynchronous gloo all-reduce whose :meth:`wait` leaves on an abort
-    (:meth:`GroupSockets.wait`); anything else is the torch Work's."""
+    """The handle of an asynchronous gloo collective, send or receive whose :meth:`wait` leaves
+    on an abort (a collective through :meth:`GroupSockets.wait`; a send or receive, which has
+    no future, through :meth:`GroupSockets.call`); anything else is the torch Work's."""
 
-    def __init__(self, work: Any, sockets: "GroupSockets"):
-        self._work, self._sockets = work, sockets
+    def __init__(self, work: Any, sockets: "GroupSockets", what: str, point_to_point: bool = False):
+        self._work, self._sockets, self._what, self._p2p = work, sockets, what, point_to_point
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
-        self._sockets.wait(self._work, "an all-reduce")
+        if self._p2p:
+            self._sockets.call(self._work.wait, what=self._what)
+        else:
+            self._sockets.wait(self._work, self._what)
         return True
 
     def __getattr__(self, name: str) -> Any:
@@ -484,7 +488,7 @@ def _leavable(original: Callable[..., Any], backend_of: Callable[[Any], str]) ->
             return original(tensor, op=op, group=group, async_op=async_op)
         work = original(tensor, op=op, group=group, async_op=True)
         if async_op:
-            return LeavableWork(work, sockets)
+            return LeavableWork(work, sockets, "an all-reduce")
         sockets.wait(work, "an all-reduce")
         return None
 
@@ -493,23 +497,47 @@ def _leavable(original: Callable[..., Any], backend_of: Callable[[Any], str]) ->
     return all_reduce
 
 
-def leave_torch_all_reduce_on_abort(backend_of: Callable[[Any], str] = _backend_of) -> None:
-    """Makes ``torch.distributed.all_reduce`` itself leave on an abort, as :func:`all_reduce`
-    does, for code that calls torch's and cannot be changed: Megatron-core's tensor-parallel
-    layers and cross-entropy (regroup.megatron turns it on). A blocking call on a gloo group of
-    the live generation waits through :meth:`GroupSockets.wait`; an asynchronous one returns a
-    :class:`LeavableWork`; anything else (NCCL, no generation) is torch's call unchanged.
-    Idempotent; :func:`restore_torch_all_reduce` undoes it."""
+def _leavable_batch(original: Callable[..., Any], backend_of: Callable[[Any], str]) -> Callable[..., Any]:
+    """``original`` (torch's ``batch_isend_irecv``), its handles waited for through the
+    generation's sockets on gloo."""
+
+    def batch_isend_irecv(p2p_op_list: List[Any]) -> List[Any]:
+        works = original(p2p_op_list)
+        sockets = current()
+        if sockets is None or not p2p_op_list or backend_of(p2p_op_list[0].group) != "gloo":
+            return works
+        return [LeavableWork(w, sockets, "a send or receive", point_to_point=True) for w in works]
+
+    batch_isend_irecv.regroup_original = original  # type: ignore[attr-defined]
+    batch_isend_irecv.__doc__ = original.__doc__
+    return batch_isend_irecv
+
+
+_WRAPPERS = {"all_reduce": _leavable, "batch_isend_irecv": _leavable_batch}
+
+
+def leave_torch_collectives_on_abort(backend_of: Callable[[Any], str] = _backend_of) -> None:
+    """Makes torch's own ``torch.distributed.all_reduce`` and ``batch_isend_irecv`` leave on an
+    abort, as :func:`all_reduce` does, for code that calls them and cannot be changed:
+    Megatron-core's tensor-parallel layers and cross-entropy, and its pipeline schedule's sends
+    and receives (regroup.megatron turns it on). On a gloo group of the live generation a
+    blocking all-reduce waits through :meth:`GroupSockets.wait`; an asynchronous one, and each
+    batched send and receive, returns a :class:`LeavableWork`; anything else (NCCL, no
+    generation) is torch's call unchanged. Idempotent; :func:`restore_torch_collectives` undoes it."""
     import torch.distributed as dist
 
-    if not hasattr(dist.all_reduce, "regroup_original"):
-        dist.all_reduce = _leavable(dist.all_reduce, backend_of)
+    for name, wrap in _WRAPPERS.items():
+        fn = getattr(dist, name)
+        if not hasattr(fn, "regroup_original"):
+            setattr(dist, name, wrap(fn, backend_of))
 
 
-def restore_torch_all_reduce() -> None:
+def restore_torch_collectives() -> None:
     import torch.distributed as dist
 
-    dist.all_reduce = getattr(dist.all_reduce, "regroup_original", dist.all_reduce)
+    for name in _WRAPPERS:
+        fn = getattr(dist, name)
+        setattr(dist, name, getattr(fn, "regroup_original", fn))
 
 
 # -- collectives left behind: their groups live until they end -------------------------------

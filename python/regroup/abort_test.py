@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -438,10 +439,11 @@ def test_a_peer_watch_stops_at_once_and_over_nothing():
         assert not watch._thread.is_alive()
 
 
-def test_torchs_own_all_reduce_leaves_on_an_abort_once_turned_on():
-    """Code that calls torch.distributed.all_reduce itself (Megatron-core's tensor-parallel
-    layers) leaves it on an abort once regroup.megatron turns this on, blocking or not; outside
-    a generation, or on another backend, torch's call runs as it was asked."""
+def test_torchs_own_all_reduce_and_batched_sends_leave_on_an_abort_once_turned_on():
+    """Code that calls torch.distributed.all_reduce or batch_isend_irecv itself (Megatron-core's
+    tensor-parallel layers, its pipeline schedule) leaves them on an abort once regroup.megatron
+    turns this on, blocking or not; outside a generation, or on another backend, torch's call
+    runs as it was asked."""
     import torch
     import torch.distributed as dist
 
@@ -455,14 +457,30 @@ def test_torchs_own_all_reduce_leaves_on_an_abort_once_turned_on():
         calls.append((op, group, async_op))
         return stuck
 
+    class P2PWork:   # a send or receive's handle: no future, a blocking wait
+        def __init__(self):
+            self.gate = threading.Event()
+
+        def wait(self):
+            self.gate.wait(60)
+            return True
+
+    p2p = P2PWork()
+
+    def torchs_batch(ops):
+        return [p2p for _ in ops]
+
     backend = {"now": "gloo"}
-    original = dist.all_reduce
-    dist.all_reduce = torchs
+    original, original_batch = dist.all_reduce, dist.batch_isend_irecv
+    dist.all_reduce, dist.batch_isend_irecv = torchs, torchs_batch
     try:
-        abort.leave_torch_all_reduce_on_abort(lambda group: backend["now"])
-        abort.leave_torch_all_reduce_on_abort(lambda group: backend["now"])   # idempotent
+        abort.leave_torch_collectives_on_abort(lambda group: backend["now"])
+        abort.leave_torch_collectives_on_abort(lambda group: backend["now"])   # idempotent
         assert dist.all_reduce.regroup_original is torchs
+        assert dist.batch_isend_irecv.regroup_original is torchs_batch
         assert dist.all_reduce(torch.ones(1)) is stuck and calls[-1][2] is False   # no generation
+        op = SimpleNamespace(group="g")
+        assert dist.batch_isend_irecv([op]) == [p2p]
         s = GroupSockets(0)
         s.begin()
         backend["now"] = "nccl"
@@ -475,10 +493,15 @@ def test_torchs_own_all_reduce_leaves_on_an_abort_once_turned_on():
         assert isinstance(handle, LeavableWork) and not handle.is_completed()
         t2, box2 = _in_thread(handle.wait)
         wait_for(lambda: len(s._on_abort) == 2, 30, "the second waiter to register")
+        (recv,) = dist.batch_isend_irecv([op])
+        assert isinstance(recv, LeavableWork)
+        t3, box3 = _in_thread(recv.wait)
+        wait_for(lambda: len(s._on_abort) == 3, 30, "the receive's waiter to register")
         s.shutdown()
-        t.join(timeout=30)
-        t2.join(timeout=30)
-        assert isinstance(box.get("error"), Abandoned) and isinstance(box2.get("error"), Abandoned), (box, box2)
+        for th in (t, t2, t3):
+            th.join(timeout=30)
+        assert all(isinstance(b.get("error"), Abandoned) for b in (box, box2, box3)), (box, box2, box3)
+        p2p.gate.set()
         s.release()
         done = _Work()
         done.fut.set_result([torch.ones(1)])
@@ -488,9 +511,10 @@ def test_torchs_own_all_reduce_leaves_on_an_abort_once_turned_on():
         stuck = done
         assert dist.all_reduce(torch.ones(1), group="g") is None and calls[-1][2] is True
         assert dist.all_reduce(torch.ones(1), group="g", async_op=True).wait() is True
+        assert [w.wait() for w in dist.batch_isend_irecv([op, op])] == [True, True]
         s2.release()
-        abort.restore_torch_all_reduce()
-        assert dist.all_reduce is torchs
+        abort.restore_torch_collectives()
+        assert (dist.all_reduce, dist.batch_isend_irecv) == (torchs, torchs_batch)
     finally:
-        dist.all_reduce = original
+        dist.all_reduce, dist.batch_isend_irecv = original, original_batch
         abort._current = None

@@ -33,12 +33,14 @@ the model holds for the generation's group of the same kind (:func:`rebind`). A 
 position (tensor-parallel rank, stage) across generations; a plan that moves it is refused.
 
 Megatron-core's tensor-parallel layers and cross-entropy call ``torch.distributed.all_reduce``
-themselves, in the training thread. On gloo a rank blocked in one when the generation is aborted
-may never be woken (gloo's lost wake-up, regroup.abort), and only the abort watchdog's exit 75
-and a restart in place would free it. While the adapter is on, torch's all-reduce on a gloo
-group of the live generation is waited for as Regroup's own collectives are, and leaves at once
-on an abort (:func:`regroup.abort.leave_torch_all_reduce_on_abort`); the all-gathers and
-reduce-scatters of sequence parallelism, which is refused on the CPU, are not covered.
+themselves, and its pipeline schedule ``torch.distributed.batch_isend_irecv``, and wait for them
+in the training thread. On gloo a rank blocked in one when the generation is aborted may never
+be woken (gloo's lost wake-up, regroup.abort), and only the abort watchdog's exit 75 and a
+restart in place would free it. While the adapter is on, both, on a gloo group of the live
+generation, are waited for as Regroup's own collectives are, and leave at once on an abort
+(:func:`regroup.abort.leave_torch_collectives_on_abort`); the all-gathers and reduce-scatters
+of sequence parallelism, which is refused on the CPU, and unbatched sends and receives
+(``batch_p2p_comm=False``) are not covered.
 
 Megatron-core 0.16.1 on a machine without CUDA: :func:`on_cpu` (see its notes: the RNG tracker,
 the attention's buffer and the tensors the schedules make on "cuda").
@@ -57,7 +59,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from regroup.abort import leave_torch_all_reduce_on_abort, restore_torch_all_reduce
+from regroup.abort import leave_torch_collectives_on_abort, restore_torch_collectives
 from regroup.api import ConfigError, TrainerConfig
 from regroup.group import ProcessGroups, on_build, remove_builder
 
@@ -342,7 +344,12 @@ class CPU:
     3. tensors made on "cuda" by name: the schedules' token count
        (``forward_backward_no_pipelining``: ``torch.zeros(..., device="cuda")``) and the default
        causal mask: inside ``with cpu:`` a TorchFunctionMode (``torch.overrides``) makes them on
-       the CPU. Nothing of Megatron-core's is edited or patched.
+       the CPU;
+    4. the pipeline schedule's receive buffers, made at ``torch.cuda.current_device()``, and
+       its ``torch.cuda.synchronize()`` after the batched sends and receives: inside ``with
+       cpu:`` torch's ``torch.cuda.current_device`` answers 0 (a device index the mode above
+       makes the CPU) and ``torch.cuda.synchronize`` does nothing, and both are torch's again
+       when the block ends. Nothing of Megatron-core's is edited or patched.
 
     Attributes:
         attention_elements: micro-batch x heads per tensor-parallel rank x sequence^2.
@@ -366,13 +373,28 @@ class CPU:
             self.attention_elements, dtype=self.dtype)
 
     def __enter__(self) -> "CPU":
+        import torch
+
         mode = _cuda_to_cpu()
         mode.__enter__()
-        self._modes.append(mode)
+        self._modes.append((mode, torch.cuda.current_device, torch.cuda.synchronize))
+        torch.cuda.current_device = _no_cuda_device
+        torch.cuda.synchronize = _no_cuda_sync
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._modes.pop().__exit__(*exc)
+        import torch
+
+        mode, torch.cuda.current_device, torch.cuda.synchronize = self._modes.pop()
+        mode.__exit__(*exc)
+
+
+def _no_cuda_device() -> int:
+    return 0   # inside ``with cpu:``, a device index is the CPU (_cuda_to_cpu)
+
+
+def _no_cuda_sync(device: Any = None) -> None:
+    return None
 
 
 def on_cpu(config: Any, micro_batch_size: int, seq_length: int) -> CPU:
@@ -383,15 +405,10 @@ def on_cpu(config: Any, micro_batch_size: int, seq_length: int) -> CPU:
     now when parallel_state is built (the script without Regroup).
 
     Raises:
-        ConfigError: sequence parallelism or pipeline stages (megatron-core allocates their
-            buffers with ``torch.cuda.current_device()``, which nothing but a patch could move).
+        ConfigError: sequence parallelism (megatron-core allocates its buffers on CUDA).
     """
     if getattr(config, "sequence_parallel", False):
         raise ConfigError("on_cpu: sequence parallelism allocates its buffers on CUDA; turn it off")
-    if getattr(config, "pipeline_model_parallel_size", 1) > 1:
-        raise ConfigError("on_cpu: megatron-core 0.16.1's pipeline schedule allocates its receive "
-                          "buffers with torch.cuda.current_device() (p2p_communication.py, "
-                          "create_tensor_recv_prev): pipeline_model_parallel_size must be 1 on a CPU")
     heads = config.num_attention_heads // max(1, config.tensor_model_parallel_size)
     cpu = CPU(micro_batch_size * heads * seq_length * seq_length, config.params_dtype)
     if _active is not None:
@@ -433,9 +450,9 @@ def activate(argv: Optional[List[str]] = None, gloo_groups: Optional[bool] = Non
                           f"megatron.core cannot be imported: {e}") from None
     adapter = Adapter(tp, pp, gloo_groups)
     on_build("megatron", adapter.build, adapter.teardown)
-    # Megatron-core's tensor-parallel all-reduces are torch's, waited for in the training thread:
-    # on gloo they now leave on an abort as Regroup's own do (regroup.abort).
-    leave_torch_all_reduce_on_abort()
+    # Megatron-core's tensor-parallel all-reduces and pipeline sends and receives are torch's,
+    # waited for in the training thread: on gloo they now leave on an abort as Regroup's own do.
+    leave_torch_collectives_on_abort()
     _active = adapter
     log.info("regroup: Megatron-core adapter on (tp %d, pp %d)", tp, pp)
     return adapter
@@ -445,7 +462,7 @@ def deactivate() -> None:
     """Turns the adapter off (tests)."""
     global _active
     remove_builder("megatron")
-    restore_torch_all_reduce()
+    restore_torch_collectives()
     _active = None
 
 

@@ -5,11 +5,11 @@ groups rebuilt on every generation, equal to Regroup's grid, before and after a 
 What runs here (CPU, gloo): the argument handling, megatron-core 0.16's
 ``parallel_state.initialize_model_parallel`` on 8 then 4 ranks, a tiny GPTModel built on the
 rebuilt groups (its layers split by stage, its linear layers by tensor-parallel rank), and
-examples/train_megatron_gpt.py's tiny GPT trained at dp 2 x tp 2 under a real manager and agents
-through a killed rank (``regroup.megatron.on_cpu``: forward and backward through
-``get_forward_backward_func()`` without pipelining). What does not: Megatron-core's pipeline
-schedule on a CPU (its receive buffers are made with ``torch.cuda.current_device()``),
-Megatron-LM's ``pretrain()`` loop and MindSpeed's; NCCL.
+examples/train_megatron_gpt.py's tiny GPT trained at dp 2 x tp 2, and at dp 2 x pp 2 through
+Megatron-core's own pipeline schedule, under a real manager and agents through a killed rank
+(``regroup.megatron.on_cpu``: forward and backward through ``get_forward_backward_func()``).
+What does not: sequence parallelism on a CPU (its buffers are made on CUDA), Megatron-LM's
+``pretrain()`` loop and MindSpeed's; NCCL.
 """
 
 import json
@@ -103,14 +103,16 @@ def test_a_single_process_trainer_under_the_seed_flags_has_parallel_state_while_
         trainer.close()
         assert seen == [1, 1] and adapter.generations == 1
         assert not ps.model_parallel_is_initialized()  # torn down with the generation
-        assert hasattr(torch.distributed.all_reduce, "regroup_original")
+        assert all(hasattr(getattr(torch.distributed, name), "regroup_original")
+                   for name in ("all_reduce", "batch_isend_irecv"))
     finally:
         deactivate()
-    assert not hasattr(torch.distributed.all_reduce, "regroup_original")   # torch's own again
+    assert not any(hasattr(getattr(torch.distributed, name), "regroup_original")   # torch's own again
+                   for name in ("all_reduce", "batch_isend_irecv"))
 
 
 @needs_megatron
-def test_on_cpu_refuses_what_megatron_core_allocates_on_cuda_naming_it():
+def test_on_cpu_refuses_sequence_parallelism_and_moves_the_pipeline_schedules_device_inside_its_block():
     import torch
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -120,13 +122,18 @@ def test_on_cpu_refuses_what_megatron_core_allocates_on_cuda_naming_it():
         return TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
                                  use_cpu_initialization=True, pipeline_dtype=torch.float32, **kwargs)
 
-    with pytest.raises(ConfigError, match=r"pipeline schedule allocates its receive buffers with "
-                                          r"torch.cuda.current_device\(\) \(p2p_communication.py"):
-        on_cpu(config(pipeline_model_parallel_size=2), 4, 16)
     with pytest.raises(ConfigError, match="sequence parallelism allocates its buffers on CUDA"):
         on_cpu(config(tensor_model_parallel_size=2, sequence_parallel=True), 4, 16)
     cpu = on_cpu(config(tensor_model_parallel_size=2), 4, 16)  # parallel_state not built: kept for later
     assert (cpu.attention_elements, cpu.dtype) == (4 * 2 * 16 * 16, torch.float32)
+    # the pipeline schedule's device and synchronize, inside the block only (nested alike)
+    device, sync = torch.cuda.current_device, torch.cuda.synchronize
+    with cpu:
+        with cpu:
+            assert torch.cuda.current_device() == 0 and torch.cuda.synchronize() is None
+            assert torch.empty(2, device=torch.cuda.current_device()).device.type == "cpu"
+        assert torch.cuda.current_device() == 0
+    assert (torch.cuda.current_device, torch.cuda.synchronize) == (device, sync)
 
 
 @needs_megatron
@@ -281,30 +288,43 @@ GPT_ANNOTATIONS = [
 ]
 
 
+def _plain_gpt(procs, tmp_path, reference, pp: int):
+    """The plain Megatron-core run (no Regroup): one process, or ``pp`` in torchrun's environment."""
+    from regroup.testing import PYTHON
+
+    argv = [PYTHON, GPT, *GPT_ARGS, "--train-iters", str(GPT_STEPS), "--out", str(reference),
+            "--pipeline-model-parallel-size", str(pp)]
+    port = free_port()
+    return [procs.start(argv, {"OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                               "WORLD_SIZE": str(pp), "RANK": str(r), "LOCAL_RANK": str(r)},
+                        log=tmp_path / f"reference{r}.log") for r in range(pp)]
+
+
 @needs_megatron
 @pytest.mark.e2e
-def test_a_tiny_megatron_gpt_at_dp2_tp2_recovers_a_killed_rank_and_equals_the_fault_free_run(
-        tmp_path, procs, binaries):
-    """examples/train_megatron_gpt.py under a real manager and two agents (2 nodes x 2 ranks:
-    tp 2 within a node, dp 2 across them), float64, one rank SIGKILLed at step 4: it is restarted
-    in place while the other replica goes on alone, its three peers keep their processes, the
-    restarted process builds its model (in the provisional world), receives the state and its
-    replica rejoins (dp 2 again), and the final weights equal the plain one-process
-    Megatron-core run's (no Regroup: the script without the seed's flags), every micro-batch of
-    every step committed once."""
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["dp2-tp2", "dp2-pp2"])
+def test_a_tiny_megatron_gpt_recovers_a_killed_rank_and_equals_the_fault_free_run(tmp_path, procs, binaries, tp, pp):
+    """examples/train_megatron_gpt.py under a real manager and two agents (2 nodes x 2 ranks: a
+    replica of tp 2, or of 2 pipeline stages run by Megatron-core's own pipeline schedule, within
+    a node; dp 2 across them), float64, one rank SIGKILLed at step 4: it is restarted in place
+    while the other replica goes on alone, its three peers keep their processes, the restarted
+    process builds its model (in the provisional world), receives the state and its replica
+    rejoins (dp 2 again), and the final weights equal the plain Megatron-core run's (no Regroup:
+    the script without the seed's flags, in one process, or in two for the pipeline), every
+    micro-batch of every step committed once."""
     import signal
 
     import torch
 
     from regroup.e2e_test import Cluster
-    from regroup.testing import PYTHON, check_ledger, read_ledger, relative_error, wait_for
+    from regroup.testing import check_ledger, read_ledger, relative_error, wait_for
 
     reference = tmp_path / "reference.pt"  # run beside the cluster's start (both import megatron-core)
-    plain = procs.start([PYTHON, GPT, *GPT_ARGS, "--train-iters", str(GPT_STEPS), "--out", str(reference)],
-                        {"OMP_NUM_THREADS": "1"}, log=tmp_path / "reference.log")
-    c = Cluster(tmp_path, procs, binaries, steps=GPT_STEPS, train=[], tp=2, script=GPT,
-                annotations=GPT_ANNOTATIONS, join_window_s=240)
-    c.train = ["--enable-elastic-training", "--tensor-model-parallel-size", "2", *GPT_ARGS,
+    plain = _plain_gpt(procs, tmp_path, reference, pp)
+    c = Cluster(tmp_path, procs, binaries, steps=GPT_STEPS, train=[], tp=tp, script=GPT,
+                annotations=[*GPT_ANNOTATIONS, f"regroup.io/pipeline-parallel={pp}"], join_window_s=240)
+    c.train = ["--enable-elastic-training", "--tensor-model-parallel-size", str(tp),
+               "--pipeline-model-parallel-size", str(pp), *GPT_ARGS,
                "--train-iters", str(GPT_STEPS), "--step-sleep", "0.2", "--scaled-in-sleep", "1.5",
                "--ledger", str(c.ledger),
                "--out", str(c.out), "--verbose"]
@@ -329,9 +349,12 @@ def test_a_tiny_megatron_gpt_at_dp2_tp2_recovers_a_killed_rank_and_equals_the_fa
     # Every generation's groups were rebound into the model's modules (regroup.megatron): the
     # survivors' in three generations, the restarted process's in its first.
     node0, node1 = (tmp_path / "node0.log").read_text(), (tmp_path / "node1.log").read_text()
-    assert node0.count("model's process groups rebound (42 references; this process's build 3)") == 2, c.logs()
+    assert node0.count("this process's build 3)") == 2, c.logs()
+    if tp == 2:
+        assert node0.count("model's process groups rebound (42 references; this process's build 3)") == 2, c.logs()
     assert "received the state of step" in node1.split("killed by signal 9")[-1], c.logs()
-    assert plain.wait(timeout=120) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+    for r, p in enumerate(plain):
+        assert p.wait(timeout=120) == 0, (tmp_path / f"reference{r}.log").read_text()[-3000:]
     error = relative_error(torch.load(reference), torch.load(c.out))
     assert error <= 1e-9, f"norm-relative error {error:.3e}\n{status}"
     check_ledger(c.ledger, GPT_STEPS, **GPT_DATA, shuffle=False)

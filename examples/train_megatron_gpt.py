@@ -67,6 +67,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--enable-elastic-training", action="store_true", help="the seed's flag: adopt Regroup")
     p.add_argument("--enable-high-availability", action="store_true", help="the seed's flag: adopt Regroup")
+    p.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="the optimizer's state sharded over the data-parallel ranks (under Regroup: "
+                        "its ZeRO-1; plain, one process holds it whole, which is the same arithmetic)")
     p.add_argument("--tensor-model-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     p.add_argument("--num-layers", type=int, default=2)

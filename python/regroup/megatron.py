@@ -24,6 +24,14 @@ parallel sizes are read once, from the script's own arguments (``--tensor-model-
 (:meth:`Adapter.check`, also run on every generation). A script's flags this adapter cannot keep
 (context or expert parallelism, virtual pipeline stages) are refused by name.
 
+Megatron's distributed optimizer (``--use-distributed-optimizer``: the optimizer's state sharded
+over the data-parallel ranks) is Regroup's ZeRO-1 (regroup.zero), which recovers it in place:
+:meth:`Adapter.config` sets ``optimizer_sharding="zero1"``. With ``--enable-high-availability``
+too, each slice keeps a second copy on the rank half the data-parallel ring away
+(``optimizer_copies=2``), as MindSpeed's replica optimizer keeps one, so that a lost rank's
+slice comes from its copy instead of the checkpoint; without it a lost slice sends the job to
+its newest checkpoint, naming the slice.
+
 Megatron-core's modules keep the process groups they were built with (``self.tp_group``, the
 ``pg_collection`` of the attention and transformer layers), so a model built once would still
 call a generation that ended. :meth:`Adapter.model` builds the script's model in a provisional
@@ -112,6 +120,15 @@ def parse_sizes(argv: Sequence[str]) -> Tuple[int, int]:
     return _size(argv, "--tensor-model-parallel-size"), _size(argv, "--pipeline-model-parallel-size")
 
 
+def optimizer_copies(argv: Sequence[str]) -> int:
+    """0 without ``--use-distributed-optimizer``; else the copies of each optimizer slice
+    Regroup's ZeRO-1 keeps: 2 with ``--enable-high-availability`` (MindSpeed's replica
+    optimizer), else 1."""
+    if "--use-distributed-optimizer" not in argv:
+        return 0
+    return 2 if "--enable-high-availability" in argv else 1
+
+
 def enabled(argv: Sequence[str]) -> bool:
     """Whether the seed's flags ask for elastic training or high availability."""
     return any(arg in FLAGS for arg in argv)
@@ -122,11 +139,14 @@ class Adapter:
 
     Attributes:
         tp, pp: the script's tensor- and pipeline-parallel sizes.
+        optimizer_copies: 0 without Megatron's distributed optimizer, else the copies of each
+            ZeRO-1 slice (:func:`optimizer_copies`).
         generations: how many generations' groups were built.
     """
 
-    def __init__(self, tp: int, pp: int, gloo_groups: Optional[bool] = None):
+    def __init__(self, tp: int, pp: int, gloo_groups: Optional[bool] = None, optimizer_copies: int = 0):
         self.tp, self.pp = tp, pp
+        self.optimizer_copies = optimizer_copies
         self.gloo_groups = gloo_groups
         self.generations = 0
         self.cpu: Optional["CPU"] = None      # on_cpu(): prepared after every rebuild
@@ -184,12 +204,20 @@ class Adapter:
         return built
 
     def config(self, **kwargs: Any) -> TrainerConfig:
-        """A TrainerConfig with the script's sizes (the other fields from ``kwargs``)."""
+        """A TrainerConfig with the script's sizes and, with ``--use-distributed-optimizer``,
+        Regroup's ZeRO-1 (the other fields from ``kwargs``)."""
         for name in ("tensor_parallel", "pipeline_parallel"):
             if name in kwargs:
                 raise ConfigError(f"{name} comes from the script's Megatron arguments "
                                   f"(--tensor-model-parallel-size {self.tp}, "
                                   f"--pipeline-model-parallel-size {self.pp}); do not give it")
+        if self.optimizer_copies:
+            for name in ("optimizer_sharding", "optimizer_copies"):
+                if name in kwargs:
+                    raise ConfigError(f"{name} comes from the script's Megatron arguments "
+                                      "(--use-distributed-optimizer, and --enable-high-availability for "
+                                      "a second copy of each slice); do not give it")
+            kwargs.update(optimizer_sharding="zero1", optimizer_copies=self.optimizer_copies)
         return TrainerConfig(tensor_parallel=self.tp, pipeline_parallel=self.pp, **kwargs)
 
     def check(self, job_tp: int, job_pp: int) -> None:
@@ -448,13 +476,15 @@ def activate(argv: Optional[List[str]] = None, gloo_groups: Optional[bool] = Non
     except ImportError as e:
         raise ConfigError(f"{' / '.join(FLAGS)} asks for Regroup's Megatron-core adapter, but "
                           f"megatron.core cannot be imported: {e}") from None
-    adapter = Adapter(tp, pp, gloo_groups)
+    adapter = Adapter(tp, pp, gloo_groups, optimizer_copies(argv))
     on_build("megatron", adapter.build, adapter.teardown)
     # Megatron-core's tensor-parallel all-reduces and pipeline sends and receives are torch's,
     # waited for in the training thread: on gloo they now leave on an abort as Regroup's own do.
     leave_torch_collectives_on_abort()
     _active = adapter
-    log.info("regroup: Megatron-core adapter on (tp %d, pp %d)", tp, pp)
+    log.info("regroup: Megatron-core adapter on (tp %d, pp %d%s)", tp, pp,
+             f", distributed optimizer: ZeRO-1 with {adapter.optimizer_copies} "
+             f"cop{'ies' if adapter.optimizer_copies > 1 else 'y'} of each slice" if adapter.optimizer_copies else "")
     return adapter
 
 

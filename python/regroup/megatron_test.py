@@ -14,6 +14,7 @@ What does not: sequence parallelism on a CPU (its buffers are made on CUDA), Meg
 
 import json
 import os
+import re
 import sys
 import threading
 
@@ -26,7 +27,7 @@ import pytest  # noqa: E402
 
 from regroup.api import ConfigError  # noqa: E402
 from regroup.group import Layout  # noqa: E402
-from regroup.megatron import Adapter, activate, deactivate, enabled, parse_sizes  # noqa: E402
+from regroup.megatron import Adapter, activate, deactivate, enabled, optimizer_copies, parse_sizes  # noqa: E402
 from regroup.testing import free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,6 +53,10 @@ def test_sizes_and_flags_come_from_the_scripts_own_arguments():
         parse_sizes(["--tensor-model-parallel-size", "two"])
     with pytest.raises(ConfigError, match="--context-parallel-size 2: the Regroup adapter rebuilds"):
         parse_sizes(["--context-parallel-size", "2"])
+    # Megatron's distributed optimizer is Regroup's ZeRO-1; high availability keeps a second copy
+    assert optimizer_copies(SEED_ARGS) == 0
+    assert optimizer_copies(["--enable-elastic-training", "--use-distributed-optimizer"]) == 1
+    assert optimizer_copies([*SEED_ARGS, "--use-distributed-optimizer"]) == 2
 
 
 @pytest.mark.skipif(MEGATRON, reason="megatron-core is importable here")
@@ -71,6 +76,13 @@ def test_a_job_disagreeing_with_the_script_is_refused_naming_both():
     assert (config.tensor_parallel, config.pipeline_parallel, config.replica_size) == (2, 2, 4)
     with pytest.raises(ConfigError, match="comes from the script's Megatron arguments"):
         adapter.config(dataset_size=64, micro_batch_size=2, microbatches_per_step=4, tensor_parallel=4)
+    assert config.optimizer_sharding is None
+    zero = Adapter(2, 1, optimizer_copies=2).config(dataset_size=64, micro_batch_size=2, microbatches_per_step=4)
+    assert (zero.optimizer_sharding, zero.optimizer_copies) == ("zero1", 2)
+    with pytest.raises(ConfigError, match=r"optimizer_copies comes from the script's Megatron arguments "
+                                          r"\(--use-distributed-optimizer, and --enable-high-availability"):
+        Adapter(2, 1, optimizer_copies=1).config(dataset_size=64, micro_batch_size=2, microbatches_per_step=4,
+                                                 optimizer_copies=2)
 
 
 @needs_megatron
@@ -302,8 +314,11 @@ def _plain_gpt(procs, tmp_path, reference, pp: int):
 
 @needs_megatron
 @pytest.mark.e2e
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["dp2-tp2", "dp2-pp2"])
-def test_a_tiny_megatron_gpt_recovers_a_killed_rank_and_equals_the_fault_free_run(tmp_path, procs, binaries, tp, pp):
+@pytest.mark.parametrize("tp,pp,flags", [(2, 1, []), (1, 2, []),
+                                         (2, 1, ["--use-distributed-optimizer", "--enable-high-availability"])],
+                         ids=["dp2-tp2", "dp2-pp2", "dp2-tp2-distributed-optimizer"])
+def test_a_tiny_megatron_gpt_recovers_a_killed_rank_and_equals_the_fault_free_run(tmp_path, procs, binaries,
+                                                                                  tp, pp, flags):
     """examples/train_megatron_gpt.py under a real manager and two agents (2 nodes x 2 ranks: a
     replica of tp 2, or of 2 pipeline stages run by Megatron-core's own pipeline schedule, within
     a node; dp 2 across them), float64, one rank SIGKILLed at step 4: it is restarted in place
@@ -311,7 +326,9 @@ def test_a_tiny_megatron_gpt_recovers_a_killed_rank_and_equals_the_fault_free_ru
     process builds its model (in the provisional world), receives the state and its replica
     rejoins (dp 2 again), and the final weights equal the plain Megatron-core run's (no Regroup:
     the script without the seed's flags, in one process, or in two for the pipeline), every
-    micro-batch of every step committed once."""
+    micro-batch of every step committed once. With Megatron's distributed optimizer and high
+    availability (Regroup's ZeRO-1 with a second copy of each slice), the killed rank's slice
+    comes from its copy on the other replica, and the plain run holds the optimizer whole."""
     import signal
 
     import torch
@@ -323,7 +340,7 @@ def test_a_tiny_megatron_gpt_recovers_a_killed_rank_and_equals_the_fault_free_ru
     plain = _plain_gpt(procs, tmp_path, reference, pp)
     c = Cluster(tmp_path, procs, binaries, steps=GPT_STEPS, train=[], tp=tp, script=GPT,
                 annotations=[*GPT_ANNOTATIONS, f"regroup.io/pipeline-parallel={pp}"], join_window_s=240)
-    c.train = ["--enable-elastic-training", "--tensor-model-parallel-size", str(tp),
+    c.train = ["--enable-elastic-training", *flags, "--tensor-model-parallel-size", str(tp),
                "--pipeline-model-parallel-size", str(pp), *GPT_ARGS,
                "--train-iters", str(GPT_STEPS), "--step-sleep", "0.2", "--scaled-in-sleep", "1.5",
                "--ledger", str(c.ledger),
@@ -353,6 +370,15 @@ def test_a_tiny_megatron_gpt_recovers_a_killed_rank_and_equals_the_fault_free_ru
     if tp == 2:
         assert node0.count("model's process groups rebound (42 references; this process's build 3)") == 2, c.logs()
     assert "received the state of step" in node1.split("killed by signal 9")[-1], c.logs()
+    if flags:
+        # Alone at dp 1, replica 0's rank at the killed rank's position cut its whole state from
+        # its own slice and the second copy of the lost one; back at dp 2, the restarted rank
+        # received its slices from it.
+        at1 = "at position 1 (pipeline stage 0, tensor-parallel rank 1)"
+        assert f"ZeRO-1 optimizer slices [0] {at1} of dp 1 assembled from dp 2 (0 bytes received)" in node0, c.logs()
+        restarted = re.search(rf"ZeRO-1 optimizer slices \[1, 0\] {re.escape(at1)} of dp 2 assembled from dp 1 "
+                              r"\((\d+) bytes received\)", node1.split("killed by signal 9")[-1])
+        assert restarted and int(restarted.group(1)) > 0, c.logs()
     for r, p in enumerate(plain):
         assert p.wait(timeout=120) == 0, (tmp_path / f"reference{r}.log").read_text()[-3000:]
     error = relative_error(torch.load(reference), torch.load(c.out))

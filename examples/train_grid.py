@@ -26,7 +26,7 @@ match.
 The flags and outputs are those of ``examples/train_mlp.py`` (``--ledger``, ``--out``,
 ``--step-sleep``, ...; not ``--ddp``, ``--dropout``, ``--poison-step``, ``--hold-sync``) plus
 ``--pp``, ``--ffn``, ``--blocks``, ``--schedule`` and ``--tp-impl``; the ledger is written by each replica's rank at position 0 (stage 0,
-tensor-parallel rank 0). ``--optimizer-sharding zero1`` (with ``--tp-impl hand``) shards each
+tensor-parallel rank 0). ``--optimizer-sharding zero1`` (either ``--tp-impl``) shards each
 position's optimizer state over the ranks at that position in every replica (regroup.zero).
 """
 

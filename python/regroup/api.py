@@ -382,10 +382,6 @@ class TrainerConfig:
         if self.optimizer_sharding is not None and self.sharding is not None:
             raise ConfigError(f"optimizer_sharding={self.optimizer_sharding!r} cannot be combined with "
                               f"sharding={self.sharding!r} (which shards the optimizer state with the model)")
-        if self.optimizer_sharding is not None and self.tensor_parallel_plan is not None:
-            raise ConfigError(f"optimizer_sharding={self.optimizer_sharding!r} cannot be combined with "
-                              "tensor_parallel_plan: ZeRO-1 slices plain local parameters, not DTensors "
-                              "(split the model by hand, as examples/train_grid.py --tp-impl hand does)")
         if self.sharding is not None:   # after the refusals of combinations, whatever the torch
             from regroup.sharded import require_fsdp2
             require_fsdp2(f"sharding={self.sharding!r}")

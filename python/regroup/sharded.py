@@ -332,6 +332,11 @@ class _NoModel(torch.nn.Module):
 def make_state(config: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any, extra: Any) -> TrainingState:
     """The training state for ``config.tensor_parallel_plan``, ``config.sharding`` and
     ``config.optimizer_sharding`` (None: the plain one)."""
+    if config.tensor_parallel_plan is not None and config.optimizer_sharding == "zero1":
+        from regroup.tensor_parallel import ZeroTensorParallelState
+        return ZeroTensorParallelState(model, optimizer, scheduler, extra, plan=config.tensor_parallel_plan,
+                                       copies=config.optimizer_copies, replica_size=config.replica_size,
+                                       tensor_parallel=config.tensor_parallel)
     if config.tensor_parallel_plan is not None:
         from regroup.tensor_parallel import TensorParallelState
         return TensorParallelState(model, optimizer, scheduler, extra, plan=config.tensor_parallel_plan)

@@ -60,6 +60,7 @@ import torch
 from regroup.api import ConfigError
 from regroup.group import backend_device
 from regroup.sharded import LocalShardState
+from regroup.zero import ZeroState
 
 log = logging.getLogger("regroup")
 
@@ -210,3 +211,18 @@ class TensorParallelState(LocalShardState):
         self.mesh = mesh
         log.info("regroup: tensor-parallel module %s on the mesh of ranks %s (position %d)",
                  "re-homed" if self.rehomed else "parallelized", layout.mine("tp"), layout.position)
+
+
+class ZeroTensorParallelState(ZeroState, TensorParallelState):
+    """DTensor tensor parallelism with a distributed optimizer (ZeRO-1, regroup.zero): the
+    module is parallelized per generation as :class:`TensorParallelState` does, and each rank's
+    optimizer state is a slice of its local shards' (flattened in ``parameters()`` order) over
+    its position's data-parallel group, as ZeRO-1 slices a hand-split shard. What moves to a new
+    rank, is checkpointed and loaded is the local shards plus the slices (ZeroState's methods,
+    over TensorParallelState's local ones)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                 scheduler: Any = None, extra: Any = None, *, plan: Any, copies: int = 1,
+                 replica_size: int = 1, tensor_parallel: Optional[int] = None):
+        TensorParallelState.__init__(self, model, optimizer, scheduler, extra, plan=plan)
+        self._init_zero(optimizer, copies, replica_size, tensor_parallel)

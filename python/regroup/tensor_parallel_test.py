@@ -124,3 +124,25 @@ def test_dtensor_tp_recovers_a_killed_rank_a_lost_node_and_its_return(tmp_path, 
     text = (tmp_path / "node1.log").read_text()
     # node1's ranks went from 2, 3 to 0, 1 and back: their module moved onto each new mesh.
     assert "tensor-parallel module re-homed on the mesh of ranks [0, 1]" in text, text[-3000:]
+
+
+@needs_tp
+@pytest.mark.e2e
+def test_dtensor_tp_with_zero1_recovers_a_killed_rank_a_lost_node_and_its_return(tmp_path, tmp_path_factory,
+                                                                                 procs, binaries):
+    """The same grid with a distributed optimizer (ZeRO-1 with second copies) over the DTensor
+    local shards: each position's Adam state is sliced over its data-parallel group; node0's loss
+    leaves replica 1 alone, which cuts its whole state from its own slice and its copy of the lost
+    one; the returning replica (replica 0 again) receives its slices."""
+    grid_through_faults(tmp_path, tmp_path_factory, procs, binaries,
+                        ["--tp-impl", "dtensor", "--optimizer-sharding", "zero1", "--optimizer-copies", "2",
+                         "--step-sleep", "0.02"], lost=0)
+    text = (tmp_path / "node1.log").read_text()
+    assert "tensor-parallel module re-homed on the mesh of ranks [0, 1]" in text, text[-3000:]
+    for position in (0, 1):
+        at = f"at position {position} (pipeline stage 0, tensor-parallel rank {position})"
+        assert f"ZeRO-1 optimizer slices [0] {at} of dp 1 assembled from dp 2 (0 bytes received)" in text, text[-3000:]
+    back = (tmp_path / "node0-replacement.log").read_text()
+    got = re.findall(r"ZeRO-1 optimizer slices \[0, 1\] at position \d .* of dp 2 assembled from dp 1 "
+                     r"\((\d+) bytes received\)", back)   # replica 0 again: slice 0 and the copy of 1
+    assert len(got) == 2 and all(int(n) > 0 for n in got), back[-3000:]

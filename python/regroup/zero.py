@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from regroup.api import CheckpointError, ConfigError, StateLost, StateSyncError
-from regroup.state import TrainingState, load_tree, recv_payload, save_tree, send_payload
+from regroup.state import TrainingState, load_tree, local_tensor, recv_payload, save_tree, send_payload
 
 log = logging.getLogger("regroup")
 
@@ -206,6 +206,11 @@ class ZeroState(TrainingState):
                  scheduler: Any = None, extra: Any = None, *, copies: int = 1, replica_size: int = 1,
                  tensor_parallel: Optional[int] = None):
         super().__init__(model, optimizer, scheduler, extra)
+        self._init_zero(optimizer, copies, replica_size, tensor_parallel)
+
+    def _init_zero(self, optimizer: Optional[torch.optim.Optimizer], copies: int, replica_size: int,
+                   tensor_parallel: Optional[int]) -> None:
+        """The checks and the partition's state (the base class's ``__init__`` ran first)."""
         if optimizer is None:
             raise ConfigError("optimizer_sharding='zero1' shards an optimizer's state: give the trainer the optimizer")
         if type(optimizer) not in ZERO_OPTIMIZERS:
@@ -224,7 +229,6 @@ class ZeroState(TrainingState):
             raise ConfigError(f"optimizer_sharding='zero1' flattens the parameters: they must share one dtype "
                               f"and device, not {sorted(str(k) for k in kinds)}")
         self.copies = copies
-        self.numel = sum(p.numel() for p in params)   # this rank's local parameters (its position's)
         # The grid: ranks per replica (tp x pp) and tensor-parallel size; a position's slices
         # are cut from its own local parameters, over its data-parallel group.
         self.replica_size = replica_size
@@ -243,6 +247,11 @@ class ZeroState(TrainingState):
         self._applies = 0
         self._slots: Dict[Tuple[int, int], Tuple[torch.nn.Parameter, torch.optim.Optimizer]] = {}
         self.bytes_received = 0       # optimizer state received at repartitions (a bench figure)
+
+    @property
+    def numel(self) -> int:
+        """This rank's local parameters' elements (its position's: a DTensor's local shard)."""
+        return sum(local_tensor(p).numel() for p in self.parameters())
 
     # -- a step ---------------------------------------------------------------------------------
 
@@ -267,8 +276,9 @@ class ZeroState(TrainingState):
         params = self.parameters()
         hyper = {k: v for k, v in self.optimizer.param_groups[0].items() if k != "params"}
         with torch.no_grad():
-            flat = torch.cat([p.detach().reshape(-1) for p in params])
-            grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+            flat = torch.cat([local_tensor(p).detach().reshape(-1) for p in params])
+            grad = torch.cat([(local_tensor(p.grad) if p.grad is not None else torch.zeros_like(local_tensor(p)))
+                              .reshape(-1) for p in params])
             stepped: Dict[int, Dict[str, Any]] = {}
             new_own: Optional[torch.Tensor] = None
             for k, st in self.held.items():
@@ -314,8 +324,9 @@ class ZeroState(TrainingState):
         with torch.no_grad():
             offset = 0
             for p in self.parameters():
-                n = p.numel()
-                p.copy_(flat[offset:offset + n].view_as(p))
+                local = local_tensor(p)
+                n = local.numel()
+                local.copy_(flat[offset:offset + n].view_as(local))
                 offset += n
         self.held = stepped
         self._applies += 1
@@ -454,7 +465,7 @@ class ZeroState(TrainingState):
     def to_bytes(self, committed_step: int) -> bytes:
         """The state a new rank receives at a sync: without the slices (it gets its own after)."""
         buffer = io.BytesIO()
-        save_tree(TrainingState.state_dict(self, committed_step), buffer)
+        save_tree(super().state_dict(committed_step), buffer)
         return buffer.getvalue()
 
     def checkpoint_files(self, generation: Any, dump: bool, position: int, count: int) -> List[Tuple[int, int, Any]]:
@@ -469,13 +480,13 @@ class ZeroState(TrainingState):
     def checkpoint_state(self, committed_step: int, part: Any) -> Dict[str, Any]:
         """Slice ``part``'s file: a position's first also holds its model shard and the rest of
         the state, the others their slice only (a checkpoint is then the size of an unsharded one)."""
-        out = TrainingState.state_dict(self, committed_step) if part == 0 else {"committed_step": committed_step}
+        out = super().state_dict(committed_step) if part == 0 else {"committed_step": committed_step}
         out["zero1"] = {"dp": self.dp, "numel": self.numel, "position": self.position,
                         "slices": {part: self.held[part]}}
         return out
 
     def state_dict(self, committed_step: int) -> Dict[str, Any]:
-        out = TrainingState.state_dict(self, committed_step)
+        out = super().state_dict(committed_step)
         out["zero1"] = {"dp": self.dp, "numel": self.numel, "slices": dict(self.held)}
         return out
 

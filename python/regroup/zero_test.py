@@ -34,6 +34,7 @@ import regroup
 from regroup.api import StateSyncError
 from regroup.sharded_test import make_model, train  # the same model and data as HSDP's test
 from regroup.testing import free_port, relative_error
+from regroup.pipeline_test import PIPELINING
 from regroup.zero import LOST, ZeroState, choose_partition, plan_moves, slice_bounds, slices_of
 
 STEPS = 6
@@ -445,18 +446,27 @@ GRID_ARGS = ["--float64", "--dataset", "64", "--microbatches", "4", "--micro-bat
              "--optimizer", "adam", "--checksum-interval", "0"]
 
 
-def test_a_checkpoint_at_tp2_x_dp2_holds_a_file_per_position_and_slice_and_resumes_at_tp2_x_dp1(tmp_path):
-    """examples/train_grid.py (hand tp 2, Adam) at dp 2 checkpoints every 3 steps: 4 files, file
-    ``position * 2 + slice``. The job gone back to step 2's checkpoint resumes at dp 1 (2 ranks)
-    and trains on to one plain process's weights."""
+@pytest.mark.parametrize("layout", [["--tp", "2", "--tp-impl", "hand"], ["--tp", "2", "--tp-impl", "dtensor"],
+                                    ["--tp", "1", "--pp", "2"]], ids=["tp2-hand", "tp2-dtensor", "pp2-schedule"])
+def test_a_checkpoint_of_a_2_rank_replica_at_dp2_holds_a_file_per_position_and_slice_and_resumes_at_dp1(
+        tmp_path, layout):
+    """examples/train_grid.py (tp 2 split by hand, or DTensor's local shards, or 2 pipeline
+    stages run by torch.distributed.pipelining's schedule; Adam) at dp 2 checkpoints every 3
+    steps: 4 files, file ``position * 2 + slice``. The job gone back to step 2's checkpoint
+    resumes at dp 1 (2 ranks) and trains on to one plain process's weights."""
     import subprocess
 
     from regroup.checkpoint import Checkpointer
     from regroup.state import load_tree
+    from regroup.tensor_parallel import tensor_parallel_available
     from regroup.testing import PYTHON
 
+    if "dtensor" in layout and not tensor_parallel_available():
+        pytest.skip(f"DTensor tensor parallelism needs torch 2.x; this is torch {torch.__version__}")
+    if "--pp" in layout and not PIPELINING:
+        pytest.skip(f"torch.distributed.pipelining needs torch 2.4; this is torch {torch.__version__}")
     ckpt, steps = tmp_path / "ckpt", 6
-    zero = [*GRID_ARGS, "--tp", "2", "--optimizer-sharding", "zero1", "--checkpoint-dir", str(ckpt)]
+    zero = [*GRID_ARGS, *layout, "--optimizer-sharding", "zero1", "--checkpoint-dir", str(ckpt)]
     _spawn(_grid_ckpt_rank, 4, [*zero, "--steps", str(steps), "--checkpoint-interval", "3"])
     complete = Checkpointer(str(ckpt)).complete()
     assert [(c.step, c.replica_size) for c in complete] == [(2, 4), (5, 4)], complete
@@ -617,14 +627,12 @@ def test_the_configuration_refuses_what_cannot_work():
         regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", optimizer_copies=3)
     with pytest.raises(regroup.ConfigError, match="set optimizer_sharding='zero1'"):
         regroup.TrainerConfig(**CONFIG, optimizer_copies=2)
-    # a tp x pp grid is sharded per position; what slices no plain local parameters is refused
+    # a tp x pp grid is sharded per position (its local parameters: a hand split's, or DTensor
+    # tensor parallelism's local shards, tensor_parallel_test.py); HSDP shards the state itself
     regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", tensor_parallel=2, pipeline_parallel=2)
     with pytest.raises(regroup.ConfigError, match="optimizer_sharding='zero1' cannot be combined with "
                                                   "sharding='hsdp'"):
         regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", sharding="hsdp", tensor_parallel=2)
-    with pytest.raises(regroup.ConfigError, match="optimizer_sharding='zero1' cannot be combined with "
-                                                  "tensor_parallel_plan: .* not DTensors"):
-        regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1", tensor_parallel=2, tensor_parallel_plan={})
     model = make_model()
     config = regroup.TrainerConfig(**CONFIG, optimizer_sharding="zero1")
     with pytest.raises(regroup.ConfigError, match="elementwise optimizer.*this is LBFGS"):

@@ -1014,6 +1014,25 @@ def zero1_grid_kill_lose_return(c: Cluster, r: Result) -> None:
     r.promise("no optimizer slice was lost", not any("optimizer shard lost" in e["message"] for e in c.events()))
 
 
+@scenario(53, "ZeRO-1 (a second copy of each slice) on a dp 2 x tp 2 x pp 2 grid run by torch's pipeline "
+              "schedule (2 pods x 4): a killed rank, a lost node (dp 1) and its return; each position's slices "
+              "come back from its own data-parallel group",
+          lambda: JobSpec(nproc=4, tp=2, pp=2, steps=150, strategies="recover-in-place,elastic-training,exit",
+                          prefer_elastic=True, micro_batch=4, microbatches=4, dataset=64, step_sleep=0.05,
+                          optimizer="adam",
+                          extra_train=["--optimizer-sharding", "zero1", "--optimizer-copies", "2", "--verbose",
+                                       "--scaled-in-sleep", "1.0"]),
+          needs_pipelining=True)
+def zero1_pipeline_grid_kill_lose_return(c: Cluster, r: Result) -> None:
+    grid_kill_lose_return(c, r)
+    lines = zero1_repartitions(c)
+    at = "at position 3 (pipeline stage 1, tensor-parallel rank 1)"   # the killed rank's position
+    r.promise("the last stage's slices were cut to dp 1 (the lost node's from their second copies) and back to dp 2",
+              any(f"{at} of dp 1 assembled from dp 2" in x for x in lines)
+              and any(f"{at} of dp 2 assembled from dp 1" in x for x in lines), "\n".join(lines[-12:]))
+    r.promise("no optimizer slice was lost", not any("optimizer shard lost" in e["message"] for e in c.events()))
+
+
 @scenario(51, "a distributed optimizer (ZeRO-1, dp 4) without second copies: a killed rank's optimizer slice is "
               "lost, named in the event, and every process restarts from the newest checkpoint",
           lambda: JobSpec(steps=80, optimizer="adam", step_sleep=0.1, checkpoint_interval=10,

@@ -32,6 +32,7 @@ The properties, after every round:
 from __future__ import annotations
 
 import collections
+import os
 import random
 import threading
 from types import SimpleNamespace
@@ -50,6 +51,7 @@ from regroup.undo import Undo
 from regroup.zero import ZeroState, slice_bounds, slices_of
 
 LR, DECAY = 0.01, 0.01
+SEEDS = int(os.environ.get("REGROUP_SYNC_SEEDS", "30"))   # histories per layout (more by hand)
 
 
 class Deadlock(Exception):
@@ -397,10 +399,10 @@ def test_random_histories_of_generations_never_claim_or_form_without_the_whole_s
         fabric_dist, replicas, R, zero, copies):
     torch.set_num_threads(1)
     totals: collections.Counter = collections.Counter()
-    for seed in range(60):
+    for seed in range(SEEDS):
         totals.update(history(seed, replicas, R, zero, copies, rounds=14))
     # the histories reach every outcome (a guard against a generator that tests nothing)
-    assert totals["formed"] > 100 and totals["cut short"] > 50, totals
+    assert totals["formed"] > 100 and totals["cut short"] > 25, totals
     assert totals["lost"] > 0 or copies == 2 or not zero, totals
 
 

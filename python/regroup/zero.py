@@ -2,7 +2,9 @@
 """A distributed optimizer (ZeRO-1) that recovers in place: ``TrainerConfig(optimizer_sharding="zero1")``.
 
 Every rank holds its local parameters (the whole model in replicas of one rank; on a tp x pp
-grid its hand-split shard of its pipeline stage) but only a slice of their optimizer state. A
+grid its hand-split shard of its pipeline stage, or its DTensors' local shards under
+``tensor_parallel_plan``: regroup.tensor_parallel.ZeroTensorParallelState) but only a slice of
+their optimizer state. A
 position of the grid (a tensor-parallel rank of a stage; the only one in replicas of one rank)
 is sharded over its data-parallel group, the ranks at that position in every replica (the group
 the trainer reduces its gradients over), and ``r`` below is a rank's index there (its replica).

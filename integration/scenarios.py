@@ -955,7 +955,14 @@ def killed_rank_then_lost_node_and_return(c: Cluster, r: Result, never: Sequence
           needs_pipelining=True)
 def grid_kill_lose_return(c: Cluster, r: Result) -> None:
     """On 2 pods of 4 ranks: rank 7 (a tp rank of replica 1's last position) killed and restarted
-    in place, then node 1 lost (scale-in to 4 ranks) and returned (scale-out to 8)."""
+    in place, then node 1 lost (scale-in to 4 ranks) and returned (scale-out to 8).
+
+    The node is lost once the generation the restarted rank rejoined has trained, not
+    the moment it is planned: on torch 1.13 a peer lost while the groups are built, after it
+    published its address, holds the survivors in torch's group constructor, which no abort
+    reaches, until the abort watchdog exits them with the state (docs/design.md, "Aborts";
+    a CI run of scenario 52 lost the node 58 ms after the plan and stopped). That window is
+    group_test.py's, on torch 2.x, where the groups are built under the rendezvous bound."""
     c.start()
     c.wait_step(5)
     node = c.node_of(1)
@@ -963,6 +970,7 @@ def grid_kill_lose_return(c: Cluster, r: Result) -> None:
     f = c.kill_trainer(node, 3)   # the last stage's second tensor-parallel rank of replica 1
     c.wait_event("resumed", after_ms=int(f["at"] * 1000))
     c.wait_event("generation", "8 ranks", after_ms=int(f["at"] * 1000))  # the rank is back
+    c.wait_step(c.last_step() + 3)   # ... and its generation trains
     measure(c, r, f)
     lose_a_node_scale_in_then_out(c, r, 1, started=True, small="4 ranks", full="8 ranks")
     check_strategy(c, r, ["restart_in_place", "scale_in", "scale_out"], ["wait", "restart_job"])

@@ -446,7 +446,7 @@ def all_reduce(tensor: Any, op: Any = None, group: Any = None) -> None:
     """
     import torch.distributed as dist
 
-    _leavable(getattr(dist.all_reduce, "regroup_original", dist.all_reduce), _backend_of)(tensor, op, group)
+    _all_reduce(getattr(dist.all_reduce, "regroup_original", dist.all_reduce), _backend_of, tensor, op, group, False)
 
 
 def _backend_of(group: Any) -> str:
@@ -474,23 +474,30 @@ class LeavableWork:
         return getattr(self._work, name)
 
 
-def _leavable(original: Callable[..., Any], backend_of: Callable[[Any], str]) -> Callable[..., Any]:
+def _all_reduce(original: Callable[..., Any], backend_of: Callable[[Any], str], tensor: Any, op: Any,
+                group: Any, async_op: bool) -> Any:
     """``original`` (torch's all-reduce), waited for through the generation's sockets on gloo."""
     import torch.distributed as dist
 
     from regroup.guards import check_group
 
+    check_group(group)
+    op = dist.ReduceOp.SUM if op is None else op
+    sockets = current()
+    if sockets is None or backend_of(group) != "gloo":
+        return original(tensor, op=op, group=group, async_op=async_op)
+    work = original(tensor, op=op, group=group, async_op=True)
+    if async_op:
+        return LeavableWork(work, sockets, "an all-reduce")
+    sockets.wait(work, "an all-reduce")
+    return None
+
+
+def _leavable(original: Callable[..., Any], backend_of: Callable[[Any], str]) -> Callable[..., Any]:
+    """torch's all-reduce replaced by :func:`_all_reduce` over ``original``."""
+
     def all_reduce(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> Any:
-        check_group(group)
-        op = dist.ReduceOp.SUM if op is None else op
-        sockets = current()
-        if sockets is None or backend_of(group) != "gloo":
-            return original(tensor, op=op, group=group, async_op=async_op)
-        work = original(tensor, op=op, group=group, async_op=True)
-        if async_op:
-            return LeavableWork(work, sockets, "an all-reduce")
-        sockets.wait(work, "an all-reduce")
-        return None
+        return _all_reduce(original, backend_of, tensor, op, group, async_op)
 
     all_reduce.regroup_original = original  # type: ignore[attr-defined]
     all_reduce.__doc__ = original.__doc__

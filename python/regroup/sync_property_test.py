@@ -63,6 +63,7 @@ class Fabric:
     its transfers, counted; ``fail=(rank, n)`` loses ``rank`` at its transfer ``n``, and from then
     on every transfer of the generation is aborted (a rank already past its last one is not)."""
 
+    running: Optional["Fabric"] = None
     wait_s = 30.0   # a transfer that waits this long is a deadlock (real ones take milliseconds)
 
     def __init__(self, world: int, fail: Optional[Tuple[int, int]] = None):
@@ -74,6 +75,7 @@ class Fabric:
         self.seq: Dict[Tuple[int, Tuple[int, ...]], int] = collections.defaultdict(int)
         self.mail: Dict[Tuple[int, int], collections.deque] = collections.defaultdict(collections.deque)
         self.local = threading.local()
+        Fabric.running = self   # the generation the patched all-gathers reach (fabric_dist)
 
     def _transfer(self, rank: int) -> None:
         if self.aborted:
@@ -300,23 +302,14 @@ def _in_threads(fabric: Fabric, world: int, fn: Any) -> None:
 
 @pytest.fixture
 def fabric_dist(monkeypatch):
-    """sync's and zero's all-gathers go to the running generation's Fabric (the thread's)."""
-    current: Dict[str, Fabric] = {}
+    """sync's and zero's all-gathers go to the running generation's Fabric (the newest made)."""
 
     def all_gather(out, tensor, group=None, async_op=False):
-        return current["fabric"].all_gather(out, tensor, group, async_op)
+        return Fabric.running.all_gather(out, tensor, group, async_op)
 
     fake = SimpleNamespace(all_gather=all_gather)
     monkeypatch.setattr(regroup.sync, "dist", fake)
     monkeypatch.setattr(regroup.zero, "dist", fake)
-    original = Fabric.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        current["fabric"] = self
-
-    monkeypatch.setattr(Fabric, "__init__", init)
-    return current
 
 
 def history(seed: int, replicas: int, R: int, zero: bool, copies: int, rounds: int) -> Dict[str, int]:

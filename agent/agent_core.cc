@@ -1020,6 +1020,7 @@ void AgentCore::OnTrainerMessage(Millis now, uint32_t r, const v1::TrainerMessag
       report->set_detail(std::move(detail));
       report->set_early(fault.early());
       report->set_peer(BoundedText(fault.peer(), 256));  // a host name or address
+      *report->mutable_missing_ranks() = fault.missing_ranks();
       SendEvent(std::move(m));
       break;
     }

@@ -485,7 +485,23 @@ Status JobControl::OnFault(int64_t pod, const v1::FaultReport& f, int64_t now) {
   // Reported the moment the collective failed: a sign of which pod is gone, not yet a fault (the
   // trainer reports the fault after its abort grace if nothing aborts its generation first).
   if (f.early()) {
-    peer_reports_.Add(generation(), pod, PodAtHost(f.peer(), pod), now);
+    if (f.missing_ranks_size() > 0) {
+      // Ranks of the generation being formed that have not reached its store (from its host).
+      if (f.generation() != generation()) return Status::Ok();  // (a newer one: not ours yet)
+      const std::vector<RankPlace>& places = running().places();
+      if (places.empty() || places[0].pod != pod)
+        return InvalidArgument("only the pod of rank 0, the store's host, names the ranks that have "
+                               "not reached generation " + std::to_string(generation()) + "'s store");
+      for (uint32_t r : f.missing_ranks()) {
+        if (r >= places.size())
+          return InvalidArgument("missing rank " + std::to_string(r) + " is out of range: generation " +
+                                 std::to_string(generation()) + " has " +
+                                 std::to_string(places.size()) + " ranks");
+        if (places[r].pod != pod) peer_reports_.AddMissing(generation(), places[r].pod, now);
+      }
+    } else {
+      peer_reports_.Add(generation(), pod, PodAtHost(f.peer(), pod), now);
+    }
     SettleLostPeers(now);
     return Status::Ok();
   }
@@ -1593,12 +1609,24 @@ void JobControl::SettleLostPeers(int64_t now) {
   // whose stream broke: with no report (every tick of a healthy job), nothing to walk.
   const std::set<int64_t> named = peer_reports_.Named(generation());
   const bool unnamed = peer_reports_.Unnamed(generation(), window, now);
-  if (named.empty() && !unnamed) return;
+  const std::set<int64_t> missing = peer_reports_.Missing(generation(), now);
+  if (named.empty() && !unnamed && missing.empty()) return;
   for (size_t i = 0; i < pods_.size() && state_ == State::kTraining; ++i) {
     const auto n = static_cast<int64_t>(i);
     const Agent& a = pods_[n];
-    if (!named.count(n) && !(unnamed && !a.connected)) continue;
+    if (!named.count(n) && !missing.count(n) && !(unnamed && !a.connected)) continue;
     if (a.state != AgentState::kActive || running().RanksOf(n).empty()) continue;
+    const int64_t silent = now - a.last_seen_ms;
+    const int64_t two_beats = 2 * static_cast<int64_t>(heartbeat_interval_ms_);
+    if (!a.connected && missing.count(n) && silent >= two_beats) {
+      LoseSilentPod(n,
+                    "the stream of pod " + a.pod_uid + " broke, it sent nothing for " +
+                        std::to_string(silent) + " ms, and its ranks have not reached the store of generation " +
+                        std::to_string(generation()) + ", where the others wait for them",
+                    now);
+      continue;
+    }
+    if (!named.count(n) && !(unnamed && !a.connected)) continue;
     // Only the word of pods that train beside it, and are heard from themselves, counts.
     std::set<int64_t> by = peer_reports_.Reporters(generation(), n, window, now);
     for (auto it = by.begin(); it != by.end();)
@@ -1613,9 +1641,7 @@ void JobControl::SettleLostPeers(int64_t now) {
                     now);
       continue;
     }
-    const int64_t silent = now - a.last_seen_ms;
-    if (a.connected && by.size() >= PeerReports::kQuorum &&
-        silent >= 2 * static_cast<int64_t>(heartbeat_interval_ms_))
+    if (a.connected && by.size() >= PeerReports::kQuorum && silent >= two_beats)
       LoseSilentPod(n,
                     "the collectives of pods " + names + " with pod " + a.pod_uid +
                         " failed and it sent nothing for " + std::to_string(silent) + " ms",

@@ -1972,6 +1972,87 @@ TEST(JobControl, ThreeSurvivorsReportsSettleANodeLossBeforeTheLivenessTimeout) {
   for (int64_t n : {0, 1, 2}) EXPECT_FALSE(sim.rt->IsFenced("pod-" + std::to_string(n)));
 }
 
+// The store's host (rank 0) names ranks of the forming generation that have not reached its store
+// (TrainerFault.missing_ranks, early).
+v1::AgentMessage NotArrived(uint64_t generation, std::vector<uint32_t> ranks) {
+  v1::AgentMessage m = CollectiveError(generation);
+  m.mutable_fault()->set_early(true);
+  for (uint32_t r : ranks) m.mutable_fault()->add_missing_ranks(r);
+  m.mutable_fault()->set_detail("ranks have not reached its store");
+  return m;
+}
+
+// Issue 37: a node dies a moment after a generation was planned, before its ranks reached the
+// generation's store. The survivors wait there: no collective of theirs fails, and its stream
+// would get its grace (the liveness timeout). The store host's word that its ranks have not
+// arrived, with its stream broken and two heartbeat intervals of silence, settles it.
+TEST(JobControl, APodWhoseStreamBrokeAndWhoseRanksNeverReachedTheStoreIsLostInTwoBeats) {
+  ScriptedAgents sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  const uint64_t generation = sim.rt->generation();
+  const int64_t lost_at = sim.now;
+  sim.Gone(3);
+  sim.rt->Disconnected(sim.streams_[3], sim.now);
+  int64_t fenced_at = -1;
+  for (int64_t t = 0; t < 1000 && fenced_at < 0; t += 20) {
+    if (t % 500 == 0) ASSERT_TRUE(sim.Send(0, NotArrived(generation, {6, 7})).ok());
+    sim.Run(20, 0);
+    if (sim.rt->IsFenced("pod-3")) fenced_at = sim.now;
+  }
+  ASSERT_GE(fenced_at, 0) << "settled before its liveness timeout";
+  EXPECT_GE(fenced_at - lost_at, 2 * sim.rt->heartbeat_interval_ms()) << "a blip's time first";
+  EXPECT_LE(fenced_at - lost_at, 2 * sim.rt->heartbeat_interval_ms() + 40);
+  EXPECT_EQ(Logged(sim, "fault", "its ranks have not reached the store of generation"), 1);
+  for (int64_t n : {0, 1, 2}) EXPECT_FALSE(sim.rt->IsFenced("pod-" + std::to_string(n)));
+}
+
+// ...but not a pod whose ranks are merely slow (a restarted one importing torch) while its stream
+// is up, nor one whose stream blips and comes back within a heartbeat, nor on an old word.
+TEST(JobControl, ARankNotAtTheStoreAloneOrWithABlipOrOnAnOldWordLosesNoPod) {
+  struct Case {
+    std::string what;
+    bool breaks, resumes;
+    int64_t word_age_ms;  // how long before the break the last word came
+  };
+  for (const Case& c : {Case{"slow, its stream up", false, false, 0},
+                        Case{"a blip", true, true, 0},
+                        Case{"a word older than its window", true, false, 1500}}) {
+    SCOPED_TRACE(c.what);
+    ScriptedAgents sim(4, 2, kForce, kElastic);
+    sim.RegisterAll();
+    sim.Run(20, 0);
+    ASSERT_TRUE(sim.Send(0, NotArrived(sim.rt->generation(), {7})).ok());
+    sim.Run(c.word_age_ms, 0);
+    if (c.breaks) {
+      sim.Gone(3);
+      sim.rt->Disconnected(sim.streams_[3], sim.now);
+    }
+    if (c.resumes) {
+      sim.Run(sim.rt->heartbeat_interval_ms(), 0);
+      ASSERT_TRUE(sim.Register(3, "", {}, 0, 99).ok());
+      sim.gone_.erase(3);
+    }
+    sim.Run(3 * sim.rt->heartbeat_interval_ms(), 0);  // within the liveness timeout (5 beats)
+    EXPECT_FALSE(sim.rt->IsFenced("pod-3"));
+    EXPECT_EQ(Logged(sim, "fault", "have not reached the store"), 0);
+  }
+}
+
+// Only the store's host names missing ranks, and only ranks of the generation.
+TEST(JobControl, AWordOfMissingRanksFromAnotherPodOrOutOfRangeIsRefused) {
+  ScriptedAgents sim(4, 2, kForce, kElastic);
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  const Status other = sim.Send(1, NotArrived(sim.rt->generation(), {7}));
+  EXPECT_FALSE(other.ok());
+  EXPECT_TRUE(Contains(other.message(), "only the pod of rank 0")) << other.message();
+  const Status range = sim.Send(0, NotArrived(sim.rt->generation(), {8}));
+  EXPECT_FALSE(range.ok());
+  EXPECT_TRUE(Contains(range.message(), "missing rank 8 is out of range")) << range.message();
+  EXPECT_TRUE(sim.rt->training()) << "nothing accepted before is lost";
+}
+
 // A replica a rank: a pod's other ranks train on in the interim generation when one dies.
 const Map kElasticTp1 = {{"recover-strategy", "recover-in-place,elastic-training"},
                          {"regroup.io/prefer-elastic", "true"}};

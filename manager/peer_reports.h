@@ -6,9 +6,14 @@
 //  - a pod whose stream broke, named by one report (or by an unnamed one), is lost at once: its
 //    agent's stream and its trainers' connections dropped together;
 //  - a pod whose stream is up but that has been silent for two heartbeat intervals, named by
-//    ranks of at least kQuorum other pods, is lost at once.
-// A report is kept for a window (the liveness timeout) and only for the generation it was made
-// in. Integers only, so that the simulation replays it exactly.
+//    ranks of at least kQuorum other pods, is lost at once;
+//  - a pod whose stream broke and that has been silent for two heartbeat intervals (a stream's
+//    blip reconnects within one), some of whose ranks the host of the forming generation's store
+//    names as not arrived (TrainerFault.missing_ranks), is lost at once: it died before it reached
+//    the store, so no survivor has a connection to it whose failure would say so.
+// A report is kept for a window (the liveness timeout; a missing rank's for kMissingWindowMs,
+// since the store's host repeats it while the rank is missing) and only for the generation it
+// was made in. Integers only, so that the simulation replays it exactly.
 #pragma once
 
 #include <cstdint>
@@ -21,19 +26,33 @@ class PeerReports {
  public:
   // How many distinct other pods must name a pod whose stream is up.
   static constexpr size_t kQuorum = 2;
+  // How long the store host's word that a pod's ranks have not arrived stands: twice its period
+  // (TrainerFault.missing_ranks, python/regroup/group.py's MISSING_REPORT_S).
+  static constexpr int64_t kMissingWindowMs = 1000;
 
   // Ranks of pod `reporter` reported a failed collective of `generation` naming pod `peer`
   // (-1: none named, or a host this manager cannot tell apart).
   void Add(uint64_t generation, int64_t reporter, int64_t peer, int64_t now) {
-    if (generation != generation_) {
-      by_peer_.clear();
-      unnamed_ms_ = -1;
-      generation_ = generation;
-    }
+    For(generation);
     if (peer < 0)
       unnamed_ms_ = now;
     else if (peer != reporter)
       by_peer_[peer][reporter] = now;
+  }
+
+  // The host of `generation`'s store, forming it, named ranks of pod `peer` as not arrived.
+  void AddMissing(uint64_t generation, int64_t peer, int64_t now) {
+    For(generation);
+    missing_ms_[peer] = now;
+  }
+
+  // The pods named as not arrived at `generation`'s store within kMissingWindowMs before `now`.
+  std::set<int64_t> Missing(uint64_t generation, int64_t now) const {
+    std::set<int64_t> out;
+    if (generation != generation_) return out;
+    for (const auto& [peer, at] : missing_ms_)
+      if (now - at <= kMissingWindowMs) out.insert(peer);
+    return out;
   }
 
   // The pods that named `peer` within `window_ms` before `now`, in `generation`.
@@ -62,8 +81,17 @@ class PeerReports {
   }
 
  private:
+  void For(uint64_t generation) {
+    if (generation == generation_) return;
+    by_peer_.clear();
+    missing_ms_.clear();
+    unnamed_ms_ = -1;
+    generation_ = generation;
+  }
+
   uint64_t generation_ = 0;
   std::map<int64_t, std::map<int64_t, int64_t>> by_peer_;  // peer -> reporter -> when
+  std::map<int64_t, int64_t> missing_ms_;                  // peer -> when last named missing
   int64_t unnamed_ms_ = -1;
 };
 

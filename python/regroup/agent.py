@@ -18,7 +18,7 @@ import select
 import socket
 import threading
 import time
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 from regroup._proto import wire_pb2 as pb
 from regroup.api import AgentConnectionError, ProtocolError, Timeouts
@@ -151,13 +151,16 @@ class AgentLink:
         self.send(message)
 
     def fault(self, kind: int, generation: int, step: int, detail: str, early: bool = False,
-              peer: str = "") -> None:
-        """A fault; ``early``: a collective failed just now, sent before the wait for an abort as
-        a sign of which peer (``peer``, its host) is gone (TrainerFault in proto/)."""
+              peer: str = "", missing_ranks: Sequence[int] = ()) -> None:
+        """A fault; ``early``: a sign of which peer is gone, not a fault of its own: a collective
+        failed just now, sent before the wait for an abort, naming ``peer`` (its host), or the
+        ranks ``missing_ranks`` have not reached the forming generation's store (TrainerFault in
+        proto/)."""
         message = pb.TrainerMessage()
         f = message.fault
         f.kind, f.generation, f.step, f.detail = kind, generation, step, detail[:4000]
         f.early, f.peer = early, peer[:256]
+        f.missing_ranks.extend(missing_ranks)
         self.send(message)
 
     def ack(self, directive_id: int) -> None:

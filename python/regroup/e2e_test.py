@@ -215,6 +215,56 @@ def test_a_lost_node_scales_in_and_its_replacement_scales_out(tmp_path, tmp_path
     print(f"abort -> first committed step: {_resumed_ms(status)} ms")
 
 
+# A trainer held before it joins a generation: `forming.enter` (where a rank leaves for the new
+# generation's store) first writes DIR/held.PID and sleeps, as a rank does that is slow to get
+# there; the example runs unchanged behind it.
+_HELD_BEFORE_THE_STORE = """
+import os, runpy, sys, time
+import regroup.forming as forming
+def held(t, start):
+    with open(os.path.join({hold!r}, f"held.{{os.getpid()}}"), "w"):
+        pass
+    time.sleep(120)
+forming.enter = held
+sys.argv = [{example!r}, *sys.argv[1:]]
+runpy.run_path({example!r}, run_name="__main__")
+"""
+
+
+def test_a_node_lost_before_its_ranks_reached_the_generations_store_is_settled_by_the_stores_host(
+        tmp_path, tmp_path_factory, procs, binaries):
+    """Issue 37: a node dies a moment after a generation that holds it was planned, before its
+    ranks reached the generation's store. Its peers wait there: none of their connections to it
+    fails, and its broken stream has its grace (20 s here). The store's host names the ranks that
+    have not arrived, and with the broken stream the manager declares the pod lost two heartbeat
+    intervals after it went (the scale-in) instead of at the end of that grace."""
+    # Scaled in, a step takes 0.3 s more: the replacement's trainers import torch (seconds on a
+    # loaded machine) before the survivors finish.
+    c = Cluster(tmp_path, procs, binaries, steps=60,
+                train=["--optimizer", "adam", "--step-sleep", "0.1", "--scaled-in-sleep", "0.3"])
+    c.start()
+    c.wait_step(10)
+    for pid in [c.agents["node1"].pid, *c.trainers("node1")]:   # first the node is lost for good
+        os.kill(pid, signal.SIGKILL)
+    c.agents["node1"].wait(timeout=30)
+    c.wait_step(c.last_step() + 3)                               # scaled in
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    c.script = tmp_path / "held_before_the_store.py"
+    c.script.write_text(_HELD_BEFORE_THE_STORE.format(hold=str(hold), example=str(EXAMPLE)))
+    back = c.start_agent("node1-replacement", 1)                 # its return: a scale-out planned
+    wait_for(lambda: len(list(hold.glob("held.*"))) == 2 or c.dead(), 120,
+             "the replacement's ranks to be given the scale-out's generation")
+    for pid in [back.pid, *trainers_of(back.pid)]:               # and it dies before the store
+        os.kill(pid, signal.SIGKILL)
+    back.wait(timeout=30)
+    status = c.finish(tmp_path_factory, ["--optimizer", "adam"], ["node0"])
+    lost = [line for line in status.splitlines() if "fault: pod_lost" in line]
+    assert len(lost) == 1 and "its ranks have not reached the store of generation" in lost[0], status
+    print("\n".join(line for line in status.splitlines() if "disconnect" in line or "fault" in line))
+    print(f"abort -> first committed step: {_resumed_ms(status)} ms")
+
+
 def test_a_sigtermed_agent_leaves_at_a_step_boundary(tmp_path, tmp_path_factory, procs, binaries):
     c = Cluster(tmp_path, procs, binaries, steps=40, train=["--optimizer", "sgd", "--step-sleep", "0.1"])
     c.start()

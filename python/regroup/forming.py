@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -163,7 +163,8 @@ def enter(t: Trainer, start: Any) -> None:
                                   layout=layout, backend=t.backend,
                                   rendezvous_s=t.config.timeouts.rendezvous,
                                   collective_s=t.config.timeouts.collective,
-                                  aborted=aborted_event, sockets=sockets)
+                                  aborted=aborted_event, sockets=sockets,
+                                  on_missing=_missing_reporter(t, plan.generation) if t.managed else None)
         t.membership.formed(groups)
         if t.membership.aborted():
             raise RuntimeError("aborted while forming the groups")
@@ -239,6 +240,22 @@ def _closed_peer_reporter(t: Trainer, mark: Tuple[int, int], rank: int) -> Calla
                          early=True, peer=host)
 
     return closed
+
+
+def _missing_reporter(t: Trainer, generation: int) -> Callable[[List[int]], None]:
+    """What the store's host calls while ranks of the generation it forms have not arrived: an
+    early report naming them (the manager settles the loss of a pod whose stream broke with it)."""
+
+    def missing(ranks: List[int]) -> None:
+        if t.link is None:
+            return
+        shown = ", ".join(map(str, ranks[:16])) + (f" and {len(ranks) - 16} more" if len(ranks) > 16 else "")
+        with contextlib.suppress(AgentConnectionError):
+            t.link.fault(pb.FAULT_KIND_COLLECTIVE_ERROR, generation, t.committed_step + 1,
+                         f"ranks {shown} of generation {generation} have not reached its store",
+                         early=True, missing_ranks=ranks)
+
+    return missing
 
 
 class _AbortFlag:

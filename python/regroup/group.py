@@ -478,18 +478,58 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _all_arrived(store: Any, world_size: int, deadline: float) -> None:
-    """Waits, within the rendezvous, until every rank of the generation has reached its store: the
-    groups are then built under a share of the rendezvous each (:func:`formation_is_bounded`),
-    which a rank that arrives late (still leaving its previous step) must not use up. An abort
-    ends the wait (it shuts the store's connections down).
+# How often the store's host names the ranks that have not arrived while the others wait for
+# them (TrainerFault.missing_ranks in proto/: the manager takes a report as current for twice this).
+MISSING_REPORT_S = 0.5
+
+
+def _all_arrived(store: Any, layout: Layout, deadline: float, aborted: threading.Event,
+                 on_missing: Optional[Callable[[List[int]], None]] = None) -> None:
+    """Waits, within the rendezvous, until every rank of the generation has reached its store:
+    no group is built before (its construction holds the ranks where no abort reaches them, and
+    with torch 2.x each group gets a share of the rendezvous, :func:`formation_is_bounded`, which a
+    rank that arrives late, still leaving its previous step, must not use up). An abort ends the
+    wait (it shuts the store's connections down).
+
+    The store's host (rank 0) names, with ``on_missing``, the ranks that have not arrived, from
+    :data:`MISSING_REPORT_S` on and every as long again while some are missing: a rank whose node died a moment after the
+    generation was planned never comes, and its peers, waiting here, have no connection to it
+    whose failure would tell anyone (the manager settles its pod's loss with this and its broken
+    stream, docs/design.md "Timeouts").
 
     Raises:
         RuntimeError: a rank did not arrive in time, or the store's connection was shut down.
     """
+    world_size = layout.world_size
+    store.add(f"regroup/arrived/{layout.rank}", 1)
     if store.add("regroup/arrived", 1) == world_size:
         store.set("regroup/all-arrived", b"1")
-    store.wait(["regroup/all-arrived"], datetime.timedelta(seconds=max(0.001, deadline - time.monotonic())))
+    reporting = layout.rank == 0 and on_missing is not None and world_size > 1
+    left = deadline - time.monotonic()
+    try:
+        store.wait(["regroup/all-arrived"],
+                   datetime.timedelta(seconds=max(0.001, min(left, MISSING_REPORT_S) if reporting else left)))
+        return
+    except RuntimeError:
+        if not reporting or time.monotonic() >= deadline:
+            raise
+    # Rank 0, half a second on: it polls the count (torch 2.x logs every wait that times out) and
+    # names the missing ranks. Adding 0 reads a count without waiting for its key (torch 1.13's
+    # store has no check()); a store shut down by an abort raises.
+    report_at = 0.0
+    while (arrived := store.add("regroup/arrived", 0)) < world_size:
+        now = time.monotonic()
+        if aborted.is_set():
+            raise RuntimeError("aborted while waiting for the generation's ranks at its store")
+        if now >= deadline:
+            raise RuntimeError(f"{world_size - arrived} of the generation's {world_size} ranks did not "
+                               f"reach its store within the rendezvous")
+        if now >= report_at:
+            missing = [r for r in range(world_size) if store.add(f"regroup/arrived/{r}", 0) == 0]
+            if missing:
+                on_missing(missing)
+            report_at = now + MISSING_REPORT_S
+        time.sleep(0.01)
 
 
 def build_grid(groups: ProcessGroups, timeout: Callable[[], datetime.timedelta]) -> None:
@@ -510,7 +550,8 @@ def build_grid(groups: ProcessGroups, timeout: Callable[[], datetime.timedelta])
 
 def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: str,
                  rendezvous_s: float, collective_s: float, aborted: threading.Event,
-                 sockets: Optional[GroupSockets] = None) -> ProcessGroups:
+                 sockets: Optional[GroupSockets] = None,
+                 on_missing: Optional[Callable[[List[int]], None]] = None) -> ProcessGroups:
     """Forms a generation's groups: store, default group, the grid's groups, and those of the
     builders registered with :func:`on_build`.
 
@@ -524,6 +565,8 @@ def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: s
         aborted: set by an abort; a rank still connecting gives up.
         sockets: where to note the sockets (created here when None); the caller may hand it to
             the abort path before calling, so a rank stuck here can be freed.
+        on_missing: on rank 0, the store's host, called with the ranks that have not reached the
+            store while the others wait for them (:func:`_all_arrived`).
 
     Returns:
         The groups.
@@ -561,7 +604,7 @@ def build_groups(*, store_host: str, store_port: int, layout: Layout, backend: s
             raise RuntimeError("aborted while forming the generation's groups")
         if bounded:
             sockets.building_until = deadline
-            _all_arrived(store, layout.world_size, deadline)
+        _all_arrived(store, layout, deadline, aborted, on_missing)
         store.set_timeout(forming())
         dist.init_process_group(backend, store=store, rank=layout.rank,
                                 world_size=layout.world_size, timeout=forming())

@@ -301,6 +301,62 @@ def test_an_abort_that_came_before_the_store_existed_ends_the_forming_at_once():
     assert not dist.is_initialized()
 
 
+def test_the_stores_host_names_the_ranks_that_have_not_arrived_until_they_come():
+    """Rank 0, the store's host, names every half second the ranks of the generation that have not
+    reached its store (a node that died a moment after the plan never comes, and no connection of
+    the waiting ranks to it fails to say so); a rank that comes late ends the wait, and an abort
+    or the rendezvous bound ends it too."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from regroup.group import MISSING_REPORT_S, _all_arrived
+
+    for how in ("comes late", "never comes", "aborted"):
+        port = free_port()
+        host = dist.TCPStore("127.0.0.1", port, 4, True, timeout=datetime.timedelta(seconds=10),
+                             wait_for_workers=False)
+        aborted = threading.Event()
+        named = []
+        started = time.monotonic()
+
+        def arrive(rank):  # a rank of its own, with its own connection to the store
+            peer = dist.TCPStore("127.0.0.1", port, 4, False, timeout=datetime.timedelta(seconds=10))
+            _all_arrived(peer, Layout(4, rank, 1), started + 10, threading.Event())
+
+        def missing(ranks):
+            named.append((round(time.monotonic() - started, 2), ranks))
+            if how == "comes late" and len(named) == 2:
+                arrivals.append(threading.Thread(target=arrive, args=(3,)))
+                arrivals[-1].start()
+            if how == "aborted" and len(named) == 2:
+                aborted.set()
+
+        arrivals = [threading.Thread(target=arrive, args=(r,)) for r in (1, 2)]
+        for a in arrivals:
+            a.start()
+        bound = started + (3 if how == "never comes" else 10)
+        if how == "comes late":
+            _all_arrived(host, Layout(4, 0, 1), bound, aborted, missing)
+        else:
+            with pytest.raises(RuntimeError, match="aborted while waiting" if how == "aborted"
+                               else "1 of the generation's 4 ranks did not reach its store"):
+                _all_arrived(host, Layout(4, 0, 1), bound, aborted, missing)
+            arrive(3)  # frees the others
+        for a in arrivals:
+            a.join(timeout=10)
+            assert not a.is_alive()
+        print(how, named)
+        assert named and all(ranks == [3] for _, ranks in named), named
+        assert MISSING_REPORT_S <= named[0][0] < MISSING_REPORT_S + 0.3, named
+        assert all(b - a >= MISSING_REPORT_S - 0.05 for (a, _), (b, _) in zip(named, named[1:])), named
+        if how == "never comes":
+            assert 4 <= len(named) <= 6, named
+        else:
+            assert len(named) == 2, named
+        del host
+
+
 def _formed_under_a_short_rendezvous(rank: int, directory: str) -> None:
     import torch
     import torch.distributed as dist

@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   app.add_option("--menu", base.menu,
                  "fault kinds to draw from (default: all; crash_coordinator, cut_coordinator "
                  "and pause_coordinator need --coordinator; unrecorded_manager, a second "
-                 "manager started without --record, is drawn only when named)")
+                 "manager started without --record, and kill_agent_at_plan, a pod killed as a "
+                 "plan reaches it, are drawn only when named)")
       ->delimiter(',')
       ->check(CLI::IsMember([] {
         std::vector<std::string> kinds = regroup::sim::CoordinatorFaultKinds();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iostream>
 
 namespace regroup::sim {
 namespace {
@@ -208,6 +209,24 @@ TEST(Sim, AManagerAcceptingNoRecordCanSplitTheJob) {
   }
   EXPECT_GT(split, 0u) << "no run without a record split the job: the case no longer shows why "
                           "the record is required";
+}
+
+// Issue 37: a pod's node dies as a plan reaches it, before its ranks reach the generation's store;
+// the store's host names them, and the manager declares the pod lost on that word and its broken
+// stream. Every run keeps every invariant, and in some the word settles the loss.
+TEST(Sim, APodKilledAsAPlanReachesItIsSettledByTheStoresWord) {
+  uint64_t settled = 0;
+  for (uint64_t s = 1; s <= 300; ++s) {
+    Options o;
+    o.seed = s;
+    o.faults = 4;
+    o.menu = {"kill_agent_at_plan", "crash_trainer", "reset_connection", "cut_link"};
+    const Result r = sim::Run(o);
+    ASSERT_TRUE(r.ok) << Explain(o, r);
+    settled += r.lost_by_the_stores_word;
+  }
+  std::cout << settled << " losses settled by the store's word in 300 runs\n";
+  EXPECT_GT(settled, 10u) << "the store's word settled too few losses: is it still sent?";
 }
 
 // The seeds that resumed a generation from state none of its ranks held (a census gap: the real

@@ -37,6 +37,7 @@ constexpr int64_t kTickMs = 20;               // the manager's ticker (ServerOpt
 constexpr int64_t kConnectMs = 5000;          // the manager's coordinator channel (MakeChannel)
 constexpr int64_t kKeepaliveMs = 15000;       // a ping every 10 s, 5 s to answer (grpc_settings)
 constexpr int64_t kTrainerBeatMs = 100;       // a trainer's heartbeat to its agent
+constexpr int64_t kStoreReportMs = 500;       // the store host's word on ranks not arrived (MISSING_REPORT_S)
 constexpr int64_t kFenceBoundMs = 5000;       // a lost, reachable pod is told so by then
 // A pod still running this long after the job stopped: its trainers get the agent's stop grace
 // (--stop-grace-s, 30 s) to end on their own, then SIGTERM, and SIGKILL 5 s later.
@@ -60,7 +61,7 @@ const std::vector<std::string>& FaultKinds() {
 }
 
 const std::vector<std::string>& MenuOnlyFaultKinds() {
-  static const std::vector<std::string> kinds = {"unrecorded_manager"};
+  static const std::vector<std::string> kinds = {"unrecorded_manager", "kill_agent_at_plan"};
   return kinds;
 }
 
@@ -122,6 +123,7 @@ struct Pod final : agent::AgentHost {
   int64_t slow_until = -1;
   int64_t slow_ms = 0;
   int64_t step_ms = 80;
+  bool dies_at_plan = false;  // a kill_agent_at_plan fault is armed
 
   uint64_t stream = 0;   // the open session's stream (0: none, or still connecting)
   uint64_t session = 0;  // bumped by every OpenSession: a late event of an older one is dropped
@@ -276,6 +278,10 @@ class World {
   void PodAfter(Pod* pod, int64_t delay, Fn fn);
   // An event of one trainer: as PodAfter, and held while that trainer is paused too.
   void TrainerAfter(Pod* pod, uint32_t local, int64_t delay, Fn fn);
+  // Rank 0 of a generation hosts its store: while ranks of it have not arrived, it names them to
+  // its agent every half second, from half a second on (python/regroup/group.py's _all_arrived).
+  void StoreHostWatches(Pod* pod, uint32_t local, uint64_t epoch, uint64_t generation,
+                        uint32_t world_size, int32_t pid);
   // An event of the manager incarnation `epoch`: dropped once it is gone, held while paused.
   void ManagerAfter(uint64_t epoch, int64_t delay, Fn fn);
   int64_t Uniform(int64_t lo, int64_t hi) {
@@ -429,6 +435,9 @@ class World {
     bool committed = false;
   };
   std::map<std::pair<uint64_t, uint64_t>, Census> census_;
+  // The global ranks that reached each generation's store (started it), for its host's word on
+  // those that have not (StoreHostWatches).
+  std::map<std::pair<uint64_t, uint64_t>, std::set<uint32_t>> arrived_;
   std::set<std::pair<uint64_t, std::string>> ever_lost_;  // (epoch, uid) an incarnation declared lost
   std::map<std::string, int64_t> limbo_since_;      // lost uid, alive, since
   std::map<std::string, int64_t> reachable_since_;  // not paused, link not cut, since
@@ -672,6 +681,11 @@ void World::Inject(const std::string& kind) {
   } else if (kind == "kill_agent") {
     Trace("FAULT kill_agent" + who);
     PodExits(pod, /*replace=*/true, "killed");
+  } else if (kind == "kill_agent_at_plan") {
+    // The pod's node dies as the next plan that gives it ranks reaches it: before its trainers
+    // reach the generation's store (AgentReceive).
+    Trace("FAULT kill_agent_at_plan" + who + " (armed)");
+    pod->dies_at_plan = true;
   } else if (kind == "pause_agent" || kind == "cut_link") {
     // A pause (SIGSTOP) or a cut link: nothing reaches the agent until it ends; one that
     // outlasts the keepalive ends the stream too.
@@ -993,6 +1007,10 @@ void World::Flush(Manager& m) {
     result_.superseded += job.events()[i].kind() == "superseded";
     result_.state_lost += job.events()[i].kind() == "fault" &&
                           job.events()[i].message().rfind("state_lost:", 0) == 0;
+    result_.lost_by_the_stores_word +=
+        job.events()[i].kind() == "fault" &&
+        job.events()[i].message().rfind("pod_lost:", 0) == 0 &&
+        job.events()[i].message().find("have not reached the store") != std::string::npos;
     // A rescheduling goes back to the newest checkpoint by design (MindCluster's job and pod
     // level restarts): what trainers heard committed before it binds no later plan.
     if (job.events()[i].kind() == "job_rescheduling" || job.events()[i].kind() == "pod_rescheduling")
@@ -1480,6 +1498,12 @@ void World::AgentReceive(Pod* pod, uint64_t stream, const Packet& packet) {
     return;
   }
   Observe(pod, packet.down);
+  if (pod->dies_at_plan && packet.down.has_start() && packet.down.start().plan().ranks_size() > 0) {
+    Trace("FAULT kill_agent_at_plan " + pod->uid() + ": killed as generation " +
+          std::to_string(packet.down.start().plan().generation()) + "'s plan reached it");
+    PodExits(pod, /*replace=*/true, "killed");
+    return;
+  }
   Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnManagerMessage(now, packet.down); });
 }
 
@@ -1716,6 +1740,11 @@ void World::TrainerStarts(Pod* pod, uint32_t local, const v1::GenerationPlan& pl
   const uint32_t replica_size = std::max(1u, plan.tensor_parallel() * plan.pipeline_parallel());
   for (const auto& a : plan.ranks())
     if (a.local_rank() == local) {
+      arrived_[{epoch, plan.generation()}].insert(a.rank());
+      if (a.rank() == 0)
+        TrainerAfter(pod, local, kStoreReportMs,
+                     [this, pod, local, epoch, g = plan.generation(), n = plan.world_size(),
+                      pid = t.pid] { StoreHostWatches(pod, local, epoch, g, n, pid); });
       Census& census = census_[{epoch, plan.generation()}];
       census.step = c;
       census.positions.insert(a.rank() % replica_size);
@@ -1733,6 +1762,30 @@ void World::TrainerStarts(Pod* pod, uint32_t local, const v1::GenerationPlan& pl
   t.committed = plan.committed_step();
   t.step = plan.committed_step() + 1;
   BeginStep(pod, local);
+}
+
+void World::StoreHostWatches(Pod* pod, uint32_t local, uint64_t epoch, uint64_t generation,
+                             uint32_t world_size, int32_t pid) {
+  const Trainer& t = pod->ranks[local];
+  if (!t.alive || t.pid != pid || t.training_in != std::make_pair(epoch, generation)) return;
+  const std::set<uint32_t>& arrived = arrived_[{epoch, generation}];
+  v1::TrainerMessage word;
+  auto* f = word.mutable_fault();
+  for (uint32_t r = 0; r < world_size; ++r)
+    if (!arrived.count(r)) f->add_missing_ranks(r);
+  if (f->missing_ranks_size() == 0) return;  // all arrived: the wait is over
+  f->set_kind(v1::FAULT_KIND_COLLECTIVE_ERROR);
+  f->set_generation(generation);
+  f->set_step(t.step);
+  f->set_early(true);
+  f->set_detail("ranks have not reached the store");
+  Trace(pod->uid() + " local rank " + std::to_string(local) + " (the store's host) names " +
+        std::to_string(f->missing_ranks_size()) + " ranks of generation " +
+        std::to_string(generation) + " not arrived");
+  Agent(pod, [&](agent::AgentCore& a, Millis now) { a.OnTrainerMessage(now, local, word); });
+  TrainerAfter(pod, local, kStoreReportMs, [this, pod, local, epoch, generation, world_size, pid] {
+    StoreHostWatches(pod, local, epoch, generation, world_size, pid);
+  });
 }
 
 void World::BeginStep(Pod* pod, uint32_t local) {

@@ -92,6 +92,9 @@ struct Result {
   // would hold the state at some position (a state_lost fault: the job goes to the checkpoint).
   // Each is a checkpoint the job pays for; where the simulated ranks did hold it, a needless one.
   uint64_t state_lost = 0;
+  // Pods declared lost on the store host's word that their ranks had not reached a forming
+  // generation's store, with their streams broken (TrainerFault.missing_ranks).
+  uint64_t lost_by_the_stores_word = 0;
   // Manager starts regroup-manager's command line refused (an unrecorded_manager fault: a
   // standalone manager without --record or --no-record).
   uint64_t refused_starts = 0;
@@ -101,8 +104,9 @@ struct Result {
 // The fault kinds a run draws from.
 const std::vector<std::string>& FaultKinds();
 // Kinds a --menu may name that no default menu draws (so that every seed found before they were
-// added keeps its course): unrecorded_manager, a second manager started standalone as a launcher
-// that gives no --record starts one. regroup-manager's own command line (manager/options.h)
+// added keeps its course): kill_agent_at_plan, a pod's node dies as the next plan that gives it
+// ranks reaches it (before its ranks reach the generation's store); unrecorded_manager, a second
+// manager started standalone as a launcher that gives no --record starts one. regroup-manager's own command line (manager/options.h)
 // decides whether it runs: refused, unless Options::accept_no_record passes --no-record; then it
 // runs beside the first with no record, and nothing fences either.
 const std::vector<std::string>& MenuOnlyFaultKinds();

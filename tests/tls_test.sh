@@ -9,9 +9,24 @@ manager=$1 agent=$2 ctl=$3 trainer=$4
 fail() { echo "FAIL: $*"; exit 1; }
 dir=$(mktemp -d)
 pids=()
+alive() { [ -e "/proc/$1" ] && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+# Every program started here is stopped with SIGTERM and given 60 s to exit: one that outlives it
+# fails the test, named, with the logs (a CI run once hung here for 7 minutes, unexplained).
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  local rc=$? p
+  for p in "${pids[@]}"; do
+    kill "$p" 2>/dev/null
+    for _ in $(seq 600); do alive "$p" || break; sleep 0.1; done
+    if alive "$p"; then
+      echo "FAIL: $(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-160) did not exit within 60 s of SIGTERM"
+      for f in "$dir"/*.log; do echo "== $f"; tail -20 "$f"; done
+      kill -9 "$p" 2>/dev/null
+      rc=1
+    fi
+    wait "$p" 2>/dev/null
+  done
   rm -rf "$dir"
+  exit $rc
 }
 trap cleanup EXIT
 cd "$dir" || fail "no temporary folder"

@@ -489,13 +489,14 @@ Status JobControl::OnFault(int64_t pod, const v1::FaultReport& f, int64_t now) {
       // Ranks of the generation being formed that have not reached its store (from its host).
       if (f.generation() != generation()) return Status::Ok();  // (a newer one: not ours yet)
       const std::vector<RankPlace>& places = running().places();
+      const std::string g = std::to_string(generation());
       if (places.empty() || places[0].pod != pod)
-        return InvalidArgument("only the pod of rank 0, the store's host, names the ranks that have "
-                               "not reached generation " + std::to_string(generation()) + "'s store");
+        return InvalidArgument("only the pod of rank 0, the store's host, names the ranks that "
+                               "have not reached generation " + g + "'s store");
       for (uint32_t r : f.missing_ranks()) {
         if (r >= places.size())
-          return InvalidArgument("missing rank " + std::to_string(r) + " is out of range: generation " +
-                                 std::to_string(generation()) + " has " +
+          return InvalidArgument("missing rank " + std::to_string(r) +
+                                 " is out of range: generation " + g + " has " +
                                  std::to_string(places.size()) + " ranks");
         if (places[r].pod != pod) peer_reports_.AddMissing(generation(), places[r].pod, now);
       }
@@ -1614,19 +1615,22 @@ void JobControl::SettleLostPeers(int64_t now) {
   for (size_t i = 0; i < pods_.size() && state_ == State::kTraining; ++i) {
     const auto n = static_cast<int64_t>(i);
     const Agent& a = pods_[n];
-    if (!named.count(n) && !missing.count(n) && !(unnamed && !a.connected)) continue;
+    // Named by a survivor's failed collective (or, with its stream broken, by an unnamed one).
+    const bool reported = named.count(n) || (unnamed && !a.connected);
+    if (!reported && !missing.count(n)) continue;
     if (a.state != AgentState::kActive || running().RanksOf(n).empty()) continue;
     const int64_t silent = now - a.last_seen_ms;
     const int64_t two_beats = 2 * static_cast<int64_t>(heartbeat_interval_ms_);
     if (!a.connected && missing.count(n) && silent >= two_beats) {
       LoseSilentPod(n,
                     "the stream of pod " + a.pod_uid + " broke, it sent nothing for " +
-                        std::to_string(silent) + " ms, and its ranks have not reached the store of generation " +
+                        std::to_string(silent) +
+                        " ms, and its ranks have not reached the store of generation " +
                         std::to_string(generation()) + ", where the others wait for them",
                     now);
       continue;
     }
-    if (!named.count(n) && !(unnamed && !a.connected)) continue;
+    if (!reported) continue;
     // Only the word of pods that train beside it, and are heard from themselves, counts.
     std::set<int64_t> by = peer_reports_.Reporters(generation(), n, window, now);
     for (auto it = by.begin(); it != by.end();)

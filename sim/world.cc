@@ -37,7 +37,7 @@ constexpr int64_t kTickMs = 20;               // the manager's ticker (ServerOpt
 constexpr int64_t kConnectMs = 5000;          // the manager's coordinator channel (MakeChannel)
 constexpr int64_t kKeepaliveMs = 15000;       // a ping every 10 s, 5 s to answer (grpc_settings)
 constexpr int64_t kTrainerBeatMs = 100;       // a trainer's heartbeat to its agent
-constexpr int64_t kStoreReportMs = 500;       // the store host's word on ranks not arrived (MISSING_REPORT_S)
+constexpr int64_t kStoreReportMs = 500;       // the store host's word (group.py MISSING_REPORT_S)
 constexpr int64_t kFenceBoundMs = 5000;       // a lost, reachable pod is told so by then
 // A pod still running this long after the job stopped: its trainers get the agent's stop grace
 // (--stop-grace-s, 30 s) to end on their own, then SIGTERM, and SIGKILL 5 s later.

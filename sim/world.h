@@ -106,9 +106,10 @@ const std::vector<std::string>& FaultKinds();
 // Kinds a --menu may name that no default menu draws (so that every seed found before they were
 // added keeps its course): kill_agent_at_plan, a pod's node dies as the next plan that gives it
 // ranks reaches it (before its ranks reach the generation's store); unrecorded_manager, a second
-// manager started standalone as a launcher that gives no --record starts one. regroup-manager's own command line (manager/options.h)
-// decides whether it runs: refused, unless Options::accept_no_record passes --no-record; then it
-// runs beside the first with no record, and nothing fences either.
+// manager started standalone as a launcher that gives no --record starts one. regroup-manager's
+// own command line (manager/options.h) decides whether it runs: refused, unless
+// Options::accept_no_record passes --no-record; then it runs beside the first with no record, and
+// nothing fences either.
 const std::vector<std::string>& MenuOnlyFaultKinds();
 // With a coordinator: those, a crash of the coordinator (the scheduler restarts; its engine comes
 // back from the state it last saved), a cut between one manager and the coordinator, and a pause

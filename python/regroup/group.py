@@ -492,10 +492,10 @@ def _all_arrived(store: Any, layout: Layout, deadline: float, aborted: threading
     wait (it shuts the store's connections down).
 
     The store's host (rank 0) names, with ``on_missing``, the ranks that have not arrived, from
-    :data:`MISSING_REPORT_S` on and every as long again while some are missing: a rank whose node died a moment after the
-    generation was planned never comes, and its peers, waiting here, have no connection to it
-    whose failure would tell anyone (the manager settles its pod's loss with this and its broken
-    stream, docs/design.md "Timeouts").
+    :data:`MISSING_REPORT_S` on and every as long again while some are missing: a rank whose node
+    died a moment after the generation was planned never comes, and its peers, waiting here, have
+    no connection to it whose failure would tell anyone (the manager settles its pod's loss with
+    this and its broken stream, docs/design.md "Timeouts").
 
     Raises:
         RuntimeError: a rank did not arrive in time, or the store's connection was shut down.
@@ -506,9 +506,9 @@ def _all_arrived(store: Any, layout: Layout, deadline: float, aborted: threading
         store.set("regroup/all-arrived", b"1")
     reporting = layout.rank == 0 and on_missing is not None and world_size > 1
     left = deadline - time.monotonic()
+    first = min(left, MISSING_REPORT_S) if reporting else left
     try:
-        store.wait(["regroup/all-arrived"],
-                   datetime.timedelta(seconds=max(0.001, min(left, MISSING_REPORT_S) if reporting else left)))
+        store.wait(["regroup/all-arrived"], datetime.timedelta(seconds=max(0.001, first)))
         return
     except RuntimeError:
         if not reporting or time.monotonic() >= deadline:

@@ -348,12 +348,16 @@ def test_the_stores_host_names_the_ranks_that_have_not_arrived_until_they_come()
             assert not a.is_alive()
         print(how, named)
         assert named and all(ranks == [3] for _, ranks in named), named
-        assert MISSING_REPORT_S <= named[0][0] < MISSING_REPORT_S + 0.3, named
-        assert all(b - a >= MISSING_REPORT_S - 0.05 for (a, _), (b, _) in zip(named, named[1:])), named
-        if how == "never comes":
-            assert 4 <= len(named) <= 6, named
-        else:
+        # Not before half a second, nor more often than every half second (times rounded to 10
+        # ms); how late a report comes on a loaded machine is not asserted.
+        assert named[0][0] >= MISSING_REPORT_S - 0.01, named
+        assert all(b - a >= MISSING_REPORT_S - 0.01 for (a, _), (b, _) in zip(named, named[1:])), named
+        if how == "never comes":    # until the bound, 3 s: at most 5, from 0.5 s on
+            assert 2 <= len(named) <= 5, named
+        elif how == "aborted":      # the abort, set as the second report was made, ends the wait
             assert len(named) == 2, named
+        else:                       # named until rank 3, started at the second report, arrives
+            assert len(named) >= 2, named
         del host
 
 

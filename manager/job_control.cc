@@ -416,6 +416,17 @@ void JobControl::Registered(int64_t pod, bool resumed, bool replacement, int64_t
   // a generation, and none formed since. They restart too, so that the job resumes from the
   // checkpoint the restart goes back to, not from the newer state they hold.
   RestartIfItPredatesTheJobRestart(pod);
+  // A replacement (a pod readmitted after its loss included) whose processes died or hung while
+  // it was away holds nothing the job needs from them: they restart now (or the pod is
+  // replaced); else it would wait as a standby with no process, and a directive that counts it
+  // in would wait for it until it is declared lost, again and again (simulation seed 4696).
+  // During a job restart every pod's do, before any generation too: a process restarted for it
+  // that died (generation 0, which RestartIfItPredatesTheJobRestart passes over) restarts again
+  // (seed 108960: the join window found the pod missing, and its replacement, registered
+  // already, was awaited for good).
+  if (!resumed && state_ != State::kStopped &&
+      (job_restarting_ || (replacement && FormedAGeneration())))
+    SettleFailedPod(pod, "failed or hung while the pod was away", now);
   // A pod that comes after the job stopped (a replacement started late) stops too.
   if (stop_) Send(pod, *stop_);
 }
@@ -877,10 +888,14 @@ void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
   const Agent& a = pods_[pod];
   // A process restarted for the job reports no generation (or is not alive yet) until the next
   // one forms; one that reports a generation never got the restart (it went out on a stream
-  // that was already broken).
+  // that was already broken). One that died since (it failed, and is not restarting) is
+  // restarted as well: nothing else starts it before the next generation, and the pod would
+  // wait as a standby with no process.
   if (job_restarting_ && !a.pod_uid.empty() && a.connected && a.state != AgentState::kLost &&
-      std::any_of(a.ranks.begin(), a.ranks.end(),
-                  [](const auto& r) { return r.alive() && r.generation() > 0; }))
+      std::any_of(a.ranks.begin(), a.ranks.end(), [&a](const v1::LocalRank& r) {
+        return r.generation() > 0 && (r.alive() || a.failed.count(r.local_rank()) > 0) &&
+               a.restarting.count(r.local_rank()) == 0;
+      }))
     RestartForJob(pod, "the job restarts from the newest checkpoint, and this pod's processes "
                         "predate the restart (it was away when it was decided)");
 }
@@ -896,27 +911,27 @@ void JobControl::SettleFailedPods(const Directive& d, int64_t now) {
   // The directive's own restarts first.
   for (auto& [pod, locals] : reconcile_.RanksToRestart(d, pods_))
     if (pods_[pod].connected) RestartRanks(pod, locals, d.reason);
+  for (size_t n = 0; n < pods_.size(); ++n)
+    SettleFailedPod(static_cast<int64_t>(n), "failed or hung and no directive restarted them",
+                    now);
+}
+
+void JobControl::SettleFailedPod(int64_t pod, const std::string& what, int64_t now) {
+  const Agent& a = pods_[pod];
+  std::set<uint32_t> failed = a.failed;
+  for (const auto& [local, pid] : a.hung) failed.insert(local);
+  if (failed.empty() || !a.connected || a.state == AgentState::kLost) return;
+  const std::string ranks = Join(std::vector<int64_t>(failed.begin(), failed.end()));
   // While the job restarts, every process restarts anyway: one that failed (or that a pod
   // readmitted for the restart reported down) is restarted too, never a reason to replace the pod.
-  const bool in_place = config_.allows(Strategy::kRecoverInPlace) || job_restarting_;
-  for (size_t n = 0; n < pods_.size(); ++n) {
-    const Agent& a = pods_[static_cast<int64_t>(n)];
-    std::set<uint32_t> failed = a.failed;
-    for (const auto& [local, pid] : a.hung) failed.insert(local);
-    if (failed.empty() || !a.connected || a.state == AgentState::kLost) continue;
-    const std::string ranks = Join(std::vector<int64_t>(failed.begin(), failed.end()));
-    if (in_place) {
-      RestartRanks(static_cast<int64_t>(n), {failed.begin(), failed.end()},
-                   "local ranks " + ranks + " failed or hung and no directive restarted them");
-    } else {
-      const std::string why =
-          "its local ranks " + ranks + " failed or hung and recover-in-place is not allowed";
-      Event(now, "fence", "pod " + a.pod_uid + " is replaced: " + why,
-            {static_cast<int64_t>(n)});
-      Fence(static_cast<int64_t>(n), why,
-            /*readmit=*/false);
-    }
+  if (config_.allows(Strategy::kRecoverInPlace) || job_restarting_) {
+    RestartRanks(pod, {failed.begin(), failed.end()}, "local ranks " + ranks + " " + what);
+    return;
   }
+  const std::string why = "its local ranks " + ranks + " " + what +
+                          ", and recover-in-place is not allowed";
+  Event(now, "fence", "pod " + a.pod_uid + " is replaced: " + why, {pod});
+  Fence(pod, why, /*readmit=*/false);
 }
 
 bool JobControl::ContinueWithoutFailedRanks(const std::string& reason, int64_t now) {

@@ -299,6 +299,8 @@ class JobControl {
   // place when the job allows it, else fenced, so that no generation waits for them and their
   // slots can be refilled.
   void SettleFailedPods(const Directive& d, int64_t now);
+  // One pod's failed processes, as SettleFailedPods; `what` says how they failed.
+  void SettleFailedPod(int64_t pod, const std::string& what, int64_t now);
   // A directive waiting for its pods longer than the hang timeout: the pods it waits for are
   // declared lost, and the decision maker decides again.
   void CheckPendingWait(int64_t now);

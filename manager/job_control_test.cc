@@ -1846,6 +1846,31 @@ TEST(JobControl, APodWhoseProcessHungIsReplacedEvenAfterItWasReadmitted) {
   EXPECT_TRUE(sim.rt->training()) << "the others go on without it";
 }
 
+// A pod declared lost whose trainer died while it was away comes back as its own replacement
+// with the process dead (simulation seed 4696): the process restarts as it registers, where the
+// job allows restarts in place. Nothing else would start it while a directive waits for the
+// pod, and the pod would be declared lost and readmitted, dead again, for good.
+TEST(JobControl, APodReadmittedWithADeadProcessRestartsItAsItRegisters) {
+  ScriptedAgents sim(4, 1, kForce, {{"recover-strategy", "recover-in-place,elastic-training"},
+                                    {"regroup.io/prefer-elastic", "true"}});
+  sim.RegisterAll();
+  sim.Run(20, 0);
+  ASSERT_TRUE(sim.rt->training());
+  sim.rt->Disconnected(sim.streams_[3], sim.now);
+  sim.Gone(3);
+  sim.Run(800, 0);
+  ASSERT_TRUE(sim.rt->MayReadmit("pod-3"));
+  ASSERT_EQ(sim.rt->world_size(), 3u) << "scaled in without pod 3";
+  v1::LocalRank dead = ScriptedAgents::Live(0, v1::PHASE_PAUSED, 0, 1, -1);
+  dead.set_alive(false);
+  sim.gone_.erase(3);
+  sim.Clear();
+  ASSERT_TRUE(sim.Register(3, "pod-3/2", {dead}).ok());
+  sim.Collect();
+  ASSERT_EQ(sim.Count(3, v1::ManagerMessage::kRestart), 1) << "its dead process restarts";
+  EXPECT_EQ(Logged(sim, "fence", "pod-3/2"), 0) << "restarted, not replaced";
+}
+
 TEST(JobControl, AProcessThatHungAndBeatsAgainIsNotTakenForAFailedOne) {
   ScriptedAgents sim(4, 1, kForce, {{"recover-strategy", "elastic-training"},
                          {"regroup.io/prefer-elastic", "true"}});
@@ -3010,6 +3035,44 @@ TEST(JobControl, AJobRestartOnRecordRestartsThePodThatWasAwayUnderTheNextIncarna
   ASSERT_GT(sim.rt->generation(), 0u);
   EXPECT_EQ(sim.starts_[0].plan().committed_step(), 3) << "from the checkpoint, as restarted";
   EXPECT_FALSE(RecordOf(sim).restarting) << "a generation formed: the restart is over";
+}
+
+// ...and when the pod that was away comes back with processes dead. The next incarnation's job
+// restart restarted only live processes of a generation, and no other rule started the dead
+// ones before the next generation: the join window found the pod missing. Two ways, each found
+// by the simulation:
+//  - its processes of a generation died while it was away (seed 2138, 10 faults): the pod was
+//    scaled in, and the next generation resumed after the step they last held, which no rank
+//    held (a census gap);
+//  - a process restarted for the job died before any generation formed (seed 108960, 12 faults:
+//    it reports no generation, so it does not predate the restart): the decision maker waited
+//    for good for the pod's replacement, which had registered already.
+// Its dead processes restart too, and the job resumes from the checkpoint with every pod.
+TEST(JobControl, AJobRestartOnRecordRestartsTheDeadProcessesOfAPodThatComesBack) {
+  std::vector<v1::LocalRank> of_a_generation = Survivor(2, 5);
+  for (auto& r : of_a_generation) r.set_alive(false);
+  std::vector<v1::LocalRank> restarted = FreshRanks(2, 3);
+  restarted[1].set_alive(false);
+  for (const auto& [ranks, dead] :
+       {std::make_pair(of_a_generation, 2), std::make_pair(restarted, 1)}) {
+    ScriptedAgents before(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
+    RestartTheJobWhilePod1IsAway(before);
+    ScriptedAgents sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}},
+                       Restarted(RecordOf(before)));
+    for (int64_t n : {0, 2})
+      ASSERT_TRUE(sim.Register(n, "pod-" + std::to_string(n) + "/2", FreshRanks(2, 3)).ok());
+    ASSERT_TRUE(sim.Register(1, "pod-1/2", ranks).ok());
+    sim.Collect();
+    ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1) << dead << " dead";
+    EXPECT_EQ(sim.inbox_[1].back().restart().local_ranks_size(), dead);
+    for (int t = 0; t < 10 && sim.rt->generation() == 0; ++t) {
+      for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Send(n, FreshBeat(2, 3)).ok());
+      sim.Run(100);
+    }
+    ASSERT_GT(sim.rt->generation(), 0u) << dead << " dead";
+    EXPECT_EQ(sim.rt->world_size(), 6u) << "every pod is in it";
+    EXPECT_EQ(sim.starts_[0].plan().committed_step(), 3) << "from the checkpoint";
+  }
 }
 
 // A second incarnation waiting for its majority learns of a job restart that the running one

@@ -253,13 +253,14 @@ TEST(Sim, SeedsThatResumedFromStateNoRankHeldNoLongerDo) {
 }
 
 // Seeds with a census gap but for the manager's net: a restarted manager's new decision maker
-// took a standby for a holder (5519), and three more of the first 10,000 (672, 1950, 2377; 8780
-// and 29712, where the decision maker took replicas that had stopped while the survivors trained
-// on for holders, took another course once a fault's report window closed on the survivors'
-// answers, issue 37). The manager's net catches each: it forms no such generation, tells the
-// decision maker (state_lost), and the job goes to the checkpoint.
+// took a standby for a holder (5519), and more of the first 10,000 (672, 1950, 9098; 8780 and
+// 29712, where the decision maker took replicas that had stopped while the survivors trained on
+// for holders, took another course once a fault's report window closed on the survivors'
+// answers, issue 37; 2377 once a replacement's hung process was settled as it registered). The
+// manager's net catches each: it forms no such generation, tells the decision maker
+// (state_lost), and the job goes to the checkpoint.
 TEST(Sim, AGenerationNoRankOfWhichHoldsAShardIsCaughtByTheManager) {
-  for (uint64_t s : {5519, 672, 1950, 2377}) {
+  for (uint64_t s : {5519, 672, 1950, 9098}) {
     Options o;
     o.seed = s;
     const Result r = sim::Run(o);
@@ -322,6 +323,11 @@ TEST(Sim, AnIncarnationThatGivesUpStopsOnlyItself) {
 //  - 400466 (coordinator): a manager formed beyond the coordinator's decision (a replacement
 //    back meanwhile); that pod's loss then changed nothing the engine had decided, no directive
 //    followed, and the survivors waited for good. Past a grace they carry out the standing one.
+//  - 108960: during a job restart a pod came back readmitted with a process restarted for the
+//    job that had died before any generation formed (it reported no generation, so it did not
+//    predate the restart); nothing restarted it, the join window found the pod missing, and the
+//    decision maker waited for good for a replacement that had registered already. A
+//    replacement's dead processes now restart as it registers, during a job restart too.
 TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
   struct Case {
     uint64_t seed;
@@ -330,13 +336,38 @@ TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
   for (const Case c : {Case{100637, false}, Case{102104, false}, Case{102092, true},
                        Case{100027, true}, Case{142, true}, Case{200460, true},
                        Case{300388, true}, Case{301604, false}, Case{301966, false},
-                       Case{400466, true}}) {
+                       Case{400466, true}, Case{108960, false}}) {
     Options o;
     o.seed = c.seed;
     o.faults = 12;
     o.coordinator = c.coordinator;
     const Result r = sim::Run(o);
     EXPECT_TRUE(r.ok) << Explain(o, r);
+  }
+}
+
+// Dense schedules with the pod killed as a plan reaches it on the menu (10 faults a run), each
+// named with what it found:
+//  - 4696: a pod whose trainer died while it was paused was declared lost and readmitted as its
+//    own replacement with the process dead. Nothing restarted it: the restart in place under
+//    way waited for the pod, declared it lost after 30 s, readmitted it dead again, and waited
+//    for good. A replacement's dead processes now restart as it registers.
+//  - 2138: a job restart was on record across two manager crashes, and a pod that was away came
+//    back to the third incarnation with its one trainer dead. The restart restarted only live
+//    processes: the pod was reported missing at the join window, scaled in, and the next
+//    generation resumed after the dead trainer's step on a replacement holding nothing (a
+//    census gap). Its dead processes now restart for the job too.
+TEST(Sim, SeedsWithAPodKilledAtItsPlanThatFailedNowEnd) {
+  for (uint64_t seed : {4696, 2138}) {
+    Options o;
+    o.seed = seed;
+    o.faults = 10;
+    o.menu = {"crash_trainer",    "kill_agent",     "pause_agent",    "cut_link",
+              "reset_connection", "crash_manager",  "second_manager", "kill_agent_at_plan"};
+    const Result r = sim::Run(o);
+    ASSERT_TRUE(r.ok) << Explain(o, r);
+    EXPECT_EQ(r.outcome, "finished") << "seed " << seed << ": " << r.setup;
+    EXPECT_EQ(r.census_gaps, 0u) << "seed " << seed << ": " << r.setup << ": " << r.outcome;
   }
 }
 

@@ -2543,6 +2543,32 @@ TEST(JobControl, RanksThatDisagreeAboutWhoCommittedTheStepNameNoGeneration) {
   EXPECT_EQ(sim.starts_[0].plan().committed_generation(), 0u);
 }
 
+// A commit sent again by an incarnation that did not make it names generation 0 (JobControl's
+// catch-up of a resumed session), and an agent notes it under that incarnation's epoch: (6293,
+// 0). That names no committer (simulation seed 300204, coordinator, 12 faults: the next
+// incarnation's plan said step 0 was committed by (6293, 0), where (33, 1) did). A rank that
+// heard it so and one that heard who did agree: the plan names the one that did.
+TEST(JobControl, ACommitHeardWithNoGenerationNamesNoCommitter) {
+  JobControlOptions o;
+  o.epoch = 9;
+  for (const bool one_knows : {false, true}) {
+    ScriptedAgents sim(2, 1, kForce, kElastic, o);
+    for (int64_t n = 0; n < 2; ++n) {
+      std::vector<v1::LocalRank> ranks = Survivor(1, 40);
+      ranks[0].set_heard_commit_step(41);
+      ranks[0].set_heard_commit_epoch(n == 0 && one_knows ? 5 : 7);
+      ranks[0].set_heard_commit_generation(n == 0 && one_knows ? 3 : 0);
+      ASSERT_TRUE(sim.Register(n, "", ranks, 2).ok());
+    }
+    sim.Run(1000, -1);
+    ASSERT_GE(sim.rt->generation(), 1u);
+    const v1::GenerationPlan& plan = sim.starts_[0].plan();
+    EXPECT_EQ(plan.committed_step(), 41);
+    EXPECT_EQ(plan.committed_epoch(), one_knows ? 5u : 0u);
+    EXPECT_EQ(plan.committed_generation(), one_knows ? 3u : 0u);
+  }
+}
+
 // Issue 11, finding 7: under CPU overload a manager that was not scheduled for a while found
 // every pod silent when it ran again (their heartbeats waited in its sockets) and declared them
 // lost. Its own stall is not counted against the pods.

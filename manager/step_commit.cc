@@ -19,7 +19,9 @@ CommitMark HeardMark(const Pods& pods, int64_t step) {
     for (const auto& lr : a.ranks) {
       if (lr.heard_commit_step() != step) continue;
       const CommitMark said{lr.heard_commit_epoch(), lr.heard_commit_generation()};
-      if (said == kUnknown) continue;
+      // Generation 0 names no committer: the commit was sent again by an incarnation that did
+      // not make it (JobControl::CatchUp), whatever epoch it was heard under.
+      if (said.second == 0) continue;
       if (mark != kUnknown && mark != said) return kUnknown;
       mark = said;
     }

@@ -323,6 +323,10 @@ TEST(Sim, AnIncarnationThatGivesUpStopsOnlyItself) {
 //  - 400466 (coordinator): a manager formed beyond the coordinator's decision (a replacement
 //    back meanwhile); that pod's loss then changed nothing the engine had decided, no directive
 //    followed, and the survivors waited for good. Past a grace they carry out the standing one.
+//  - 300204, 300917 (coordinator): a commit that a restarted incarnation sent again to a
+//    resumed session named no committer (generation 0), and its agents noted it under that
+//    incarnation's epoch; the next incarnation's plan named that (epoch, 0) as the committer.
+//    A commit heard with generation 0 now names none.
 //  - 108960: during a job restart a pod came back readmitted with a process restarted for the
 //    job that had died before any generation formed (it reported no generation, so it did not
 //    predate the restart); nothing restarted it, the join window found the pod missing, and the
@@ -336,7 +340,8 @@ TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
   for (const Case c : {Case{100637, false}, Case{102104, false}, Case{102092, true},
                        Case{100027, true}, Case{142, true}, Case{200460, true},
                        Case{300388, true}, Case{301604, false}, Case{301966, false},
-                       Case{400466, true}, Case{108960, false}}) {
+                       Case{400466, true}, Case{300204, true}, Case{300917, true},
+                       Case{108960, false}}) {
     Options o;
     o.seed = c.seed;
     o.faults = 12;

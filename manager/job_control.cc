@@ -891,13 +891,29 @@ void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
   // that was already broken). One that died since (it failed, and is not restarting) is
   // restarted as well: nothing else starts it before the next generation, and the pod would
   // wait as a standby with no process.
-  if (job_restarting_ && !a.pod_uid.empty() && a.connected && a.state != AgentState::kLost &&
-      std::any_of(a.ranks.begin(), a.ranks.end(), [&a](const v1::LocalRank& r) {
-        return r.generation() > 0 && (r.alive() || a.failed.count(r.local_rank()) > 0) &&
-               a.restarting.count(r.local_rank()) == 0;
-      }))
-    RestartForJob(pod, "the job restarts from the newest checkpoint, and this pod's processes "
-                        "predate the restart (it was away when it was decided)");
+  // Once the restart formed its first generation, a process that heard a commit of an older
+  // one holds the state from before the restart (its pod was away all along, simulation seed
+  // 7765): the highest commit it heard would otherwise set the next generation's step, in a
+  // history the job left. (Every process since heard commits of that generation or later; one
+  // that names no committer is left as it is.)
+  const bool after = !job_restarting_ && restart_formed_.second != 0;
+  if ((!job_restarting_ && !after) || a.pod_uid.empty() || !a.connected ||
+      a.state == AgentState::kLost)
+    return;
+  const bool predates = std::any_of(a.ranks.begin(), a.ranks.end(), [&](const v1::LocalRank& r) {
+    const std::pair<uint64_t, uint64_t> heard{r.heard_commit_epoch(),
+                                              r.heard_commit_generation()};
+    return r.generation() > 0 && (!after || (heard.second != 0 && heard < restart_formed_)) &&
+           (r.alive() || a.failed.count(r.local_rank()) > 0) &&
+           a.restarting.count(r.local_rank()) == 0;
+  });
+  if (!predates) return;
+  RestartForJob(pod, after ? "this pod's processes predate the job restart that generation (" +
+                                 std::to_string(restart_formed_.first) + ", " +
+                                 std::to_string(restart_formed_.second) +
+                                 ") resumed from the newest checkpoint (it was away)"
+                           : "the job restarts from the newest checkpoint, and this pod's "
+                             "processes predate the restart (it was away when it was decided)");
 }
 
 void JobControl::RestartForJob(int64_t pod, const std::string& reason) {
@@ -1177,6 +1193,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   generations_.Next(replicas, micro, MicrobatchesPerStep(), pods_,
                     [&](int64_t pod, uint32_t local) { return holders.count({pod, local}) > 0; });
   ++counters_.generations;
+  if (job_restarting_ || restart_on_record_) restart_formed_ = {options_.epoch, generation()};
   job_restarting_ = restart_on_record_ = false;
   given_up_.clear();
   earlier_deaths_.clear();

@@ -293,7 +293,8 @@ class JobControl {
   void RestartForJob(int64_t pod, const std::string& reason);
   // During a job restart, a pod whose processes were in a generation (none formed since the
   // restart) restarts them: it was away when the restart was decided, or reached another
-  // incarnation.
+  // incarnation. After it, one whose processes were last in a generation older than the one the
+  // restart formed (restart_formed_) restarts them too.
   void RestartIfItPredatesTheJobRestart(int64_t pod);
   // Pods whose processes failed (exited, or hung) and that no directive restarts: restarted in
   // place when the job allows it, else fenced, so that no generation waits for them and their
@@ -418,6 +419,9 @@ class JobControl {
   Generations generations_;  // the running generation and how it was formed
   bool job_restarting_ = false;  // RESTART_JOB applied, no generation formed since
   bool restart_on_record_ = false;  // ... by another incarnation: it is on the durable record
+  // The first generation this incarnation formed after a job restart, (epoch, generation): a
+  // process last in an older generation holds the state from before the restart.
+  std::pair<uint64_t, uint64_t> restart_formed_{0, 0};
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
   std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (pod, pid) EarlierProcessDied told
   int64_t state_lost_step_ = -2;  // the committed step whose state_lost the decision maker heard

@@ -3101,6 +3101,46 @@ TEST(JobControl, AJobRestartOnRecordRestartsTheDeadProcessesOfAPodThatComesBack)
   }
 }
 
+// ...and a pod away all along that comes back once the restart formed its first generation
+// (simulation seed 7765, 10 faults: its link was cut before the restart, and it came back as the
+// scaled-in job scaled out again). Its process heard commits of a generation before that one:
+// it holds the state from before the restart, and the scale-out resumed after its step, 134, in
+// the history the job had left (the restarted job was at 27), which no rank at some position
+// held (a census gap). It restarts as it registers, and the job resumes in its own history.
+TEST(JobControl, AProcessFromBeforeAJobRestartRestartsWhenItsPodComesBackAfterIt) {
+  std::optional<JobRecord> stored = LedByEpoch5(3);
+  stored->restarting = true;
+  JobControlOptions o;
+  o.epoch = 6;
+  o.record = stored;
+  ScriptedAgents sim(3, 1, kForce,
+                     {{"recover-strategy", "elastic-training"}, {"regroup.io/prefer-elastic", "true"}},
+                     o);
+  sim.Gone(2);
+  for (int64_t n : {0, 1})
+    ASSERT_TRUE(sim.Register(n, "pod-" + std::to_string(n) + "/2", FreshRanks(1, -1)).ok());
+  for (int t = 0; t < 150 && sim.rt->generation() == 0; ++t) sim.Run(100, -1);
+  ASSERT_GT(sim.rt->generation(), 0u) << "the restart formed its first generation without pod 2";
+  ASSERT_EQ(sim.starts_[0].plan().committed_step(), -1);
+  for (int64_t step = 0; step <= 3; ++step)
+    for (int64_t n : {0, 1}) ASSERT_TRUE(sim.Vote(n, step).ok());
+  sim.Clear();
+  std::vector<v1::LocalRank> before = Survivor(1, 40);
+  before[0].set_heard_commit_epoch(5);  // committed by generation (5, 3), before the restart
+  before[0].set_heard_commit_generation(3);
+  ASSERT_TRUE(sim.Register(2, "pod-2/2", before).ok());  // still Gone(2) to BeatAll: it beats below
+  sim.Collect();
+  ASSERT_EQ(sim.Count(2, v1::ManagerMessage::kRestart), 1) << "its process predates the restart";
+  for (int64_t step = 4; step < 24 && sim.rt->world_size() < 3; ++step) {
+    ASSERT_TRUE(sim.Send(2, FreshBeat(1, -1)).ok());  // restarted
+    for (int64_t n : {0, 1}) (void)sim.Vote(n, step);
+    sim.Run(100, step + 1);
+  }
+  ASSERT_EQ(sim.rt->world_size(), 3u) << "scaled out with pod 2";
+  EXPECT_LT(sim.starts_[2].plan().committed_step(), 40) << "in the restarted job's history";
+  EXPECT_GE(sim.starts_[2].plan().committed_step(), 3);
+}
+
 // A second incarnation waiting for its majority learns of a job restart that the running one
 // decided (simulation seeds 857, 2839): the processes of its pods that predate it restart.
 TEST(JobControl, AnIncarnationWaitingForAMajorityFollowsAJobRestartOnRecord) {

@@ -362,8 +362,12 @@ TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
 //    processes: the pod was reported missing at the join window, scaled in, and the next
 //    generation resumed after the dead trainer's step on a replacement holding nothing (a
 //    census gap). Its dead processes now restart for the job too.
+//  - 7765 (census gap): a pod away all along came back after a job restart formed its first
+//    generation, with a process that held the state from before the restart; the scale-out
+//    that took it back resumed after its step, 134, where the restarted job was at 27. Such a
+//    process now restarts as its pod registers.
 TEST(Sim, SeedsWithAPodKilledAtItsPlanThatFailedNowEnd) {
-  for (uint64_t seed : {4696, 2138}) {
+  for (uint64_t seed : {4696, 2138, 7765}) {
     Options o;
     o.seed = seed;
     o.faults = 10;

@@ -891,11 +891,14 @@ void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
   // that was already broken). One that died since (it failed, and is not restarting) is
   // restarted as well: nothing else starts it before the next generation, and the pod would
   // wait as a standby with no process.
-  // Once the restart formed its first generation, a process that heard a commit of an older
-  // one holds the state from before the restart (its pod was away all along, simulation seed
-  // 7765): the highest commit it heard would otherwise set the next generation's step, in a
-  // history the job left. (Every process since heard commits of that generation or later; one
-  // that names no committer is left as it is.)
+  // A process that heard a commit of a generation the restart left behind predates it too, in no
+  // generation though it is: one restarted in place before the restart, that heard the
+  // survivors' commits while it waited to rejoin (simulation seed 3776: their step set the
+  // restart's first generation's). While no generation formed since the restart, any commit
+  // heard is of such a generation; once the restart formed its first, one of an older
+  // generation is (its pod was away all along, seed 7765): the highest commit it heard would
+  // otherwise set the next generation's step, in a history the job left. (A process restarted
+  // for the job heard no commit; one whose commit names no committer is left as it is.)
   const bool after = !job_restarting_ && restart_formed_.second != 0;
   if ((!job_restarting_ && !after) || a.pod_uid.empty() || !a.connected ||
       a.state == AgentState::kLost)
@@ -903,7 +906,8 @@ void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
   const bool predates = std::any_of(a.ranks.begin(), a.ranks.end(), [&](const v1::LocalRank& r) {
     const std::pair<uint64_t, uint64_t> heard{r.heard_commit_epoch(),
                                               r.heard_commit_generation()};
-    return r.generation() > 0 && (!after || (heard.second != 0 && heard < restart_formed_)) &&
+    const bool heard_before = heard.second != 0 && (!after || heard < restart_formed_);
+    return ((!after && r.generation() > 0) || heard_before) &&
            (r.alive() || a.failed.count(r.local_rank()) > 0) &&
            a.restarting.count(r.local_rank()) == 0;
   });

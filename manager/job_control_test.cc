@@ -3063,24 +3063,30 @@ TEST(JobControl, AJobRestartOnRecordRestartsThePodThatWasAwayUnderTheNextIncarna
   EXPECT_FALSE(RecordOf(sim).restarting) << "a generation formed: the restart is over";
 }
 
-// ...and when the pod that was away comes back with processes dead. The next incarnation's job
-// restart restarted only live processes of a generation, and no other rule started the dead
-// ones before the next generation: the join window found the pod missing. Two ways, each found
-// by the simulation:
-//  - its processes of a generation died while it was away (seed 2138, 10 faults): the pod was
-//    scaled in, and the next generation resumed after the step they last held, which no rank
-//    held (a census gap);
+// ...and when the pod that was away comes back with processes that no rule restarted. The next
+// incarnation's job restart restarted only live processes of a generation, and no other rule
+// started the others before the next generation. Three ways, each found by the simulation:
+//  - its processes of a generation died while it was away (seed 2138, 10 faults): the join
+//    window found the pod missing, it was scaled in, and the next generation resumed after the
+//    step they last held, which no rank held (a census gap);
 //  - a process restarted for the job died before any generation formed (seed 108960, 12 faults:
 //    it reports no generation, so it does not predate the restart): the decision maker waited
-//    for good for the pod's replacement, which had registered already.
-// Its dead processes restart too, and the job resumes from the checkpoint with every pod.
-TEST(JobControl, AJobRestartOnRecordRestartsTheDeadProcessesOfAPodThatComesBack) {
+//    for good for the pod's replacement, which had registered already;
+//  - a process restarted in place before the restart heard the survivors' commits while it
+//    waited to rejoin (seed 3776, 10 faults: in no generation, it did not predate the restart;
+//    the commit it heard set the step of the restart's first generation, a census gap).
+// They restart too, and the job resumes from the checkpoint with every pod.
+TEST(JobControl, AJobRestartOnRecordRestartsEveryProcessOfAPodThatComesBackFromBeforeIt) {
   std::vector<v1::LocalRank> of_a_generation = Survivor(2, 5);
   for (auto& r : of_a_generation) r.set_alive(false);
-  std::vector<v1::LocalRank> restarted = FreshRanks(2, 3);
-  restarted[1].set_alive(false);
-  for (const auto& [ranks, dead] :
-       {std::make_pair(of_a_generation, 2), std::make_pair(restarted, 1)}) {
+  std::vector<v1::LocalRank> died = FreshRanks(2, 3);
+  died[1].set_alive(false);
+  std::vector<v1::LocalRank> heard = FreshRanks(2, 3);
+  heard[0].set_heard_commit_step(40);  // restarted in place, it heard the survivors' commits
+  heard[0].set_heard_commit_epoch(1);
+  heard[0].set_heard_commit_generation(2);
+  for (const auto& [ranks, restarted] : {std::make_pair(of_a_generation, 2),
+                                         std::make_pair(died, 1), std::make_pair(heard, 2)}) {
     ScriptedAgents before(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}});
     RestartTheJobWhilePod1IsAway(before);
     ScriptedAgents sim(3, 2, kForce, {{"regroup.io/tensor-parallel", "2"}},
@@ -3089,13 +3095,13 @@ TEST(JobControl, AJobRestartOnRecordRestartsTheDeadProcessesOfAPodThatComesBack)
       ASSERT_TRUE(sim.Register(n, "pod-" + std::to_string(n) + "/2", FreshRanks(2, 3)).ok());
     ASSERT_TRUE(sim.Register(1, "pod-1/2", ranks).ok());
     sim.Collect();
-    ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1) << dead << " dead";
-    EXPECT_EQ(sim.inbox_[1].back().restart().local_ranks_size(), dead);
+    ASSERT_EQ(sim.Count(1, v1::ManagerMessage::kRestart), 1) << restarted << " restarted";
+    EXPECT_EQ(sim.inbox_[1].back().restart().local_ranks_size(), restarted);
     for (int t = 0; t < 10 && sim.rt->generation() == 0; ++t) {
       for (int64_t n = 0; n < 3; ++n) ASSERT_TRUE(sim.Send(n, FreshBeat(2, 3)).ok());
       sim.Run(100);
     }
-    ASSERT_GT(sim.rt->generation(), 0u) << dead << " dead";
+    ASSERT_GT(sim.rt->generation(), 0u) << restarted << " restarted";
     EXPECT_EQ(sim.rt->world_size(), 6u) << "every pod is in it";
     EXPECT_EQ(sim.starts_[0].plan().committed_step(), 3) << "from the checkpoint";
   }

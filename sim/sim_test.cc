@@ -366,8 +366,12 @@ TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
 //    generation, with a process that held the state from before the restart; the scale-out
 //    that took it back resumed after its step, 134, where the restarted job was at 27. Such a
 //    process now restarts as its pod registers.
+//  - 3776 (census gap): a job restart's first generation resumed after the step a process
+//    restarted in place before the restart had heard committed while it waited to rejoin (in no
+//    generation, it did not predate the restart). A process that heard a commit of a generation
+//    the restart left behind now restarts too.
 TEST(Sim, SeedsWithAPodKilledAtItsPlanThatFailedNowEnd) {
-  for (uint64_t seed : {4696, 2138, 7765}) {
+  for (uint64_t seed : {4696, 2138, 7765, 3776}) {
     Options o;
     o.seed = seed;
     o.faults = 10;

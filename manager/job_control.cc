@@ -209,6 +209,7 @@ bool JobControl::LookAtRecord(int64_t now) {
           "a job restart is on record: pods whose processes predate it restart them");
     job_restarting_ = restart_on_record_ = true;
     record_.restarting = true;
+    commit_.Forget();  // the restart goes back to the checkpoint, as RestartJob
     for (size_t n = 0; n < pods_.size(); ++n)
       RestartIfItPredatesTheJobRestart(static_cast<int64_t>(n));
   }
@@ -891,24 +892,12 @@ void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
   // that was already broken). One that died since (it failed, and is not restarting) is
   // restarted as well: nothing else starts it before the next generation, and the pod would
   // wait as a standby with no process.
-  // A process that heard a commit of a generation the restart left behind predates it too, in no
-  // generation though it is: one restarted in place before the restart, that heard the
-  // survivors' commits while it waited to rejoin (simulation seed 3776: their step set the
-  // restart's first generation's). While no generation formed since the restart, any commit
-  // heard is of such a generation; once the restart formed its first, one of an older
-  // generation is (its pod was away all along, seed 7765): the highest commit it heard would
-  // otherwise set the next generation's step, in a history the job left. (A process restarted
-  // for the job heard no commit; one whose commit names no committer is left as it is.)
-  const bool after = !job_restarting_ && restart_formed_.second != 0;
-  if ((!job_restarting_ && !after) || a.pod_uid.empty() || !a.connected ||
+  if ((!job_restarting_ && restart_formed_.second == 0) || a.pod_uid.empty() || !a.connected ||
       a.state == AgentState::kLost)
     return;
+  const bool after = !job_restarting_;
   const bool predates = std::any_of(a.ranks.begin(), a.ranks.end(), [&](const v1::LocalRank& r) {
-    const std::pair<uint64_t, uint64_t> heard{r.heard_commit_epoch(),
-                                              r.heard_commit_generation()};
-    const bool heard_before = heard.second != 0 && (!after || heard < restart_formed_);
-    return ((!after && r.generation() > 0) || heard_before) &&
-           (r.alive() || a.failed.count(r.local_rank()) > 0) &&
+    return FromBeforeTheJobRestart(r) && (r.alive() || a.failed.count(r.local_rank()) > 0) &&
            a.restarting.count(r.local_rank()) == 0;
   });
   if (!predates) return;
@@ -918,6 +907,20 @@ void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
                                  ") resumed from the newest checkpoint (it was away)"
                            : "the job restarts from the newest checkpoint, and this pod's "
                              "processes predate the restart (it was away when it was decided)");
+}
+
+bool JobControl::FromBeforeTheJobRestart(const v1::LocalRank& r) const {
+  // A process that heard a commit of a generation the restart left behind predates it too, in no
+  // generation though it is: one restarted in place before the restart, that heard the
+  // survivors' commits while it waited to rejoin (simulation seed 3776: their step set the
+  // restart's first generation's). While no generation formed since the restart, any commit
+  // heard is of such a generation; once the restart formed its first, one of an older
+  // generation is (its pod was away all along, seed 7765): the highest commit it heard would
+  // otherwise set the next generation's step, in a history the job left. (A process restarted
+  // for the job heard no commit; one whose commit names no committer is taken as it is.)
+  const std::pair<uint64_t, uint64_t> heard{r.heard_commit_epoch(), r.heard_commit_generation()};
+  if (job_restarting_) return r.generation() > 0 || heard.second != 0;
+  return restart_formed_.second != 0 && heard.second != 0 && heard < restart_formed_;
 }
 
 void JobControl::RestartForJob(int64_t pod, const std::string& reason) {
@@ -1180,8 +1183,13 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   // committed by a generation this incarnation did not run; before this incarnation's first
   // generation, a vote the one before it did not decide, finished here when every rank of the
   // generation it was cast in voted for the step, none heard the outcome, and each could commit.
-  const bool finished_vote =
-      commit_.CatchUp(pods_, /*finish_votes=*/!FormedAGeneration(), layout_.replica_ranks());
+  // A job restart resumes from what its restarted processes loaded, whatever a process from
+  // before it reports (seed 103039: a second incarnation took on a restart on record and formed
+  // after the step a dead process of a pod that had dropped reported, which nobody held).
+  const bool restarting = job_restarting_ || restart_on_record_;
+  const bool finished_vote = commit_.CatchUp(
+      pods_, /*finish_votes=*/!FormedAGeneration() && !restarting, layout_.replica_ranks(),
+      [this](const v1::LocalRank& r) { return !FromBeforeTheJobRestart(r); });
   if (finished_vote)
     Event(now, "commit",
           "step " + std::to_string(commit_.step()) + " is committed: every rank of generation (" +

@@ -296,6 +296,9 @@ class JobControl {
   // incarnation. After it, one whose processes were last in a generation older than the one the
   // restart formed (restart_formed_) restarts them too.
   void RestartIfItPredatesTheJobRestart(int64_t pod);
+  // Whether a process holds the state from before the job restart under way, or before the one
+  // restart_formed_ came after: it was in a generation then, or heard a commit of one.
+  bool FromBeforeTheJobRestart(const v1::LocalRank& r) const;
   // Pods whose processes failed (exited, or hung) and that no directive restarts: restarted in
   // place when the job allows it, else fenced, so that no generation waits for them and their
   // slots can be refilled.

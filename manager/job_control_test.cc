@@ -3164,6 +3164,36 @@ TEST(JobControl, AnIncarnationWaitingForAMajorityFollowsAJobRestartOnRecord) {
   EXPECT_TRUE(noted);
 }
 
+// An incarnation that formed nothing takes on a job restart from the record (simulation seed
+// 103039, 12 faults: a second manager beside the first). A pod whose process from before the
+// restart died had dropped before its first generation, and stayed on its books: the generation
+// the incarnation formed resumed after that process's step, which nobody held (a census gap). A
+// job restart resumes from what its restarted processes loaded.
+TEST(JobControl, AJobRestartTakenFromTheRecordResumesFromTheCheckpointNotFromAProcessBeforeIt) {
+  std::optional<JobRecord> stored = LedByEpoch5(2);
+  stored->members = {{1, "pod-1"}};  // epoch 5 scaled in to pod 1 last
+  ScriptedAgents sim(2, 1, kForce,
+                     {{"recover-strategy", "elastic-training"}, {"regroup.io/prefer-elastic", "true"}},
+                     Watching(stored, 6));
+  std::vector<v1::LocalRank> before = Survivor(1, 40);
+  before[0].set_heard_commit_epoch(5);
+  before[0].set_heard_commit_generation(3);
+  ASSERT_TRUE(sim.Register(0, "", before).ok());
+  before[0].set_alive(false);
+  ASSERT_TRUE(sim.Register(0, "", before).ok());  // its process died
+  sim.rt->Disconnected(sim.streams_[0], sim.now);  // and its agent went
+  sim.Gone(0);
+  stored->restarting = true;  // epoch 5 restarts the job from its checkpoint
+  sim.Run(1100, -1);
+  ASSERT_TRUE(sim.Register(1, "", FreshRanks(1, 3)).ok());  // restarted: the checkpoint of step 3
+  for (int t = 0; t < 150 && sim.rt->generation() == 0; ++t) {
+    ASSERT_TRUE(sim.Send(1, FreshBeat(1, 3)).ok());
+    sim.Run(100);
+  }
+  ASSERT_GT(sim.rt->generation(), 0u);
+  EXPECT_EQ(sim.starts_[1].plan().committed_step(), 3) << "from the checkpoint";
+}
+
 // A fault of the training's own reschedules with fault-retry-times: every process restarts;
 // without a checkpoint, the job starts over.
 TEST(JobControl, AJobRestartAfterAFaultOfTheTrainingsOwnRestartsEveryProcess) {

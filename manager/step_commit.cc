@@ -12,12 +12,12 @@ constexpr CommitMark kUnknown{0, 0};
 
 // The generation that committed `step`, as the ranks that heard its commit say; (0, 0) when none
 // says, or when they disagree (one of them holds a stale mark: no rank may then trust its vote).
-CommitMark HeardMark(const Pods& pods, int64_t step) {
+CommitMark HeardMark(const Pods& pods, int64_t step, const StepCommit::Counts& count) {
   CommitMark mark = kUnknown;
   for (const Agent& a : pods.all()) {
     if (a.state == AgentState::kLost || a.pod_uid.empty()) continue;
     for (const auto& lr : a.ranks) {
-      if (lr.heard_commit_step() != step) continue;
+      if (lr.heard_commit_step() != step || (count && !count(lr))) continue;
       const CommitMark said{lr.heard_commit_epoch(), lr.heard_commit_generation()};
       // Generation 0 names no committer: the commit was sent again by an incarnation that did
       // not make it (JobControl::CatchUp), whatever epoch it was heard under.
@@ -163,17 +163,18 @@ void StepCommit::Forget() {
 }
 
 StepCommit::KnownCommit StepCommit::Known(const Pods& pods, bool finish_votes,
-                                          int64_t replica_ranks) const {
+                                          int64_t replica_ranks, const Counts& count) const {
   int64_t heard = step_;
   for (const Agent& a : pods.all())
     if (a.state != AgentState::kLost && !a.pod_uid.empty())
       for (const auto& lr : a.ranks)
-        heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
+        if (!count || count(lr))
+          heard = std::max({heard, lr.committed_step(), lr.heard_commit_step()});
   if (finish_votes)
     if (const CommitMark voted_in = UndecidedVoteComplete(pods, heard + 1, replica_ranks);
         voted_in != kUnknown)
       return {heard + 1, voted_in, /*finished_vote=*/true};
-  return {heard, heard > step_ ? HeardMark(pods, heard) : mark_, /*finished_vote=*/false};
+  return {heard, heard > step_ ? HeardMark(pods, heard, count) : mark_, /*finished_vote=*/false};
 }
 
 int64_t StepCommit::HighestHeard(const Pods& pods, bool finish_votes,
@@ -181,8 +182,9 @@ int64_t StepCommit::HighestHeard(const Pods& pods, bool finish_votes,
   return Known(pods, finish_votes, replica_ranks).step;
 }
 
-bool StepCommit::CatchUp(const Pods& pods, bool finish_votes, int64_t replica_ranks) {
-  const KnownCommit known = Known(pods, finish_votes, replica_ranks);
+bool StepCommit::CatchUp(const Pods& pods, bool finish_votes, int64_t replica_ranks,
+                         const Counts& count) {
+  const KnownCommit known = Known(pods, finish_votes, replica_ranks, count);
   if (known.step <= step_) return false;
   step_ = known.step;
   mark_ = known.mark;

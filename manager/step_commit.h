@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -62,9 +63,14 @@ class StepCommit {
   // on their checksums, and none heard the outcome: the vote the incarnation before this one did
   // not decide, which it would have committed.
   int64_t HighestHeard(const Pods& pods, bool finish_votes, int64_t replica_ranks) const;
+  // Whether a rank's report counts for what was committed (a job restart's: not one from before
+  // it); none given, every rank's does.
+  using Counts = std::function<bool(const v1::LocalRank&)>;
   // A step committed by a generation this incarnation did not run (or a vote finished, as
-  // above) becomes the committed one. True when it is a finished vote.
-  bool CatchUp(const Pods& pods, bool finish_votes, int64_t replica_ranks);
+  // above) becomes the committed one, as the ranks that `count` report it. True when it is a
+  // finished vote.
+  bool CatchUp(const Pods& pods, bool finish_votes, int64_t replica_ranks,
+               const Counts& count = nullptr);
   // The process restarted since the last commit: it holds no vote of its own.
   void Restarted(int64_t pod, uint32_t local) { restarted_since_commit_.insert({pod, local}); }
 
@@ -85,7 +91,8 @@ class StepCommit {
     CommitMark mark;
     bool finished_vote;  // the step is a vote finished here, not one heard committed
   };
-  KnownCommit Known(const Pods& pods, bool finish_votes, int64_t replica_ranks) const;
+  KnownCommit Known(const Pods& pods, bool finish_votes, int64_t replica_ranks,
+                    const Counts& count = nullptr) const;
 
   int64_t step_ = -1;    // the committed step
   CommitMark mark_{0, 0};  // who committed it; (0, 0) when it was heard from agents

@@ -332,6 +332,9 @@ TEST(Sim, AnIncarnationThatGivesUpStopsOnlyItself) {
 //    predate the restart); nothing restarted it, the join window found the pod missing, and the
 //    decision maker waited for good for a replacement that had registered already. A
 //    replacement's dead processes now restart as it registers, during a job restart too.
+//  - 103039 (a census gap): a second manager took on a job restart from the record and formed
+//    a generation after the step of a dead process from before the restart, on the books of a
+//    pod that had dropped. A job restart now resumes from what its restarted processes loaded.
 TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
   struct Case {
     uint64_t seed;
@@ -341,13 +344,14 @@ TEST(Sim, DenseScheduleSeedsThatFailedNowEnd) {
                        Case{100027, true}, Case{142, true}, Case{200460, true},
                        Case{300388, true}, Case{301604, false}, Case{301966, false},
                        Case{400466, true}, Case{300204, true}, Case{300917, true},
-                       Case{108960, false}}) {
+                       Case{108960, false}, Case{103039, false}}) {
     Options o;
     o.seed = c.seed;
     o.faults = 12;
     o.coordinator = c.coordinator;
     const Result r = sim::Run(o);
     EXPECT_TRUE(r.ok) << Explain(o, r);
+    EXPECT_EQ(r.census_gaps, 0u) << "seed " << c.seed << ": " << r.setup << ": " << r.outcome;
   }
 }
 

@@ -892,21 +892,21 @@ void JobControl::RestartIfItPredatesTheJobRestart(int64_t pod) {
   // that was already broken). One that died since (it failed, and is not restarting) is
   // restarted as well: nothing else starts it before the next generation, and the pod would
   // wait as a standby with no process.
-  if ((!job_restarting_ && restart_formed_.second == 0) || a.pod_uid.empty() || !a.connected ||
-      a.state == AgentState::kLost)
-    return;
-  const bool after = !job_restarting_;
+  if (a.pod_uid.empty() || !a.connected || a.state == AgentState::kLost) return;
   const bool predates = std::any_of(a.ranks.begin(), a.ranks.end(), [&](const v1::LocalRank& r) {
     return FromBeforeTheJobRestart(r) && (r.alive() || a.failed.count(r.local_rank()) > 0) &&
            a.restarting.count(r.local_rank()) == 0;
   });
   if (!predates) return;
-  RestartForJob(pod, after ? "this pod's processes predate the job restart that generation (" +
-                                 std::to_string(restart_formed_.first) + ", " +
-                                 std::to_string(restart_formed_.second) +
-                                 ") resumed from the newest checkpoint (it was away)"
-                           : "the job restarts from the newest checkpoint, and this pod's "
-                             "processes predate the restart (it was away when it was decided)");
+  if (job_restarting_) {
+    RestartForJob(pod, "the job restarts from the newest checkpoint, and this pod's processes "
+                       "predate the restart (it was away when it was decided)");
+    return;
+  }
+  RestartForJob(pod, "this pod's processes predate the job restart that generation (" +
+                         std::to_string(restart_formed_.first) + ", " +
+                         std::to_string(restart_formed_.second) +
+                         ") resumed from the newest checkpoint (it was away)");
 }
 
 bool JobControl::FromBeforeTheJobRestart(const v1::LocalRank& r) const {
@@ -1205,7 +1205,7 @@ bool JobControl::FormGeneration(const std::vector<int64_t>& replicas,
   generations_.Next(replicas, micro, MicrobatchesPerStep(), pods_,
                     [&](int64_t pod, uint32_t local) { return holders.count({pod, local}) > 0; });
   ++counters_.generations;
-  if (job_restarting_ || restart_on_record_) restart_formed_ = {options_.epoch, generation()};
+  if (restarting) restart_formed_ = {options_.epoch, generation()};
   job_restarting_ = restart_on_record_ = false;
   given_up_.clear();
   earlier_deaths_.clear();

@@ -293,8 +293,8 @@ class JobControl {
   void RestartForJob(int64_t pod, const std::string& reason);
   // During a job restart, a pod whose processes were in a generation (none formed since the
   // restart) restarts them: it was away when the restart was decided, or reached another
-  // incarnation. After it, one whose processes were last in a generation older than the one the
-  // restart formed (restart_formed_) restarts them too.
+  // incarnation. After it, one whose processes heard a commit of a generation older than the one
+  // the restart formed (restart_formed_) restarts them too (FromBeforeTheJobRestart).
   void RestartIfItPredatesTheJobRestart(int64_t pod);
   // Whether a process holds the state from before the job restart under way, or before the one
   // restart_formed_ came after: it was in a generation then, or heard a commit of one.
@@ -423,7 +423,7 @@ class JobControl {
   bool job_restarting_ = false;  // RESTART_JOB applied, no generation formed since
   bool restart_on_record_ = false;  // ... by another incarnation: it is on the durable record
   // The first generation this incarnation formed after a job restart, (epoch, generation): a
-  // process last in an older generation holds the state from before the restart.
+  // process that heard a commit of an older generation holds the state from before the restart.
   std::pair<uint64_t, uint64_t> restart_formed_{0, 0};
   std::set<std::string> given_up_;  // pod uids a job-level restart gave up to the scheduler
   std::set<std::pair<int64_t, int32_t>> earlier_deaths_;    // (pod, pid) EarlierProcessDied told
